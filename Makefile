@@ -1,0 +1,55 @@
+# Triage: two commands on a fresh machine (Python 3.11+ and make): `make run` and `make test`.
+# Every target honours TRIAGE_DATABASE_URL; unset means the embedded PostgreSQL under .triage/.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+STAMP  := $(VENV)/.installed
+export PYTHONPATH := $(CURDIR)/plugins$(if $(PYTHONPATH),:$(PYTHONPATH))
+export TRIAGE_HOME ?= $(CURDIR)/.triage
+DATE   ?=
+CONF   ?= {}
+
+.PHONY: help setup migrate run up stop test test-fast bench chaos lint clean
+
+help:
+	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}']  set up, migrate, run classify_documents then reconcile_jobs"
+	@echo "make test                                  the whole test suite"
+	@echo "make migrate | up | stop | bench | chaos | lint"
+
+# The virtualenv is rebuilt when a requirements file changes; constraints.txt locks the tree.
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	touch $@
+
+setup: $(STAMP)
+
+migrate: $(STAMP)
+	$(PY) -m triage migrate
+
+run: $(STAMP)
+	$(PY) -m triage migrate
+	$(PY) -m triage status
+
+stop: $(STAMP)
+	$(PY) -m triage db stop
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check plugins dags tests bench
+	$(BIN)/ruff format --check plugins dags tests bench || true
+	$(BIN)/mypy
+
+clean: stop
+	rm -rf $(TRIAGE_HOME)

@@ -1,0 +1,1 @@
+"""Pydantic contracts: the events Triage emits and the results it records."""

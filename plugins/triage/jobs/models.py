@@ -1,0 +1,173 @@
+"""Frozen domain objects that go into and come out of the store."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from triage.jobs.states import JobStatus
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One document to register. ``status`` is ``queued``, or ``manual_review`` for input that
+    is malformed on arrival (then ``reason`` and ``review_context`` say why)."""
+
+    idempotency_key: str
+    source: str
+    external_id: str
+    content_sha256: str
+    payload_ref: str
+    classifier_version: str
+    correlation_id: str | None = None  # None: the job's own id
+    status: JobStatus = JobStatus.QUEUED
+    reason: str | None = None
+    error: str | None = None
+    review_context: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    new: int
+    existing: int
+    new_ids: tuple[uuid.UUID, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    id: uuid.UUID
+    idempotency_key: str
+    source: str
+    external_id: str
+    content_sha256: str
+    payload_ref: str
+    classifier_version: str
+    correlation_id: str
+    step: str
+    attempt: int
+    max_attempts: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A batch of jobs held under one lease token until ``expires_at``."""
+
+    token: uuid.UUID
+    owner: str
+    expires_at: datetime
+    jobs: tuple[ClaimedJob, ...]
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassificationRecord:
+    label: str | None
+    confidence: float | None
+    outcome: Literal["accepted", "inconclusive", "rejected"]
+    classifier_version: str
+    rejected_reason: str | None = None
+    latency_ms: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LabelWrite:
+    """The business output of a completed job: one row of ``document_labels``."""
+
+    label: str
+    confidence: float | None
+    classifier_version: str
+
+
+# Outcomes of an attempt. Each names the job and the attempt it belongs to: the store fences
+# every write on (job, attempt, lease token), so a late outcome of an old attempt is refused.
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    job_id: uuid.UUID
+    attempt: int
+    label: LabelWrite | None = None
+    classification: ClassificationRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """Done with this step; queued for ``next_step`` with a fresh attempt budget."""
+
+    job_id: uuid.UUID
+    attempt: int
+    next_step: str
+    classification: ClassificationRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryLater:
+    """A transient failure: ``retryable_failed`` with backoff, or review once attempts run out."""
+
+    job_id: uuid.UUID
+    attempt: int
+    error_class: str
+    error: str | None = None
+    delay_seconds: float | None = None  # None: the store's retry policy decides
+    classification: ClassificationRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendToReview:
+    job_id: uuid.UUID
+    attempt: int
+    reason: str
+    error_class: str | None = None
+    error: str | None = None
+    context: Mapping[str, Any] = field(default_factory=dict)
+    classification: ClassificationRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """A permanent failure with no human in the loop: ``terminal_failed``."""
+
+    job_id: uuid.UUID
+    attempt: int
+    reason: str
+    error_class: str | None = None
+    error: str | None = None
+    classification: ClassificationRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Claimed but never started (a circuit breaker opened): back to ``queued``, attempt undone."""
+
+    job_id: uuid.UUID
+    attempt: int
+
+
+Outcome = Complete | Advance | RetryLater | SendToReview | Fail | Release
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    completed: int = 0
+    advanced: int = 0
+    retrying: int = 0
+    exhausted: int = 0
+    to_review: int = 0
+    failed: int = 0
+    released: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRelease:
+    retrying: int
+    to_review: int
+    job_ids: tuple[uuid.UUID, ...] = ()

@@ -1,0 +1,199 @@
+"""The job tables as SQLAlchemy Core metadata, in schema ``triage``.
+
+Migrations create exactly this (a test compares them). Invariants live here as constraints so
+that no writer, ours or ad hoc, can break them: one idempotency key, a lease only while
+``running``, a ``next_attempt_at`` only while ``retryable_failed``, one open review per job.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from triage.jobs.states import JobStatus
+
+SCHEMA = "triage"
+
+metadata = sa.MetaData(
+    schema=SCHEMA,
+    naming_convention={
+        "ix": "%(table_name)s_%(column_0_N_name)s_idx",
+        "uq": "%(table_name)s_%(column_0_N_name)s_key",
+        "ck": "%(table_name)s_%(constraint_name)s_check",
+        "fk": "%(table_name)s_%(column_0_name)s_fkey",
+        "pk": "%(table_name)s_pkey",
+    },
+)
+
+job_status = pg.ENUM(
+    *[s.value for s in JobStatus],
+    name="job_status",
+    schema=SCHEMA,
+    metadata=metadata,
+    create_type=False,  # the migration creates it, with a comment per value
+)
+
+NOW = sa.text("now()")
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True, server_default=sa.text("gen_random_uuid()")),
+    sa.Column("idempotency_key", sa.Text, nullable=False, unique=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("external_id", sa.Text, nullable=False),
+    sa.Column("content_sha256", sa.Text, nullable=False),
+    sa.Column("payload_ref", sa.Text, nullable=False),
+    sa.Column("classifier_version", sa.Text, nullable=False),
+    sa.Column("correlation_id", sa.Text, nullable=False),
+    sa.Column("batch_key", sa.Text, nullable=False),
+    sa.Column("step", sa.Text, nullable=False),
+    sa.Column("status", job_status, nullable=False),
+    sa.Column("status_reason", sa.Text),  # why the job entered its status; copied into job_events
+    sa.Column("attempt", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("replays", sa.Integer, nullable=False, server_default=sa.text("0")),  # requeues from review
+    sa.Column("lease_rescues", sa.Integer, nullable=False, server_default=sa.text("0")),  # expired leases returned
+    sa.Column("next_attempt_at", sa.DateTime(timezone=True)),
+    sa.Column("lease_owner", sa.Text),
+    sa.Column("lease_token", pg.UUID(as_uuid=True)),
+    sa.Column("lease_expires_at", sa.DateTime(timezone=True)),
+    sa.Column("last_error_class", sa.Text),
+    sa.Column("last_error", sa.Text),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt_bounds"),
+    sa.CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+    sa.CheckConstraint(
+        "(status = 'running' AND lease_owner IS NOT NULL AND lease_token IS NOT NULL"
+        " AND lease_expires_at IS NOT NULL)"
+        " OR (status <> 'running' AND lease_owner IS NULL AND lease_token IS NULL"
+        " AND lease_expires_at IS NULL)",
+        name="lease_only_while_running",
+    ),
+    sa.CheckConstraint(
+        "(status = 'retryable_failed') = (next_attempt_at IS NOT NULL)",
+        name="next_attempt_only_while_retryable",
+    ),
+    # Serves claim_batch: the claimable jobs of one batch and step, due first.
+    sa.Index(
+        "jobs_claimable_idx",
+        "batch_key",
+        "step",
+        "next_attempt_at",
+        postgresql_where=sa.text("status IN ('queued', 'retryable_failed')"),
+    ),
+    # Serves release_expired_leases: only running jobs carry a lease.
+    sa.Index("jobs_lease_expiry_idx", "lease_expires_at", postgresql_where=sa.text("status = 'running'")),
+    # Serves batch summaries, the failure callback and reconciliation's per-state scans.
+    sa.Index("jobs_batch_key_status_idx", "batch_key", "status"),
+)
+
+job_events = sa.Table(
+    "job_events",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    # No foreign key: rows come only from the jobs trigger, and jobs are never deleted; a
+    # row-level FK check would double the cost of every transition.
+    sa.Column("job_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("from_status", job_status),  # NULL: the job was created
+    sa.Column("to_status", job_status, nullable=False),
+    sa.Column("step", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("actor", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Index("job_events_job_id_id_idx", "job_id", "id"),
+)
+
+job_transitions = sa.Table(
+    "job_transitions",
+    metadata,
+    sa.Column("from_status", job_status),  # NULL: a state a job may be created in
+    sa.Column("to_status", job_status, nullable=False),
+    sa.UniqueConstraint("from_status", "to_status", postgresql_nulls_not_distinct=True),
+)
+
+classifications = sa.Table(
+    "classifications",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("job_id", pg.UUID(as_uuid=True), sa.ForeignKey("triage.jobs.id"), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("label", sa.Text),
+    sa.Column("confidence", sa.Float),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("rejected_reason", sa.Text),
+    sa.Column("classifier_version", sa.Text, nullable=False),
+    sa.Column("latency_ms", sa.Float),
+    sa.Column("prompt_tokens", sa.Integer),
+    sa.Column("completion_tokens", sa.Integer),
+    sa.Column("cost_usd", sa.Numeric(12, 6)),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.UniqueConstraint("job_id", "attempt"),
+    sa.CheckConstraint("outcome IN ('accepted', 'inconclusive', 'rejected')", name="outcome_known"),
+    sa.CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
+)
+
+document_labels = sa.Table(
+    "document_labels",
+    metadata,
+    sa.Column("source", sa.Text, primary_key=True),
+    sa.Column("external_id", sa.Text, primary_key=True),
+    sa.Column("label", sa.Text, nullable=False),
+    sa.Column("confidence", sa.Float),
+    sa.Column("classifier_version", sa.Text, nullable=False),
+    sa.Column("content_sha256", sa.Text, nullable=False),
+    sa.Column("job_id", pg.UUID(as_uuid=True), sa.ForeignKey("triage.jobs.id"), nullable=False),
+    # The ordering key of writes: the creation time of the job that wrote the label. A write
+    # from an older job (stale retry, older classifier version) never replaces a newer one.
+    sa.Column("job_created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Index("document_labels_job_id_idx", "job_id"),
+)
+
+manual_review = sa.Table(
+    "manual_review",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("job_id", pg.UUID(as_uuid=True), sa.ForeignKey("triage.jobs.id"), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("error_class", sa.Text),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("last_error", sa.Text),
+    sa.Column("context", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("resolved_at", sa.DateTime(timezone=True)),
+    sa.Column("resolution", sa.Text),
+    sa.Column("resolved_by", sa.Text),
+    sa.Column("note", sa.Text),
+    sa.CheckConstraint(
+        "(resolved_at IS NULL) = (resolution IS NULL)", name="resolution_with_time"
+    ),
+    sa.CheckConstraint(
+        "resolution IS NULL OR resolution IN ('labelled', 'requeued', 'rejected', 'superseded')",
+        name="resolution_known",
+    ),
+    # At most one open review per job.
+    sa.Index(
+        "manual_review_one_open_per_job",
+        "job_id",
+        unique=True,
+        postgresql_where=sa.text("resolved_at IS NULL"),
+    ),
+)
+
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("event_id", pg.UUID(as_uuid=True), primary_key=True, server_default=sa.text("gen_random_uuid()")),
+    sa.Column("job_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("event_type", sa.Text, nullable=False),
+    sa.Column("schema_version", sa.Integer, nullable=False),
+    sa.Column("payload", pg.JSONB, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("published_at", sa.DateTime(timezone=True)),
+    # Serves the outbox relay: unsent events, oldest first.
+    sa.Index("outbox_unpublished_idx", "created_at", postgresql_where=sa.text("published_at IS NULL")),
+    sa.Index("outbox_job_id_idx", "job_id"),
+)

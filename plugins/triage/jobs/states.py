@@ -1,0 +1,80 @@
+"""The job state machine: one vocabulary, declared once, mirrored by ``triage.job_status``.
+
+The allowed transitions below are data. Migrations copy them into ``triage.job_transitions``
+and a trigger refuses every other move, so ad hoc SQL is held to the same rules as this code.
+A test checks that this table and the database's are equal.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobStatus(str, Enum):
+    """Where a unit of work is. Values round-trip through PostgreSQL and JSON unchanged."""
+
+    RECEIVED = "received"  # set by retrieval: validated, durable id and idempotency key
+    QUEUED = "queued"  # set by retrieval or review (requeue): its event is in the outbox
+    RUNNING = "running"  # set by a claim: one attempt owns it under a lease
+    WAITING = "waiting"  # set by a step: waits on an external system or a continuation
+    COMPLETED = "completed"  # set by persistence: output and state in one transaction
+    RETRYABLE_FAILED = "retryable_failed"  # set by a step or reconciliation: next_attempt_at set
+    MANUAL_REVIEW = "manual_review"  # set by a step, a callback or reconciliation: review row open
+    TERMINAL_FAILED = "terminal_failed"  # set by a step or review (reject): nothing will retry
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = JobStatus
+
+INITIAL_STATES: frozenset[JobStatus] = frozenset({S.RECEIVED, S.QUEUED, S.MANUAL_REVIEW})
+"""States a job may be created in. ``manual_review`` is for input that is malformed on arrival:
+it is registered (nothing is lost) and goes straight to a human."""
+
+TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
+    {
+        (S.RECEIVED, S.QUEUED),
+        (S.RECEIVED, S.MANUAL_REVIEW),
+        (S.RECEIVED, S.TERMINAL_FAILED),
+        (S.QUEUED, S.RUNNING),
+        (S.QUEUED, S.MANUAL_REVIEW),  # failure callback or reconciliation on unstarted work
+        (S.QUEUED, S.TERMINAL_FAILED),
+        (S.RUNNING, S.QUEUED),  # advanced to its next step, or released unstarted
+        (S.RUNNING, S.WAITING),
+        (S.RUNNING, S.COMPLETED),
+        (S.RUNNING, S.RETRYABLE_FAILED),
+        (S.RUNNING, S.MANUAL_REVIEW),
+        (S.RUNNING, S.TERMINAL_FAILED),
+        (S.WAITING, S.QUEUED),
+        (S.WAITING, S.RETRYABLE_FAILED),
+        (S.WAITING, S.MANUAL_REVIEW),
+        (S.WAITING, S.TERMINAL_FAILED),
+        (S.RETRYABLE_FAILED, S.RUNNING),
+        (S.RETRYABLE_FAILED, S.MANUAL_REVIEW),
+        (S.RETRYABLE_FAILED, S.TERMINAL_FAILED),
+        (S.MANUAL_REVIEW, S.QUEUED),  # review: requeue
+        (S.MANUAL_REVIEW, S.COMPLETED),  # review: resolved with a label
+        (S.MANUAL_REVIEW, S.TERMINAL_FAILED),  # review: reject
+    }
+)
+"""Every move the database accepts, as (from, to). Anything else raises."""
+
+TERMINAL: frozenset[JobStatus] = frozenset({S.COMPLETED, S.TERMINAL_FAILED})
+"""No automatic step will ever move these again."""
+
+SETTLED: frozenset[JobStatus] = frozenset({S.COMPLETED, S.MANUAL_REVIEW, S.TERMINAL_FAILED})
+"""Where a batch's work may rest when its run is over: done, or with a human."""
+
+UNFINISHED: frozenset[JobStatus] = frozenset(set(JobStatus) - SETTLED)
+"""Work that an automatic step still owes something to."""
+
+CLAIMABLE: frozenset[JobStatus] = frozenset({S.QUEUED, S.RETRYABLE_FAILED})
+"""What a claim may take (``retryable_failed`` only once ``next_attempt_at`` has passed)."""
+
+
+def is_allowed(old: JobStatus | None, new: JobStatus) -> bool:
+    """Whether the database accepts ``old -> new`` (``old`` is None for a new job)."""
+    if old is None:
+        return new in INITIAL_STATES
+    return (old, new) in TRANSITIONS

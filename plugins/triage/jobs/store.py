@@ -1,0 +1,346 @@
+"""The job store: the public API of the ledger. No Airflow imports.
+
+Every public method owns one transaction (``engine.begin()``), names who acts in it (the
+trigger logs the actor of every transition), runs named statements from
+:mod:`triage.jobs.transitions`, and translates database errors into
+:mod:`triage.jobs.errors`. The private ``_x_txn(conn, …)`` helpers never commit, so a caller
+that needs several writes in one transaction composes them.
+
+A fenced write that matches fewer rows than it was given raises: a lost or expired lease, a
+stale attempt, an unknown job. The whole transaction rolls back; nothing is half-written and
+nothing is silently overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from triage.jobs import transitions as T
+from triage.jobs.backoff import RetryPolicy
+from triage.jobs.errors import (
+    JobNotFound,
+    LeaseExpired,
+    LeaseLost,
+    LedgerError,
+    NotInReview,
+    ReplayLimitReached,
+    StaleAttempt,
+    UnknownStatus,
+    translate,
+)
+from triage.jobs.models import (
+    Advance,
+    Claim,
+    ClaimedJob,
+    ClassificationRecord,
+    Complete,
+    Fail,
+    LeaseRelease,
+    NewJob,
+    Outcome,
+    Recorded,
+    Registered,
+    Release,
+    RetryLater,
+    SendToReview,
+)
+from triage.jobs.schema import jobs
+from triage.jobs.states import JobStatus
+
+DEFAULT_ACTOR = "triage"
+
+
+def _json(value: Mapping[str, Any]) -> str:
+    return json.dumps(dict(value), default=str, sort_keys=True)
+
+
+class JobStore:
+    """The ledger over one engine.
+
+    :param engine: a SQLAlchemy engine on the job database (psycopg 3).
+    :param retry_policy: backoff for :class:`RetryLater` outcomes that carry no delay.
+    :param rng: source of jitter (seed it in tests).
+    """
+
+    def __init__(self, engine: sa.Engine, *, retry_policy: RetryPolicy | None = None,
+                 rng: random.Random | None = None) -> None:  # fmt: skip
+        self.engine = engine
+        self.retry_policy = retry_policy or RetryPolicy()
+        self._rng = rng or random.Random()
+
+    @contextmanager
+    def transaction(self, actor: str = DEFAULT_ACTOR) -> Iterator[sa.Connection]:
+        """One transaction with ``triage.actor`` set; ledger errors come out translated."""
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(T.set_actor(), {"actor": actor})
+                yield conn
+        except sa.exc.DBAPIError as exc:
+            ledger_error = translate(exc)
+            if ledger_error is not None:
+                raise ledger_error from exc
+            raise
+
+    # -- retrieval ------------------------------------------------------------------------
+
+    def register(self, new_jobs: Sequence[NewJob], *, batch_key: str, step: str, max_attempts: int,
+                 actor: str = DEFAULT_ACTOR) -> Registered:  # fmt: skip
+        """Register documents idempotently: job and outbox event in one transaction.
+
+        A key registered before (in this call or any earlier one) adds nothing.
+        """
+        with self.transaction(actor) as conn:
+            return register_txn(conn, new_jobs, batch_key=batch_key, step=step, max_attempts=max_attempts)
+
+    # -- a worker's lease -----------------------------------------------------------------
+
+    def claim(self, *, batch_key: str, step: str, limit: int, lease_seconds: float, owner: str,
+              actor: str | None = None) -> Claim:  # fmt: skip
+        """Claim up to ``limit`` claimable jobs of a batch and step under one fresh lease token."""
+        if limit < 1 or lease_seconds <= 0:
+            raise ValueError("claim needs limit >= 1 and lease_seconds > 0")
+        token = uuid.uuid4()
+        with self.transaction(actor or owner) as conn:
+            rows = conn.execute(
+                T.claim_batch(),
+                {"p_batch_key": batch_key, "p_step": step, "limit": limit, "lease_seconds": lease_seconds,
+                 "owner": owner, "token": token},
+            ).all()  # fmt: skip
+        expires = min((r.lease_expires_at for r in rows), default=None)
+        claimed = tuple(
+            ClaimedJob(
+                id=r.id, idempotency_key=r.idempotency_key, source=r.source, external_id=r.external_id,
+                content_sha256=r.content_sha256, payload_ref=r.payload_ref, classifier_version=r.classifier_version,
+                correlation_id=r.correlation_id, step=r.step, attempt=r.attempt, max_attempts=r.max_attempts,
+                created_at=r.created_at,
+            )
+            for r in rows
+        )  # fmt: skip
+        return Claim(token=token, owner=owner, expires_at=expires or datetime.min, jobs=claimed)
+
+    def heartbeat(self, claim: Claim, lease_seconds: float, job_ids: Sequence[uuid.UUID] | None = None) -> datetime:
+        """Extend the lease of the claim's jobs (or of ``job_ids``); returns the new expiry.
+
+        Raises :class:`LeaseLost` or :class:`LeaseExpired` if any of them is no longer held.
+        """
+        ids = list(job_ids if job_ids is not None else (j.id for j in claim.jobs))
+        with self.transaction(claim.owner) as conn:
+            rows = conn.execute(T.extend_leases(), {"ids": ids, "token": claim.token,
+                                                    "lease_seconds": lease_seconds}).all()  # fmt: skip
+            _check_fenced(conn, ids, {r.id for r in rows}, claim.token, None)
+        return min((r.lease_expires_at for r in rows), default=claim.expires_at)
+
+    def record(self, claim: Claim | uuid.UUID, outcomes: Sequence[Outcome], actor: str | None = None) -> Recorded:
+        """Record a batch of outcomes of jobs held under ``claim``, in one transaction."""
+        token = claim.token if isinstance(claim, Claim) else claim
+        owner = claim.owner if isinstance(claim, Claim) else DEFAULT_ACTOR
+        with self.transaction(actor or owner) as conn:
+            return record_txn(conn, token, outcomes, self.retry_policy, self._rng)
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def release_expired_leases(self, *, max_rescues: int = 3, limit: int = 10_000,
+                               actor: str = "reconciliation") -> LeaseRelease:  # fmt: skip
+        """Return every job whose lease ran out (see :func:`transitions.release_expired_leases`)."""
+        with self.transaction(actor) as conn:
+            rows = conn.execute(T.release_expired_leases(), {"max_rescues": max_rescues, "limit": limit}).all()
+        to_review = sum(1 for r in rows if r.status == JobStatus.MANUAL_REVIEW.value)
+        return LeaseRelease(retrying=len(rows) - to_review, to_review=to_review, job_ids=tuple(r.id for r in rows))
+
+    def send_batch_to_review(self, batch_key: str, *, reason: str, error: str | None, owner_prefix: str,
+                             context: Mapping[str, Any] | None = None, actor: str = "failure_callback") -> int:  # fmt: skip
+        """Move the batch's unfinished jobs to ``manual_review``; returns how many moved.
+
+        Idempotent: a second call finds nothing left to move.
+        """
+        with self.transaction(actor) as conn:
+            rows = conn.execute(
+                T.send_batch_to_review(),
+                {"p_batch_key": batch_key, "reason": reason, "error": error, "owner_prefix": owner_prefix,
+                 "context": _json(context or {})},
+            ).all()  # fmt: skip
+        return len(rows)
+
+    def requeue(self, job_id: uuid.UUID, *, actor: str, note: str | None = None, max_replays: int = 3) -> None:
+        """Review decision: send a job in review back to the queue, attempts reset (audited)."""
+        with self.transaction(actor) as conn:
+            rows = conn.execute(
+                T.requeue_from_review(), {"p_job_id": job_id, "max_replays": max_replays, "p_actor": actor, "p_note": note}
+            ).all()
+            if rows:
+                return
+            row = conn.execute(sa.select(jobs.c.status, jobs.c.replays).where(jobs.c.id == job_id)).first()
+            if row is None:
+                raise JobNotFound(f"job {job_id} does not exist")
+            if row.status != JobStatus.MANUAL_REVIEW.value:
+                raise NotInReview(f"job {job_id} is {row.status}, not in manual_review")
+            raise ReplayLimitReached(f"job {job_id} was requeued {row.replays} times (limit {max_replays})")
+
+    # -- reading --------------------------------------------------------------------------
+
+    def status_counts(self, batch_key: str | None = None) -> dict[JobStatus, int]:
+        query = sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)
+        if batch_key is not None:
+            query = query.where(jobs.c.batch_key == batch_key)
+        with self.engine.connect() as conn:
+            counts = {JobStatus(status): n for status, n in conn.execute(query)}
+        return {s: counts.get(s, 0) for s in JobStatus}
+
+    def get_status(self, job_id: uuid.UUID) -> JobStatus:
+        with self.engine.connect() as conn:
+            status = conn.execute(sa.select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
+        if status is None:
+            raise JobNotFound(f"job {job_id} does not exist")
+        return parse_status(status)
+
+
+def parse_status(value: str) -> JobStatus:
+    try:
+        return JobStatus(value)
+    except ValueError:
+        raise UnknownStatus(f"{value!r} is not a job state; states: {', '.join(s.value for s in JobStatus)}") from None
+
+
+# -- transaction bodies (never commit) ------------------------------------------------------
+
+
+def register_txn(conn: sa.Connection, new_jobs: Sequence[NewJob], *, batch_key: str, step: str,
+                 max_attempts: int) -> Registered:  # fmt: skip
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    queued = [j for j in new_jobs if j.status == JobStatus.QUEUED]
+    review = [j for j in new_jobs if j.status == JobStatus.MANUAL_REVIEW]
+    if len(queued) + len(review) != len(new_jobs):
+        bad = next(j for j in new_jobs if j not in queued and j not in review)
+        raise LedgerError(f"a job is registered as queued or manual_review, not {bad.status}")
+    scalars = {"batch_key": batch_key, "step": step, "max_attempts": max_attempts}
+    new_ids: list[uuid.UUID] = []
+    if queued:
+        new_ids += conn.execute(T.register_queued(), {**scalars, **_new_job_arrays(queued)}).scalars().all()
+    if review:
+        params = {**scalars, **_new_job_arrays(review),
+                  "new_reason": [j.reason or "malformed_input" for j in review],
+                  "new_error": [j.error for j in review],
+                  "new_context": [_json(j.review_context) for j in review]}  # fmt: skip
+        new_ids += conn.execute(T.register_for_review(), params).scalars().all()
+    return Registered(new=len(new_ids), existing=len(new_jobs) - len(new_ids), new_ids=tuple(new_ids))
+
+
+def _new_job_arrays(new_jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
+    ids = [uuid.uuid4() for _ in new_jobs]
+    return {
+        "new_id": ids,
+        "new_idempotency_key": [j.idempotency_key for j in new_jobs],
+        "new_source": [j.source for j in new_jobs],
+        "new_external_id": [j.external_id for j in new_jobs],
+        "new_content_sha256": [j.content_sha256 for j in new_jobs],
+        "new_payload_ref": [j.payload_ref for j in new_jobs],
+        "new_classifier_version": [j.classifier_version for j in new_jobs],
+        "new_correlation_id": [j.correlation_id or str(i) for j, i in zip(new_jobs, ids, strict=True)],
+    }
+
+
+def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome], policy: RetryPolicy,
+               rng: random.Random) -> Recorded:  # fmt: skip
+    """Record outcomes set-based: one statement per kind, all fenced on (job, attempt, token)."""
+    ids = [o.job_id for o in outcomes]
+    if len(set(ids)) != len(ids):
+        raise LedgerError("one outcome per job in a batch")
+    attempts = {o.job_id: o.attempt for o in outcomes}
+    by_kind: dict[type, list[Any]] = {}
+    for outcome in outcomes:
+        by_kind.setdefault(type(outcome), []).append(outcome)
+
+    classified = [o for o in outcomes if not isinstance(o, Release) and o.classification is not None]
+    if classified:
+        conn.execute(T.record_classifications(), _classification_arrays(classified))
+
+    counts: dict[str, int] = {}
+    touched: set[uuid.UUID] = set()
+
+    def run(statement: Any, items: list[Any], extra: dict[str, list[Any]]) -> list[Any]:
+        params = {"token": token, "held_id": [o.job_id for o in items], "held_attempt": [o.attempt for o in items],
+                  **{f"held_{k}": v for k, v in extra.items()}}  # fmt: skip
+        rows = conn.execute(statement, params).all()
+        touched.update(r[0] for r in rows)
+        return rows
+
+    if items := by_kind.get(Complete):
+        rows = run(T.complete(), items, {})
+        counts["completed"] = len(rows)
+        labelled = [o for o in items if o.label is not None]
+        if labelled and len(rows) == len(items):
+            conn.execute(
+                T.upsert_labels(),
+                {"given_id": [o.job_id for o in labelled], "given_label": [o.label.label for o in labelled],
+                 "given_confidence": [o.label.confidence for o in labelled],
+                 "given_classifier_version": [o.label.classifier_version for o in labelled]},
+            )  # fmt: skip
+    if items := by_kind.get(Advance):
+        counts["advanced"] = len(run(T.advance(), items, {"next_step": [o.next_step for o in items]}))
+    if items := by_kind.get(RetryLater):
+        delays = [o.delay_seconds if o.delay_seconds is not None else policy.delay(o.attempt, rng) for o in items]
+        rows = run(T.retry_later(), items, {"error_class": [o.error_class for o in items],
+                                            "error": [o.error for o in items], "delay_seconds": delays})  # fmt: skip
+        exhausted = sum(1 for r in rows if r.status == JobStatus.MANUAL_REVIEW.value)
+        counts["exhausted"], counts["retrying"] = exhausted, len(rows) - exhausted
+    if items := by_kind.get(SendToReview):
+        rows = run(T.send_to_review(), items, {
+            "reason": [o.reason for o in items], "error_class": [o.error_class for o in items],
+            "error": [o.error for o in items], "context": [_json(o.context) for o in items]})  # fmt: skip
+        counts["to_review"] = len(rows)
+    if items := by_kind.get(Fail):
+        counts["failed"] = len(run(T.fail(), items, {
+            "reason": [o.reason for o in items], "error_class": [o.error_class for o in items],
+            "error": [o.error for o in items]}))  # fmt: skip
+    if items := by_kind.get(Release):
+        counts["released"] = len(run(T.release(), items, {}))
+
+    _check_fenced(conn, ids, touched, token, attempts)
+    return Recorded(**counts)
+
+
+def _classification_arrays(items: Sequence[Any]) -> dict[str, list[Any]]:
+    records: list[ClassificationRecord] = [o.classification for o in items]
+    return {
+        "given_job_id": [o.job_id for o in items],
+        "given_attempt": [o.attempt for o in items],
+        "given_label": [c.label for c in records],
+        "given_confidence": [c.confidence for c in records],
+        "given_outcome": [c.outcome for c in records],
+        "given_rejected_reason": [c.rejected_reason for c in records],
+        "given_classifier_version": [c.classifier_version for c in records],
+        "given_latency_ms": [c.latency_ms for c in records],
+        "given_prompt_tokens": [c.prompt_tokens for c in records],
+        "given_completion_tokens": [c.completion_tokens for c in records],
+        "given_cost_usd": [c.cost_usd for c in records],
+    }
+
+
+def _check_fenced(conn: sa.Connection, wanted: Sequence[uuid.UUID], got: set[uuid.UUID], token: uuid.UUID,
+                  attempts: Mapping[uuid.UUID, int] | None) -> None:  # fmt: skip
+    """Raise the named error for the first job a fenced write missed."""
+    missing = [i for i in wanted if i not in got]
+    if not missing:
+        return
+    seen = {r.id: r for r in conn.execute(T.describe_jobs(), {"ids": missing})}
+    first = missing[0]
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    row = seen.get(first)
+    if row is None:
+        raise JobNotFound(f"job {first} does not exist{more}")
+    if row.status != JobStatus.RUNNING.value or row.lease_token != token:
+        raise LeaseLost(f"job {first} is {row.status} and no longer held under lease {token}{more}")
+    if attempts is not None and row.attempt != attempts.get(first):
+        raise StaleAttempt(f"job {first} is at attempt {row.attempt}, not {attempts.get(first)}{more}")
+    if not row.in_time:
+        raise LeaseExpired(f"the lease {token} on job {first} has expired{more}")
+    raise LeaseLost(f"job {first} was not written under lease {token}{more}")

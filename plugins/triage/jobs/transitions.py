@@ -1,0 +1,498 @@
+"""Every way a job can move, as named SQLAlchemy Core statements.
+
+Each statement is one fenced, set-based write: ``UPDATE … WHERE <expected state and lease> …
+RETURNING``. Batches travel as arrays through ``unnest`` so a statement costs one round trip
+whatever its size. The trigger on ``triage.jobs`` checks each move against
+``triage.job_transitions`` and logs it in ``triage.job_events``; these statements set
+``status_reason``, which the trigger copies into the log.
+
+Nothing here executes anything: :mod:`triage.jobs.store` runs these inside its transactions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.sql.elements import ColumnElement
+
+from triage.jobs.schema import classifications, document_labels, job_status, jobs, manual_review, outbox
+from triage.jobs.states import JobStatus as S
+
+EVENT_SCHEMA_VERSION = 1
+UUID = pg.UUID(as_uuid=True)
+NOW = sa.func.now()
+
+
+def _unnest(name: str, **columns: Any) -> Any:
+    """``unnest(:name_a, :name_b, …) AS name(a, b, …)``: one bound array per column, named
+    ``<name>_<column>`` so they never clash with the scalar parameters of the statement."""
+    arrays = [sa.bindparam(f"{name}_{col}", type_=pg.ARRAY(type_)) for col, type_ in columns.items()]
+    return (
+        sa.func.unnest(*arrays)
+        .table_valued(*[sa.column(col, type_) for col, type_ in columns.items()])
+        .render_derived(name=name)
+    )
+
+
+def _seconds(param: str) -> ColumnElement[Any]:
+    return sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam(param, type_=sa.Float))
+
+
+def _status(value: S) -> ColumnElement[Any]:
+    """A state as a typed SQL constant: the planner matches it to partial indexes, and CASE
+    branches resolve to the enum rather than text."""
+    return sa.literal_column(f"'{value.value}'::triage.job_status", job_status)
+
+
+NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
+
+
+def _event(event_type: str | ColumnElement[Any], rows: Any, event_id: Any) -> ColumnElement[Any]:
+    """The outbox payload of a :class:`triage.contracts.events.WorkEvent`, built in SQL."""
+    return sa.func.jsonb_build_object(
+        "event_id", event_id,
+        "job_id", rows.c.id,
+        "event_type", event_type,
+        "schema_version", EVENT_SCHEMA_VERSION,
+        "attempt", rows.c.attempt,
+        "occurred_at", NOW,
+        "correlation_id", rows.c.correlation_id,
+        "payload_ref", rows.c.payload_ref,
+    )  # fmt: skip
+
+
+def _outbox_insert(rows: Any, event_type: str) -> Any:
+    """INSERT one outbox event per row of ``rows`` (a CTE returning id, attempt, correlation_id,
+    payload_ref)."""
+    numbered = sa.select(sa.func.gen_random_uuid().label("event_id"), rows).subquery("numbered")
+    return sa.insert(outbox).from_select(
+        ["event_id", "job_id", "event_type", "schema_version", "payload"],
+        sa.select(
+            numbered.c.event_id,
+            numbered.c.id,
+            sa.literal(event_type),
+            sa.literal(EVENT_SCHEMA_VERSION),
+            _event(event_type, numbered, numbered.c.event_id),
+        ),
+    )
+
+
+EVENT_COLUMNS = (jobs.c.id, jobs.c.attempt, jobs.c.correlation_id, jobs.c.payload_ref)
+NEW_JOB_COLUMNS = dict(
+    id=UUID,
+    idempotency_key=sa.Text,
+    source=sa.Text,
+    external_id=sa.Text,
+    content_sha256=sa.Text,
+    payload_ref=sa.Text,
+    classifier_version=sa.Text,
+    correlation_id=sa.Text,
+)
+
+
+def register_queued() -> Any:
+    """Register new jobs as ``queued`` with their ``job.registered`` outbox events.
+
+    ``ON CONFLICT (idempotency_key) DO NOTHING``: a key seen before registers nothing, so
+    re-running a date is free. Returns the ids of the new jobs only.
+    """
+    new = _unnest("new", **NEW_JOB_COLUMNS)
+    inserted = (
+        pg.insert(jobs)
+        .from_select(
+            [*NEW_JOB_COLUMNS, "batch_key", "step", "status", "status_reason", "max_attempts"],
+            sa.select(
+                *[new.c[name] for name in NEW_JOB_COLUMNS],
+                sa.bindparam("batch_key", type_=sa.Text),
+                sa.bindparam("step", type_=sa.Text),
+                _status(S.QUEUED),
+                sa.literal("registered"),
+                sa.bindparam("max_attempts", type_=sa.Integer),
+            ),
+        )
+        .on_conflict_do_nothing(index_elements=["idempotency_key"])
+        .returning(*EVENT_COLUMNS)
+        .cte("inserted")
+    )
+    return _outbox_insert(inserted, "job.registered").returning(outbox.c.job_id)
+
+
+def register_for_review() -> Any:
+    """Register input that was malformed on arrival straight into ``manual_review``, with its
+    review row and its outbox event: nothing is lost, and a human sees why."""
+    columns = dict(NEW_JOB_COLUMNS, reason=sa.Text, error=sa.Text, context=sa.Text)
+    new = _unnest("new", **columns)
+    inserted = (
+        pg.insert(jobs)
+        .from_select(
+            [*NEW_JOB_COLUMNS, "batch_key", "step", "status", "status_reason", "last_error_class",
+             "last_error", "max_attempts"],
+            sa.select(
+                *[new.c[name] for name in NEW_JOB_COLUMNS],
+                sa.bindparam("batch_key", type_=sa.Text),
+                sa.bindparam("step", type_=sa.Text),
+                _status(S.MANUAL_REVIEW),
+                new.c.reason,
+                new.c.reason,
+                new.c.error,
+                sa.bindparam("max_attempts", type_=sa.Integer),
+            ),
+        )
+        .on_conflict_do_nothing(index_elements=["idempotency_key"])
+        .returning(*EVENT_COLUMNS)
+        .cte("inserted")
+    )  # fmt: skip
+    reviews = (
+        sa.insert(manual_review)
+        .from_select(
+            ["job_id", "reason", "error_class", "attempts", "last_error", "context"],
+            sa.select(inserted.c.id, new.c.reason, new.c.reason, sa.literal(0), new.c.error,
+                      sa.cast(new.c.context, pg.JSONB))
+            .join_from(inserted, new, new.c.id == inserted.c.id),
+        )
+        .cte("reviews")
+    )  # fmt: skip
+    return _outbox_insert(inserted, "job.registered").returning(outbox.c.job_id).add_cte(reviews)
+
+
+def claim_batch() -> Any:
+    """Claim up to ``:limit`` claimable jobs of a batch and step under a fresh lease.
+
+    ``FOR UPDATE SKIP LOCKED`` lets many workers claim from one batch without waiting on or
+    double-taking each other; the attempt is counted here, at claim time, so a worker that dies
+    mid-attempt still used one. Served by ``jobs_claimable_idx``.
+    """
+    picked = (
+        sa.select(jobs.c.id)
+        .where(
+            jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+            jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
+            sa.or_(
+                jobs.c.status == _status(S.QUEUED),
+                sa.and_(jobs.c.status == _status(S.RETRYABLE_FAILED), jobs.c.next_attempt_at <= NOW),
+            ),
+            jobs.c.attempt < jobs.c.max_attempts,
+        )
+        .order_by(jobs.c.next_attempt_at)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+    )
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == picked.c.id)
+        .values(
+            status=_status(S.RUNNING),
+            status_reason="claimed",
+            attempt=jobs.c.attempt + 1,
+            lease_owner=sa.bindparam("owner", type_=sa.Text),
+            lease_token=sa.bindparam("token", type_=UUID),
+            lease_expires_at=NOW + _seconds("lease_seconds"),
+            next_attempt_at=None,
+            updated_at=NOW,
+        )
+        .returning(
+            jobs.c.id, jobs.c.idempotency_key, jobs.c.source, jobs.c.external_id, jobs.c.content_sha256,
+            jobs.c.payload_ref, jobs.c.classifier_version, jobs.c.correlation_id, jobs.c.step,
+            jobs.c.attempt, jobs.c.max_attempts, jobs.c.created_at, jobs.c.lease_expires_at,
+        )
+    )  # fmt: skip
+
+
+def _held(rows: Any) -> list[ColumnElement[bool]]:
+    """The fence of every write by a lease holder: this job, this attempt, still ours, in time."""
+    return [
+        jobs.c.id == rows.c.id,
+        jobs.c.attempt == rows.c.attempt,
+        jobs.c.status == _status(S.RUNNING),
+        jobs.c.lease_token == sa.bindparam("token", type_=UUID),
+        jobs.c.lease_expires_at > NOW,
+    ]
+
+
+def extend_leases() -> Any:
+    """Heartbeat: push the lease of held jobs forward; an expired or lost lease is not revived."""
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))),
+            jobs.c.status == _status(S.RUNNING),
+            jobs.c.lease_token == sa.bindparam("token", type_=UUID),
+            jobs.c.lease_expires_at > NOW,
+        )
+        .values(lease_expires_at=NOW + _seconds("lease_seconds"), updated_at=NOW)
+        .returning(jobs.c.id, jobs.c.lease_expires_at)
+    )
+
+
+HELD = dict(id=UUID, attempt=sa.Integer)
+
+
+def complete() -> Any:
+    """``running -> completed`` with the ``job.completed`` outbox event, in one statement."""
+    held = _unnest("held", **HELD)
+    done = (
+        sa.update(jobs)
+        .where(*_held(held))
+        .values(status=_status(S.COMPLETED), status_reason="completed", updated_at=NOW, **NO_LEASE)
+        .returning(*EVENT_COLUMNS)
+        .cte("done")
+    )
+    return _outbox_insert(done, "job.completed").returning(outbox.c.job_id)
+
+
+def upsert_labels() -> Any:
+    """Write the business output. A write from an older job (by ``job_created_at``, then id)
+    never replaces a newer one, so a stale retry or an older classifier version loses."""
+    given = _unnest("given", id=UUID, label=sa.Text, confidence=sa.Float, classifier_version=sa.Text)
+    newest = (
+        sa.select(jobs.c.source, jobs.c.external_id, given.c.label, given.c.confidence,
+                  given.c.classifier_version, jobs.c.content_sha256, jobs.c.id, jobs.c.created_at)
+        .join_from(given, jobs, jobs.c.id == given.c.id)
+        .ext(pg.distinct_on(jobs.c.source, jobs.c.external_id))
+        .order_by(jobs.c.source, jobs.c.external_id, jobs.c.created_at.desc(), jobs.c.id.desc())
+    )  # fmt: skip
+    stmt = pg.insert(document_labels).from_select(
+        ["source", "external_id", "label", "confidence", "classifier_version", "content_sha256", "job_id",
+         "job_created_at"],
+        newest,
+    )  # fmt: skip
+    current = document_labels
+    return stmt.on_conflict_do_update(
+        index_elements=["source", "external_id"],
+        set_={
+            "label": stmt.excluded.label,
+            "confidence": stmt.excluded.confidence,
+            "classifier_version": stmt.excluded.classifier_version,
+            "content_sha256": stmt.excluded.content_sha256,
+            "job_id": stmt.excluded.job_id,
+            "job_created_at": stmt.excluded.job_created_at,
+            "updated_at": NOW,
+        },
+        where=sa.tuple_(current.c.job_created_at, current.c.job_id)
+        <= sa.tuple_(stmt.excluded.job_created_at, stmt.excluded.job_id),
+    )
+
+
+def advance() -> Any:
+    """``running -> queued`` at the next step, with a fresh attempt budget."""
+    held = _unnest("held", **HELD, next_step=sa.Text)
+    return (
+        sa.update(jobs)
+        .where(*_held(held))
+        .values(status=_status(S.QUEUED), status_reason="advanced", step=held.c.next_step, attempt=0,
+                updated_at=NOW, **NO_LEASE)
+        .returning(jobs.c.id)
+    )  # fmt: skip
+
+
+def _review_rows(moved: Any, reason: ColumnElement[Any], context: ColumnElement[Any]) -> Any:
+    """INSERT the open review row of each moved job that is now in ``manual_review``."""
+    return (
+        pg.insert(manual_review)
+        .from_select(
+            ["job_id", "reason", "error_class", "attempts", "last_error", "context"],
+            sa.select(moved.c.id, reason, moved.c.last_error_class, moved.c.attempt, moved.c.last_error, context)
+            .where(moved.c.status == _status(S.MANUAL_REVIEW)),
+        )
+        .on_conflict_do_nothing(index_elements=["job_id"], index_where=manual_review.c.resolved_at.is_(None))
+        .cte("reviews")
+    )  # fmt: skip
+
+
+MOVED = (jobs.c.id, jobs.c.status, jobs.c.status_reason, jobs.c.attempt, jobs.c.last_error_class, jobs.c.last_error)
+
+
+def retry_later() -> Any:
+    """A transient failure: ``retryable_failed`` until ``now + delay``, or, when the attempts
+    are spent, ``manual_review`` with reason ``retries_exhausted`` and its review row."""
+    held = _unnest("held", **HELD, error_class=sa.Text, error=sa.Text, delay_seconds=sa.Float)
+    spent = jobs.c.attempt >= jobs.c.max_attempts
+    moved = (
+        sa.update(jobs)
+        .where(*_held(held))
+        .values(
+            status=sa.case((spent, _status(S.MANUAL_REVIEW)), else_=_status(S.RETRYABLE_FAILED)),
+            status_reason=sa.case((spent, "retries_exhausted"), else_=held.c.error_class),
+            next_attempt_at=sa.case(
+                (spent, None), else_=NOW + sa.func.make_interval(0, 0, 0, 0, 0, 0, held.c.delay_seconds)
+            ),
+            last_error_class=held.c.error_class,
+            last_error=held.c.error,
+            updated_at=NOW,
+            **NO_LEASE,
+        )
+        .returning(*MOVED)
+        .cte("moved")
+    )
+    reviews = _review_rows(moved, moved.c.status_reason, sa.func.jsonb_build_object("retryable", True))
+    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
+
+
+def send_to_review() -> Any:
+    """``running -> manual_review`` with a reason and context, and its review row."""
+    held = _unnest("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text, context=sa.Text)
+    moved = (
+        sa.update(jobs)
+        .where(*_held(held))
+        .values(status=_status(S.MANUAL_REVIEW), status_reason=held.c.reason, last_error_class=held.c.error_class,
+                last_error=held.c.error, updated_at=NOW, **NO_LEASE)
+        .returning(*MOVED)
+        .cte("moved")
+    )  # fmt: skip
+    context = sa.select(sa.cast(held.c.context, pg.JSONB)).where(held.c.id == moved.c.id).scalar_subquery()
+    reviews = _review_rows(moved, moved.c.status_reason, context)
+    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
+
+
+def fail() -> Any:
+    """``running -> terminal_failed``: permanent, and no human needs to look."""
+    held = _unnest("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text)
+    return (
+        sa.update(jobs)
+        .where(*_held(held))
+        .values(status=_status(S.TERMINAL_FAILED), status_reason=held.c.reason, last_error_class=held.c.error_class,
+                last_error=held.c.error, updated_at=NOW, **NO_LEASE)
+        .returning(jobs.c.id)
+    )  # fmt: skip
+
+
+def release() -> Any:
+    """``running -> queued`` for claimed work that never started: the attempt is given back."""
+    held = _unnest("held", **HELD)
+    return (
+        sa.update(jobs)
+        .where(*_held(held))
+        .values(status=_status(S.QUEUED), status_reason="released", attempt=jobs.c.attempt - 1, updated_at=NOW,
+                **NO_LEASE)
+        .returning(jobs.c.id)
+    )  # fmt: skip
+
+
+def record_classifications() -> Any:
+    """One row per job and attempt that produced a model outcome (idempotent per attempt)."""
+    given = _unnest(
+        "given", job_id=UUID, attempt=sa.Integer, label=sa.Text, confidence=sa.Float, outcome=sa.Text,
+        rejected_reason=sa.Text, classifier_version=sa.Text, latency_ms=sa.Float, prompt_tokens=sa.Integer,
+        completion_tokens=sa.Integer, cost_usd=sa.Numeric(12, 6),
+    )  # fmt: skip
+    names = [c.name for c in given.c]
+    return (
+        pg.insert(classifications)
+        .from_select(names, sa.select(*[given.c[n] for n in names]))
+        .on_conflict_do_nothing(index_elements=["job_id", "attempt"])
+    )
+
+
+def release_expired_leases() -> Any:
+    """Return jobs whose lease ran out: ``retryable_failed`` (due now), or ``manual_review``
+    when their attempts are spent (``retries_exhausted``) or they were rescued too often
+    (``lease_expired_repeatedly``).
+
+    Fenced twice: ``SKIP LOCKED`` passes over a job a live worker is writing right now, and the
+    UPDATE re-checks ``running`` and the expiry under the row lock, so a job that finished in
+    the meantime is never touched.
+    """
+    expired_now = sa.and_(jobs.c.status == _status(S.RUNNING), jobs.c.lease_expires_at < NOW)
+    expired = (
+        sa.select(jobs.c.id)
+        .where(expired_now)
+        .order_by(jobs.c.lease_expires_at)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+    )
+    spent = jobs.c.attempt >= jobs.c.max_attempts
+    too_often = jobs.c.lease_rescues >= sa.bindparam("max_rescues", type_=sa.Integer)
+    review_reason = sa.case((spent, "retries_exhausted"), (too_often, "lease_expired_repeatedly"), else_=None)
+    moved = (
+        sa.update(jobs)
+        .where(jobs.c.id == expired.c.id, expired_now)
+        .values(
+            status=sa.case((review_reason.is_not(None), _status(S.MANUAL_REVIEW)),
+                           else_=_status(S.RETRYABLE_FAILED)),
+            status_reason=sa.func.coalesce(review_reason, "lease_expired"),
+            next_attempt_at=sa.case((review_reason.is_not(None), None), else_=NOW),
+            lease_rescues=jobs.c.lease_rescues + 1,
+            last_error_class="lease_expired",
+            last_error=sa.func.concat("lease of ", jobs.c.lease_owner, " expired at ", jobs.c.lease_expires_at),
+            updated_at=NOW,
+            **NO_LEASE,
+        )
+        .returning(*MOVED)
+        .cte("moved")
+    )  # fmt: skip
+    reviews = _review_rows(moved, moved.c.status_reason, sa.func.jsonb_build_object("lease_expired", True))
+    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
+
+
+def send_batch_to_review() -> Any:
+    """Move a batch's unfinished jobs to ``manual_review`` (the failure callback).
+
+    Takes jobs nobody holds, and running jobs whose lease belongs to ``:owner_prefix`` (the
+    task that failed) or has expired; a live lease of another worker is left alone.
+    """
+    open_states = [_status(s) for s in (S.RECEIVED, S.QUEUED, S.RETRYABLE_FAILED, S.WAITING)]
+    target = (
+        sa.select(jobs.c.id)
+        .where(
+            jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+            sa.or_(
+                jobs.c.status.in_(open_states),
+                sa.and_(
+                    jobs.c.status == _status(S.RUNNING),
+                    sa.or_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
+                           jobs.c.lease_expires_at < NOW),
+                ),
+            ),
+        )
+        .with_for_update(skip_locked=True)
+        .cte("target")
+    )  # fmt: skip
+    moved = (
+        sa.update(jobs)
+        .where(jobs.c.id == target.c.id)
+        .values(status=_status(S.MANUAL_REVIEW), status_reason=sa.bindparam("reason", type_=sa.Text),
+                last_error_class=sa.bindparam("reason", type_=sa.Text),
+                last_error=sa.bindparam("error", type_=sa.Text), next_attempt_at=None, updated_at=NOW, **NO_LEASE)
+        .returning(*MOVED)
+        .cte("moved")
+    )  # fmt: skip
+    reviews = _review_rows(moved, moved.c.status_reason, sa.cast(sa.bindparam("context", type_=sa.Text), pg.JSONB))
+    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
+
+
+def requeue_from_review() -> Any:
+    """Review decision "requeue": ``manual_review -> queued`` with attempts reset, a replay
+    counted (bounded by ``:max_replays``), the review row resolved and a ``job.requeued`` event."""
+    moved = (
+        sa.update(jobs)
+        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == _status(S.MANUAL_REVIEW),
+               jobs.c.replays < sa.bindparam("max_replays", type_=sa.Integer))
+        .values(status=_status(S.QUEUED), status_reason="requeued", attempt=0, replays=jobs.c.replays + 1,
+                updated_at=NOW)
+        .returning(*EVENT_COLUMNS)
+        .cte("moved")
+    )  # fmt: skip
+    resolved = (
+        sa.update(manual_review)
+        .where(manual_review.c.job_id == sa.select(moved.c.id).scalar_subquery(), manual_review.c.resolved_at.is_(None))
+        .values(resolved_at=NOW, resolution="requeued", resolved_by=sa.bindparam("p_actor", type_=sa.Text),
+                note=sa.bindparam("p_note", type_=sa.Text))
+        .cte("resolved")
+    )  # fmt: skip
+    return _outbox_insert(moved, "job.requeued").returning(outbox.c.job_id).add_cte(resolved)
+
+
+def describe_jobs() -> Any:
+    """What the fence saw, for the jobs a write missed: to name the error."""
+    return sa.select(
+        jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.lease_token, (jobs.c.lease_expires_at > NOW).label("in_time")
+    ).where(jobs.c.id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))))
+
+
+def set_actor() -> Any:
+    """Who moves jobs in this transaction; the trigger writes it into ``job_events.actor``."""
+    return sa.select(sa.func.set_config("triage.actor", sa.bindparam("actor", type_=sa.Text), True))

@@ -1,0 +1,80 @@
+"""Test helpers for the ledger: documents to register, jobs put in a given state by SQL."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import sqlalchemy as sa
+
+from triage.jobs.models import NewJob
+from triage.jobs.states import JobStatus
+
+
+def new_jobs(n: int, *, prefix: str = "doc", version: str = "keyword-v1", source: str = "synthetic") -> list[NewJob]:
+    out = []
+    for i in range(n):
+        digest = hashlib.sha256(f"{prefix}-{i}".encode()).hexdigest()
+        out.append(
+            NewJob(
+                idempotency_key=f"{source}:{prefix}-{i}:{digest}:{version}",
+                source=source,
+                external_id=f"{prefix}-{i}",
+                content_sha256=digest,
+                payload_ref=f"file:///payloads/{digest}",
+                classifier_version=version,
+            )
+        )
+    return out
+
+
+def insert_job(conn: sa.Connection, status: JobStatus = JobStatus.QUEUED, *, batch_key: str = "b") -> uuid.UUID:
+    """A job created directly in ``status`` (an initial state) by ad hoc SQL."""
+    job_id = uuid.uuid4()
+    conn.execute(
+        sa.text(
+            "INSERT INTO triage.jobs (id, idempotency_key, source, external_id, content_sha256, payload_ref,"
+            " classifier_version, correlation_id, batch_key, step, status, max_attempts)"
+            " VALUES (:id, :key, 's', :key, 'h', 'ref', 'v', :key, :batch, 'classify', :status, 3)"
+        ),
+        {"id": job_id, "key": str(job_id), "batch": batch_key, "status": status.value},
+    )
+    return job_id
+
+
+def move(conn: sa.Connection, job_id: uuid.UUID, to: JobStatus) -> None:
+    """Ad hoc UPDATE of a job's state, with the columns its CHECK constraints want."""
+    running = to == JobStatus.RUNNING
+    conn.execute(
+        sa.text(
+            "UPDATE triage.jobs SET status = CAST(:to AS triage.job_status),"
+            " attempt = CASE WHEN :running THEN least(attempt + 1, max_attempts) ELSE attempt END,"
+            " lease_owner = CASE WHEN :running THEN 'test' END,"
+            " lease_token = CASE WHEN :running THEN gen_random_uuid() END,"
+            " lease_expires_at = CASE WHEN :running THEN now() + interval '1 minute' END,"
+            " next_attempt_at = CASE WHEN :retry THEN now() END"
+            " WHERE id = :id"
+        ),
+        {"id": job_id, "to": to.value, "running": running, "retry": to == JobStatus.RETRYABLE_FAILED},
+    )
+
+
+PATHS: dict[JobStatus, tuple[JobStatus, list[JobStatus]]] = {
+    JobStatus.RECEIVED: (JobStatus.RECEIVED, []),
+    JobStatus.QUEUED: (JobStatus.QUEUED, []),
+    JobStatus.RUNNING: (JobStatus.QUEUED, [JobStatus.RUNNING]),
+    JobStatus.WAITING: (JobStatus.QUEUED, [JobStatus.RUNNING, JobStatus.WAITING]),
+    JobStatus.COMPLETED: (JobStatus.QUEUED, [JobStatus.RUNNING, JobStatus.COMPLETED]),
+    JobStatus.RETRYABLE_FAILED: (JobStatus.QUEUED, [JobStatus.RUNNING, JobStatus.RETRYABLE_FAILED]),
+    JobStatus.MANUAL_REVIEW: (JobStatus.MANUAL_REVIEW, []),
+    JobStatus.TERMINAL_FAILED: (JobStatus.QUEUED, [JobStatus.TERMINAL_FAILED]),
+}
+
+
+def job_in(conn: sa.Connection, status: JobStatus) -> uuid.UUID:
+    """A job brought to ``status`` along allowed moves."""
+    initial, steps = PATHS[status]
+    job_id = insert_job(conn, initial)
+    for step in steps:
+        move(conn, job_id, step)
+    return job_id

@@ -1,0 +1,70 @@
+"""Migrations: from empty they build exactly the SQLAlchemy metadata, and they go back down."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from triage import migrations
+from triage.database import DatabaseUrl, create_engine
+from triage.jobs.schema import SCHEMA, metadata
+
+
+def _diff(url: DatabaseUrl) -> list[object]:
+    engine = create_engine(url, poolclass=sa.NullPool)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "include_schemas": True,
+                "include_name": lambda name, type_, parent: type_ != "schema" or name == SCHEMA,
+                "include_object": lambda obj, name, type_, reflected, compare_to: name != "alembic_version",
+                "compare_type": True,
+            },
+        )
+        diff = compare_metadata(context, metadata)
+    engine.dispose()
+    return diff
+
+
+def _objects(url: DatabaseUrl) -> set[str]:
+    engine = create_engine(url, poolclass=sa.NullPool)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'triage'"
+                " UNION ALL SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
+                " WHERE n.nspname = 'triage' AND t.typtype = 'e'"
+                " UNION ALL SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                " WHERE n.nspname = 'triage'"
+            )
+        ).scalars()
+        names = set(rows)
+    engine.dispose()
+    return names
+
+
+def test_migrations_from_empty_equal_the_metadata(fresh_database: DatabaseUrl) -> None:
+    migrations.upgrade(fresh_database)
+    assert migrations.current_revision(fresh_database) == "0001"
+    assert _diff(fresh_database) == []
+
+
+def test_version_table_lives_in_the_triage_schema(fresh_database: DatabaseUrl) -> None:
+    migrations.upgrade(fresh_database)
+    engine = create_engine(fresh_database, poolclass=sa.NullPool)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT to_regclass('triage.alembic_version')")).scalar() is not None
+        assert conn.execute(sa.text("SELECT to_regclass('public.alembic_version')")).scalar() is None
+    engine.dispose()
+
+
+def test_downgrade_to_base_and_up_again(fresh_database: DatabaseUrl) -> None:
+    migrations.upgrade(fresh_database)
+    migrations.downgrade(fresh_database, "base")
+    assert migrations.current_revision(fresh_database) is None
+    left = _objects(fresh_database) - {"alembic_version", "alembic_version_pkc"}
+    assert left == set()
+    migrations.upgrade(fresh_database)
+    assert _diff(fresh_database) == []

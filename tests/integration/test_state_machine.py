@@ -1,0 +1,147 @@
+"""The state machine as the database enforces it, for anyone who writes SQL."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import sqlalchemy as sa
+
+from tests.integration.helpers import insert_job, job_in, move
+from triage.jobs.errors import AppendOnly, ConstraintViolated, IllegalTransition, translate
+from triage.jobs.states import INITIAL_STATES, TRANSITIONS, JobStatus, is_allowed
+
+PAIRS = list(itertools.product(JobStatus, JobStatus))
+
+
+def test_python_and_database_enums_are_equal(engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        labels = conn.execute(sa.text("SELECT unnest(enum_range(NULL::triage.job_status))::text")).scalars().all()
+    assert labels == [s.value for s in JobStatus]
+
+
+def test_python_and_database_transition_tables_are_equal(engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT from_status::text, to_status::text FROM triage.job_transitions")).all()
+    in_db = {(a, b) for a, b in rows if a is not None}
+    initial_in_db = {b for a, b in rows if a is None}
+    assert in_db == {(a.value, b.value) for a, b in TRANSITIONS}
+    assert initial_in_db == {s.value for s in INITIAL_STATES}
+
+
+@pytest.mark.parametrize(("old", "new"), PAIRS, ids=[f"{a.value}->{b.value}" for a, b in PAIRS])
+def test_transition_matrix(engine: sa.Engine, old: JobStatus, new: JobStatus) -> None:
+    """Every one of the 64 pairs: the database accepts exactly the allowed moves."""
+    with engine.begin() as conn:
+        job_id = job_in(conn, old)
+    allowed = old == new or is_allowed(old, new)  # a same-state UPDATE is no transition
+    try:
+        with engine.begin() as conn:
+            move(conn, job_id, new)
+    except sa.exc.DBAPIError as exc:
+        error = translate(exc)
+        assert not allowed, f"{old}->{new} should be allowed, got {exc}"
+        assert isinstance(error, IllegalTransition)
+        assert (error.job_id, error.from_status, error.to_status) == (str(job_id), old.value, new.value)
+    else:
+        assert allowed, f"{old}->{new} should be refused"
+    with engine.connect() as conn:
+        status = conn.execute(sa.text("SELECT status::text FROM triage.jobs WHERE id = :id"), {"id": job_id}).scalar()
+    assert status == (new if allowed else old).value
+
+
+def test_ad_hoc_sql_cannot_complete_a_received_job(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        job_id = insert_job(conn, JobStatus.RECEIVED)
+    with pytest.raises(sa.exc.DBAPIError) as caught, engine.begin() as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET status = 'completed'"))
+    message = str(caught.value.orig)
+    assert str(job_id) in message and "received" in message and "completed" in message
+
+
+@pytest.mark.parametrize("status", sorted(set(JobStatus) - INITIAL_STATES), ids=str)
+def test_jobs_cannot_be_created_in_a_later_state(engine: sa.Engine, status: JobStatus) -> None:
+    with pytest.raises(sa.exc.DBAPIError) as caught, engine.begin() as conn:
+        insert_job(conn, status)
+    # The trigger refuses the state; for running and retryable_failed a CHECK (no lease, no
+    # next_attempt_at) may refuse the row first. Either way it is a named ledger error.
+    assert isinstance(translate(caught.value), IllegalTransition | ConstraintViolated)
+
+
+def test_a_refused_statement_changes_nothing(engine: sa.Engine) -> None:
+    """One illegal row in a set-based UPDATE rolls back the whole statement."""
+    with engine.begin() as conn:
+        ok = insert_job(conn, JobStatus.QUEUED)
+        bad = insert_job(conn, JobStatus.MANUAL_REVIEW)
+    with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET status = 'terminal_failed' WHERE id IN (:a, :b)"), {"a": ok, "b": bad})
+        conn.execute(sa.text("UPDATE triage.jobs SET status = 'waiting' WHERE id IN (:a, :b)"), {"a": ok, "b": bad})
+    with engine.connect() as conn:
+        rows = dict(conn.execute(sa.text("SELECT id, status::text FROM triage.jobs")).all())
+    assert rows == {ok: "queued", bad: "manual_review"}
+
+
+def test_every_transition_is_logged_with_actor_and_reason(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("SELECT set_config('triage.actor', 'alice', true)"))
+        job_id = insert_job(conn, JobStatus.QUEUED)
+        move(conn, job_id, JobStatus.RUNNING)
+        conn.execute(sa.text("SELECT set_config('triage.reason', 'testing', true)"))
+        move(conn, job_id, JobStatus.COMPLETED)
+        move(conn, job_id, JobStatus.COMPLETED)  # no change, no event
+    with engine.connect() as conn:
+        events = conn.execute(
+            sa.text(
+                "SELECT from_status::text, to_status::text, actor, reason, attempt FROM triage.job_events"
+                " WHERE job_id = :id ORDER BY id"
+            ),
+            {"id": job_id},
+        ).all()
+    assert [tuple(e) for e in events] == [
+        (None, "queued", "alice", None, 0),
+        ("queued", "running", "alice", None, 1),
+        ("running", "completed", "alice", "testing", 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        pytest.param("UPDATE triage.job_events SET reason = 'rewritten'", id="update-events"),
+        pytest.param("DELETE FROM triage.job_events", id="delete-events"),
+        pytest.param("TRUNCATE triage.job_events", id="truncate-events"),
+        pytest.param("DELETE FROM triage.jobs", id="delete-jobs"),
+        pytest.param("UPDATE triage.jobs SET idempotency_key = 'other'", id="rekey-job"),
+        pytest.param("DELETE FROM triage.job_transitions", id="edit-transitions"),
+    ],
+)
+def test_history_and_identity_cannot_be_rewritten(engine: sa.Engine, statement: str) -> None:
+    with engine.begin() as conn:
+        insert_job(conn, JobStatus.QUEUED)
+    with pytest.raises(sa.exc.DBAPIError) as caught, engine.begin() as conn:
+        conn.execute(sa.text(statement))
+    assert isinstance(translate(caught.value), AppendOnly)
+
+
+@pytest.mark.parametrize(
+    ("sql", "constraint"),
+    [
+        pytest.param("UPDATE triage.jobs SET lease_owner = 'x'", "jobs_lease_only_while_running_check", id="lease-not-running"),
+        pytest.param("UPDATE triage.jobs SET next_attempt_at = now()", "jobs_next_attempt_only_while_retryable_check",
+                     id="next-attempt-not-retryable"),
+        pytest.param("UPDATE triage.jobs SET attempt = 9", "jobs_attempt_bounds_check", id="attempt-over-max"),
+    ],
+)  # fmt: skip
+def test_check_constraints_tie_columns_to_states(engine: sa.Engine, sql: str, constraint: str) -> None:
+    with engine.begin() as conn:
+        insert_job(conn, JobStatus.QUEUED)
+    with pytest.raises(sa.exc.IntegrityError) as caught, engine.begin() as conn:
+        conn.execute(sa.text(sql))
+    assert caught.value.orig.diag.constraint_name == constraint
+
+
+def test_running_needs_a_lease(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        job_id = insert_job(conn, JobStatus.QUEUED)
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET status = 'running' WHERE id = :id"), {"id": job_id})
