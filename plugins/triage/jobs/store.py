@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import random
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
+from triage.contracts.events import WorkEvent
 from triage.jobs import transitions as T
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import (
@@ -115,15 +116,9 @@ class JobStore:
                  "owner": owner, "token": token},
             ).all()  # fmt: skip
         expires = min((r.lease_expires_at for r in rows), default=None)
-        claimed = tuple(
-            ClaimedJob(
-                id=r.id, idempotency_key=r.idempotency_key, source=r.source, external_id=r.external_id,
-                content_sha256=r.content_sha256, payload_ref=r.payload_ref, classifier_version=r.classifier_version,
-                correlation_id=r.correlation_id, step=r.step, attempt=r.attempt, max_attempts=r.max_attempts,
-                created_at=r.created_at,
-            )
-            for r in rows
-        )  # fmt: skip
+        # RETURNING lists ClaimedJob's fields in order; positional construction keeps a claim of
+        # thousands of jobs cheap.
+        claimed = tuple(ClaimedJob(*row[:12]) for row in rows)
         return Claim(token=token, owner=owner, expires_at=expires or datetime.min, jobs=claimed)
 
     def heartbeat(self, claim: Claim, lease_seconds: float, job_ids: Sequence[uuid.UUID] | None = None) -> datetime:
@@ -184,6 +179,26 @@ class JobStore:
                 raise NotInReview(f"job {job_id} is {row.status}, not in manual_review")
             raise ReplayLimitReached(f"job {job_id} was requeued {row.replays} times (limit {max_replays})")
 
+    # -- the outbox -----------------------------------------------------------------------
+
+    def relay(self, publish: Callable[[list[WorkEvent]], None], *, limit: int = 1000,
+              actor: str = "outbox_relay") -> int:  # fmt: skip
+        """Send up to ``limit`` unsent events through ``publish`` and mark them sent.
+
+        One transaction: the events stay locked (``SKIP LOCKED`` for other relays) while
+        ``publish`` runs. If it raises, nothing is marked and the events go out next time; if
+        the process dies after publishing but before the commit, they go out again: delivery is
+        at least once, and the event id lets the receiver refuse a duplicate.
+        """
+        with self.transaction(actor) as conn:
+            rows = conn.execute(T.unpublished_events(), {"limit": limit}).all()
+            if not rows:
+                return 0
+            events = [event_from_row(r) for r in rows]
+            publish(events)
+            conn.execute(T.mark_published(), {"ids": [e.event_id for e in events]})
+        return len(events)
+
     # -- reading --------------------------------------------------------------------------
 
     def status_counts(self, batch_key: str | None = None) -> dict[JobStatus, int]:
@@ -200,6 +215,12 @@ class JobStore:
         if status is None:
             raise JobNotFound(f"job {job_id} does not exist")
         return parse_status(status)
+
+
+def event_from_row(row: Any) -> WorkEvent:
+    return WorkEvent(event_id=row.event_id, job_id=row.job_id, event_type=row.event_type,
+                     schema_version=row.schema_version, attempt=row.attempt, occurred_at=row.occurred_at,
+                     correlation_id=row.correlation_id, payload_ref=row.payload_ref)  # fmt: skip
 
 
 def parse_status(value: str) -> JobStatus:

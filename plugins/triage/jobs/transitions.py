@@ -49,37 +49,19 @@ def _status(value: S) -> ColumnElement[Any]:
 NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
 
 
-def _event(event_type: str | ColumnElement[Any], rows: Any, event_id: Any) -> ColumnElement[Any]:
-    """The outbox payload of a :class:`triage.contracts.events.WorkEvent`, built in SQL."""
-    return sa.func.jsonb_build_object(
-        "event_id", event_id,
-        "job_id", rows.c.id,
-        "event_type", event_type,
-        "schema_version", EVENT_SCHEMA_VERSION,
-        "attempt", rows.c.attempt,
-        "occurred_at", NOW,
-        "correlation_id", rows.c.correlation_id,
-        "payload_ref", rows.c.payload_ref,
-    )  # fmt: skip
-
-
 def _outbox_insert(rows: Any, event_type: str) -> Any:
-    """INSERT one outbox event per row of ``rows`` (a CTE returning id, attempt, correlation_id,
-    payload_ref)."""
-    numbered = sa.select(sa.func.gen_random_uuid().label("event_id"), rows).subquery("numbered")
+    """INSERT one outbox event per row of ``rows`` (a CTE returning the job's id and attempt).
+
+    The envelope goes into columns; :func:`unpublished_events` joins the job's correlation id
+    and payload reference when the relay reads it.
+    """
     return sa.insert(outbox).from_select(
-        ["event_id", "job_id", "event_type", "schema_version", "payload"],
-        sa.select(
-            numbered.c.event_id,
-            numbered.c.id,
-            sa.literal(event_type),
-            sa.literal(EVENT_SCHEMA_VERSION),
-            _event(event_type, numbered, numbered.c.event_id),
-        ),
+        ["job_id", "event_type", "schema_version", "attempt"],
+        sa.select(rows.c.id, sa.literal(event_type), sa.literal(EVENT_SCHEMA_VERSION), rows.c.attempt),
     )
 
 
-EVENT_COLUMNS = (jobs.c.id, jobs.c.attempt, jobs.c.correlation_id, jobs.c.payload_ref)
+EVENT_COLUMNS = (jobs.c.id, jobs.c.attempt)
 NEW_JOB_COLUMNS = dict(
     id=UUID,
     idempotency_key=sa.Text,
@@ -496,3 +478,26 @@ def describe_jobs() -> Any:
 def set_actor() -> Any:
     """Who moves jobs in this transaction; the trigger writes it into ``job_events.actor``."""
     return sa.select(sa.func.set_config("triage.actor", sa.bindparam("actor", type_=sa.Text), True))
+
+
+def unpublished_events() -> Any:
+    """The oldest unsent events with the envelope of a ``WorkEvent`` (served by
+    ``outbox_unpublished_idx``); ``FOR UPDATE SKIP LOCKED`` so two relays never send one twice."""
+    return (
+        sa.select(outbox.c.event_id, outbox.c.job_id, outbox.c.event_type, outbox.c.schema_version,
+                  outbox.c.attempt, outbox.c.created_at.label("occurred_at"), jobs.c.correlation_id,
+                  jobs.c.payload_ref, outbox.c.payload)
+        .join_from(outbox, jobs, jobs.c.id == outbox.c.job_id)
+        .where(outbox.c.published_at.is_(None))
+        .order_by(outbox.c.created_at)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .with_for_update(of=outbox, skip_locked=True)
+    )  # fmt: skip
+
+
+def mark_published() -> Any:
+    return (
+        sa.update(outbox)
+        .where(outbox.c.event_id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))), outbox.c.published_at.is_(None))
+        .values(published_at=NOW)
+    )

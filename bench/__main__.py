@@ -1,0 +1,32 @@
+"""``make bench``: every figure beside its baseline from the same run; bench/results/latest.json."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from bench import ledger
+from bench.common import write_results
+
+SUITES = {"ledger": ledger.run}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("suites", nargs="*", default=list(SUITES), choices=list(SUITES))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    figures = []
+    for name in args.suites:
+        print(f"== {name}", flush=True)
+        for figure in SUITES[name]():
+            print(figure.line(), flush=True)
+            figures.append(figure)
+    path = write_results(figures, "make bench " + " ".join(sys.argv[1:]))
+    print(f"results written to {path}")
+    return 1 if any(f.ok is False for f in figures) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

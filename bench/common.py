@@ -1,0 +1,89 @@
+"""Shared pieces of the benchmarks: a scratch database, timing, the results file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from triage import embedded, migrations
+from triage.database import DatabaseUrl, configured_url
+
+RESULTS = Path(__file__).parent / "results" / "latest.json"
+
+
+@dataclass
+class Figure:
+    name: str
+    unit: str
+    value: float
+    baseline_name: str
+    baseline: float
+    target_ratio: float | None = None
+    higher_is_better: bool = True
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.value / self.baseline if self.baseline else float("nan")
+
+    @property
+    def ok(self) -> bool | None:
+        if self.target_ratio is None:
+            return None
+        return self.ratio >= self.target_ratio if self.higher_is_better else self.ratio <= self.target_ratio
+
+    def line(self) -> str:
+        target = "" if self.target_ratio is None else f"  target {'≥' if self.higher_is_better else '≤'} {self.target_ratio}"
+        verdict = {True: "  ok", False: "  MISSED", None: ""}[self.ok]
+        return (f"{self.name:<44} {self.value:>12,.1f} {self.unit:<8} vs {self.baseline_name:<36} "
+                f"{self.baseline:>12,.1f}  ratio {self.ratio:5.2f}{target}{verdict}")  # fmt: skip
+
+
+def server() -> DatabaseUrl:
+    configured = configured_url()
+    return configured.with_database("postgres") if configured else embedded.start()
+
+
+@contextmanager
+def scratch_database(migrate: bool = True) -> Iterator[DatabaseUrl]:
+    """A throwaway database on the benchmark server, migrated, dropped afterwards."""
+    base = server()
+    name = f"triage_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(base.libpq(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = base.with_database(name)
+    try:
+        if migrate:
+            migrations.upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(base.libpq(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def write_results(figures: list[Figure], command: str) -> Path:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "command": command,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "figures": [dict(asdict(f), ratio=round(f.ratio, 3), ok=f.ok) for f in figures],
+    }
+    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+    return RESULTS

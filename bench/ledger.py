@@ -1,0 +1,113 @@
+"""The ledger's cost: registration and claim/complete against bare SQL on a table without
+triggers (``LIKE triage.jobs INCLUDING ALL``: same columns, constraints and indexes)."""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+
+from bench.common import Figure, scratch_database, timed
+from tests.integration.helpers import new_jobs
+from triage.database import create_engine
+from triage.jobs.models import Complete
+from triage.jobs.store import JobStore
+
+REGISTER_N = 100_000
+CLAIM_N = 50_000
+CHUNK = 5_000
+CLAIM_BATCH = 1_000
+
+PLAIN_INSERT = sa.text("""
+INSERT INTO plain.jobs (id, idempotency_key, source, external_id, content_sha256, payload_ref, classifier_version,
+                        correlation_id, batch_key, step, status, status_reason, max_attempts)
+SELECT id, key, src, ext, sha, ref, ver, corr, :batch, 'classify', 'queued', 'registered', 3
+FROM unnest(CAST(:ids AS uuid[]), CAST(:keys AS text[]), CAST(:srcs AS text[]), CAST(:exts AS text[]),
+            CAST(:shas AS text[]), CAST(:refs AS text[]), CAST(:vers AS text[]), CAST(:corrs AS text[]))
+     AS t(id, key, src, ext, sha, ref, ver, corr)
+ON CONFLICT (idempotency_key) DO NOTHING
+""")
+PLAIN_CLAIM = sa.text("""
+WITH picked AS (SELECT id FROM plain.jobs WHERE batch_key = :batch AND step = 'classify' AND status = 'queued'
+                ORDER BY next_attempt_at LIMIT :n FOR UPDATE SKIP LOCKED)
+UPDATE plain.jobs j SET status = 'running', attempt = attempt + 1, lease_owner = 'bench', lease_token = :token,
+       lease_expires_at = now() + interval '60 seconds', updated_at = now()
+FROM picked WHERE j.id = picked.id RETURNING j.id, j.attempt
+""")
+PLAIN_COMPLETE = sa.text("""
+UPDATE plain.jobs SET status = 'completed', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       updated_at = now()
+WHERE id = ANY(CAST(:ids AS uuid[])) AND lease_token = :token AND status = 'running'
+""")
+
+
+def _plain_params(jobs: list, batch: str) -> dict:  # type: ignore[type-arg]
+    return {"batch": batch, "ids": [uuid.uuid4() for _ in jobs], "keys": [j.idempotency_key for j in jobs],
+            "srcs": [j.source for j in jobs], "exts": [j.external_id for j in jobs],
+            "shas": [j.content_sha256 for j in jobs], "refs": [j.payload_ref for j in jobs],
+            "vers": [j.classifier_version for j in jobs], "corrs": [j.idempotency_key for j in jobs]}  # fmt: skip
+
+
+def run() -> list[Figure]:
+    figures = []
+    with scratch_database() as url:
+        engine = create_engine(url, pool_size=2)
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE SCHEMA plain"))
+            conn.execute(sa.text("CREATE TABLE plain.jobs (LIKE triage.jobs INCLUDING ALL)"))
+        store = JobStore(engine)
+        docs = new_jobs(REGISTER_N, prefix="reg")
+        chunks = [docs[i : i + CHUNK] for i in range(0, REGISTER_N, CHUNK)]
+
+        def plain_register() -> None:
+            for chunk in chunks:
+                with engine.begin() as conn:
+                    conn.execute(PLAIN_INSERT, _plain_params(chunk, "reg"))
+
+        def ledger_register() -> None:
+            for chunk in chunks:
+                store.register(chunk, batch_key="reg", step="classify", max_attempts=3)
+
+        base_s, _ = timed(plain_register)
+        ours_s, _ = timed(ledger_register)
+        figures.append(Figure("register documents (job + outbox + event log)", "rows/s", REGISTER_N / ours_s,
+                              "bare INSERT…unnest ON CONFLICT", REGISTER_N / base_s, target_ratio=0.5,
+                              details={"rows": REGISTER_N, "chunk": CHUNK}))  # fmt: skip
+
+        claim_docs = new_jobs(CLAIM_N, prefix="claim")
+        for i in range(0, CLAIM_N, CHUNK):
+            store.register(claim_docs[i : i + CHUNK], batch_key="claim", step="classify", max_attempts=3)
+            with engine.begin() as conn:
+                conn.execute(PLAIN_INSERT, _plain_params(claim_docs[i : i + CHUNK], "claim"))
+        with engine.begin() as conn:
+            conn.execute(sa.text("VACUUM ANALYZE") if False else sa.text("ANALYZE"))
+
+        def plain_claim_complete() -> int:
+            done = 0
+            while True:
+                token = uuid.uuid4()
+                with engine.begin() as conn:
+                    rows = conn.execute(PLAIN_CLAIM, {"batch": "claim", "n": CLAIM_BATCH, "token": token}).all()
+                if not rows:
+                    return done
+                with engine.begin() as conn:
+                    conn.execute(PLAIN_COMPLETE, {"ids": [r.id for r in rows], "token": token})
+                done += len(rows)
+
+        def ledger_claim_complete() -> int:
+            done = 0
+            while True:
+                claim = store.claim(batch_key="claim", step="classify", limit=CLAIM_BATCH, lease_seconds=60, owner="bench")
+                if not claim.jobs:
+                    return done
+                store.record(claim, [Complete(j.id, j.attempt) for j in claim.jobs])
+                done += len(claim.jobs)
+
+        base_s, base_n = timed(plain_claim_complete)
+        ours_s, ours_n = timed(ledger_claim_complete)
+        assert base_n == ours_n == CLAIM_N, (base_n, ours_n)
+        figures.append(Figure("claim + complete (fenced, logged, outbox)", "jobs/s", CLAIM_N / ours_s,
+                              "bare SKIP LOCKED claim + complete", CLAIM_N / base_s, target_ratio=0.5,
+                              details={"jobs": CLAIM_N, "claim_batch": CLAIM_BATCH}))  # fmt: skip
+        engine.dispose()
+    return figures
