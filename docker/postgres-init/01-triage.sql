@@ -1,0 +1,38 @@
+-- The Triage job database, next to Airflow's metadata database on the compose `postgres` service.
+--
+-- The postgres image runs this file once, when it initialises an empty data volume
+-- (/docker-entrypoint-initdb.d), through psql as the superuser POSTGRES_USER (`airflow`) connected
+-- to POSTGRES_DB (`airflow`). To run it again: `docker compose down -v`.
+--
+-- Two roles, so that Airflow tasks cannot change the schema:
+--   triage      owns the database and the `triage` schema; only `triage-migrate` logs in as it
+--               (Alembic migrations: tables, enums, triggers, grants).
+--   triage_app  what Airflow uses (connection `triage_db`): reads and writes rows, nothing else.
+-- Development passwords, matching docker-compose.yaml (like upstream's airflow:airflow).
+
+\set ON_ERROR_STOP on
+
+CREATE ROLE triage LOGIN PASSWORD 'triage';
+CREATE ROLE triage_app LOGIN PASSWORD 'triage_app';
+
+CREATE DATABASE triage OWNER triage;
+
+-- Only the two Triage roles may connect to the job database, and neither to Airflow's.
+REVOKE ALL ON DATABASE triage FROM PUBLIC;
+GRANT CONNECT, TEMPORARY ON DATABASE triage TO triage_app;
+REVOKE CONNECT ON DATABASE airflow FROM PUBLIC;
+
+\connect triage
+
+-- The schema exists before the first migration so that default privileges can name it; the
+-- migrations' CREATE SCHEMA IF NOT EXISTS leaves it as it is.
+CREATE SCHEMA triage AUTHORIZATION triage;
+GRANT USAGE ON SCHEMA triage TO triage_app;
+
+-- Whatever the owner creates in the schema from now on is usable by the app role: row access
+-- only (no TRUNCATE, REFERENCES or TRIGGER). Migrations narrow this where a table must be
+-- append-only (e.g. REVOKE UPDATE, DELETE ON triage.job_events FROM triage_app).
+ALTER DEFAULT PRIVILEGES FOR ROLE triage IN SCHEMA triage
+    GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO triage_app;
+ALTER DEFAULT PRIVILEGES FOR ROLE triage IN SCHEMA triage
+    GRANT USAGE, SELECT ON SEQUENCES TO triage_app;

@@ -1,0 +1,4 @@
+"""Deployment helpers: what a Triage deployment needs from Airflow, checked before it is applied.
+
+No Airflow imports here: these modules only describe and drive the Airflow CLI.
+"""

@@ -1,0 +1,118 @@
+"""docker/postgres-init/01-triage.sql on a real PostgreSQL, run the way the postgres image runs it.
+
+The script creates cluster-wide roles, so it gets a private throwaway server (``pgserver``), not
+the shared test server. Authentication is ``trust`` there: these tests check privileges, not
+passwords (test_compose.py checks that the passwords match the compose file).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import errors
+from psycopg.conninfo import make_conninfo
+
+INIT_SQL = Path(__file__).resolve().parents[2] / "docker" / "postgres-init" / "01-triage.sql"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A fresh cluster with the compose file's superuser database, after the init script ran."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+        from pgserver.postgres_server import POSTGRES_BIN_PATH
+
+    pg = pgserver.get_server(tmp_path_factory.mktemp("compose-postgres") / "pgdata", cleanup_mode="delete")
+    try:
+        info = pg.get_postmaster_info()
+        params = {"host": str(info.socket_dir), "port": str(info.port)}
+        base = make_conninfo(**params)
+        with connect(base, "postgres", "postgres") as conn:
+            conn.execute("CREATE DATABASE airflow")  # POSTGRES_DB of docker-compose.yaml
+        # The postgres image's docker_process_sql: psql, stop at the first error, no psqlrc.
+        subprocess.run(
+            [
+                str(POSTGRES_BIN_PATH / "psql"),
+                "-v",
+                "ON_ERROR_STOP=1",
+                "--no-psqlrc",
+                "--host",
+                params["host"],
+                "--port",
+                params["port"],
+                "--username",
+                "postgres",
+                "--dbname",
+                "airflow",
+                "-f",
+                str(INIT_SQL),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        # Stand in for the first migration: the owner creates a table with a sequence.
+        with connect(base, "triage") as conn:
+            conn.execute("CREATE TABLE triage.jobs (id bigserial PRIMARY KEY, status text NOT NULL)")
+        yield base
+    finally:
+        pg.cleanup()
+
+
+def connect(server: str, user: str, dbname: str = "triage") -> psycopg.Connection:
+    return psycopg.connect(make_conninfo(server, user=user, dbname=dbname), autocommit=True)
+
+
+def test_triage_database_is_owned_by_the_migration_role(server: str) -> None:
+    with connect(server, "triage") as conn:
+        owner = conn.execute("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'triage'").fetchone()
+        schema_owner = conn.execute(
+            "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'triage'"
+        ).fetchone()
+    assert owner == ("triage",)
+    assert schema_owner == ("triage",)
+
+
+def test_app_role_reads_and_writes_rows_of_migrated_tables(server: str) -> None:
+    with connect(server, "triage_app") as conn:
+        row = conn.execute("INSERT INTO triage.jobs (status) VALUES ('received') RETURNING id").fetchone()
+        assert row is not None
+        (job_id,) = row
+        conn.execute("UPDATE triage.jobs SET status = 'queued' WHERE id = %s", (job_id,))
+        assert conn.execute("SELECT status FROM triage.jobs WHERE id = %s", (job_id,)).fetchone() == ("queued",)
+        conn.execute("DELETE FROM triage.jobs WHERE id = %s", (job_id,))
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        pytest.param("CREATE TABLE triage.extra (id int)", id="create-in-triage"),
+        pytest.param("CREATE TABLE public.extra (id int)", id="create-in-public"),
+        pytest.param("ALTER TABLE triage.jobs ADD COLUMN x int", id="alter"),
+        pytest.param("DROP TABLE triage.jobs", id="drop"),
+        pytest.param("TRUNCATE triage.jobs", id="truncate"),
+    ],
+)
+def test_app_role_cannot_change_the_schema(server: str, statement: str) -> None:
+    with connect(server, "triage_app") as conn, pytest.raises(errors.InsufficientPrivilege):
+        conn.execute(statement)
+
+
+@pytest.mark.parametrize(
+    ("user", "dbname"),
+    [
+        pytest.param("triage_app", "airflow", id="app-to-airflow-metadata"),
+        pytest.param("triage", "airflow", id="owner-to-airflow-metadata"),
+        pytest.param("outsider", "triage", id="other-role-to-triage"),
+    ],
+)
+def test_databases_are_closed_to_other_roles(server: str, user: str, dbname: str) -> None:
+    with connect(server, "postgres", "postgres") as admin:
+        admin.execute("DO $$ BEGIN CREATE ROLE outsider LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+        connect(server, user, dbname).close()
