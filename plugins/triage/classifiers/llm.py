@@ -1,0 +1,291 @@
+"""A classifier calling any OpenAI-compatible ``/chat/completions`` endpoint.
+
+The boundary between "the call failed" and "the model answered badly" is the point of this
+module, because the job ledger treats them differently:
+
+* the call failed — timeouts, connection errors, 429 and 5xx raise
+  :class:`~triage.classifiers.base.TransientClassifierError` (retried with backoff); other 4xx
+  raise :class:`~triage.classifiers.base.PermanentClassifierError` (manual review). Nothing
+  else is honoured (no ``Retry-After``): the ledger owns the retry schedule.
+* the model answered badly — content that is not JSON, not ``{"label", "confidence"}``, or a
+  label outside the taxonomy — is a :class:`~triage.classifiers.base.ModelOutput` with
+  ``rejected_reason`` set, never an exception: asking again is not the remedy.
+
+Neither prompts, document text nor the API key are ever logged or put in an error message.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any, Final
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from triage.classifiers.base import (
+    ClassifyRequest,
+    ModelOutput,
+    PermanentClassifierError,
+    TransientClassifierError,
+)
+from triage.classifiers.taxonomy import Taxonomy
+
+__all__ = [
+    "LlmVerdict",
+    "OpenAICompatibleClassifier",
+    "parse_chat_response",
+    "parse_model_content",
+    "system_prompt",
+]
+
+log = logging.getLogger(__name__)
+
+_PERMANENT_STATUS: Final = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
+_FENCE: Final = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
+_SAFE_CODE: Final = re.compile(r"^[\w.\-]{1,64}$")
+
+
+class LlmVerdict(BaseModel):
+    """The JSON object the model is asked for; extra keys (a "reasoning") are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    label: str
+    confidence: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    content: str | None = None
+
+
+class _Choice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    message: _Message
+
+
+class _Usage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    prompt_tokens: int | None = Field(default=None, ge=0)
+    completion_tokens: int | None = Field(default=None, ge=0)
+
+
+class _ChatCompletion(BaseModel):
+    """The part of the OpenAI chat-completion response Triage reads."""
+
+    model_config = ConfigDict(extra="ignore")
+    choices: list[_Choice] = Field(min_length=1)
+    usage: _Usage | None = None
+
+
+def system_prompt(taxonomy: Taxonomy) -> str:
+    """The instructions: the labels with their descriptions and the answer format."""
+    labels = "\n".join(f"- {label.name}: {' '.join(label.description.split())}" for label in taxonomy.labels)
+    return (
+        "You classify customer support tickets. Choose exactly one label from this list:\n"
+        f"{labels}\n\n"
+        'Answer with one JSON object and nothing else: {"label": "<label name>", '
+        '"confidence": <number from 0 to 1>}. Use only the label names listed above. '
+        "If no label fits well, choose the closest one and give a low confidence."
+    )
+
+
+def parse_model_content(
+    content: str | None,
+    names: frozenset[str],
+    *,
+    latency_ms: float = 0.0,
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+    cost_usd: float | None = None,
+) -> ModelOutput:
+    """Turn the model's message content into an output; never raises.
+
+    Tolerates a Markdown code fence and label case/whitespace, nothing more: anything else
+    that is not a valid verdict is rejected with ``empty_content``, ``invalid_json``,
+    ``schema_mismatch`` or ``label_outside_taxonomy``.
+    """
+
+    def output(label: str | None, confidence: float, rejected: str | None) -> ModelOutput:
+        return ModelOutput(
+            label=label,
+            confidence=confidence,
+            rejected_reason=rejected,
+            latency_ms=latency_ms,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost_usd=cost_usd,
+        )
+
+    text = (content or "").strip()
+    if not text:
+        return output(None, 0.0, "empty_content")
+    fenced = _FENCE.match(text)
+    if fenced:
+        text = fenced.group(1)
+    try:
+        verdict = LlmVerdict.model_validate_json(text)
+    except ValidationError as exc:
+        invalid = any(error["type"] == "json_invalid" for error in exc.errors(include_url=False))
+        return output(None, 0.0, "invalid_json" if invalid else "schema_mismatch")
+    except (ValueError, RecursionError):  # pragma: no cover - defensive: parser limits
+        return output(None, 0.0, "invalid_json")
+    label = verdict.label.strip().lower()
+    if label not in names:
+        return output(None, 0.0, "label_outside_taxonomy")
+    return output(label, verdict.confidence, None)
+
+
+def parse_chat_response(
+    body: bytes,
+    names: frozenset[str],
+    *,
+    latency_ms: float = 0.0,
+    price_per_1k_prompt: float | None = None,
+    price_per_1k_completion: float | None = None,
+) -> ModelOutput:
+    """Turn a 200 response body into an output; never raises.
+
+    A body that is not a chat completion at all is rejected as ``invalid_response`` rather
+    than retried: a 200 with a foreign body means a misconfigured endpoint, which a human
+    should see, not the retry loop.
+    """
+    try:
+        completion = _ChatCompletion.model_validate_json(body)
+    except (ValidationError, ValueError, RecursionError):
+        return ModelOutput(None, 0.0, "invalid_response", latency_ms)
+    usage = completion.usage
+    prompt_tokens = usage.prompt_tokens if usage else None
+    completion_tokens = usage.completion_tokens if usage else None
+    cost = None
+    if (price_per_1k_prompt is not None or price_per_1k_completion is not None) and (
+        prompt_tokens is not None or completion_tokens is not None
+    ):
+        cost = (prompt_tokens or 0) / 1000.0 * (price_per_1k_prompt or 0.0) + (completion_tokens or 0) / 1000.0 * (
+            price_per_1k_completion or 0.0
+        )
+    return parse_model_content(
+        completion.choices[0].message.content,
+        names,
+        latency_ms=latency_ms,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost_usd=cost,
+    )
+
+
+def _error_detail(response: httpx.Response) -> str:
+    """The provider's error type/code if it is a short token; never free text, which could
+    echo the request."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return ""
+    if not isinstance(error, dict):
+        return ""
+    codes = [str(error.get(key)) for key in ("type", "code") if error.get(key) is not None]
+    safe = [code for code in codes if _SAFE_CODE.match(code)]
+    return f" ({', '.join(safe)})" if safe else ""
+
+
+class OpenAICompatibleClassifier:
+    """Classifies with a chat model; one shared, thread-safe connection pool.
+
+    :param base_url: the API root, e.g. ``http://127.0.0.1:8000/v1``.
+    :param api_key: sent as a bearer token if given.
+    :param timeout_s: total timeout of one call (connect, write, read, pool wait).
+    :param max_connections: pool size; at least the caller's concurrency, or calls queue for a
+        connection and may time out waiting.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        model: str,
+        taxonomy: Taxonomy,
+        temperature: float = 0.0,
+        timeout_s: float = 30.0,
+        prompt_version: str = "p1",
+        max_connections: int = 64,
+        price_per_1k_prompt: float | None = None,
+        price_per_1k_completion: float | None = None,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        self.model = model
+        self.taxonomy = taxonomy
+        self.temperature = temperature
+        self.price_per_1k_prompt = price_per_1k_prompt
+        self.price_per_1k_completion = price_per_1k_completion
+        # The taxonomy is part of the prompt, so it is part of the version (and the key).
+        self.version = f"llm:{model}:{prompt_version}:t{temperature}+tax-{taxonomy.content_hash[:8]}"
+        self._names = taxonomy.names
+        self._system_prompt = system_prompt(taxonomy)
+        self._url = f"{base_url.rstrip('/')}/chat/completions"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    def request_body(self, text: str) -> dict[str, Any]:
+        """The JSON body of one chat-completion call."""
+        return {
+            "model": self.model,
+            "temperature": self.temperature,
+            "response_format": {"type": "json_object"},
+            "messages": [
+                {"role": "system", "content": self._system_prompt},
+                {"role": "user", "content": text},
+            ],
+        }
+
+    def classify(self, request: ClassifyRequest) -> ModelOutput:
+        """One call; see the module docstring for what raises and what is rejected."""
+        headers = {
+            # Lets a provider or proxy deduplicate a retried call of the same logical operation.
+            "Idempotency-Key": request.idempotency_key,
+            "X-Correlation-ID": request.correlation_id,
+        }
+        started = time.perf_counter()
+        try:
+            response = self._client.post(self._url, json=self.request_body(request.text), headers=headers)
+        except httpx.TimeoutException as exc:
+            raise TransientClassifierError("timeout", f"model call timed out ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            raise TransientClassifierError("connection_error", f"model call failed ({type(exc).__name__})") from None
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        status = response.status_code
+        log.debug(
+            "model call job=%s attempt=%s status=%s latency_ms=%.1f",
+            request.job_id,
+            request.attempt,
+            status,
+            latency_ms,
+        )
+        if status == 429:
+            raise TransientClassifierError("rate_limited", "HTTP 429")
+        if status == 408:
+            raise TransientClassifierError("timeout", "HTTP 408")
+        if status >= 500:
+            raise TransientClassifierError("server_error", f"HTTP {status}")
+        if 400 <= status < 500:
+            error_class = _PERMANENT_STATUS.get(status, "client_error")
+            raise PermanentClassifierError(error_class, f"HTTP {status}{_error_detail(response)}")
+        if status != 200:
+            raise PermanentClassifierError("unexpected_status", f"HTTP {status}")
+        return parse_chat_response(
+            response.content,
+            self._names,
+            latency_ms=latency_ms,
+            price_per_1k_prompt=self.price_per_1k_prompt,
+            price_per_1k_completion=self.price_per_1k_completion,
+        )
+
+    def close(self) -> None:
+        """Close the connection pool; idempotent."""
+        self._client.close()

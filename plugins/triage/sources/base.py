@@ -1,0 +1,57 @@
+"""The retrieval interface: a source yields the documents of one data interval.
+
+A source never raises for one bad record: a record it cannot parse is still yielded, with its
+raw bytes and a ``malformed_reason``, so that it gets a job like any other and lands in
+manual review with reason ``malformed_input`` instead of vanishing from the count. Only a
+source-wide problem (a missing inbox) raises :class:`SourceError`, which fails the task so
+Airflow retries it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Source", "SourceDocument", "SourceError", "require_aware"]
+
+
+class SourceError(Exception):
+    """The source as a whole cannot be read (missing inbox, unreachable storage)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceDocument:
+    """One delivered record.
+
+    ``content`` is the exact bytes stored as the payload (the claim check): for a valid record
+    the canonical :meth:`~triage.contracts.documents.DocumentPayload.to_bytes`, for a malformed
+    one the raw record, kept for the reviewer.
+    """
+
+    source: str
+    external_id: str
+    content: bytes
+    malformed_reason: str | None = None
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Anything that can list the documents of a half-open interval ``[start, end)``."""
+
+    name: str
+
+    def read(self, start: datetime, end: datetime) -> Iterator[SourceDocument]:
+        """Yield the documents of ``[start, end)``, in a deterministic order."""
+        ...
+
+
+def require_aware(start: datetime, end: datetime) -> None:
+    """Refuse naive or empty intervals: a data interval without a time zone is ambiguous."""
+    if start.tzinfo is None or start.utcoffset() is None:
+        raise ValueError("start must be timezone-aware")
+    if end.tzinfo is None or end.utcoffset() is None:
+        raise ValueError("end must be timezone-aware")
+    if end < start:
+        raise ValueError("end must not be before start")

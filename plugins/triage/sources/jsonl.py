@@ -1,0 +1,207 @@
+"""Read support tickets exported as JSON Lines into a date-partitioned inbox.
+
+Layout: ``<inbox>/YYYY-MM-DD/*.jsonl``, one folder per day. A run for ``[start, end)`` reads
+every day folder whose midnight (UTC) falls in the interval, days in order and files in name
+order, so the same inbox always yields the same documents in the same order.
+
+One line, one ticket::
+
+    {"id": "T-1", "subject": "...", "body": "...", "received_at": "2026-11-01T09:30:00+01:00",
+     "channel": "email"}
+
+The reader never raises for a bad line: every non-blank line yields exactly one
+:class:`SourceDocument`. A line that is not a valid ticket keeps its raw bytes, gets the
+position-based id ``"{day}/{file}:{line}"`` and a short ``malformed_reason`` (one of
+:data:`LINE_REASONS`); the job ledger sends it to manual review. Only a missing inbox raises.
+
+The inbox may be a :class:`pathlib.Path` or any object-storage path with the same surface
+(``universal_pathlib``'s ``UPath``, Airflow's ``ObjectStoragePath``): only ``/``, ``exists``,
+``is_dir``, ``iterdir``, ``name`` and ``open("rb")`` are used, and the inbox is listed once
+per run rather than probed day by day.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, time
+from typing import Any, Final, Protocol
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from triage.contracts.documents import MAX_EXTERNAL_ID_LENGTH, DocumentPayload
+from triage.sources.base import SourceDocument, SourceError, require_aware
+
+__all__ = ["LINE_REASONS", "MAX_LINE_BYTES", "InboxPath", "JsonlSource", "parse_line"]
+
+MAX_LINE_BYTES: Final = 1 << 20
+"""Longest accepted line; a longer one is malformed (``line_too_long``) and kept truncated."""
+
+LINE_REASONS: Final = frozenset(
+    {
+        "invalid_utf8",
+        "invalid_json",
+        "not_an_object",
+        "missing_field",
+        "unexpected_field",
+        "empty_id",
+        "id_too_long",
+        "naive_received_at",
+        "invalid_field",
+        "line_too_long",
+    }
+)
+"""Every ``malformed_reason`` this source gives."""
+
+
+class InboxPath(Protocol):
+    """The part of the ``pathlib`` surface the reader uses."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __truediv__(self, other: str) -> Any: ...
+
+    def exists(self) -> bool: ...
+
+    def is_dir(self) -> bool: ...
+
+    def iterdir(self) -> Iterator[Any]: ...
+
+    def open(self, mode: str = ...) -> Any: ...
+
+
+class _InboxLine(BaseModel):
+    """One line of the export, as the upstream system writes it (``id``, not ``external_id``)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=MAX_EXTERNAL_ID_LENGTH)
+    subject: str
+    body: str
+    received_at: AwareDatetime
+    channel: str | None = None
+
+
+def _reason_for(exc: ValidationError) -> str:
+    """Reduce a validation error to one reason code, the most specific first."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    kinds = {(error["type"], tuple(error["loc"])) for error in errors}
+    types = {kind for kind, _loc in kinds}
+    if "json_invalid" in types:
+        return "invalid_json"
+    if "model_type" in types or "model_attributes_type" in types:
+        return "not_an_object"
+    if "missing" in types:
+        return "missing_field"
+    if "extra_forbidden" in types:
+        return "unexpected_field"
+    if ("string_too_short", ("id",)) in kinds:
+        return "empty_id"
+    if ("string_too_long", ("id",)) in kinds:
+        return "id_too_long"
+    if ("timezone_aware", ("received_at",)) in kinds:
+        return "naive_received_at"
+    return "invalid_field"
+
+
+def parse_line(line: bytes) -> DocumentPayload | str:
+    """Parse one (non-blank) line: the payload, or the reason it is malformed. Never raises."""
+    if len(line) > MAX_LINE_BYTES:
+        return "line_too_long"
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return "invalid_utf8"
+    try:
+        record = _InboxLine.model_validate_json(text)
+    except ValidationError as exc:
+        return _reason_for(exc)
+    except (ValueError, RecursionError):  # pragma: no cover - defensive: parser limits
+        return "invalid_json"
+    try:
+        return DocumentPayload(
+            external_id=record.id,
+            subject=record.subject,
+            body=record.body,
+            received_at=record.received_at,
+            channel=record.channel,
+        )
+    except ValidationError as exc:
+        # Same constraints as _InboxLine, plus DocumentPayload's own (a blank id).
+        reason = _reason_for(exc)
+        return "empty_id" if reason == "invalid_field" else reason
+
+
+def _as_inbox(inbox: InboxPath | str | os.PathLike[str]) -> InboxPath:
+    """Accept a plain string too: a URL (``s3://…``, ``file://…``) or a local path."""
+    if isinstance(inbox, str | os.PathLike):
+        from upath import UPath
+
+        return UPath(os.fspath(inbox))  # a local path gives a pathlib-compatible PosixUPath
+    return inbox
+
+
+def _day_of(name: str) -> date | None:
+    """The date a folder name stands for, or ``None`` for anything else in the inbox."""
+    if len(name) != 10:
+        return None
+    try:
+        return date.fromisoformat(name)
+    except ValueError:
+        return None
+
+
+class JsonlSource:
+    """Documents from ``<inbox>/YYYY-MM-DD/*.jsonl`` (see the module docstring)."""
+
+    name = "jsonl"
+
+    def __init__(self, inbox: InboxPath | str | os.PathLike[str]) -> None:
+        self.inbox = _as_inbox(inbox)
+
+    def days(self, start: datetime, end: datetime) -> list[tuple[date, Any]]:
+        """The day folders of ``[start, end)``, oldest first.
+
+        :raises SourceError: if the inbox does not exist or cannot be listed.
+        """
+        require_aware(start, end)
+        try:
+            if not self.inbox.exists() or not self.inbox.is_dir():
+                raise SourceError(f"inbox {self.inbox} does not exist or is not a folder")
+            entries = list(self.inbox.iterdir())
+        except OSError as exc:
+            raise SourceError(f"cannot list inbox {self.inbox}: {exc.__class__.__name__}") from exc
+        selected = []
+        for entry in entries:
+            day = _day_of(entry.name)
+            if day is None:
+                continue
+            midnight = datetime.combine(day, time(), tzinfo=UTC)
+            if start <= midnight < end and entry.is_dir():
+                selected.append((day, entry))
+        return sorted(selected, key=lambda item: item[0])
+
+    def read(self, start: datetime, end: datetime) -> Iterator[SourceDocument]:
+        """Yield one document per non-blank line of the interval's day folders."""
+        for day, folder in self.days(start, end):
+            files = sorted(
+                (entry for entry in folder.iterdir() if entry.name.endswith(".jsonl")),
+                key=lambda entry: entry.name,
+            )
+            for file in files:
+                with file.open("rb") as stream:
+                    yield from self.read_lines(f"{day.isoformat()}/{file.name}", stream)
+
+    def read_lines(self, location: str, lines: Any) -> Iterator[SourceDocument]:
+        """Turn the lines of one file into documents; ``location`` names malformed ones."""
+        for number, raw in enumerate(lines, start=1):
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            line = line[:-1] if line.endswith(b"\r") else line  # CRLF exports
+            if not line.strip():
+                continue
+            parsed = parse_line(line)
+            if isinstance(parsed, DocumentPayload):
+                yield SourceDocument(self.name, parsed.external_id, parsed.to_bytes())
+            else:
+                yield SourceDocument(self.name, f"{location}:{number}", line[:MAX_LINE_BYTES], parsed)

@@ -1,0 +1,1 @@
+"""Test doubles that speak real protocols (HTTP), so the code under test is not patched."""

@@ -1,0 +1,256 @@
+"""A scriptable OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1.
+
+A real HTTP server (``ThreadingHTTPServer``, one thread per connection, HTTP/1.1 keep-alive)
+in a daemon thread, so the classifier's own HTTP client, pool and timeouts are what is tested.
+Tests choose each reply::
+
+    with FakeOpenAIServer(responder=fixed_label("billing")) as server:
+        server.enqueue(Reply.status(429), Reply.slow(500))   # the next two requests
+        classifier = OpenAICompatibleClassifier(base_url=server.base_url, ...)
+
+Requests take the queued replies first, then ``responder(body)``. ``latency_ms`` delays every
+reply (benchmarks); the server sustains many concurrent requests (a deep listen backlog, a
+thread per connection). It records every JSON body it received.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+from triage.classifiers.keyword import KeywordClassifier
+from triage.classifiers.taxonomy import Taxonomy
+
+__all__ = ["FakeOpenAIServer", "Reply", "fixed_label", "keyword_responder"]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted reply. ``content`` is the model's message text; ``body`` replaces the
+    whole response body; ``delay_ms`` sleeps before answering."""
+
+    status: int = 200
+    label: str = "general_inquiry"
+    confidence: float = 0.9
+    content: str | None = None
+    body: bytes | None = None
+    delay_ms: float = 0.0
+    prompt_tokens: int = 120
+    completion_tokens: int = 12
+
+    @classmethod
+    def ok(cls, label: str, confidence: float = 0.9, **kwargs: Any) -> Reply:
+        return cls(label=label, confidence=confidence, **kwargs)
+
+    @classmethod
+    def status_only(cls, status: int) -> Reply:
+        return cls(status=status)
+
+    @classmethod
+    def slow(cls, delay_ms: float, label: str = "general_inquiry") -> Reply:
+        return cls(label=label, delay_ms=delay_ms)
+
+    @classmethod
+    def malformed_content(cls, content: str = '{"label": "billing", "confidence":') -> Reply:
+        return cls(content=content)
+
+    @classmethod
+    def raw_body(cls, body: bytes, status: int = 200) -> Reply:
+        return cls(status=status, body=body)
+
+    def render(self, model: str) -> bytes:
+        """The response body: an OpenAI error object for errors, a chat completion for 200."""
+        if self.body is not None:
+            return self.body
+        if self.status != 200:
+            return json.dumps(
+                {"error": {"type": "fake_error", "code": str(self.status), "message": "scripted"}}
+            ).encode()
+        content = self.content
+        if content is None:
+            content = json.dumps({"label": self.label, "confidence": self.confidence})
+        return json.dumps(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens,
+                    "total_tokens": self.prompt_tokens + self.completion_tokens,
+                },
+            }
+        ).encode()
+
+
+Responder = Callable[[dict[str, Any]], Reply]
+
+
+def fixed_label(label: str, confidence: float = 0.9) -> Responder:
+    """Always answer ``label``."""
+    reply = Reply.ok(label, confidence)
+    return lambda _body: reply
+
+
+def keyword_responder(taxonomy: Taxonomy, fallback: str = "general_inquiry") -> Responder:
+    """Answer what the keyword classifier finds in the user message (a plausible model)."""
+    classifier = KeywordClassifier(taxonomy)
+
+    def respond(body: dict[str, Any]) -> Reply:
+        text = next((m.get("content", "") for m in body.get("messages", []) if m.get("role") == "user"), "")
+        scores = classifier.scores(str(text))
+        total = sum(scores)
+        if not total:
+            return Reply.ok(fallback, 0.3)
+        best = scores.index(max(scores))
+        return Reply.ok(taxonomy.labels[best].name, round(max(scores) / total, 3))
+
+    return respond
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the real APIs; needs Content-Length
+    server: _Server
+    timeout = 10  # an idle keep-alive connection ends its thread after this
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = {"_unparseable": raw.decode("utf-8", "replace")}
+        fake = self.server.fake
+        reply = fake._next_reply(body, dict(self.headers), self.path)
+        delay = (reply.delay_ms + fake.latency_ms) / 1000.0
+        if delay:
+            time.sleep(delay)
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            reply = Reply.status_only(404)
+        payload = reply.render(str(body.get("model", "")))
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence per-request logging."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the default of 5 refuses bursts of concurrent connections
+    fake: FakeOpenAIServer
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        super().__init__(address, _Handler)
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.connections_lock:
+            self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.connections_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """End idle keep-alive connections so their handler threads exit now."""
+        with self.connections_lock:
+            connections = list(self.connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):  # already closed by the client
+                connection.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out closes its socket before the slow reply is written; that
+        # is the scenario under test, not a server failure.
+        pass
+
+
+class FakeOpenAIServer:
+    """Context manager running the fake server; ``base_url`` ends in ``/v1``."""
+
+    def __init__(self, responder: Responder | None = None, latency_ms: float = 0.0) -> None:
+        self.responder: Responder = responder or fixed_label("general_inquiry")
+        self.latency_ms = latency_ms
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
+        self._queue: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def request_count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    @property
+    def base_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("server not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def enqueue(self, *replies: Reply) -> None:
+        """Script the next requests, in order; later ones fall back to the responder."""
+        with self._lock:
+            self._queue.extend(replies)
+
+    def _next_reply(self, body: dict[str, Any], headers: dict[str, str], path: str) -> Reply:
+        with self._lock:
+            self.requests.append(body)
+            self.headers.append(headers)
+            self.paths.append(path)
+            if self._queue:
+                return self._queue.popleft()
+        return self.responder(body)
+
+    def start(self) -> FakeOpenAIServer:
+        server = _Server(("127.0.0.1", 0))
+        server.fake = self
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._server.close_connections()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
