@@ -43,7 +43,9 @@ class Figure:
         return self.ratio >= self.target_ratio if self.higher_is_better else self.ratio <= self.target_ratio
 
     def line(self) -> str:
-        target = "" if self.target_ratio is None else f"  target {'≥' if self.higher_is_better else '≤'} {self.target_ratio}"
+        target = (
+            "" if self.target_ratio is None else f"  target {'≥' if self.higher_is_better else '≤'} {self.target_ratio}"
+        )
         verdict = {True: "  ok", False: "  MISSED", None: ""}[self.ok]
         return (f"{self.name:<44} {self.value:>12,.1f} {self.unit:<8} vs {self.baseline_name:<36} "
                 f"{self.baseline:>12,.1f}  ratio {self.ratio:5.2f}{target}{verdict}")  # fmt: skip

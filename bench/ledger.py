@@ -6,9 +6,9 @@ from __future__ import annotations
 import uuid
 
 import sqlalchemy as sa
+from tests.integration.helpers import new_jobs
 
 from bench.common import Figure, scratch_database, timed
-from tests.integration.helpers import new_jobs
 from triage.database import create_engine
 from triage.jobs.models import Complete
 from triage.jobs.store import JobStore
@@ -97,7 +97,9 @@ def run() -> list[Figure]:
         def ledger_claim_complete() -> int:
             done = 0
             while True:
-                claim = store.claim(batch_key="claim", step="classify", limit=CLAIM_BATCH, lease_seconds=60, owner="bench")
+                claim = store.claim(
+                    batch_key="claim", step="classify", limit=CLAIM_BATCH, lease_seconds=60, owner="bench"
+                )
                 if not claim.jobs:
                     return done
                 store.record(claim, [Complete(j.id, j.attempt) for j in claim.jobs])

@@ -110,7 +110,7 @@ def stop(home: Path | None = None) -> bool:
     """Stop the server if it runs; True if it was running."""
     if running_url(home) is None:
         return False
-    from pgserver._commands import pg_ctl
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made at import
 
     user = "pgserver" if os.geteuid() == 0 else None  # pgserver runs the server as this user under root
     try:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from tests.integration.helpers import new_jobs
 from triage.jobs.errors import LeaseLost, LedgerError, NotInReview, ReplayLimitReached
@@ -89,13 +97,13 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
         @precondition(lambda self: True)
         @rule(pick=st.integers(0, JOBS - 1))
         def requeue(self, pick: int) -> None:
-            in_review = self.q("SELECT id FROM triage.jobs WHERE batch_key = :b AND status = 'manual_review' ORDER BY id")
+            in_review = self.q(
+                "SELECT id FROM triage.jobs WHERE batch_key = :b AND status = 'manual_review' ORDER BY id"
+            )
             if not in_review:
                 return
-            try:
+            with contextlib.suppress(ReplayLimitReached, NotInReview):
                 store.requeue(in_review[pick % len(in_review)][0], actor="reviewer", max_replays=2)
-            except (ReplayLimitReached, NotInReview):
-                pass
 
         @invariant()
         def nothing_lost_or_doubled(self) -> None:

@@ -56,7 +56,9 @@ def claim(store: JobStore, limit: int = 10, lease: float = 60, owner: str = "wor
 
 def expire(store: JobStore) -> None:
     with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second' WHERE status = 'running'"))
+        conn.execute(
+            sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second' WHERE status = 'running'")
+        )
 
 
 # -- registration ------------------------------------------------------------------------
@@ -75,7 +77,9 @@ def test_register_is_idempotent_and_writes_one_outbox_event_per_new_job(store: J
     events = [parse_event(e.model_dump_json()) for e in sent]
     assert {e.event_type for e in events} == {"job.registered"}
     assert {e.job_id for e in events} == set(first.new_ids)
-    assert scalar(store, "SELECT count(*) FROM triage.job_events WHERE from_status IS NULL AND to_status = 'queued'") == 5
+    assert (
+        scalar(store, "SELECT count(*) FROM triage.job_events WHERE from_status IS NULL AND to_status = 'queued'") == 5
+    )
 
 
 def test_a_new_classifier_version_is_new_work(store: JobStore) -> None:
@@ -93,7 +97,9 @@ def test_malformed_input_is_registered_straight_into_review(store: JobStore) -> 
     result = store.register([bad, *new_jobs(2)], batch_key=BATCH, step="classify", max_attempts=3)
     assert result.new == 3
     review = rows(store, "SELECT reason, error_class, context FROM triage.manual_review")
-    assert [(r.reason, r.error_class, r.context) for r in review] == [("malformed_input", "malformed_input", {"line": 3})]
+    assert [(r.reason, r.error_class, r.context) for r in review] == [
+        ("malformed_input", "malformed_input", {"line": 3})
+    ]
     assert store.register([bad], batch_key=BATCH, step="classify", max_attempts=3).new == 0
     assert scalar(store, "SELECT count(*) FROM triage.manual_review") == 1
 
@@ -114,12 +120,14 @@ def test_duplicate_key_by_ad_hoc_insert_is_a_named_error(store: JobStore) -> Non
 def test_claim_counts_the_attempt_and_hands_out_a_lease(store: JobStore) -> None:
     register(store, 5)
     got = claim(store, limit=3)
-    assert len(got) == 3 and all(j.attempt == 1 for j in got.jobs)
+    assert len(got) == 3
+    assert all(j.attempt == 1 for j in got.jobs)
     assert rows(store, "SELECT DISTINCT lease_token, lease_owner FROM triage.jobs WHERE status = 'running'") == [
         (got.token, "worker-1")
     ]
     rest = claim(store, limit=10, owner="worker-2")
-    assert len(rest) == 2 and rest.token != got.token
+    assert len(rest) == 2
+    assert rest.token != got.token
     assert len(claim(store)) == 0
 
 
@@ -242,7 +250,9 @@ def test_an_older_job_never_overwrites_a_newer_label(store: JobStore) -> None:
     new = claim(store)
     store.record(new, [Complete(new.jobs[0].id, 1, LabelWrite("refund", 0.9, "v2"))])
     store.record(old, [Complete(old.jobs[0].id, 1, LabelWrite("billing", 0.9, "v1"))])  # late, stale
-    assert [tuple(r) for r in rows(store, "SELECT label, classifier_version FROM triage.document_labels")] == [("refund", "v2")]
+    assert [tuple(r) for r in rows(store, "SELECT label, classifier_version FROM triage.document_labels")] == [
+        ("refund", "v2")
+    ]
 
 
 # -- recovery ----------------------------------------------------------------------------
@@ -290,7 +300,10 @@ def test_requeue_from_review_is_audited_and_bounded(store: JobStore) -> None:
     review = rows(store, "SELECT resolution, resolved_by, note FROM triage.manual_review")
     assert [tuple(r) for r in review] == [("requeued", "alice", "looks fine")]
     assert scalar(store, "SELECT attempt FROM triage.jobs") == 0
-    assert scalar(store, "SELECT actor FROM triage.job_events WHERE to_status = 'queued' ORDER BY id DESC LIMIT 1") == "alice"
+    assert (
+        scalar(store, "SELECT actor FROM triage.job_events WHERE to_status = 'queued' ORDER BY id DESC LIMIT 1")
+        == "alice"
+    )
     with pytest.raises(NotInReview):
         store.requeue(job_id, actor="alice")
     again = claim(store)

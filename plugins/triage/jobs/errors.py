@@ -29,8 +29,14 @@ class JobNotFound(LedgerError, LookupError):
 class IllegalTransition(LedgerError):
     """The state machine does not allow this move."""
 
-    def __init__(self, message: str | None = None, *, job_id: str | None = None,
-                 from_status: str | None = None, to_status: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        job_id: str | None = None,
+        from_status: str | None = None,
+        to_status: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.job_id, self.from_status, self.to_status = job_id, from_status, to_status
 

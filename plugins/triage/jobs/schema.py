@@ -167,9 +167,7 @@ manual_review = sa.Table(
     sa.Column("resolution", sa.Text),
     sa.Column("resolved_by", sa.Text),
     sa.Column("note", sa.Text),
-    sa.CheckConstraint(
-        "(resolved_at IS NULL) = (resolution IS NULL)", name="resolution_with_time"
-    ),
+    sa.CheckConstraint("(resolved_at IS NULL) = (resolution IS NULL)", name="resolution_with_time"),
     sa.CheckConstraint(
         "resolution IS NULL OR resolution IN ('labelled', 'requeued', 'rejected', 'superseded')",
         name="resolution_known",

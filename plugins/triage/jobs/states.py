@@ -7,10 +7,10 @@ A test checks that this table and the database's are equal.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class JobStatus(str, Enum):
+class JobStatus(StrEnum):
     """Where a unit of work is. Values round-trip through PostgreSQL and JSON unchanged."""
 
     RECEIVED = "received"  # set by retrieval: validated, durable id and idempotency key
@@ -21,9 +21,6 @@ class JobStatus(str, Enum):
     RETRYABLE_FAILED = "retryable_failed"  # set by a step or reconciliation: next_attempt_at set
     MANUAL_REVIEW = "manual_review"  # set by a step, a callback or reconciliation: review row open
     TERMINAL_FAILED = "terminal_failed"  # set by a step or review (reject): nothing will retry
-
-    def __str__(self) -> str:
-        return self.value
 
 
 S = JobStatus

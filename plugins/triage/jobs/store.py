@@ -44,6 +44,7 @@ from triage.jobs.models import (
     ClassificationRecord,
     Complete,
     Fail,
+    LabelWrite,
     LeaseRelease,
     NewJob,
     Outcome,
@@ -168,7 +169,8 @@ class JobStore:
         """Review decision: send a job in review back to the queue, attempts reset (audited)."""
         with self.transaction(actor) as conn:
             rows = conn.execute(
-                T.requeue_from_review(), {"p_job_id": job_id, "max_replays": max_replays, "p_actor": actor, "p_note": note}
+                T.requeue_from_review(),
+                {"p_job_id": job_id, "max_replays": max_replays, "p_actor": actor, "p_note": note},
             ).all()
             if rows:
                 return
@@ -208,6 +210,22 @@ class JobStore:
         with self.engine.connect() as conn:
             counts = {JobStatus(status): n for status, n in conn.execute(query)}
         return {s: counts.get(s, 0) for s in JobStatus}
+
+    def next_due(self, batch_key: str, step: str) -> tuple[datetime | None, datetime]:
+        """(earliest ``next_attempt_at`` of the step's retryable jobs or None, the database's now)."""
+        with self.engine.connect() as conn:
+            due, now = conn.execute(T.next_due(), {"p_batch_key": batch_key, "p_step": step}).one()
+        return due, now
+
+    def open_in_step(self, batch_key: str, step: str) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(T.open_in_step(), {"p_batch_key": batch_key, "p_step": step}).scalar_one())
+
+    def accepted_labels(self, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, LabelWrite]:
+        """The label each job's latest accepted classification gave it."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(T.accepted_classifications(), {"ids": list(job_ids)}).all()
+        return {r.job_id: LabelWrite(r.label, r.confidence, r.classifier_version) for r in rows}
 
     def get_status(self, job_id: uuid.UUID) -> JobStatus:
         with self.engine.connect() as conn:
@@ -290,7 +308,7 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
     def run(statement: Any, items: list[Any], extra: dict[str, list[Any]]) -> list[Any]:
         params = {"token": token, "held_id": [o.job_id for o in items], "held_attempt": [o.attempt for o in items],
                   **{f"held_{k}": v for k, v in extra.items()}}  # fmt: skip
-        rows = conn.execute(statement, params).all()
+        rows = list(conn.execute(statement, params).all())
         touched.update(r[0] for r in rows)
         return rows
 

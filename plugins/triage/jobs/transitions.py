@@ -164,7 +164,10 @@ def claim_batch() -> Any:
     )
     return (
         sa.update(jobs)
-        .where(jobs.c.id == picked.c.id)
+        # = ANY(ARRAY(…)) rather than a join: the planner cannot know the LIMIT's size and
+        # hashed the whole table to join it (20 ms per claim at 50,000 jobs, measured); an
+        # array of ids always goes through the primary key.
+        .where(jobs.c.id == sa.any_(sa.func.array(sa.select(picked.c.id).scalar_subquery())))
         .values(
             status=_status(S.RUNNING),
             status_reason="claimed",
@@ -501,3 +504,34 @@ def mark_published() -> Any:
         .where(outbox.c.event_id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))), outbox.c.published_at.is_(None))
         .values(published_at=NOW)
     )
+
+
+def next_due() -> Any:
+    """When the earliest retryable job of a batch and step may be claimed again."""
+    return sa.select(sa.func.min(jobs.c.next_attempt_at), sa.func.now()).where(
+        jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+        jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
+        jobs.c.status == _status(S.RETRYABLE_FAILED),
+        jobs.c.attempt < jobs.c.max_attempts,
+    )
+
+
+def open_in_step() -> Any:
+    """How many jobs of a batch and step an automatic step still owes work to."""
+    return sa.select(sa.func.count()).where(
+        jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+        jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
+        jobs.c.status.in_([_status(s) for s in (S.RECEIVED, S.QUEUED, S.RUNNING, S.RETRYABLE_FAILED, S.WAITING)]),
+    )
+
+
+def accepted_classifications() -> Any:
+    """The latest accepted classification of each given job: what persistence writes."""
+    return (
+        sa.select(classifications.c.job_id, classifications.c.label, classifications.c.confidence,
+                  classifications.c.classifier_version)
+        .where(classifications.c.job_id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))),
+               classifications.c.outcome == "accepted")
+        .ext(pg.distinct_on(classifications.c.job_id))
+        .order_by(classifications.c.job_id, classifications.c.attempt.desc())
+    )  # fmt: skip

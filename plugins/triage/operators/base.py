@@ -1,0 +1,91 @@
+"""What every Triage operator shares: the job database behind ``triage_db``, the run's batch
+key and config, and the lease owner name of this task try."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook, BaseOperator, Variable
+from airflow.sdk.exceptions import AirflowFailException
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+    from airflow.sdk import Context
+
+    from triage.contracts.run_config import ClassifyRunConfig
+    from triage.jobs.store import JobStore
+
+DEFAULT_CONN_ID = "triage_db"
+
+
+def database_url_from_connection(conn_id: str) -> Any:
+    """The job database of an Airflow connection (the JSON form keeps a socket directory)."""
+    from triage.database import DatabaseUrl
+
+    conn = BaseHook.get_connection(conn_id)
+    return DatabaseUrl(database=conn.schema or "triage", user=conn.login or None, password=conn.password,
+                       host=conn.host or None, port=conn.port or None)  # fmt: skip
+
+
+def batch_key(context: Context) -> str:
+    """The DAG run's data interval: the unit of work that retries, callbacks and reports name."""
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is None or end is None:
+        raise AirflowFailException("this run has no data interval; classify_documents needs one to know its documents")
+    return f"{start.isoformat()}/{end.isoformat()}"
+
+
+def owner_prefix(context: Context) -> str:
+    """``dag/run/task/map_index/``: leases of every try of this task start with it."""
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{getattr(ti, 'map_index', -1)}/"
+
+
+def lease_owner(context: Context) -> str:
+    return f"{owner_prefix(context)}try{context['ti'].try_number}"
+
+
+def variable(name: str) -> str | None:
+    """An Airflow Variable, or None when it is not set."""
+    value = Variable.get(name, default=None)
+    return str(value) if value not in (None, "") else None
+
+
+class TriageOperator(BaseOperator):
+    """Base of Triage's operators.
+
+    :param triage_conn_id: the Airflow connection to the job database.
+    """
+
+    def __init__(self, *, triage_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.triage_conn_id = triage_conn_id
+
+    def get_engine(self) -> sa.Engine:
+        """The seam tests override: an engine on the job database."""
+        from triage.database import create_engine
+
+        return create_engine(database_url_from_connection(self.triage_conn_id), pool_size=3)
+
+    @cached_property
+    def engine(self) -> sa.Engine:
+        return self.get_engine()
+
+    @cached_property
+    def store(self) -> JobStore:
+        from triage.jobs.store import JobStore
+
+        return JobStore(self.engine)
+
+    def run_config(self, context: Context) -> ClassifyRunConfig:
+        from triage.contracts.run_config import ClassifyRunConfig, InvalidRunConfig
+
+        try:
+            return ClassifyRunConfig.from_params(context["params"])
+        except InvalidRunConfig as exc:
+            raise AirflowFailException(str(exc)) from None
+
+    def dispose(self) -> None:
+        if "engine" in self.__dict__:
+            self.engine.dispose()

@@ -1,0 +1,218 @@
+"""The operators of ``classify_documents``: retrieve → classify → persist → publish events.
+
+Each is an adapter: it reads the run's config and connections, calls :mod:`triage.pipeline`,
+and maps the pipeline's stop reasons onto Airflow's retry semantics. ``AirflowException``
+(here: work remains, circuit open) fails the try and Airflow retries it with exponential
+backoff; ``AirflowFailException`` (a misconfigured dependency, invalid params) fails without
+retrying. Per-document failures never fail a task: they are outcomes in the ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset, BaseHook
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from triage.operators.base import TriageOperator, batch_key, lease_owner, variable
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from triage.classifiers.base import Classifier
+    from triage.contracts.run_config import ClassifyRunConfig
+
+log = logging.getLogger(__name__)
+
+DOCUMENT_LABELS = Asset(name="triage_document_labels", uri="triage://document_labels")
+"""Updated whenever a run publishes: downstream DAGs can be scheduled on it."""
+
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+
+def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
+    """The ``OpenAICompatibleClassifier`` settings in an Airflow connection: host is the base URL
+    (``http://host:port/v1``), password the API key, extra the model call's settings."""
+    conn = BaseHook.get_connection(conn_id)
+    extra = conn.extra_dejson or {}
+    host = conn.host or ""
+    if "://" in host:
+        base_url = host.rstrip("/")
+    else:
+        scheme = conn.schema if conn.schema in ("http", "https") else "http"
+        base_url = f"{scheme}://{host}{f':{conn.port}' if conn.port else ''}{extra.get('path', '/v1')}"
+    settings: dict[str, Any] = {"base_url": base_url, "api_key": conn.password or None,
+                                "model": extra.get("model", "gpt-4o-mini")}  # fmt: skip
+    for key, target in (("temperature", "temperature"), ("timeout", "timeout_s"), ("prompt_version", "prompt_version"),
+                        ("price_per_1k_prompt", "price_per_1k_prompt"),
+                        ("price_per_1k_completion", "price_per_1k_completion")):  # fmt: skip
+        if key in extra:
+            settings[target] = extra[key]
+    return settings
+
+
+def build_run_classifier(config: ClassifyRunConfig, llm_conn_id: str) -> Classifier:
+    from triage.classifiers import Taxonomy, build_classifier
+
+    settings = None
+    if config.classifier == "llm":
+        settings = {**llm_settings(llm_conn_id), "max_connections": max(config.concurrency, 1)}
+    return build_classifier(config.classifier, taxonomy=Taxonomy.load(), llm_settings=settings, drill=config.drill)
+
+
+def _payloads(explicit: str | None) -> Any:
+    from airflow.sdk import ObjectStoragePath
+
+    from triage import settings
+    from triage.payloads import PayloadStore
+
+    base = settings.payload_base(explicit or variable("triage_payload_base"))
+    return PayloadStore(ObjectStoragePath(base) if "://" in base else base)
+
+
+class RetrieveDocumentsOperator(TriageOperator):
+    """Read the run's data interval from the configured source and register one job per document.
+
+    :param payload_base: where payloads are stored (default: Variable ``triage_payload_base``,
+        then ``$TRIAGE_PAYLOAD_BASE``, then ``$TRIAGE_HOME/payloads``).
+    :param llm_conn_id: the model connection (its settings are part of the classifier version).
+    """
+
+    template_fields = ("payload_base",)
+
+    def __init__(self, *, payload_base: str | None = None, llm_conn_id: str = "triage_llm", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.payload_base = payload_base
+        self.llm_conn_id = llm_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from triage.pipeline.retrieve import retrieve
+        from triage.sources import build_source
+
+        config = self.run_config(context)
+        key = batch_key(context)  # refuses a run without a data interval
+        start, end = context["data_interval_start"], context["data_interval_end"]
+        assert start is not None and end is not None
+        if config.source == "synthetic":
+            source = build_source("synthetic", documents=config.documents, seed=config.drill.seed,
+                                  duplicate_rate=config.drill.duplicate_rate)  # fmt: skip
+        else:
+            inbox = config.inbox if "://" in config.inbox or config.inbox.startswith("/") else \
+                str(PROJECT_ROOT / config.inbox)  # fmt: skip
+            source = build_source("jsonl", inbox=inbox)
+        classifier = build_run_classifier(config, self.llm_conn_id)
+        try:
+            result = retrieve(self.store, source, _payloads(self.payload_base),
+                              start=start, end=end,
+                              batch_key=key, classifier_version=classifier.version,
+                              max_attempts=config.max_attempts, actor=lease_owner(context))  # fmt: skip
+        finally:
+            classifier.close()
+            self.dispose()
+        log.info("retrieved batch=%s read=%d registered=%d existing=%d malformed=%d rate=%.0f/s",
+                 batch_key(context), result.read, result.registered, result.existing, result.malformed,
+                 result.rate)  # fmt: skip
+        return {"read": result.read, "registered": result.registered, "existing": result.existing,
+                "malformed": result.malformed, "seconds": round(result.seconds, 3)}  # fmt: skip
+
+
+class ClassifyDocumentsOperator(TriageOperator):
+    """Claim the batch's jobs in batches under a lease and classify them.
+
+    :param batch_size: jobs per claim (and per recording transaction).
+    :param retry_soon_seconds: retryable jobs due within this are retried in the same try;
+        later ones fail the try so that Airflow's retry picks them up.
+    :param separate_persist: hand accepted jobs to the ``persist`` step instead of completing
+        them here (set when ``persist`` runs an external action).
+    """
+
+    template_fields = ("payload_base",)
+
+    def __init__(self, *, payload_base: str | None = None, llm_conn_id: str = "triage_llm", batch_size: int = 1000,
+                 retry_soon_seconds: float = 30.0, separate_persist: bool = False, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.payload_base, self.llm_conn_id = payload_base, llm_conn_id
+        self.batch_size, self.retry_soon_seconds, self.separate_persist = (
+            batch_size,
+            retry_soon_seconds,
+            separate_persist,
+        )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+        from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, RunSettings, WorkRemains, run_step
+
+        config = self.run_config(context)
+        classifier = build_run_classifier(config, self.llm_conn_id)
+        # The keyword classifier is CPU-bound: threads would only contend for the GIL.
+        concurrency = config.concurrency if config.classifier == "llm" else 1
+        handler = ClassifyHandler(classifier, _payloads(self.payload_base),
+                                  ClassifySettings(config.confidence_threshold, concurrency, self.separate_persist))  # fmt: skip
+        settings = RunSettings(owner=lease_owner(context), batch_size=self.batch_size,
+                               lease_seconds=config.lease_seconds, retry_soon_seconds=self.retry_soon_seconds)  # fmt: skip
+        try:
+            report = run_step(self.store, handler, batch_key=batch_key(context), settings=settings)
+        except DependencyMisconfigured as exc:
+            raise AirflowFailException(f"{exc}; fix the triage_llm connection, then clear this task") from None
+        except (WorkRemains, CircuitOpen) as exc:
+            raise AirflowException(f"{exc}; Airflow's retry continues with the unfinished jobs") from None
+        finally:
+            handler.close()
+            self.dispose()
+        return {"claimed": report.claimed, "outcomes": dict(report.outcomes), "seconds": round(report.seconds, 3)}
+
+
+class PersistLabelsOperator(TriageOperator):
+    """Complete jobs waiting at the ``persist`` step: label, job state and event in one
+    transaction (after the external action, when one is configured)."""
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from triage.pipeline.persist import PersistHandler
+        from triage.pipeline.steps import RunSettings, WorkRemains, run_step
+
+        config = self.run_config(context)
+        settings = RunSettings(owner=lease_owner(context), lease_seconds=config.lease_seconds)
+        try:
+            report = run_step(self.store, PersistHandler(self.store), batch_key=batch_key(context), settings=settings)
+        except WorkRemains as exc:
+            raise AirflowException(str(exc)) from None
+        finally:
+            self.dispose()
+        return {"claimed": report.claimed, "outcomes": dict(report.outcomes)}
+
+
+class PublishEventsOperator(TriageOperator):
+    """Relay unsent outbox events to the event sink and mark them sent; updates the
+    ``triage_document_labels`` asset.
+
+    :param event_log: the JSON-lines event log (default: Variable ``triage_event_sink``, then
+        ``$TRIAGE_EVENT_LOG``, then ``$TRIAGE_HOME/events/outbox.jsonl``).
+    :param webhook_conn_id: when set, POST events to this HTTP connection's URL instead.
+    """
+
+    template_fields = ("event_log",)
+
+    def __init__(self, *, event_log: str | None = None, webhook_conn_id: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("outlets", [DOCUMENT_LABELS])
+        super().__init__(**kwargs)
+        self.event_log, self.webhook_conn_id = event_log, webhook_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from triage import settings
+        from triage.pipeline.publish import JsonlEventSink, WebhookEventSink, publish_all
+
+        sink: Any
+        if self.webhook_conn_id:
+            conn = BaseHook.get_connection(self.webhook_conn_id)
+            sink = WebhookEventSink(conn.host or "", headers=(conn.extra_dejson or {}).get("headers"))
+        else:
+            sink = JsonlEventSink(settings.event_log(self.event_log or variable("triage_event_sink")))
+        try:
+            sent = publish_all(self.store, sink)
+        finally:
+            if isinstance(sink, WebhookEventSink):
+                sink.close()
+            self.dispose()
+        return {"published": sent}

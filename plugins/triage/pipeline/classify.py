@@ -1,0 +1,185 @@
+"""The classify step: read each payload, call the classifier, turn the result into an outcome.
+
+Failures are classified, never just "exception":
+
+=============================  ==========================================================
+what happened                  outcome
+=============================  ==========================================================
+accepted (≥ threshold)         ``completed``: label, classification and event in one
+                               transaction (or ``persist`` first, with an external action)
+inconclusive (< threshold)     ``manual_review``, reason ``inconclusive``
+rejected (invalid output)      ``manual_review``, reason ``rejected_output``
+transient (timeout, 429, 5xx)  ``retryable_failed`` with backoff, or ``manual_review``
+                               (``retries_exhausted``) once attempts run out
+permanent for the document     ``manual_review``, reason ``permanent_error`` (a person can
+(400, other 4xx, drill)        still label it)
+malformed payload              ``manual_review``, reason ``malformed_input``
+corrupt payload (hash)         ``manual_review``, reason ``payload_corrupt``
+unsupported schema version     ``terminal_failed``, reason ``unsupported_schema_version``
+missing payload                ``terminal_failed``, reason ``missing_payload``
+401, 403, 404 from the model   the call is not the document's fault: the job is released
+                               and the step stops with :class:`DependencyMisconfigured`
+=============================  ==========================================================
+
+A circuit breaker watches the recent calls: when transient failures dominate, unstarted jobs
+are released and the step stops with :class:`CircuitOpen`, so Airflow retries it later instead
+of burning every job's attempts against a dependency that is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from triage.classifiers.base import (
+    Classifier,
+    ClassifyRequest,
+    ModelOutput,
+    PermanentClassifierError,
+    TransientClassifierError,
+    decide_outcome,
+)
+from triage.contracts.documents import DocumentPayload, MalformedDocument
+from triage.jobs.models import (
+    Advance,
+    ClaimedJob,
+    ClassificationRecord,
+    Complete,
+    Fail,
+    LabelWrite,
+    Outcome,
+    Release,
+    RetryLater,
+    SendToReview,
+)
+from triage.payloads import PayloadCorrupt, PayloadMissing, PayloadStore
+from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
+
+log = logging.getLogger(__name__)
+
+PERSIST_STEP = "persist"
+MISCONFIGURED = frozenset({"unauthorized", "forbidden", "not_found"})
+
+
+class CircuitBreaker:
+    """Opens when at least ``threshold`` of the last ``window`` calls (and ``min_calls`` of
+    them) failed transiently. Thread-safe; once open it stays open for this run."""
+
+    def __init__(self, window: int = 50, threshold: float = 0.5, min_calls: int = 20) -> None:
+        self._calls: deque[bool] = deque(maxlen=window)
+        self._threshold, self._min_calls = threshold, min_calls
+        self._lock = threading.Lock()
+        self.is_open = False
+
+    def record(self, transient_failure: bool) -> None:
+        with self._lock:
+            self._calls.append(transient_failure)
+            if len(self._calls) >= self._min_calls and sum(self._calls) / len(self._calls) >= self._threshold:
+                self.is_open = True
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifySettings:
+    """:param separate_persist: accepted jobs advance to the ``persist`` step (which runs the
+    external action) instead of being completed here, label and event in the same
+    transaction as the classification."""
+
+    confidence_threshold: float = 0.7
+    concurrency: int = 1
+    separate_persist: bool = False
+
+
+def _record(output: ModelOutput, outcome: str, version: str) -> ClassificationRecord:
+    return ClassificationRecord(
+        label=output.label, confidence=output.confidence, outcome=outcome,  # type: ignore[arg-type]
+        classifier_version=version, rejected_reason=output.rejected_reason, latency_ms=output.latency_ms,
+        prompt_tokens=output.prompt_tokens, completion_tokens=output.completion_tokens, cost_usd=output.cost_usd,
+    )  # fmt: skip
+
+
+class ClassifyHandler:
+    """:class:`~triage.pipeline.steps.StepHandler` of the ``classify`` step."""
+
+    step = "classify"
+
+    def __init__(self, classifier: Classifier, payloads: PayloadStore, settings: ClassifySettings,
+                 breaker: CircuitBreaker | None = None) -> None:  # fmt: skip
+        self.classifier, self.payloads, self.settings = classifier, payloads, settings
+        self.breaker = breaker or CircuitBreaker()
+        self._misconfigured: str | None = None
+        self._pool = ThreadPoolExecutor(settings.concurrency, "triage-classify") if settings.concurrency > 1 else None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self.classifier.close()
+
+    def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
+        if self._pool is None:
+            return [self.one(job) for job in jobs]
+        return list(self._pool.map(self.one, jobs))
+
+    def read(self, job: ClaimedJob) -> DocumentPayload | Outcome:
+        """The job's document, or the outcome that reading it failed with."""
+        try:
+            return DocumentPayload.from_bytes(self.payloads.get(job.payload_ref, job.content_sha256))
+        except PayloadMissing as exc:
+            return Fail(job.id, job.attempt, "missing_payload", exc.error_class, str(exc))
+        except PayloadCorrupt as exc:
+            return SendToReview(job.id, job.attempt, "payload_corrupt", exc.error_class, str(exc))
+        except MalformedDocument as exc:
+            if exc.reason == "unsupported_schema_version":
+                return Fail(job.id, job.attempt, "unsupported_schema_version", exc.reason, str(exc))
+            return SendToReview(job.id, job.attempt, "malformed_input", exc.reason, str(exc),
+                                context={"malformed_reason": exc.reason})  # fmt: skip
+
+    def stop_reason(self) -> StepError | None:
+        if self._misconfigured:
+            return DependencyMisconfigured(f"the classifier refuses every call ({self._misconfigured})")
+        if self.breaker.is_open:
+            return CircuitOpen("transient classifier failures dominate the recent calls")
+        return None
+
+    def one(self, job: ClaimedJob, document: DocumentPayload | Outcome | None = None) -> Outcome:
+        """The outcome of one job's attempt; never raises for the job's own failures."""
+        if self.breaker.is_open or self._misconfigured:
+            return Release(job.id, job.attempt)
+        if document is None:
+            document = self.read(job)
+        if not isinstance(document, DocumentPayload):
+            return document
+        request = ClassifyRequest(job_id=str(job.id), external_id=job.external_id, idempotency_key=job.idempotency_key,
+                                  correlation_id=job.correlation_id, attempt=job.attempt, text=document.text)  # fmt: skip
+        started = time.perf_counter()
+        try:
+            output = self.classifier.classify(request)
+        except TransientClassifierError as exc:
+            self.breaker.record(True)
+            return RetryLater(job.id, job.attempt, exc.error_class, str(exc))
+        except PermanentClassifierError as exc:
+            self.breaker.record(False)
+            if exc.error_class in MISCONFIGURED:
+                self._misconfigured = exc.error_class
+                return Release(job.id, job.attempt)
+            return SendToReview(job.id, job.attempt, "permanent_error", exc.error_class, str(exc),
+                                context={"latency_ms": round((time.perf_counter() - started) * 1000, 1)})  # fmt: skip
+        self.breaker.record(False)
+        version = self.classifier.version
+        outcome = decide_outcome(output, self.settings.confidence_threshold)
+        record = _record(output, outcome, version)
+        if outcome == "accepted":
+            if self.settings.separate_persist:
+                return Advance(job.id, job.attempt, PERSIST_STEP, classification=record)
+            label = LabelWrite(output.label or "", output.confidence, version)
+            return Complete(job.id, job.attempt, label, classification=record)
+        if outcome == "inconclusive":
+            return SendToReview(job.id, job.attempt, "inconclusive", "inconclusive", None, classification=record,
+                                context={"label": output.label, "confidence": output.confidence,
+                                         "threshold": self.settings.confidence_threshold})  # fmt: skip
+        return SendToReview(job.id, job.attempt, "rejected_output", output.rejected_reason, None,
+                            classification=record, context={"rejected_reason": output.rejected_reason})  # fmt: skip

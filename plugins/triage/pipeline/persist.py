@@ -1,0 +1,41 @@
+"""The persist step: write the label, complete the job and append its event, in one transaction.
+
+An external action (a webhook, a ticket) runs here, before the outcome is recorded, and carries
+the job's idempotency key so that the provider refuses a duplicate when a retry repeats it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome
+from triage.jobs.store import JobStore
+from triage.pipeline.steps import StepError
+
+ExternalAction = Callable[[ClaimedJob, LabelWrite], None]
+
+
+class PersistHandler:
+    """:class:`~triage.pipeline.steps.StepHandler` of the ``persist`` step."""
+
+    step = "persist"
+
+    def __init__(self, store: JobStore, action: ExternalAction | None = None) -> None:
+        self.store, self.action = store, action
+
+    def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
+        labels = self.store.accepted_labels([j.id for j in jobs])
+        outcomes: list[Outcome] = []
+        for job in jobs:
+            label = labels.get(job.id)
+            if label is None:  # advanced without an accepted classification: never guess one
+                outcomes.append(Fail(job.id, job.attempt, "missing_classification", "missing_classification",
+                                     "no accepted classification recorded for this job"))  # fmt: skip
+                continue
+            if self.action is not None:
+                self.action(job, label)
+            outcomes.append(Complete(job.id, job.attempt, label))
+        return outcomes
+
+    def stop_reason(self) -> StepError | None:
+        return None

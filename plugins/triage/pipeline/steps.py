@@ -1,0 +1,182 @@
+"""The step runner: claim a batch, hand it to a step handler, record the outcomes; repeat.
+
+The same loop serves every step (``classify``, ``persist``). It holds each claim under a lease
+that a heartbeat thread extends while the handler works, retries jobs that become due within
+``retry_soon_seconds`` in the same run, and otherwise stops with :class:`WorkRemains` so that
+the caller (an Airflow task) fails and its retry picks them up later.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from triage.jobs.errors import LeaseLost
+from triage.jobs.models import Claim, ClaimedJob, Outcome, Recorded
+from triage.jobs.store import JobStore
+
+log = logging.getLogger(__name__)
+
+
+class StepError(Exception):
+    """A step stopped before its batch was done."""
+
+
+class WorkRemains(StepError):
+    """Retryable jobs remain that are not due in this run; a later run (Airflow's retry) takes them."""
+
+
+class CircuitOpen(StepError):
+    """Transient failures dominate the recent calls: the dependency looks down."""
+
+
+class DependencyMisconfigured(StepError):
+    """The dependency refuses every call (credentials, endpoint): retrying will not help."""
+
+
+class StepHandler(Protocol):
+    step: str
+
+    def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
+        """One outcome per job; per-job failures are outcomes, never exceptions."""
+        ...
+
+    def stop_reason(self) -> StepError | None:
+        """Why claiming should stop (a circuit opened), checked after each batch."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    owner: str
+    batch_size: int = 1000
+    lease_seconds: float = 300.0
+    retry_soon_seconds: float = 30.0
+    progress_every_seconds: float = 10.0
+
+
+@dataclass
+class StepReport:
+    step: str
+    batch_key: str
+    claimed: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+    stopped: str | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.claimed / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{k}={v}" for k, v in sorted(self.outcomes.items()))
+        return (f"step={self.step} batch={self.batch_key} claimed={self.claimed} {parts} "
+                f"seconds={self.seconds:.2f} rate={self.rate:.0f}/s")  # fmt: skip
+
+
+class Heartbeat:
+    """Extends a claim's lease every third of its length until stopped."""
+
+    def __init__(self, store: JobStore, claim: Claim, lease_seconds: float) -> None:
+        self._store, self._claim, self._lease = store, claim, lease_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="triage-heartbeat", daemon=True)
+        self.lost: BaseException | None = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._lease / 3):
+            try:
+                self._store.heartbeat(self._claim, self._lease)
+            except LeaseLost as exc:  # the write of the outcomes will be refused and say why
+                self.lost = exc
+                return
+            except Exception as exc:  # a heartbeat never kills the work; the lease may still hold
+                log.warning("heartbeat failed for lease %s: %s", self._claim.token, exc.__class__.__name__)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _kind(outcome: Outcome) -> str:
+    return type(outcome).__name__
+
+
+def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings: RunSettings) -> StepReport:
+    """Work through the step's claimable jobs of ``batch_key``.
+
+    Recording batch N (database work) overlaps with handling batch N+1 (Python work): one
+    background writer, so at most two leases are out at once and outcomes are written in order.
+
+    :raises WorkRemains: retryable jobs are left that are not due soon.
+    :raises CircuitOpen: the handler's circuit breaker opened (claimed, unstarted jobs were
+        released first).
+    """
+    report = StepReport(step=handler.step, batch_key=batch_key)
+    total = store.open_in_step(batch_key, handler.step)
+    began = last_progress = time.perf_counter()
+    log.info("step=%s batch=%s starting with %d open jobs", handler.step, batch_key, total)
+    writer = ThreadPoolExecutor(1, "triage-record")
+    pending: Future[Recorded] | None = None
+
+    def settle() -> bool:
+        """Wait for the batch being written; True if there was one."""
+        nonlocal pending
+        if pending is None:
+            return False
+        recorded, pending = pending.result(), None
+        report.outcomes["exhausted"] += recorded.exhausted
+        return True
+
+    try:
+        while True:
+            claim = store.claim(batch_key=batch_key, step=handler.step, limit=settings.batch_size,
+                                lease_seconds=settings.lease_seconds, owner=settings.owner)  # fmt: skip
+            if not claim.jobs:
+                if settle():
+                    continue  # the batch just written may have released or requeued jobs
+                due, now = store.next_due(batch_key, handler.step)
+                if due is None:
+                    break
+                wait = (due - now).total_seconds()
+                if wait > settings.retry_soon_seconds:
+                    raise WorkRemains(f"retryable jobs of {batch_key} at step {handler.step} are due in {wait:.0f}s")
+                time.sleep(max(wait, 0.05))
+                continue
+            report.claimed += len(claim.jobs)
+            with Heartbeat(store, claim, settings.lease_seconds):
+                outcomes = handler.handle(claim.jobs)
+            settle()
+            pending = writer.submit(store.record, claim, outcomes)
+            report.outcomes.update(_kind(o) for o in outcomes)
+            if time.perf_counter() - last_progress >= settings.progress_every_seconds:
+                last_progress = time.perf_counter()
+                elapsed = last_progress - began
+                log.info("step=%s batch=%s progress %d/%d rate=%.0f/s outcomes=%s", handler.step, batch_key,
+                         report.claimed, total, report.claimed / elapsed, dict(report.outcomes))  # fmt: skip
+            stop = handler.stop_reason()
+            if stop is not None:
+                settle()
+                raise stop
+        settle()
+    except StepError as exc:
+        report.stopped = exc.__class__.__name__
+        exc.report = report  # type: ignore[attr-defined]
+        raise
+    finally:
+        if pending is not None:  # an error elsewhere: still let the written batch land or fail
+            pending.exception()
+        writer.shutdown(wait=True)
+        report.seconds = time.perf_counter() - began
+        log.info("%s", report.summary())
+    return report

@@ -1,0 +1,372 @@
+"""Helpers for tests that need a real, running Airflow 3 (scheduler, DAG processor, API server).
+
+No tests here. Typical use::
+
+    env = airflow_test_env(tmp_path, metadata_url=url.airflow_metadata_url(), dags_folder=dags)
+    migrate_metadata(env)                       # a fresh metadata database: ~3.5 s
+    with running_airflow(env, dags, wait_for_dags=["classify_documents"]) as af:
+        airflow_cli(af.env, "dags", "unpause", "classify_documents")
+        af.post("/api/v2/backfills", {"dag_id": "classify_documents",
+                                      "from_date": "2026-11-01T00:00:00Z", "to_date": "2026-11-03T00:00:00Z"})
+        runs = wait_for_runs(af.env, "classify_documents", 3, run_type="backfill")
+
+Why the API server: with the LocalExecutor the scheduler's task processes talk to Airflow only
+through the Execution API, which the API server serves (``[core] execution_api_server_url``,
+default ``{[api] base_url}/execution/``). Without it every task stays ``queued`` and then fails.
+
+Each component is its own process group (``start_new_session``) with its output in a log file
+under ``$AIRFLOW_HOME/harness-logs``; teardown SIGTERMs the groups, then SIGKILLs what is left.
+Ports (API server, the scheduler's and triggerer's log servers) are picked free, so tests can
+run next to ``make up`` on 8080/8793/8794. ``simple_auth_manager_all_admins`` lets the helpers
+call the REST API without a token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+AIRFLOW = (sys.executable, "-m", "airflow")
+HEALTH_PATH = "/api/v2/monitor/health"
+FINISHED = frozenset({"success", "failed"})
+
+
+class HarnessError(RuntimeError):
+    """Airflow did not start, or runs did not reach the expected states in time."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def airflow_test_env(
+    home: Path,
+    *,
+    metadata_url: str,
+    dags_folder: Path,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A complete environment for Airflow processes of a test.
+
+    :param home: an empty directory for ``AIRFLOW_HOME`` (``tmp_path`` is fine).
+    :param metadata_url: SQLAlchemy URL of the (fresh) metadata database, e.g.
+        ``DatabaseUrl.airflow_metadata_url()``.
+    :param extra: added last (``AIRFLOW_CONN_TRIAGE_DB``, ``TRIAGE_DATABASE_URL``, ...).
+    """
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))}
+    plugins = str(PROJECT_ROOT / "plugins")
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_url,
+            "AIRFLOW__CORE__DAGS_FOLDER": str(Path(dags_folder).resolve()),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": plugins,
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            # Every component must sign and check the Execution API's tokens with the same key.
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+            "AIRFLOW__API__WORKERS": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (plugins, os.environ.get("PYTHONPATH", "")) if p),
+            "PYTHONUNBUFFERED": "1",
+            "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def airflow_cli(
+    env: Mapping[str, str], *args: str, check: bool = True, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``airflow ARGS`` with ``env``; raises :class:`HarnessError` with its output if it fails."""
+    result = subprocess.run(
+        [*AIRFLOW, *args], env=dict(env), text=True, capture_output=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise HarnessError(
+            f"airflow {' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def json_output(stdout: str) -> Any:
+    """The JSON document of ``airflow ... -o json``: Airflow also logs warnings to stdout."""
+    for line in reversed(stdout.splitlines()):
+        stripped = line.strip()
+        if stripped.startswith(("[{", "[]", "{")):
+            with contextlib.suppress(ValueError):
+                return json.loads(stripped)
+    raise HarnessError(f"no JSON document in the Airflow output: {stdout[-1000:]!r}")
+
+
+def migrate_metadata(env: Mapping[str, str]) -> None:
+    """``airflow db migrate`` (a fresh database takes ~3.5 s: Airflow creates the tables and stamps)."""
+    airflow_cli(env, "db", "migrate")
+
+
+@dataclass
+class RunningAirflow:
+    """What :func:`running_airflow` yields."""
+
+    env: dict[str, str]
+    base_url: str
+    log_dir: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def get(self, path: str, timeout: float = 10) -> Any:
+        return _request(self.base_url + path, timeout=timeout)
+
+    def post(self, path: str, body: Mapping[str, Any], timeout: float = 30) -> Any:
+        return _request(self.base_url + path, body=body, method="POST", timeout=timeout)
+
+    def patch(self, path: str, body: Mapping[str, Any], timeout: float = 30) -> Any:
+        return _request(self.base_url + path, body=body, method="PATCH", timeout=timeout)
+
+    def logs(self, tail: int = 60) -> str:
+        """The last lines of every component's log (for assertion messages)."""
+        parts = []
+        for path in sorted(self.log_dir.glob("*.log")):
+            lines = path.read_text(errors="replace").splitlines()[-tail:]
+            parts.append(f"==> {path.name} <==\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def unpause(self, dag_id: str) -> None:
+        self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def backfill(self, dag_id: str, from_date: str, to_date: str, **options: Any) -> Any:
+        """``POST /api/v2/backfills`` (the REST twin of ``airflow backfill create``)."""
+        return self.post("/api/v2/backfills", {"dag_id": dag_id, "from_date": from_date, "to_date": to_date, **options})
+
+    def backfills(self, dag_id: str) -> list[dict[str, Any]]:
+        """The backfills of ``dag_id`` (``completed_at`` is None while one counts as running)."""
+        return list(self.get(f"/api/v2/backfills?dag_id={dag_id}&limit=100").get("backfills", []))
+
+    def wait_for_backfills_complete(self, dag_id: str, timeout: float = 60) -> None:
+        """Wait until no backfill of ``dag_id`` counts as running.
+
+        Airflow allows one running backfill per DAG, and the scheduler marks a backfill complete
+        only in a 30-second timer after its runs finish: a second ``backfill create`` for the same
+        DAG right after the first one's runs succeeded fails with ``AlreadyRunningBackfill``.
+        """
+        deadline = time.monotonic() + timeout
+        while any(b.get("completed_at") is None for b in self.backfills(dag_id)):
+            if time.monotonic() > deadline:
+                raise HarnessError(f"{dag_id}: a backfill is still running after {timeout:.0f}s: {self.backfills(dag_id)}")
+            time.sleep(0.5)
+
+    def import_errors(self) -> list[dict[str, Any]]:
+        return list(self.get("/api/v2/importErrors").get("import_errors", []))
+
+
+def _request(url: str, *, body: Mapping[str, Any] | None = None, method: str = "GET", timeout: float = 10) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            text = response.read().decode()
+    except urllib.error.HTTPError as exc:
+        raise HarnessError(f"{method} {url}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:2000]}") from None
+    return json.loads(text) if text else None
+
+
+def _health(base_url: str) -> dict[str, Any] | None:
+    try:
+        return _request(base_url + HEALTH_PATH, timeout=2)  # type: ignore[no-any-return]
+    except (OSError, ValueError, HarnessError):
+        return None
+
+
+def _stop(processes: Mapping[str, subprocess.Popen[bytes]], timeout: float = 20) -> None:
+    for proc in processes.values():
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in processes.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for proc in processes.values():  # the group may outlive its leader (task processes)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def running_airflow(
+    env: Mapping[str, str],
+    dags_folder: Path,
+    timeout: float = 120,
+    *,
+    wait_for_dags: Collection[str] = (),
+    triggerer: bool = False,
+    migrate: bool = False,
+) -> Iterator[RunningAirflow]:
+    """Run ``airflow api-server``, ``scheduler`` and ``dag-processor`` (and ``triggerer``) for a test.
+
+    Returns once the API server reports the metadata DB, the scheduler and the DAG processor
+    healthy and every DAG of ``wait_for_dags`` is parsed; raises :class:`HarnessError` (with the
+    components' logs) if that takes more than ``timeout`` seconds or a component exits.
+
+    :param env: from :func:`airflow_test_env` (or any env with ``AIRFLOW_HOME`` and the metadata
+        DB); ports are added to a copy, which the yielded object carries as ``.env``.
+    :param migrate: run :func:`migrate_metadata` first.
+    """
+    run_env = dict(env)
+    run_env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dags_folder).resolve())
+    port = free_port()
+    base_url = f"http://localhost:{port}"
+    run_env.update(
+        {
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__BASE_URL": base_url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        }
+    )
+    run_env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
+    home = Path(run_env["AIRFLOW_HOME"])
+    log_dir = home / "harness-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if migrate:
+        migrate_metadata(run_env)
+
+    components = ["api-server", "scheduler", "dag-processor"] + (["triggerer"] if triggerer else [])
+    airflow = RunningAirflow(env=run_env, base_url=base_url, log_dir=log_dir)
+    try:
+        for name in components:
+            with open(log_dir / f"{name}.log", "ab") as out:
+                airflow.processes[name] = subprocess.Popen(
+                    [*AIRFLOW, name],
+                    env=run_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        _wait_ready(airflow, components, wait_for_dags, timeout)
+        yield airflow
+    finally:
+        _stop(airflow.processes)
+
+
+def _wait_ready(airflow: RunningAirflow, components: Sequence[str], dag_ids: Collection[str], timeout: float) -> None:
+    wanted = ["metadatabase", "scheduler", "dag_processor"] + (["triggerer"] if "triggerer" in components else [])
+    deadline = time.monotonic() + timeout
+    pending = set(dag_ids)
+    while True:
+        for name, proc in airflow.processes.items():
+            if proc.poll() is not None:
+                raise HarnessError(f"airflow {name} exited with {proc.returncode}\n{airflow.logs()}")
+        doc = _health(airflow.base_url)
+        healthy = bool(doc) and all(((doc or {}).get(c) or {}).get("status") == "healthy" for c in wanted)
+        if healthy:
+            for dag_id in list(pending):
+                with contextlib.suppress(HarnessError, OSError, ValueError):
+                    airflow.get(f"/api/v2/dags/{dag_id}")
+                    pending.discard(dag_id)
+            if not pending:
+                return
+        if time.monotonic() > deadline:
+            errors = ""
+            with contextlib.suppress(Exception):
+                errors = json.dumps(airflow.import_errors(), indent=2)
+            raise HarnessError(
+                f"Airflow not ready after {timeout:.0f}s (health {doc}, DAGs not parsed {sorted(pending)}, "
+                f"import errors {errors})\n{airflow.logs()}"
+            )
+        time.sleep(0.5)
+
+
+def list_runs(env: Mapping[str, str], dag_id: str) -> list[dict[str, Any]]:
+    """Every run of ``dag_id``: the REST API when ``env`` names a running API server, else the CLI.
+
+    REST rows carry ``dag_run_id``, ``state``, ``run_type``, ``logical_date``,
+    ``data_interval_start``/``end``, ``conf``...; CLI rows (``airflow dags list-runs -o json``)
+    only ``run_id``, ``state``, ``run_after``, ``logical_date``, ``start_date``, ``end_date``. Both are
+    normalised to have ``run_id`` and ``run_type``.
+    """
+    base_url = env.get("AIRFLOW__API__BASE_URL")
+    rows: list[dict[str, Any]]
+    if base_url and _health(base_url) is not None:
+        rows, offset = [], 0
+        while True:
+            page = _request(f"{base_url}/api/v2/dags/{dag_id}/dagRuns?limit=100&offset={offset}&order_by=id")
+            rows += page["dag_runs"]
+            offset += len(page["dag_runs"])
+            if not page["dag_runs"] or offset >= page["total_entries"]:
+                break
+        for row in rows:
+            row.setdefault("run_id", row.get("dag_run_id"))
+    else:
+        rows = json_output(airflow_cli(env, "dags", "list-runs", dag_id, "-o", "json").stdout)
+        for row in rows:
+            row.setdefault("run_type", str(row["run_id"]).split("__", 1)[0])
+    return rows
+
+
+def wait_for_runs(
+    env: Mapping[str, str],
+    dag_id: str,
+    n: int,
+    states: Collection[str] = ("success",),
+    timeout: float = 120,
+    *,
+    run_type: str | None = None,
+    poll: float = 0.5,
+) -> list[dict[str, Any]]:
+    """Wait until ``n`` runs of ``dag_id`` (of ``run_type``, if given) are finished; return them.
+
+    Returns the runs (sorted by logical date) once ``n`` of them have finished and all finished
+    ones are in ``states``. Raises :class:`HarnessError` as soon as a run finishes in a state not
+    in ``states`` (e.g. ``failed`` while waiting for ``success``), or after ``timeout``.
+    """
+    wanted = set(states)
+    deadline = time.monotonic() + timeout
+    runs: list[dict[str, Any]] = []
+    while True:
+        runs = [r for r in list_runs(env, dag_id) if run_type is None or r.get("run_type") == run_type]
+        finished = [r for r in runs if r.get("state") in FINISHED | wanted]
+        unexpected = [r for r in finished if r.get("state") not in wanted]
+        if unexpected:
+            raise HarnessError(
+                f"{dag_id}: runs ended {[(r['run_id'], r['state']) for r in unexpected]}, wanted {sorted(wanted)}"
+            )
+        if len(finished) >= n:
+            return sorted(finished, key=lambda r: str(r.get("logical_date") or r.get("run_after")))
+        if time.monotonic() > deadline:
+            raise HarnessError(
+                f"{dag_id}: {len(finished)}/{n} runs in {sorted(wanted)} after {timeout:.0f}s: "
+                f"{[(r['run_id'], r.get('state')) for r in runs]}"
+            )
+        time.sleep(poll)
+
+
+def task_states(env: Mapping[str, str], dag_id: str, run_id: str) -> dict[str, str | None]:
+    """``task_id -> state`` of one run (REST API of a running harness)."""
+    base_url = env["AIRFLOW__API__BASE_URL"]
+    quoted = urllib.request.quote(run_id, safe="")
+    page = _request(f"{base_url}/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances?limit=1000")
+    return {ti["task_id"] + (f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ""): ti["state"]
+            for ti in page["task_instances"]}  # fmt: skip
