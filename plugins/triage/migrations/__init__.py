@@ -21,7 +21,9 @@ def alembic_config(url: DatabaseUrl) -> Config:
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).parent))
     # ConfigParser interpolates %; the URL may carry percent-encoded characters.
-    config.set_main_option("sqlalchemy.url", url.sqlalchemy_url().render_as_string(hide_password=False).replace("%", "%%"))
+    config.set_main_option(
+        "sqlalchemy.url", url.sqlalchemy_url().render_as_string(hide_password=False).replace("%", "%%")
+    )
     return config
 
 

@@ -243,7 +243,10 @@ def upgrade() -> None:
         sa.Column("from_status", status),
         sa.Column("to_status", status, nullable=False),
         sa.UniqueConstraint(
-            "from_status", "to_status", name="job_transitions_from_status_to_status_key", postgresql_nulls_not_distinct=True
+            "from_status",
+            "to_status",
+            name="job_transitions_from_status_to_status_key",
+            postgresql_nulls_not_distinct=True,
         ),
         schema=S,
     )
@@ -272,7 +275,8 @@ def upgrade() -> None:
             "outcome IN ('accepted', 'inconclusive', 'rejected')", name=op.f("classifications_outcome_known_check")
         ),
         sa.CheckConstraint(
-            "confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name=op.f("classifications_confidence_range_check")
+            "confidence IS NULL OR (confidence >= 0 AND confidence <= 1)",
+            name=op.f("classifications_confidence_range_check"),
         ),
         schema=S,
     )
@@ -310,7 +314,9 @@ def upgrade() -> None:
         sa.Column("note", sa.Text),
         sa.PrimaryKeyConstraint("id", name="manual_review_pkey"),
         sa.ForeignKeyConstraint(["job_id"], [f"{S}.jobs.id"], name="manual_review_job_id_fkey"),
-        sa.CheckConstraint("(resolved_at IS NULL) = (resolution IS NULL)", name=op.f("manual_review_resolution_with_time_check")),
+        sa.CheckConstraint(
+            "(resolved_at IS NULL) = (resolution IS NULL)", name=op.f("manual_review_resolution_with_time_check")
+        ),
         sa.CheckConstraint(
             "resolution IS NULL OR resolution IN ('labelled', 'requeued', 'rejected', 'superseded')",
             name=op.f("manual_review_resolution_known_check"),
@@ -350,7 +356,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("outbox", "manual_review", "document_labels", "classifications", "job_transitions", "job_events", "jobs"):
+    for table in (
+        "outbox",
+        "manual_review",
+        "document_labels",
+        "classifications",
+        "job_transitions",
+        "job_events",
+        "jobs",
+    ):
         op.execute(f"DROP TABLE IF EXISTS {S}.{table} CASCADE")
     for fn in ("refuse_change()", "jobs_check_update()", "jobs_check_insert()", "current_actor()"):
         op.execute(f"DROP FUNCTION IF EXISTS {S}.{fn}")
