@@ -1,0 +1,113 @@
+"""Every DAG file imports cleanly, cheaply and with the settings reliability depends on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
+EXPECTED = {"classify_documents"}
+
+
+@pytest.fixture(scope="module")
+def dagbag():  # type: ignore[no-untyped-def]
+    from airflow.dag_processing.dagbag import DagBag
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bag = DagBag(dag_folder=str(ROOT / "dags"))
+    bag.caught_warnings = [w for w in caught if "airflow" in str(w.filename) or "dags" in str(w.filename)]
+    return bag
+
+
+def test_every_dag_file_imports_without_errors(dagbag) -> None:  # type: ignore[no-untyped-def]
+    assert dagbag.import_errors == {}
+    assert EXPECTED <= set(dagbag.dags)
+
+
+def test_no_deprecated_airflow_imports(dagbag) -> None:  # type: ignore[no-untyped-def]
+    deprecated = [str(w.message) for w in dagbag.caught_warnings if "deprecat" in str(w.message).lower()]
+    assert deprecated == []
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_dag_files_do_no_work_at_import(path: Path) -> None:
+    """Parsing must not open the database, the network or load heavy modules."""
+    probe = (
+        "import sys, runpy; runpy.run_path(sys.argv[1]);"
+        "heavy = [m for m in ('triage.jobs.store', 'triage.pipeline.retrieve', 'triage.classifiers',"
+        " 'triage.sources', 'triage.database', 'pgserver') if m in sys.modules]; print(heavy)"
+    )
+    env = {"PYTHONPATH": f"{ROOT / 'plugins'}", "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW_HOME": str(ROOT / ".triage" / "test-airflow-home"), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_classify_documents_is_scheduled_with_real_intervals(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import CronDataIntervalTimetable
+
+    dag = dagbag.dags["classify_documents"]
+    assert isinstance(dag.timetable, CronDataIntervalTimetable)
+    assert dag.catchup is False
+    assert dag.max_active_runs >= 1
+    assert {"triage"} <= set(dag.tags)
+    assert [t.task_id for t in dag.topological_sort()] == ["retrieve", "classify", "persist", "publish_events"]
+
+
+def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from triage.callbacks import on_task_failure
+
+    for dag in dagbag.dags.values():
+        for task in dag.tasks:
+            assert task.retries >= 1, task.task_id
+            assert task.retry_exponential_backoff, task.task_id
+            assert task.max_retry_delay is not None, task.task_id
+            callbacks = task.on_failure_callback if isinstance(task.on_failure_callback, list) else [
+                task.on_failure_callback]  # fmt: skip
+            assert on_task_failure in callbacks, task.task_id
+
+
+def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from triage.contracts.run_config import ClassifyRunConfig
+
+    params = dagbag.dags["classify_documents"].params
+    assert set(params.keys()) == set(ClassifyRunConfig.model_fields)
+    defaults = {k: params[k] for k in params.keys()}
+    assert ClassifyRunConfig.from_params(defaults) == ClassifyRunConfig()
+    for name in params.keys():
+        param = params.get_param(name)
+        assert param.description, name
+        assert param.schema.get("section"), name
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        pytest.param("source", "ftp", id="unknown-source"),
+        pytest.param("documents", -5, id="negative-documents"),
+        pytest.param("confidence_threshold", 1.5, id="threshold-above-one"),
+        pytest.param("classifier", "gpt", id="unknown-classifier"),
+        pytest.param("max_attempts", 0, id="no-attempts"),
+        pytest.param("drill", {"transient_error_rate": 2}, id="drill-rate-above-one"),
+        pytest.param("drill", {"surprise": 1}, id="drill-unknown-key"),
+    ],
+)
+def test_the_form_refuses_invalid_input(dagbag, name: str, value: object) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    param = dagbag.dags["classify_documents"].params.get_param(name)
+    with pytest.raises(ParamValidationError):
+        param.resolve(value)
+
+
+def test_ruff_airflow_rules_are_clean() -> None:
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "AIR", "dags", "plugins"],
+                         capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stdout
