@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -170,7 +171,9 @@ class RunningAirflow:
         deadline = time.monotonic() + timeout
         while any(b.get("completed_at") is None for b in self.backfills(dag_id)):
             if time.monotonic() > deadline:
-                raise HarnessError(f"{dag_id}: a backfill is still running after {timeout:.0f}s: {self.backfills(dag_id)}")
+                raise HarnessError(
+                    f"{dag_id}: a backfill is still running after {timeout:.0f}s: {self.backfills(dag_id)}"
+                )
             time.sleep(0.5)
 
     def import_errors(self) -> list[dict[str, Any]]:
@@ -190,7 +193,8 @@ def _request(url: str, *, body: Mapping[str, Any] | None = None, method: str = "
 
 def _health(base_url: str) -> dict[str, Any] | None:
     try:
-        return _request(base_url + HEALTH_PATH, timeout=2)  # type: ignore[no-any-return]
+        doc = _request(base_url + HEALTH_PATH, timeout=2)
+        return doc if isinstance(doc, dict) else None
     except (OSError, ValueError, HarnessError):
         return None
 
@@ -366,7 +370,7 @@ def wait_for_runs(
 def task_states(env: Mapping[str, str], dag_id: str, run_id: str) -> dict[str, str | None]:
     """``task_id -> state`` of one run (REST API of a running harness)."""
     base_url = env["AIRFLOW__API__BASE_URL"]
-    quoted = urllib.request.quote(run_id, safe="")
+    quoted = urllib.parse.quote(run_id, safe="")
     page = _request(f"{base_url}/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances?limit=1000")
     return {ti["task_id"] + (f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ""): ti["state"]
             for ti in page["task_instances"]}  # fmt: skip

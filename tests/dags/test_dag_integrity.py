@@ -27,7 +27,7 @@ def dagbag():  # type: ignore[no-untyped-def]
 
 def test_every_dag_file_imports_without_errors(dagbag) -> None:  # type: ignore[no-untyped-def]
     assert dagbag.import_errors == {}
-    assert EXPECTED <= set(dagbag.dags)
+    assert set(dagbag.dags) >= EXPECTED
 
 
 def test_no_deprecated_airflow_imports(dagbag) -> None:  # type: ignore[no-untyped-def]
@@ -79,9 +79,9 @@ def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-
 
     params = dagbag.dags["classify_documents"].params
     assert set(params.keys()) == set(ClassifyRunConfig.model_fields)
-    defaults = {k: params[k] for k in params.keys()}
+    defaults = {k: params[k] for k in params}
     assert ClassifyRunConfig.from_params(defaults) == ClassifyRunConfig()
-    for name in params.keys():
+    for name in params:
         param = params.get_param(name)
         assert param.description, name
         assert param.schema.get("section"), name
