@@ -7,10 +7,13 @@ whatever its size. The trigger on ``triage.jobs`` checks each move against
 ``status_reason``, which the trigger copies into the log.
 
 Nothing here executes anything: :mod:`triage.jobs.store` runs these inside its transactions.
+Each builder is cached: a statement is built once per process and reused (rebuilding the
+constructs cost more than a round trip per call, measured).
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -74,6 +77,7 @@ NEW_JOB_COLUMNS = dict(
 )
 
 
+@cache
 def register_queued() -> Any:
     """Register new jobs as ``queued`` with their ``job.registered`` outbox events.
 
@@ -101,6 +105,7 @@ def register_queued() -> Any:
     return _outbox_insert(inserted, "job.registered").returning(outbox.c.job_id)
 
 
+@cache
 def register_for_review() -> Any:
     """Register input that was malformed on arrival straight into ``manual_review``, with its
     review row and its outbox event: nothing is lost, and a human sees why."""
@@ -139,6 +144,7 @@ def register_for_review() -> Any:
     return _outbox_insert(inserted, "job.registered").returning(outbox.c.job_id).add_cte(reviews)
 
 
+@cache
 def claim_batch() -> Any:
     """Claim up to ``:limit`` claimable jobs of a batch and step under a fresh lease.
 
@@ -197,6 +203,7 @@ def _held(rows: Any) -> list[ColumnElement[bool]]:
     ]
 
 
+@cache
 def extend_leases() -> Any:
     """Heartbeat: push the lease of held jobs forward; an expired or lost lease is not revived."""
     return (
@@ -215,6 +222,7 @@ def extend_leases() -> Any:
 HELD = dict(id=UUID, attempt=sa.Integer)
 
 
+@cache
 def complete() -> Any:
     """``running -> completed`` with the ``job.completed`` outbox event, in one statement."""
     held = _unnest("held", **HELD)
@@ -228,6 +236,7 @@ def complete() -> Any:
     return _outbox_insert(done, "job.completed").returning(outbox.c.job_id)
 
 
+@cache
 def upsert_labels() -> Any:
     """Write the business output. A write from an older job (by ``job_created_at``, then id)
     never replaces a newer one, so a stale retry or an older classifier version loses."""
@@ -261,6 +270,7 @@ def upsert_labels() -> Any:
     )
 
 
+@cache
 def advance() -> Any:
     """``running -> queued`` at the next step, with a fresh attempt budget."""
     held = _unnest("held", **HELD, next_step=sa.Text)
@@ -290,6 +300,7 @@ def _review_rows(moved: Any, reason: ColumnElement[Any], context: ColumnElement[
 MOVED = (jobs.c.id, jobs.c.status, jobs.c.status_reason, jobs.c.attempt, jobs.c.last_error_class, jobs.c.last_error)
 
 
+@cache
 def retry_later() -> Any:
     """A transient failure: ``retryable_failed`` until ``now + delay``, or, when the attempts
     are spent, ``manual_review`` with reason ``retries_exhausted`` and its review row."""
@@ -316,6 +327,7 @@ def retry_later() -> Any:
     return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
 
 
+@cache
 def send_to_review() -> Any:
     """``running -> manual_review`` with a reason and context, and its review row."""
     held = _unnest("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text, context=sa.Text)
@@ -332,6 +344,7 @@ def send_to_review() -> Any:
     return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
 
 
+@cache
 def fail() -> Any:
     """``running -> terminal_failed``: permanent, and no human needs to look."""
     held = _unnest("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text)
@@ -344,6 +357,7 @@ def fail() -> Any:
     )  # fmt: skip
 
 
+@cache
 def release() -> Any:
     """``running -> queued`` for claimed work that never started: the attempt is given back."""
     held = _unnest("held", **HELD)
@@ -356,6 +370,7 @@ def release() -> Any:
     )  # fmt: skip
 
 
+@cache
 def record_classifications() -> Any:
     """One row per job and attempt that produced a model outcome (idempotent per attempt)."""
     given = _unnest(
@@ -371,6 +386,7 @@ def record_classifications() -> Any:
     )
 
 
+@cache
 def release_expired_leases() -> Any:
     """Return jobs whose lease ran out: ``retryable_failed`` (due now), or ``manual_review``
     when their attempts are spent (``retries_exhausted``) or they were rescued too often
@@ -413,6 +429,7 @@ def release_expired_leases() -> Any:
     return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
 
 
+@cache
 def send_batch_to_review() -> Any:
     """Move a batch's unfinished jobs to ``manual_review`` (the failure callback).
 
@@ -449,6 +466,7 @@ def send_batch_to_review() -> Any:
     return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
 
 
+@cache
 def requeue_from_review() -> Any:
     """Review decision "requeue": ``manual_review -> queued`` with attempts reset, a replay
     counted (bounded by ``:max_replays``), the review row resolved and a ``job.requeued`` event."""
@@ -471,6 +489,7 @@ def requeue_from_review() -> Any:
     return _outbox_insert(moved, "job.requeued").returning(outbox.c.job_id).add_cte(resolved)
 
 
+@cache
 def describe_jobs() -> Any:
     """What the fence saw, for the jobs a write missed: to name the error."""
     return sa.select(
@@ -478,11 +497,13 @@ def describe_jobs() -> Any:
     ).where(jobs.c.id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))))
 
 
+@cache
 def set_actor() -> Any:
     """Who moves jobs in this transaction; the trigger writes it into ``job_events.actor``."""
     return sa.select(sa.func.set_config("triage.actor", sa.bindparam("actor", type_=sa.Text), True))
 
 
+@cache
 def unpublished_events() -> Any:
     """The oldest unsent events with the envelope of a ``WorkEvent`` (served by
     ``outbox_unpublished_idx``); ``FOR UPDATE SKIP LOCKED`` so two relays never send one twice."""
@@ -498,6 +519,7 @@ def unpublished_events() -> Any:
     )  # fmt: skip
 
 
+@cache
 def mark_published() -> Any:
     return (
         sa.update(outbox)
@@ -506,6 +528,7 @@ def mark_published() -> Any:
     )
 
 
+@cache
 def next_due() -> Any:
     """When the earliest retryable job of a batch and step may be claimed again."""
     return sa.select(sa.func.min(jobs.c.next_attempt_at), sa.func.now()).where(
@@ -516,6 +539,7 @@ def next_due() -> Any:
     )
 
 
+@cache
 def open_in_step() -> Any:
     """How many jobs of a batch and step an automatic step still owes work to."""
     return sa.select(sa.func.count()).where(
@@ -525,6 +549,7 @@ def open_in_step() -> Any:
     )
 
 
+@cache
 def accepted_classifications() -> Any:
     """The latest accepted classification of each given job: what persistence writes."""
     return (
