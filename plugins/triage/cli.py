@@ -77,7 +77,9 @@ def status_report(url: DatabaseUrl) -> str:
     engine = create_engine(url, poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:
-            by_state: dict[str, int] = dict(conn.execute(sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)).all())
+            by_state: dict[str, int] = dict(
+                conn.execute(sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)).all()
+            )
             reasons = conn.execute(
                 sa.select(manual_review.c.reason, sa.func.count())
                 .where(manual_review.c.resolved_at.is_(None))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
+import psycopg
 import sqlalchemy as sa
 from psycopg.conninfo import conninfo_to_dict
 
@@ -44,7 +45,7 @@ class DatabaseUrl:
             url = "postgresql" + url[url.index("://") :]
         try:
             params: dict[str, Any] = conninfo_to_dict(url)
-        except Exception as exc:  # psycopg raises ProgrammingError for any syntax problem
+        except psycopg.ProgrammingError as exc:  # any syntax problem
             raise DatabaseUrlError(f"not a PostgreSQL URL: {exc}") from None
         port = params.get("port")
         try:

@@ -23,6 +23,9 @@ import psycopg.sql
 from triage.database import AIRFLOW_DATABASE, TRIAGE_DATABASE, DatabaseUrl
 
 log = logging.getLogger(__name__)
+# pgserver narrates every start and exit at INFO (also from atexit, after pytest closed its
+# streams); its warnings and errors are what matter.
+logging.getLogger("pgserver").setLevel(logging.WARNING)
 
 ENV_HOME = "TRIAGE_HOME"
 

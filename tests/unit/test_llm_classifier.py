@@ -109,7 +109,7 @@ def test_version_names_model_prompt_temperature_and_taxonomy(server: FakeOpenAIS
         pytest.param(Reply.status_only(403), PermanentClassifierError, "forbidden", id="403"),
         pytest.param(Reply.status_only(404), PermanentClassifierError, "not_found", id="404"),
         pytest.param(Reply.status_only(422), PermanentClassifierError, "client_error", id="422"),
-        pytest.param(Reply.status_only(302), PermanentClassifierError, "unexpected_status", id="302"),
+        pytest.param(Reply.status_only(302), PermanentClassifierError, "redirected", id="302"),
     ],
 )
 def test_failed_calls_raise_classified_errors(

@@ -258,6 +258,8 @@ class OpenAICompatibleClassifier:
             raise TransientClassifierError("timeout", f"model call timed out ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
             raise TransientClassifierError("connection_error", f"model call failed ({type(exc).__name__})") from None
+        except httpx.HTTPError as exc:  # a body that does not decode, too many redirects, …
+            raise TransientClassifierError("protocol_error", f"model call failed ({type(exc).__name__})") from None
         latency_ms = (time.perf_counter() - started) * 1000.0
         status = response.status_code
         log.debug(
@@ -276,6 +278,8 @@ class OpenAICompatibleClassifier:
         if 400 <= status < 500:
             error_class = _PERMANENT_STATUS.get(status, "client_error")
             raise PermanentClassifierError(error_class, f"HTTP {status}{_error_detail(response)}")
+        if 300 <= status < 400:  # the base URL points somewhere else: a configuration problem
+            raise PermanentClassifierError("redirected", f"HTTP {status}: check the base URL")
         if status != 200:
             raise PermanentClassifierError("unexpected_status", f"HTTP {status}")
         return parse_chat_response(

@@ -94,7 +94,8 @@ class RetrieveDocumentsOperator(TriageOperator):
         config = self.run_config(context)
         key = batch_key(context)  # refuses a run without a data interval
         start, end = context["data_interval_start"], context["data_interval_end"]
-        assert start is not None and end is not None
+        assert start is not None
+        assert end is not None
         if config.source == "synthetic":
             source = build_source("synthetic", documents=config.documents, seed=config.drill.seed,
                                   duplicate_rate=config.drill.duplicate_rate)  # fmt: skip

@@ -17,8 +17,10 @@ malformed payload              ``manual_review``, reason ``malformed_input``
 corrupt payload (hash)         ``manual_review``, reason ``payload_corrupt``
 unsupported schema version     ``terminal_failed``, reason ``unsupported_schema_version``
 missing payload                ``terminal_failed``, reason ``missing_payload``
-401, 403, 404 from the model   the call is not the document's fault: the job is released
-                               and the step stops with :class:`DependencyMisconfigured`
+401, 403, 404, 3xx from the    the call is not the document's fault: the job is released
+model                          and the step stops with :class:`DependencyMisconfigured`
+anything else the classifier   treated as transient (``unexpected_error``): bounded by
+raises                         ``max_attempts``, then manual review; never a stuck batch
 =============================  ==========================================================
 
 A circuit breaker watches the recent calls: when transient failures dominate, unstarted jobs
@@ -38,10 +40,9 @@ from dataclasses import dataclass
 
 from triage.classifiers.base import (
     Classifier,
+    ClassifierError,
     ClassifyRequest,
     ModelOutput,
-    PermanentClassifierError,
-    TransientClassifierError,
     decide_outcome,
 )
 from triage.contracts.documents import DocumentPayload, MalformedDocument
@@ -63,7 +64,7 @@ from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepErro
 log = logging.getLogger(__name__)
 
 PERSIST_STEP = "persist"
-MISCONFIGURED = frozenset({"unauthorized", "forbidden", "not_found"})
+MISCONFIGURED = frozenset({"unauthorized", "forbidden", "not_found", "redirected"})
 
 
 class CircuitBreaker:
@@ -145,6 +146,27 @@ class ClassifyHandler:
             return CircuitOpen("transient classifier failures dominate the recent calls")
         return None
 
+    def _failed(self, job: ClaimedJob, exc: ClassifierError, started: float) -> Outcome:
+        if exc.transient:
+            self.breaker.record(True)
+            return RetryLater(job.id, job.attempt, exc.error_class, str(exc))
+        self.breaker.record(False)
+        if exc.error_class in MISCONFIGURED:
+            self._misconfigured = exc.error_class
+            return Release(job.id, job.attempt)
+        return SendToReview(job.id, job.attempt, "permanent_error", exc.error_class, str(exc),
+                            context={"latency_ms": round((time.perf_counter() - started) * 1000, 1)})  # fmt: skip
+
+    def _unexpected(self, job: ClaimedJob, exc: Exception) -> Outcome:
+        """A classifier raised something it should have classified. The job's attempt fails
+        as transient (bounded by ``max_attempts``, then manual review): the batch goes on and
+        nothing is stuck under a lease. Logged with its class, never its message (it may echo
+        document text)."""
+        log.error("classifier raised unexpectedly job=%s attempt=%d error_class=%s", job.id, job.attempt,
+                  type(exc).__name__)  # fmt: skip
+        self.breaker.record(True)
+        return RetryLater(job.id, job.attempt, "unexpected_error", type(exc).__name__)
+
     def one(self, job: ClaimedJob, document: DocumentPayload | Outcome | None = None) -> Outcome:
         """The outcome of one job's attempt; never raises for the job's own failures."""
         if self.breaker.is_open or self._misconfigured:
@@ -158,16 +180,10 @@ class ClassifyHandler:
         started = time.perf_counter()
         try:
             output = self.classifier.classify(request)
-        except TransientClassifierError as exc:
-            self.breaker.record(True)
-            return RetryLater(job.id, job.attempt, exc.error_class, str(exc))
-        except PermanentClassifierError as exc:
-            self.breaker.record(False)
-            if exc.error_class in MISCONFIGURED:
-                self._misconfigured = exc.error_class
-                return Release(job.id, job.attempt)
-            return SendToReview(job.id, job.attempt, "permanent_error", exc.error_class, str(exc),
-                                context={"latency_ms": round((time.perf_counter() - started) * 1000, 1)})  # fmt: skip
+        except ClassifierError as exc:
+            return self._failed(job, exc, started)
+        except Exception as exc:  # noqa: BLE001 - the named degraded path: see _unexpected
+            return self._unexpected(job, exc)
         self.breaker.record(False)
         version = self.classifier.version
         outcome = decide_outcome(output, self.settings.confidence_threshold)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome
+from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, RetryLater
 from triage.jobs.store import JobStore
 from triage.pipeline.steps import StepError
 
@@ -33,7 +33,11 @@ class PersistHandler:
                                      "no accepted classification recorded for this job"))  # fmt: skip
                 continue
             if self.action is not None:
-                self.action(job, label)
+                try:
+                    self.action(job, label)
+                except Exception as exc:  # noqa: BLE001 - a failed action is retried, bounded, never a stuck batch
+                    outcomes.append(RetryLater(job.id, job.attempt, "external_action_failed", type(exc).__name__))
+                    continue
             outcomes.append(Complete(job.id, job.attempt, label))
         return outcomes
 

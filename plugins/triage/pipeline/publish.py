@@ -44,6 +44,30 @@ class JsonlEventSink:
                         continue
         return seen
 
+    def _cut_torn_tail(self) -> None:
+        """A crash mid-write leaves a last line without its newline, whose events were never
+        marked published: cut it off so they are written again, each on a line of its own."""
+        if not self.path.exists():
+            return
+        with self.path.open("rb+") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            handle.seek(size - 1)
+            if handle.read(1) == b"\n":
+                return
+            position = size
+            while position > 0:
+                step = min(65536, position)
+                handle.seek(position - step)
+                chunk = handle.read(step)
+                newline = chunk.rfind(b"\n")
+                if newline >= 0:
+                    handle.truncate(position - step + newline + 1)
+                    return
+                position -= step
+            handle.truncate(0)
+
     def publish(self, events: Sequence[WorkEvent]) -> None:
         if self._seen is None:
             self._seen = self._load_seen()
@@ -51,6 +75,7 @@ class JsonlEventSink:
         if not fresh:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._cut_torn_tail()
         with self.path.open("ab") as handle:
             handle.write(b"".join(e.model_dump_json().encode() + b"\n" for e in fresh))
             handle.flush()

@@ -96,7 +96,7 @@ class Heartbeat:
             except LeaseLost as exc:  # the write of the outcomes will be refused and say why
                 self.lost = exc
                 return
-            except Exception as exc:  # a heartbeat never kills the work; the lease may still hold
+            except Exception as exc:  # noqa: BLE001 - a heartbeat never kills the work; the lease may hold
                 log.warning("heartbeat failed for lease %s: %s", self._claim.token, exc.__class__.__name__)
 
     def __enter__(self) -> Heartbeat:
