@@ -1,0 +1,503 @@
+"""The local deployment: Airflow standalone on the embedded PostgreSQL, driven by the make targets.
+
+    python -m triage.local prepare                      job migrations, Airflow metadata DB, settings
+    python -m triage.local up                           prepare, then ``airflow standalone`` in the background
+    python -m triage.local stop                         stop what ``up`` started, then the embedded PostgreSQL
+    python -m triage.local dags-test DAG DATE [CONF]    one in-process DAG run (``airflow dags test``)
+    python -m triage.local airflow ARGS...              the Airflow CLI against this deployment
+
+Everything runs with :func:`triage.cli.airflow_environment` (``TRIAGE_HOME``, ``AIRFLOW_HOME``, the
+metadata DB, ``AIRFLOW_CONN_TRIAGE_DB``). ``AIRFLOW__CORE__DAGS_FOLDER``, when exported, replaces
+the checkout's ``dags/`` (tests and experiments point Airflow at other DAGs that way).
+
+``prepare`` is cheap when nothing changed: a state file under ``AIRFLOW_HOME`` records which
+Airflow version migrated which metadata database (by its PostgreSQL oid and alembic revision) and
+a digest of the applied ``airflow_settings.yaml``; ``airflow db migrate`` and the settings are
+applied again only when one of those differs.
+
+No Airflow import here: Airflow reads its configuration at import time, so everything Airflow
+does runs in a child ``python -m airflow`` with the environment set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any, NoReturn
+
+log = logging.getLogger("triage.local")
+
+API_PORT = 8080
+HEALTH_PATH = "/api/v2/monitor/health"
+STATE_FILE = "triage-prepare.json"
+PID_FILE = "standalone.pid"
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # SimpleAuthManager's default
+UP_TIMEOUT = 180.0
+STOP_TIMEOUT = 30.0
+
+
+def _say(message: str) -> None:
+    """Progress goes to stderr, so that ``./airflow.sh ... -o json`` stays parseable."""
+    print(f"triage.local: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# environment
+
+
+def environment() -> dict[str, str]:
+    """``os.environ`` plus this deployment's Airflow settings; starts the embedded PostgreSQL."""
+    from triage.cli import airflow_environment
+
+    dags_override = os.environ.get("AIRFLOW__CORE__DAGS_FOLDER")
+    env = dict(os.environ)
+    env.update(airflow_environment())
+    if dags_override:
+        env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dags_override).resolve())
+    # `airflow standalone` starts its components as `airflow ...` found on PATH.
+    bin_dir = str(Path(sys.executable).parent)
+    path = env.get("PATH", "")
+    if bin_dir not in path.split(os.pathsep):
+        env["PATH"] = os.pathsep.join(p for p in (bin_dir, path) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def airflow_command() -> list[str]:
+    """The Airflow CLI of this interpreter."""
+    return [sys.executable, "-m", "airflow"]
+
+
+def _airflow_home(env: Mapping[str, str]) -> Path:
+    return Path(env["AIRFLOW_HOME"])
+
+
+def _triage_home(env: Mapping[str, str]) -> Path:
+    return Path(env["TRIAGE_HOME"])
+
+
+def _run_airflow(
+    env: Mapping[str, str], args: Sequence[str], *, quiet: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run ``airflow ARGS`` and raise with its output if it fails."""
+    argv = [*airflow_command(), *args]
+    result = subprocess.run(argv, env=dict(env), text=True, capture_output=True, check=False)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout + result.stderr)
+        raise subprocess.CalledProcessError(result.returncode, ["airflow", *args])
+    if not quiet:
+        sys.stderr.write(result.stdout)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare
+
+
+def _metadata_identity(env: Mapping[str, str]) -> dict[str, Any]:
+    """Which metadata database this is (oid changes when it is recreated) and its alembic revision."""
+    import psycopg
+
+    from triage.database import DatabaseUrl
+
+    url = DatabaseUrl.parse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    with psycopg.connect(url.libpq(), autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute(
+            "SELECT d.oid::bigint, current_database() FROM pg_database d WHERE d.datname = current_database()"
+        ).fetchone()
+        revision = None
+        if conn.execute("SELECT to_regclass('public.alembic_version')").fetchone()[0] is not None:  # type: ignore[index]
+            found = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+            revision = found[0] if found else None
+    assert row is not None
+    return {
+        "database_oid": row[0],
+        "database": row[1],
+        "server": f"{url.host or 'localhost'}:{url.port or 5432}",
+        "revision": revision,
+    }
+
+
+def _settings_digest(env: Mapping[str, str], settings_file: Path) -> str:
+    """A digest of what applying ``settings_file`` would write (after placeholders and shadowing)."""
+    from triage.deploy.airflow_settings import (
+        apply_commands,
+        connections_import_json,
+        load_airflow_settings,
+        without_environment_overrides,
+    )
+
+    settings = without_environment_overrides(load_airflow_settings(settings_file, environ=env), env)
+    material = json.dumps(
+        {
+            "connections": connections_import_json(settings),
+            "commands": apply_commands(settings, connections_file="c.json", airflow=("airflow",)),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def settings_file() -> Path:
+    from triage.embedded import project_root
+
+    return Path(os.environ.get("TRIAGE_AIRFLOW_SETTINGS", project_root() / "airflow_settings.yaml"))
+
+
+def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
+    """Make the local deployment ready to run Airflow; returns its environment.
+
+    1. start the embedded PostgreSQL (or use ``TRIAGE_DATABASE_URL``);
+    2. apply the job-table migrations;
+    3. ``airflow db migrate`` unless this Airflow version already migrated this metadata DB;
+    4. apply ``airflow_settings.yaml`` unless the same content was applied to this metadata DB.
+    """
+    from triage import migrations
+    from triage.cli import job_database
+
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    env = environment()
+    timings["database"] = time.monotonic() - started
+
+    step = time.monotonic()
+    migrations.upgrade(job_database())
+    timings["job migrations"] = time.monotonic() - step
+
+    home = _airflow_home(env)
+    home.mkdir(parents=True, exist_ok=True)
+    state_path = home / STATE_FILE
+    state = {} if force else _read_state(state_path)
+    airflow_version = metadata.version("apache-airflow")
+
+    step = time.monotonic()
+    identity = _metadata_identity(env)
+    migrated = (
+        state.get("airflow_version") == airflow_version
+        and state.get("metadata") == {k: identity[k] for k in ("database_oid", "database", "server")}
+        and state.get("revision") is not None
+        and state.get("revision") == identity["revision"]
+        and (home / "airflow.cfg").exists()
+    )
+    if not migrated:
+        _say(f"airflow db migrate (Airflow {airflow_version})")
+        _run_airflow(env, ["db", "migrate"], quiet=True)
+        identity = _metadata_identity(env)
+        state = {
+            "airflow_version": airflow_version,
+            "metadata": {k: identity[k] for k in ("database_oid", "database", "server")},
+            "revision": identity["revision"],
+        }
+        state_path.write_text(json.dumps(state, indent=2), encoding="utf-8")
+    timings["airflow db migrate" if not migrated else "airflow db check"] = time.monotonic() - step
+
+    step = time.monotonic()
+    file = settings_file()
+    digest = _settings_digest(env, file)
+    if state.get("settings_digest") != digest:
+        _say(f"applying {file.name}")
+        argv = [
+            sys.executable,
+            "-m",
+            "triage.deploy.airflow_settings",
+            str(file),
+            "--airflow",
+            shlex.join(airflow_command()),
+        ]
+        result = subprocess.run(argv, env=env, text=True, capture_output=True, check=False)
+        if result.returncode != 0:
+            sys.stderr.write(result.stdout + result.stderr)
+            raise subprocess.CalledProcessError(result.returncode, argv)
+        state["settings_digest"] = digest
+        state_path.write_text(json.dumps(state, indent=2), encoding="utf-8")
+    timings["airflow settings"] = time.monotonic() - step
+
+    total = time.monotonic() - started
+    if verbose or total > 5:
+        _say("prepared in {:.1f}s ({})".format(total, ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())))
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# up / stop
+
+
+def _pid_file(env: Mapping[str, str]) -> Path:
+    return _triage_home(env) / PID_FILE
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (our own child that exited) still answers kill(0).
+    with contextlib.suppress(OSError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if fields and fields[0] == "Z":
+            return False
+    return True
+
+
+def running_pid(env: Mapping[str, str]) -> int | None:
+    """The pid of the standalone process ``up`` started, if it still runs."""
+    try:
+        pid = int(_pid_file(env).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not _alive(pid):
+        return None
+    with contextlib.suppress(OSError):  # a pid reused by something else after a reboot
+        if b"standalone" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return None
+    return pid
+
+
+def _port_in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def health(base_url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The API server's health document, or None if it does not answer."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + HEALTH_PATH, timeout=timeout) as response:
+            doc = json.loads(response.read().decode())
+        return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+
+
+def _healthy(doc: dict[str, Any] | None, components: Sequence[str]) -> bool:
+    if not doc:
+        return False
+    return all((doc.get(name) or {}).get("status") == "healthy" for name in components)
+
+
+def _passwords_file(env: Mapping[str, str]) -> Path:
+    configured = env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE")
+    return Path(configured) if configured else _airflow_home(env) / PASSWORDS_FILE
+
+
+def login(env: Mapping[str, str]) -> dict[str, str]:
+    """The SimpleAuthManager users and passwords ``airflow standalone`` generated."""
+    try:
+        data = json.loads(_passwords_file(env).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def base_url(env: Mapping[str, str]) -> str:
+    port = env.get("AIRFLOW__API__PORT", str(API_PORT))
+    return f"http://localhost:{port}"
+
+
+def _print_access(env: Mapping[str, str]) -> None:
+    print(f"Airflow UI: {base_url(env)}")
+    users = login(env)
+    for user, password in users.items():
+        print(f"login: {user} / {password}   (from {_passwords_file(env)})")
+    if not users:
+        print(f"login: see {_passwords_file(env)}")
+    print(f"logs: {_triage_home(env) / 'logs' / 'standalone.log'}")
+
+
+def up(timeout: float = UP_TIMEOUT) -> int:
+    """``airflow standalone`` in the background; returns once its API server and scheduler are healthy."""
+    env = prepare()
+    url = base_url(env)
+    pid = running_pid(env)
+    if pid is not None:
+        print(f"Airflow is already running (pid {pid})")
+        _print_access(env)
+        return 0
+    port = int(env.get("AIRFLOW__API__PORT", API_PORT))
+    if _port_in_use(port):
+        _say(f"port {port} is taken by another process (another Airflow?); stop it first")
+        return 1
+    logs = _triage_home(env) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / "standalone.log"
+    with open(log_path, "ab") as out:
+        process = subprocess.Popen(
+            [*airflow_command(), "standalone"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() ends it and its components
+        )
+    _pid_file(env).write_text(f"{process.pid}\n")
+    _say(f"airflow standalone started (pid {process.pid}), logs in {log_path}")
+    started = time.monotonic()
+    while True:
+        if process.poll() is not None:
+            _pid_file(env).unlink(missing_ok=True)
+            _say(f"airflow standalone exited with {process.returncode}; last lines of {log_path}:")
+            sys.stderr.write("".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-40:]))
+            return 1
+        if _healthy(health(url), ("metadatabase", "scheduler")) and login(env):
+            break
+        if time.monotonic() - started > timeout:
+            _say(f"Airflow did not become healthy within {timeout:.0f}s; stopping it; see {log_path}")
+            _kill_group(process.pid)
+            process.wait()
+            _pid_file(env).unlink(missing_ok=True)
+            return 1
+        time.sleep(1.0)
+    _say(f"Airflow is up after {time.monotonic() - started:.1f}s")
+    _print_access(env)
+    return 0
+
+
+def _kill_group(pid: int, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def stop() -> int:
+    """Stop what ``up`` started (its whole process group), then the embedded PostgreSQL."""
+    import warnings
+
+    from triage import embedded
+    from triage.database import configured_url
+
+    warnings.filterwarnings("ignore", module="platformdirs")  # XDG_RUNTIME_DIR unset, from pgserver
+    home = embedded.triage_home()
+    pid_file = home / PID_FILE
+    try:
+        pid: int | None = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        pid = None
+    if pid is not None and _alive(pid):
+        _kill_group(pid)
+        print(f"Airflow standalone stopped (pid {pid})")
+    else:
+        print("Airflow standalone was not running")
+    pid_file.unlink(missing_ok=True)
+    if configured_url() is not None:
+        print("TRIAGE_DATABASE_URL is set: leaving the database server alone")
+    else:
+        print("embedded PostgreSQL stopped" if embedded.stop() else "embedded PostgreSQL was not running")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI and dag runs
+
+
+def airflow_cli(args: Sequence[str]) -> NoReturn:
+    """Replace this process with ``airflow ARGS`` in the prepared environment."""
+    env = prepare()
+    argv = [*airflow_command(), *args]
+    os.execve(argv[0], argv, env)
+
+
+def dag_run_states(env: Mapping[str, str], dag_id: str) -> list[dict[str, Any]]:
+    """``airflow dags list-runs DAG -o json``: run_id, state, logical_date, ... of every run."""
+    result = _run_airflow(env, ["dags", "list-runs", dag_id, "-o", "json"], quiet=True)
+    return json_output(result.stdout)
+
+
+def json_output(stdout: str) -> Any:
+    """The JSON document of an ``airflow ... -o json`` output: Airflow logs warnings to stdout too."""
+    for line in reversed(stdout.splitlines()):
+        stripped = line.strip()
+        if stripped.startswith(("[{", "[]", "{")):
+            with contextlib.suppress(ValueError):
+                return json.loads(stripped)
+    raise ValueError(f"no JSON document in the Airflow output: {stdout[-500:]!r}")
+
+
+def dags_test(dag_id: str, logical_date: str, conf: Mapping[str, Any] | None = None) -> int:
+    """One DAG run in this process's child (``airflow dags test``); its exit code.
+
+    ``airflow dags test`` exits 1 ("DagRun failed") when the run ends failed, 0 when it succeeds.
+    """
+    env = prepare()
+    args = ["dags", "test", dag_id, logical_date]
+    if conf:
+        args += ["-c", json.dumps(dict(conf))]
+    _say("airflow " + shlex.join(args))
+    return subprocess.run([*airflow_command(), *args], env=env, check=False).returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if argv and argv[0] == "airflow":  # everything after it belongs to Airflow, options included
+        airflow_cli(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m triage.local", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    commands = parser.add_subparsers(dest="command", required=True)
+    prep = commands.add_parser("prepare", help="job migrations, Airflow metadata DB, airflow_settings.yaml")
+    prep.add_argument("--force", action="store_true", help="migrate and apply settings even if recorded as done")
+    commands.add_parser("up", help="airflow standalone in the background (UI on localhost:8080)")
+    commands.add_parser("stop", help="stop what up started, then the embedded PostgreSQL")
+    test = commands.add_parser("dags-test", help="one in-process DAG run; exit code 1 if it failed")
+    test.add_argument("dag_id")
+    test.add_argument("logical_date", help="YYYY-MM-DD or an ISO timestamp")
+    test.add_argument("conf", nargs="?", default="{}", help="the run conf as JSON")
+    commands.add_parser("airflow", help="the Airflow CLI: python -m triage.local airflow ARGS...")
+    args = parser.parse_args(argv)
+    for chatty in ("pgserver", "alembic.runtime.plugins", "alembic.runtime.migration"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+
+    if args.command == "prepare":
+        prepare(force=args.force, verbose=True)
+        return 0
+    if args.command == "up":
+        return up()
+    if args.command == "stop":
+        return stop()
+    if args.command == "dags-test":
+        try:
+            conf = json.loads(args.conf or "{}")
+        except ValueError as exc:
+            parser.error(f"CONF is not valid JSON: {exc}")
+        if not isinstance(conf, dict):
+            parser.error("CONF must be a JSON object")
+        return dags_test(args.dag_id, args.logical_date, conf)
+    return 2  # pragma: no cover - argparse refuses unknown commands
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
