@@ -6,6 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins$(if $(PYTHONPATH),:$(PYTHONPATH))
 export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
@@ -31,11 +32,13 @@ migrate: $(STAMP)
 	$(PY) -m triage migrate
 
 run: $(STAMP)
-	$(PY) -m triage migrate
-	$(PY) -m triage status
+	$(PY) -m triage.run --date '$(DATE)' --conf '$(CONF)'
+
+up: $(STAMP)
+	$(PY) -m triage.local up
 
 stop: $(STAMP)
-	$(PY) -m triage db stop
+	$(PY) -m triage.local stop
 
 test: $(STAMP)
 	$(PY) -m pytest

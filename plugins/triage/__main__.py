@@ -1,5 +1,6 @@
 from __future__ import annotations
 
-from triage.cli import main
+if __name__ == "__main__":
+    from triage.cli import main
 
-raise SystemExit(main())
+    raise SystemExit(main())

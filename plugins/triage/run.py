@@ -1,0 +1,78 @@
+"""``make run``: one day through ``classify_documents`` on the local deployment, then
+``reconcile_jobs``, then a summary; exits non-zero if a run failed.
+
+    python -m triage.run [--date YYYY-MM-DD] [--conf '{"documents": 5000}']
+
+``--date`` names the day whose documents are processed (default: yesterday, UTC). Airflow's
+``dags test`` runs a manual run whose data interval ends at its logical date, so the run is
+started at DATE + 1 day to cover [DATE, DATE + 1 day).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from triage import local
+from triage.cli import job_database
+from triage.database import create_engine
+from triage.jobs.reads import batch_summary, format_summary
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+
+
+def batch_key_of(day: date) -> str:
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    return f"{start.isoformat()}/{(start + timedelta(days=1)).isoformat()}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m triage.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--date", default="", help="the day to process (default: yesterday, UTC)")
+    parser.add_argument("--conf", default="{}", help="the run conf of classify_documents, as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        day = date.fromisoformat(args.date) if args.date else datetime.now(UTC).date() - timedelta(days=1)
+        conf = json.loads(args.conf or "{}")
+    except ValueError as exc:
+        print(f"make run: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(conf, dict):
+        print("make run: CONF must be a JSON object", file=sys.stderr)
+        return 2
+
+    failed = []
+    started = datetime.now(UTC)
+    code = local.dags_test("classify_documents", (day + timedelta(days=1)).isoformat(), conf)
+    if code != 0:
+        failed.append("classify_documents")
+    if (DAGS / "reconcile_jobs.py").exists():
+        if local.dags_test("reconcile_jobs", datetime.now(UTC).isoformat(timespec="seconds")) != 0:
+            failed.append("reconcile_jobs")
+
+    engine = create_engine(job_database(), poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            summary = batch_summary(conn, batch_key_of(day), since=started)
+    finally:
+        engine.dispose()
+    print()
+    print(f"classify_documents for {day.isoformat()}: {'FAILED' if failed else 'succeeded'}")
+    print(format_summary(summary))
+    if failed:
+        print(f"failed runs: {', '.join(failed)} (see the task logs above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
