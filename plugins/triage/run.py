@@ -55,9 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = local.dags_test("classify_documents", (day + timedelta(days=1)).isoformat(), conf)
     if code != 0:
         failed.append("classify_documents")
-    if (DAGS / "reconcile_jobs.py").exists():
-        if local.dags_test("reconcile_jobs", datetime.now(UTC).isoformat(timespec="seconds")) != 0:
-            failed.append("reconcile_jobs")
+    reconcile = (DAGS / "reconcile_jobs.py").exists()
+    if reconcile and local.dags_test("reconcile_jobs", datetime.now(UTC).isoformat(timespec="seconds")) != 0:
+        failed.append("reconcile_jobs")
 
     engine = create_engine(job_database(), poolclass=sa.NullPool)
     try:
