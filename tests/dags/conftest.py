@@ -1,10 +1,18 @@
-"""Airflow in this test process gets a home of its own, never the user's ~/airflow."""
+"""Airflow in this test process gets a home of its own, never the user's ~/airflow; tests that
+run Airflow processes get a fresh metadata database and a fresh job database."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -12,3 +20,55 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="triage-airflow-ho
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+
+
+@dataclass
+class Deployment:
+    """Airflow's environment for one test module, and the job database it writes to."""
+
+    env: dict[str, str]
+    jobs_url: object  # triage.database.DatabaseUrl
+    home: Path
+
+    def engine(self) -> sa.Engine:
+        from triage.database import create_engine
+
+        return create_engine(self.jobs_url, poolclass=sa.NullPool)  # type: ignore[arg-type]
+
+    def scalar(self, sql: str, **params: object) -> object:
+        engine = self.engine()
+        try:
+            with engine.connect() as conn:
+                return conn.execute(sa.text(sql), params).scalar()
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def deployment(pg_server, template_db, tmp_path_factory) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
+    """A migrated Airflow metadata database and a job database (cloned from the migrated
+    template) on the test server, with TRIAGE_HOME (payloads, event log) in a temporary folder."""
+    from tests.dags.airflow_harness import airflow_test_env, migrate_metadata
+
+    suffix = uuid.uuid4().hex[:10]
+    metadata_db, jobs_db = f"airflow_test_{suffix}", f"triage_test_{suffix}"
+    with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{metadata_db}"')
+        conn.execute(f'CREATE DATABASE "{jobs_db}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
+    home = tmp_path_factory.mktemp("deployment")
+    jobs_url = pg_server.with_database(jobs_db)
+    env = airflow_test_env(
+        home / "airflow",
+        metadata_url=pg_server.with_database(metadata_db).airflow_metadata_url(),
+        dags_folder=ROOT / "dags",
+        extra={
+            "AIRFLOW_CONN_TRIAGE_DB": jobs_url.airflow_connection_json(),
+            "TRIAGE_DATABASE_URL": jobs_url.libpq(),
+            "TRIAGE_HOME": str(home),
+        },
+    )
+    migrate_metadata(env)
+    yield Deployment(env=env, jobs_url=jobs_url, home=home)
+    with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{metadata_db}" WITH (FORCE)')
+        conn.execute(f'DROP DATABASE IF EXISTS "{jobs_db}" WITH (FORCE)')
