@@ -6,10 +6,10 @@ import argparse
 import logging
 import sys
 
-from bench import ledger
+from bench import ledger, pipeline
 from bench.common import write_results
 
-SUITES = {"ledger": ledger.run}
+SUITES = {"ledger": ledger.run, "pipeline": pipeline.run}
 
 
 def main() -> int:
