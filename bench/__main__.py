@@ -14,11 +14,14 @@ SUITES = {"ledger": ledger.run, "pipeline": pipeline.run}
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("suites", nargs="*", default=list(SUITES), choices=list(SUITES))
+    parser.add_argument("suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all)")
     args = parser.parse_args()
+    unknown = set(args.suites) - set(SUITES)
+    if unknown:
+        parser.error(f"unknown suites: {', '.join(sorted(unknown))}")
     logging.basicConfig(level=logging.WARNING)
     figures = []
-    for name in args.suites:
+    for name in args.suites or list(SUITES):
         print(f"== {name}", flush=True)
         for figure in SUITES[name]():
             print(figure.line(), flush=True)

@@ -41,9 +41,9 @@ def batch_summary(conn: sa.Connection, batch_key: str, since: datetime | None = 
     """Jobs of the batch by state and open reviews by reason; the throughput counts only the
     transitions at or after ``since`` (one run's work, not the batch's whole history)."""
     in_batch = sa.select(jobs.c.id).where(jobs.c.batch_key == batch_key)
-    counts = dict(conn.execute(sa.select(jobs.c.status, sa.func.count()).where(jobs.c.batch_key == batch_key)
+    counts: dict[str, int] = dict(conn.execute(sa.select(jobs.c.status, sa.func.count()).where(jobs.c.batch_key == batch_key)
                                .group_by(jobs.c.status)).all())  # fmt: skip
-    reasons = dict(conn.execute(
+    reasons: dict[str, int] = dict(conn.execute(
         sa.select(manual_review.c.reason, sa.func.count())
         .join(jobs, jobs.c.id == manual_review.c.job_id)
         .where(jobs.c.batch_key == batch_key, manual_review.c.resolved_at.is_(None))

@@ -268,13 +268,13 @@ def register_txn(conn: sa.Connection, new_jobs: Sequence[NewJob], *, batch_key: 
     scalars = {"batch_key": batch_key, "step": step, "max_attempts": max_attempts}
     new_ids: list[uuid.UUID] = []
     if queued:
-        new_ids += conn.execute(T.register_queued(), {**scalars, **_new_job_arrays(queued)}).scalars().all()
+        new_ids += conn.execute(T.register_queued(), T.pack({**scalars, **_new_job_arrays(queued)})).scalars().all()
     if review:
         params = {**scalars, **_new_job_arrays(review),
                   "new_reason": [j.reason or "malformed_input" for j in review],
                   "new_error": [j.error for j in review],
                   "new_context": [_json(j.review_context) for j in review]}  # fmt: skip
-        new_ids += conn.execute(T.register_for_review(), params).scalars().all()
+        new_ids += conn.execute(T.register_for_review(), T.pack(params)).scalars().all()
     return Registered(new=len(new_ids), existing=len(new_jobs) - len(new_ids), new_ids=tuple(new_ids))
 
 
@@ -307,7 +307,7 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
 
     classified = [o for o in outcomes if not isinstance(o, Release) and o.classification is not None]
     if classified:
-        conn.execute(T.record_classifications(), _classification_arrays(classified))
+        conn.execute(T.record_classifications(), T.pack(_classification_arrays(classified)))
 
     counts: dict[str, int] = {}
     touched: set[uuid.UUID] = set()
@@ -315,7 +315,7 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
     def run(statement: Any, items: list[Any], extra: dict[str, list[Any]]) -> list[Any]:
         params = {"token": token, "held_id": [o.job_id for o in items], "held_attempt": [o.attempt for o in items],
                   **{f"held_{k}": v for k, v in extra.items()}}  # fmt: skip
-        rows = list(conn.execute(statement, params).all())
+        rows = list(conn.execute(statement, T.pack(params)).all())
         touched.update(r[0] for r in rows)
         return rows
 
@@ -326,9 +326,9 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
         if labelled and len(rows) == len(items):
             conn.execute(
                 T.upsert_labels(),
-                {"given_id": [o.job_id for o in labelled], "given_label": [o.label.label for o in labelled],
+                T.pack({"given_id": [o.job_id for o in labelled], "given_label": [o.label.label for o in labelled],
                  "given_confidence": [o.label.confidence for o in labelled],
-                 "given_classifier_version": [o.label.classifier_version for o in labelled]},
+                 "given_classifier_version": [o.label.classifier_version for o in labelled]}),
             )  # fmt: skip
     if items := by_kind.get(Advance):
         counts["advanced"] = len(run(T.advance(), items, {"next_step": [o.next_step for o in items]}))

@@ -13,6 +13,7 @@ constructs cost more than a round trip per call, measured).
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from typing import Any
 
@@ -28,15 +29,41 @@ UUID = pg.UUID(as_uuid=True)
 NOW = sa.func.now()
 
 
+RECORDSETS = ("new", "held", "given")
+"""Names of the row sets statements take; :func:`pack` turns their columns into one parameter."""
+
+
 def _unnest(name: str, **columns: Any) -> Any:
-    """``unnest(:name_a, :name_b, …) AS name(a, b, …)``: one bound array per column, named
-    ``<name>_<column>`` so they never clash with the scalar parameters of the statement."""
-    arrays = [sa.bindparam(f"{name}_{col}", type_=pg.ARRAY(type_)) for col, type_ in columns.items()]
+    """``json_to_recordset(:name_rows) AS name(a type, b type, …)``: a batch of rows in one
+    parameter. One JSON document is a tenth of the client work of one array per column
+    (psycopg dumps arrays element by element in Python) and faster for the server too, measured."""
     return (
-        sa.func.unnest(*arrays)
+        sa.func.json_to_recordset(sa.cast(sa.bindparam(f"{name}_rows", type_=sa.Text), pg.JSON))
         .table_valued(*[sa.column(col, type_) for col, type_ in columns.items()])
-        .render_derived(name=name)
+        .render_derived(name=name, with_types=True)
     )
+
+
+def _json_default(value: Any) -> str:
+    return str(value)  # UUIDs, datetimes, decimals
+
+
+def pack(params: dict[str, Any]) -> dict[str, Any]:
+    """Turn ``{"held_id": [...], "held_attempt": [...]}`` into ``{"held_rows": '[{"id": …, "attempt": …}, …]'}``
+    for every row set in :data:`RECORDSETS`; other parameters pass through."""
+    out: dict[str, Any] = {}
+    columns: dict[str, dict[str, list[Any]]] = {}
+    for key, value in params.items():
+        prefix, _, column = key.partition("_")
+        if prefix in RECORDSETS and column and isinstance(value, list):
+            columns.setdefault(prefix, {})[column] = value
+        else:
+            out[key] = value
+    for name, cols in columns.items():
+        names = list(cols)
+        rows = [dict(zip(names, values, strict=True)) for values in zip(*cols.values(), strict=True)]
+        out[f"{name}_rows"] = json.dumps(rows, default=_json_default, allow_nan=False)
+    return out
 
 
 def _seconds(param: str) -> ColumnElement[Any]:

@@ -279,7 +279,6 @@ def upgrade() -> None:
         sa.Column("cost_usd", sa.Numeric(12, 6)),
         _ts("created_at", nullable=False, now=True),
         sa.PrimaryKeyConstraint("id", name="classifications_pkey"),
-        sa.ForeignKeyConstraint(["job_id"], [f"{S}.jobs.id"], name="classifications_job_id_fkey"),
         sa.UniqueConstraint("job_id", "attempt", name="classifications_job_id_attempt_key"),
         sa.CheckConstraint(
             "outcome IN ('accepted', 'inconclusive', 'rejected')", name=op.f("classifications_outcome_known_check")
@@ -303,7 +302,6 @@ def upgrade() -> None:
         _ts("job_created_at", nullable=False),
         _ts("updated_at", nullable=False, now=True),
         sa.PrimaryKeyConstraint("source", "external_id", name="document_labels_pkey"),
-        sa.ForeignKeyConstraint(["job_id"], [f"{S}.jobs.id"], name="document_labels_job_id_fkey"),
         schema=S,
     )
     op.create_index("document_labels_job_id_idx", "document_labels", ["job_id"], schema=S)
