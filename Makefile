@@ -51,7 +51,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check plugins dags tests bench
-	$(BIN)/ruff format --check plugins dags tests bench || true
+	$(BIN)/ruff format --check plugins dags tests bench
 	$(BIN)/mypy
 
 clean: stop

@@ -25,13 +25,20 @@ FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes"
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> DatabaseUrl:
-    """A PostgreSQL server where tests may create databases (URL of its ``postgres`` db)."""
+def pg_server() -> Iterator[DatabaseUrl]:
+    """A PostgreSQL server where tests may create databases (URL of its ``postgres`` db).
+
+    The embedded test server is stopped at the end of the session if the session started it.
+    """
     given = os.environ.get("TRIAGE_TEST_DATABASE_URL")
     if given:
-        return DatabaseUrl.parse(given).with_database("postgres")
+        yield DatabaseUrl.parse(given).with_database("postgres")
+        return
     home = Path(os.environ.get("TRIAGE_TEST_HOME", embedded.triage_home() / "test"))
-    return embedded.start(home, databases=(), settings=FAST_SETTINGS)
+    was_running = embedded.running_url(home) is not None
+    yield embedded.start(home, databases=(), settings=FAST_SETTINGS)
+    if not was_running:
+        embedded.stop(home)
 
 
 def _admin(server: DatabaseUrl) -> psycopg.Connection:
