@@ -1,0 +1,1 @@
+"""Failure drills: the invariant checker that decides whether a drill broke a promise."""
