@@ -126,3 +126,17 @@ def test_a_misconfigured_model_fails_the_task_and_the_callback_sends_the_batch_t
         )
         == 40
     )
+
+
+def test_every_invariant_of_the_drill_holds(
+    deployment: Deployment, first_run: subprocess.CompletedProcess[str]
+) -> None:
+    from triage.drill.invariants import check_invariants
+
+    engine = deployment.engine()
+    try:
+        with engine.connect() as conn:
+            broken = [r for r in check_invariants(conn, [BATCH]) if not r.holds]
+    finally:
+        engine.dispose()
+    assert broken == []
