@@ -167,19 +167,35 @@ class ClassifyDocumentsOperator(TriageOperator):
 
 class PersistLabelsOperator(TriageOperator):
     """Complete jobs waiting at the ``persist`` step: label, job state and event in one
-    transaction (after the external action, when one is configured)."""
+    transaction, after the external action when one is configured.
+
+    :param action_conn_id: an HTTP connection whose host is the URL the label is POSTed to,
+        with the job's idempotency key (pair it with ``ClassifyDocumentsOperator(separate_persist=True)``).
+    """
+
+    def __init__(self, *, action_conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.action_conn_id = action_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from triage.pipeline.actions import WebhookLabelAction
         from triage.pipeline.persist import PersistHandler
         from triage.pipeline.steps import RunSettings, WorkRemains, run_step
 
         config = self.run_config(context)
         settings = RunSettings(owner=lease_owner(context), lease_seconds=config.lease_seconds)
+        action = None
+        if self.action_conn_id:
+            conn = BaseHook.get_connection(self.action_conn_id)
+            action = WebhookLabelAction(conn.host or "", headers=(conn.extra_dejson or {}).get("headers"))
         try:
-            report = run_step(self.store, PersistHandler(self.store), batch_key=batch_key(context), settings=settings)
+            report = run_step(self.store, PersistHandler(self.store, action), batch_key=batch_key(context),
+                              settings=settings)  # fmt: skip
         except WorkRemains as exc:
             raise AirflowException(str(exc)) from None
         finally:
+            if action is not None:
+                action.close()
             self.dispose()
         return {"claimed": report.claimed, "outcomes": dict(report.outcomes)}
 
