@@ -202,3 +202,20 @@ outbox = sa.Table(
     sa.Index("outbox_unpublished_idx", "created_at", postgresql_where=sa.text("published_at IS NULL")),
     sa.Index("outbox_job_id_idx", "job_id"),
 )
+
+reconciliation_runs = sa.Table(
+    "reconciliation_runs",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),  # NULL: the run is in progress or died
+    sa.Column("dry_run", sa.Boolean, nullable=False),
+    sa.Column("params", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("findings", pg.JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
+    sa.Column("repairs", pg.JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
+    sa.Column("summary", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("report_path", sa.Text),  # NULL: the HTML page was not rendered (a degraded run)
+    # Serves "the latest run" (make run's summary, the next run's comparison).
+    sa.Index("reconciliation_runs_started_at_idx", "started_at"),
+    comment="One row per reconcile_jobs run: its params, findings, repairs and report summary",
+)

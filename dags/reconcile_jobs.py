@@ -1,0 +1,42 @@
+"""reconcile_jobs: the backstop. Every 15 minutes, and on demand with typed params.
+
+Returns expired leases, finds work stuck in any state past its threshold, republishes old
+unsent outbox events, checks that jobs, labels, review rows and Airflow's own task states agree,
+repairs only what is certain (through allowed transitions, fenced), and reports: Markdown in the
+task log, an HTML page under the reports folder, and a JSON summary in XCom and in
+``triage.reconciliation_runs``. Tick "dry run" in the form to see findings without repairs.
+
+Its task has no ``on_failure_callback``: the callback of ``classify_documents`` moves a batch
+to review, and a reconciliation run has no batch. A failed reconciliation changes nothing that
+the next one (15 minutes later) will not redo.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param
+
+from triage.operators.reconcile import ReconcileJobsOperator
+from triage.reconciliation.params import param_schemas
+
+with DAG(
+    dag_id="reconcile_jobs",
+    description="Return expired leases, find stuck work, check consistency, repair what is certain, report",
+    schedule="*/15 * * * *",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["triage", "reconciliation"],
+    params={name: Param(**schema) for name, schema in param_schemas().items()},
+    default_args={
+        "owner": "triage",
+        "retries": 2,
+        "retry_delay": timedelta(seconds=30),
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": timedelta(minutes=5),
+        "execution_timeout": timedelta(minutes=10),
+    },
+    doc_md=__doc__,
+) as dag:
+    ReconcileJobsOperator(task_id="reconcile")

@@ -1,0 +1,119 @@
+"""The operator of ``reconcile_jobs``: an adapter over :mod:`triage.reconciliation`.
+
+It reads the run's params, builds the event sink and the Airflow REST client, runs one
+reconciliation, writes the Markdown report to the task log, logs the HTML page's path, emits
+gauges and counters through Airflow's metrics API (StatsD or OpenTelemetry when enabled), and
+returns the JSON summary (XCom). Domain code stays Airflow-free: metrics live here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook, conf
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
+
+from triage.operators.base import TriageOperator, variable
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from triage.reconciliation.airflow_view import AirflowApi
+
+log = logging.getLogger(__name__)
+
+DEFAULT_API_URL = "http://localhost:8080"
+
+
+def emit_metrics(summary: dict[str, Any]) -> None:
+    """Gauges of the ledger's state and counters of this run's repairs and conflicts."""
+    from airflow.sdk.observability.stats import Stats
+
+    for state, n in summary["by_state"].items():
+        Stats.gauge(f"triage.jobs.{state}", n)
+    for row in summary["queue_age"]:
+        Stats.gauge(f"triage.queue_age_seconds.{row['status']}", row["oldest_seconds"])
+    Stats.gauge("triage.review.open", summary["totals"]["open_reviews"])
+    Stats.gauge("triage.outbox.unsent", summary["outbox"]["unsent"])
+    Stats.gauge("triage.outbox.oldest_seconds", summary["outbox"]["oldest_seconds"])
+    for repair in summary["repairs"]:
+        Stats.incr(f"triage.reconcile.repairs.{repair['action']}", repair["count"])
+    for conflict in summary["conflicts"]:
+        Stats.incr(f"triage.reconcile.conflicts.{conflict['check']}", conflict["count"])
+    Stats.incr("triage.reconcile.runs")
+
+
+class ReconcileJobsOperator(TriageOperator):
+    """Return expired leases, find stuck work, republish old outbox events, check that jobs,
+    labels, reviews and Airflow's task states agree, repair what is certain, and report.
+
+    :param reports_dir: where the HTML page goes (default: Variable ``triage_reports_dir``, then
+        ``$TRIAGE_REPORTS_DIR``, then ``$TRIAGE_HOME/reports``).
+    :param event_log: the JSON-lines event log old events are republished to (as ``publish_events``).
+    :param webhook_conn_id: when set, republish to this HTTP connection's URL instead.
+    :param api_conn_id: an optional connection to Airflow's API server: its host is the base URL
+        and its login and password go to ``POST /auth/token``. Without it: ``[api] base_url``
+        (default ``http://localhost:8080``) and ``GET /auth/token`` (simple auth manager with
+        all admins).
+    """
+
+    template_fields = ("reports_dir", "event_log")
+
+    def __init__(self, *, reports_dir: str | None = None, event_log: str | None = None,
+                 webhook_conn_id: str | None = None, api_conn_id: str = "airflow_api", **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.reports_dir, self.event_log = reports_dir, event_log
+        self.webhook_conn_id, self.api_conn_id = webhook_conn_id, api_conn_id
+
+    def get_airflow_api(self) -> AirflowApi:
+        """The seam tests override: a client of Airflow's public REST API."""
+        from triage.reconciliation.airflow_view import AirflowApi
+
+        base_url = str(conf.get("api", "base_url", fallback="") or DEFAULT_API_URL)
+        username = password = None
+        try:
+            connection = BaseHook.get_connection(self.api_conn_id)
+        except AirflowNotFoundException:
+            connection = None
+        if connection is not None:
+            host = connection.host or ""
+            if host:
+                base_url = (
+                    host if "://" in host else f"{connection.schema or 'http'}://{host}:{connection.port or 8080}"
+                )
+            username, password = connection.login or None, connection.password
+        return AirflowApi(base_url, username=username, password=password)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from triage import settings
+        from triage.pipeline.publish import JsonlEventSink, WebhookEventSink
+        from triage.reconciliation.params import InvalidReconcileParams, ReconcileParams
+        from triage.reconciliation.runner import reconcile
+
+        try:
+            params = ReconcileParams.from_params(context["params"])
+        except InvalidReconcileParams as exc:
+            raise AirflowFailException(str(exc)) from None
+        sink: Any
+        if self.webhook_conn_id:
+            connection = BaseHook.get_connection(self.webhook_conn_id)
+            sink = WebhookEventSink(connection.host or "", headers=(connection.extra_dejson or {}).get("headers"))
+        else:
+            sink = JsonlEventSink(settings.event_log(self.event_log or variable("triage_event_sink")))
+        api = self.get_airflow_api()
+        reports = settings.reports_dir(self.reports_dir or variable("triage_reports_dir"))
+        try:
+            outcome = reconcile(self.store, params, publish=sink.publish, api=api, reports_dir=reports)
+        finally:
+            api.close()
+            if isinstance(sink, WebhookEventSink):
+                sink.close()
+            self.dispose()
+        log.info("reconciliation report (run %d)\n%s", outcome.run_id, outcome.markdown)
+        if outcome.html_path is not None:
+            log.info("HTML report: %s", outcome.html_path)
+        else:
+            log.warning("the HTML report was not rendered (see the error above); the JSON summary is in XCom")
+        emit_metrics(outcome.summary)
+        return outcome.summary

@@ -1,0 +1,193 @@
+"""Airflow's view of the work: ``classify_documents`` task instances that failed or are up for
+retry while their batch still has unfinished jobs, read through Airflow's public REST API.
+
+Task code never reads Airflow's metadata database; it asks the API server like any client.
+Authentication (Airflow 3.3): the public API wants a JWT bearer token. The client gets one from
+the auth manager's token endpoint: ``POST {base}/auth/token`` with a username and password
+(simple auth manager, and FAB/Keycloak alike), or, without credentials, ``GET
+{base}/auth/token``, which the simple auth manager answers only when
+``[core] simple_auth_manager_all_admins`` is on. Then every call sends ``Authorization:
+Bearer <token>``.
+
+When the API cannot be reached or refuses, :func:`airflow_view` degrades to ``skipped`` with the
+reason: Airflow's view is a cross-check, and a reconciliation without it is still worth its
+other rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from triage.jobs.store import JobStore
+from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
+from triage.reconciliation.params import ReconcileParams
+from triage.reconciliation.repairs import ACTOR
+from triage.reconciliation.rules import unfinished_by_batch
+
+DAG_ID = "classify_documents"
+WATCHED_STATES = ("failed", "up_for_retry")
+ACTIVE_RUN_STATES = frozenset({"queued", "running"})
+PAGE = 100
+REASON = "airflow_task_failed"  # the failure callback's reason: the repair does what it would have
+
+
+class AirflowApiUnavailable(Exception):
+    """The API server cannot be reached, or refuses this client."""
+
+
+@dataclass(frozen=True, slots=True)
+class DagRunView:
+    run_id: str
+    state: str
+    batch_key: str | None  # None: a run without a data interval
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInstanceView:
+    run_id: str
+    task_id: str
+    map_index: int
+    state: str
+    try_number: int
+
+
+def batch_key_of(start: str | None, end: str | None) -> str | None:
+    """The batch key ``classify_documents`` gives a run (``operators.base.batch_key``): the data
+    interval as ``start/end`` in ISO 8601 with ``+00:00``, from the API's ``…Z`` timestamps."""
+    if not start or not end:
+        return None
+    return "/".join(datetime.fromisoformat(v.replace("Z", "+00:00")).isoformat() for v in (start, end))
+
+
+class AirflowApi:
+    """A small client of Airflow's public REST API (``/api/v2``).
+
+    :param base_url: the API server, e.g. ``http://localhost:8080`` (``[api] base_url``).
+    :param username: with ``password``, the credentials ``POST /auth/token`` takes; when both
+        are None the client asks ``GET /auth/token`` (simple auth manager, all admins).
+    """
+
+    def __init__(self, base_url: str, *, username: str | None = None, password: str | None = None,
+                 timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:  # fmt: skip
+        self.base_url = base_url.rstrip("/")
+        self.username, self.password = username, password
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
+        self._token: str | None = None
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise AirflowApiUnavailable(f"{method} {self.base_url}{path}: {type(exc).__name__}") from None
+
+    def token(self) -> str | None:
+        """A bearer token, or None when the token endpoint is absent (an API without auth)."""
+        if self._token is None:
+            if self.username is not None:
+                response = self._call("POST", "/auth/token", json={"username": self.username,
+                                                                    "password": self.password or ""})  # fmt: skip
+            else:
+                response = self._call("GET", "/auth/token")
+            if response.status_code in (404, 405):
+                return None
+            if response.status_code >= 400:
+                raise AirflowApiUnavailable(
+                    f"the token endpoint answered HTTP {response.status_code}: set a login and password on the "
+                    "airflow_api connection (or enable simple_auth_manager_all_admins)"
+                )
+            self._token = str(response.json()["access_token"])
+        return self._token
+
+    def get(self, path: str, params: Any = None) -> Any:
+        token = self.token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = self._call("GET", path, params=params, headers=headers)
+        if response.status_code >= 400:
+            raise AirflowApiUnavailable(f"GET {path} answered HTTP {response.status_code}")
+        try:
+            return response.json()
+        except ValueError:
+            raise AirflowApiUnavailable(f"GET {path} did not answer JSON") from None
+
+    def _pages(self, path: str, key: str, params: list[tuple[str, str]]) -> Iterator[dict[str, Any]]:
+        offset = 0
+        while True:
+            page = self.get(path, params=[*params, ("limit", str(PAGE)), ("offset", str(offset))])
+            rows = page.get(key) or []
+            yield from rows
+            offset += len(rows)
+            if not rows or offset >= int(page.get("total_entries", 0)):
+                return
+
+    def dag_runs(self, dag_id: str, since: datetime) -> dict[str, DagRunView]:
+        path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns"
+        rows = self._pages(path, "dag_runs", [("updated_at_gte", since.isoformat())])
+        return {r["dag_run_id"]: DagRunView(r["dag_run_id"], str(r.get("state")),
+                                            batch_key_of(r.get("data_interval_start"), r.get("data_interval_end")))
+                for r in rows}  # fmt: skip
+
+    def task_instances(self, dag_id: str, states: tuple[str, ...], since: datetime) -> list[TaskInstanceView]:
+        path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/~/taskInstances"
+        params = [("updated_at_gte", since.isoformat()), *(("state", s) for s in states)]
+        return [TaskInstanceView(r["dag_run_id"], r["task_id"], int(r.get("map_index", -1)), str(r["state"]),
+                                 int(r.get("try_number") or 0))
+                for r in self._pages(path, "task_instances", params)]  # fmt: skip
+
+
+def airflow_view(store: JobStore, params: ReconcileParams, api: AirflowApi | None) -> RuleResult:
+    """Failed or up-for-retry ``classify_documents`` tasks whose batch has unfinished jobs.
+
+    ``up_for_retry`` is reported: Airflow will try again. ``failed`` is repaired when its run
+    is over (``failed``) and no other run of the same batch is queued or running: Airflow gave
+    up and the failure callback did not move the batch (a SIGKILLed task never calls it), so
+    reconciliation does what the callback would have done, with the same fenced statement
+    (:meth:`JobStore.send_batch_to_review`, reason ``airflow_task_failed``; live leases of other
+    workers are left alone). Otherwise a failed task with unfinished work is a conflict.
+    """
+    if api is None:
+        return RuleResult("airflow_view", skipped="no Airflow API configured")
+    since = datetime.now(UTC) - timedelta(hours=params.airflow_lookback_hours)
+    try:
+        tis = api.task_instances(DAG_ID, WATCHED_STATES, since)
+        runs = api.dag_runs(DAG_ID, since) if tis else {}
+    except AirflowApiUnavailable as exc:
+        return RuleResult("airflow_view", skipped=f"Airflow's REST API is unavailable: {exc}")
+    batch_of = {run_id: run.batch_key for run_id, run in runs.items()}
+    unfinished = unfinished_by_batch(store, sorted({b for b in batch_of.values() if b}))
+    active = {run.batch_key for run in runs.values() if run.state in ACTIVE_RUN_STATES}
+    findings: list[Finding] = []
+    repairs: list[Repair] = []
+    conflicts: list[Conflict] = []
+    for ti in sorted(tis, key=lambda t: (t.run_id, t.task_id, t.map_index)):
+        batch = batch_of.get(ti.run_id)
+        open_jobs = unfinished.get(batch) if batch else None
+        if open_jobs is None:
+            continue
+        where = f"{ti.run_id}/{ti.task_id} is {ti.state} (try {ti.try_number}) with batch {batch}"
+        data = {"run_id": ti.run_id, "task_id": ti.task_id, "state": ti.state, "batch_key": batch}
+        certain = ti.state == "failed" and runs[ti.run_id].state == "failed" and batch not in active
+        findings.append(Finding(f"task_{ti.state}", int(open_jobs.n), where, sample(open_jobs.job_ids),
+                                "send_batch_to_review" if certain else None, data))  # fmt: skip
+        if ti.state == "failed" and not certain:
+            conflicts.append(Conflict("task_failed_run_active", int(open_jobs.n),
+                                      f"{where}; another run of the batch is active", sample(open_jobs.job_ids)))  # fmt: skip
+        if certain and not params.dry_run and batch is not None:
+            prefix = f"{DAG_ID}/{ti.run_id}/{ti.task_id}/{ti.map_index}/"
+            moved = store.send_batch_to_review(
+                batch, reason=REASON, error=f"{ti.task_id} failed in {ti.run_id}; its failure callback never ran",
+                owner_prefix=prefix, context={"repaired_by": ACTOR, "run_id": ti.run_id, "task_id": ti.task_id,
+                                              "try_number": ti.try_number}, actor=ACTOR,
+            )  # fmt: skip
+            if moved:
+                repairs.append(Repair("batch_sent_to_review", moved, f"{where}: unfinished jobs to manual_review"))
+            unfinished.pop(batch, None)
+    return RuleResult("airflow_view", findings=tuple(findings), repairs=tuple(repairs), conflicts=tuple(conflicts))

@@ -1,0 +1,114 @@
+"""The params of ``reconcile_jobs``: one pydantic model, the DAG's trigger form.
+
+Thresholds are seconds. A job is "stuck" once it has sat in a state longer than its state's
+threshold; the defaults are generous so that a scheduled run never reports normal work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from triage.jobs.states import JobStatus
+
+
+class InvalidReconcileParams(ValueError):
+    """The run's params do not describe a valid reconciliation."""
+
+
+def _seconds(default: int, title: str, description: str, section: str = "Stuck work") -> Any:
+    return Field(default=default, ge=0, le=30 * 86400, title=title, description=description,
+                 json_schema_extra={"section": section})  # fmt: skip
+
+
+class ReconcileParams(BaseModel):
+    """What one ``reconcile_jobs`` run looks for, and whether it may repair."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dry_run: bool = Field(
+        default=False, title="Dry run",
+        description="Report what is found and what would be repaired, without changing anything.",
+        json_schema_extra={"section": "Run"},
+    )  # fmt: skip
+    received_seconds: int = _seconds(
+        900, "received threshold (s)",
+        "A job still received after this long is moved to queued with its job.registered event (retrieval's "
+        "own last step).",
+    )  # fmt: skip
+    queued_seconds: int = _seconds(
+        6 * 3600, "queued threshold (s)", "A job queued this long without a claim is reported as stuck."
+    )
+    retryable_seconds: int = _seconds(
+        3600, "retryable_failed threshold (s)",
+        "A retryable job still unclaimed this long after its next_attempt_at is reported as stuck.",
+    )  # fmt: skip
+    waiting_seconds: int = _seconds(
+        6 * 3600, "waiting threshold (s)", "A job waiting on an external system this long is reported as stuck."
+    )
+    running_seconds: int = _seconds(
+        2 * 3600, "running threshold (s)",
+        "A job running this long under a lease that is still valid (a heartbeat keeps it alive) is reported.",
+    )  # fmt: skip
+    max_rescues: int = Field(
+        default=3, ge=0, le=100, title="Max lease rescues",
+        description="Expired leases returned per job before it goes to manual_review (lease_expired_repeatedly).",
+        json_schema_extra={"section": "Leases and outbox"},
+    )  # fmt: skip
+    outbox_age_seconds: int = _seconds(
+        300, "Outbox age (s)", "Unsent outbox events older than this are republished to the event sink.",
+        "Leases and outbox",
+    )  # fmt: skip
+    grace_seconds: int = _seconds(
+        60, "Consistency grace (s)",
+        "Consistency checks ignore jobs changed more recently than this (a writer may be mid-way).", "Consistency",
+    )  # fmt: skip
+    airflow_lookback_hours: int = Field(
+        default=72, ge=1, le=24 * 90, title="Airflow lookback (h)",
+        description="How far back Airflow's REST API is asked for failed or up_for_retry classify_documents tasks.",
+        json_schema_extra={"section": "Consistency"},
+    )  # fmt: skip
+
+    report_window_hours: int = Field(
+        default=168, ge=1, le=24 * 366, title="Report window (h)",
+        description="Time in state, retry reasons and rejected outputs count the transitions of this window.",
+        json_schema_extra={"section": "Report"},
+    )  # fmt: skip
+    review_queue_limit: int = Field(
+        default=200, ge=1, le=10_000, title="Review queue rows",
+        description="How many manual-review jobs (oldest first) the report lists.",
+        json_schema_extra={"section": "Report"},
+    )  # fmt: skip
+
+    def threshold(self, status: JobStatus) -> int | None:
+        """The stuck threshold of a state, or None for the settled states."""
+        return {
+            JobStatus.RECEIVED: self.received_seconds,
+            JobStatus.QUEUED: self.queued_seconds,
+            JobStatus.RETRYABLE_FAILED: self.retryable_seconds,
+            JobStatus.WAITING: self.waiting_seconds,
+            JobStatus.RUNNING: self.running_seconds,
+        }.get(status)
+
+    @classmethod
+    def from_params(cls, params: Any) -> ReconcileParams:
+        """Validate a run's params (``context["params"]``, a dict or Airflow's ParamsDict)."""
+        data = {k: params[k] for k in cls.model_fields if k in params}
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise InvalidReconcileParams(f"invalid reconcile_jobs params: {problems}") from None
+
+
+def param_schemas() -> dict[str, dict[str, Any]]:
+    """Each field as the JSON-schema keywords Airflow's ``Param`` takes."""
+    schema = ReconcileParams.model_json_schema()
+    defaults = ReconcileParams().model_dump(mode="json")
+    out: dict[str, dict[str, Any]] = {}
+    for name, prop in schema["properties"].items():
+        prop = dict(prop)
+        prop.pop("default", None)
+        out[name] = {"default": defaults[name], **prop}
+    return out

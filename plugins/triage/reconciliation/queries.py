@@ -1,0 +1,327 @@
+"""Read-only questions reconciliation asks the ledger, as named SQLAlchemy Core statements.
+
+Nothing here writes. Each statement answers one check of :mod:`triage.reconciliation.rules`
+with a count, the age of the oldest case and a bounded sample of job ids, so a check costs one
+round trip whatever the number of jobs it finds. Thresholds arrive as seconds
+(``:threshold``, ``:grace``) and are compared with the database's ``now()``.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.sql.elements import ColumnElement, Grouping
+
+from triage.jobs.schema import classifications, document_labels, job_events, jobs, manual_review, outbox
+from triage.jobs.states import JobStatus as S
+from triage.reconciliation.findings import SAMPLE
+
+NOW = sa.func.now()
+UUIDS = pg.ARRAY(pg.UUID(as_uuid=True))
+COMPLETION_EVENTS = ("job.completed", "job.reviewed")
+"""Either tells consumers a completed job is done (``job.reviewed`` when a reviewer labelled it)."""
+
+
+def seconds(param: str) -> ColumnElement[Any]:
+    return sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam(param, type_=sa.Float))
+
+
+def age_seconds(at: ColumnElement[Any]) -> ColumnElement[Any]:
+    return sa.func.extract("epoch", NOW - at)
+
+
+def entered_at() -> ColumnElement[Any]:
+    """When the job entered its current state: its latest transition into it (``job_events``)."""
+    return (
+        sa.select(sa.func.max(job_events.c.at))
+        .where(job_events.c.job_id == jobs.c.id, job_events.c.to_status == jobs.c.status)
+        .scalar_subquery()
+    )
+
+
+def _summary(ids: ColumnElement[Any], since: ColumnElement[Any]) -> list[ColumnElement[Any]]:
+    """count, age of the oldest case (s), the ids of the oldest :data:`SAMPLE` cases."""
+    return [
+        sa.func.count().label("n"),
+        sa.func.coalesce(sa.func.max(age_seconds(since)), 0).label("oldest_seconds"),
+        sa.func.coalesce(
+            sa.type_coerce(Grouping(sa.func.array_agg(ids).aggregate_order_by(since)), UUIDS)[1:SAMPLE],
+            sa.cast(pg.array([]), UUIDS),
+        ).label("job_ids"),
+    ]
+
+
+def summarise(rows: Any) -> sa.Select[Any]:
+    """The count, oldest age and sample of a subquery with columns ``id`` and ``since``."""
+    return sa.select(*_summary(rows.c.id, rows.c.since))
+
+
+@cache
+def expired_leases() -> sa.Select[Any]:
+    """Running jobs whose lease has passed (what ``release_expired_leases`` would take)."""
+    rows = (
+        sa.select(jobs.c.id, jobs.c.lease_expires_at.label("since"))
+        .where(jobs.c.status == S.RUNNING.value, jobs.c.lease_expires_at < NOW)
+        .subquery()
+    )
+    return summarise(rows)
+
+
+@cache
+def stuck_in(status: S) -> sa.Select[Any]:
+    """Jobs in ``status`` longer than ``:threshold`` seconds.
+
+    ``retryable_failed`` counts from ``next_attempt_at`` (it is not due before); ``running``
+    only under a lease that is still valid (expired leases are the lease rule's). The cheap
+    ``updated_at`` test comes first: a job cannot have entered its state after its last update.
+    """
+    if status == S.RETRYABLE_FAILED:
+        since: ColumnElement[Any] = jobs.c.next_attempt_at
+        where = [jobs.c.next_attempt_at < NOW - seconds("threshold")]
+    else:
+        since = entered_at()
+        where = [jobs.c.updated_at < NOW - seconds("threshold") if status != S.RUNNING else sa.true()]
+        if status == S.RUNNING:
+            where.append(jobs.c.lease_expires_at >= NOW)
+    rows = sa.select(jobs.c.id, since.label("since")).where(jobs.c.status == status.value, *where).subquery()
+    return sa.select(*_summary(rows.c.id, rows.c.since)).where(rows.c.since < NOW - seconds("threshold"))
+
+
+@cache
+def unclaimable_retryable() -> sa.Select[Any]:
+    """Retryable jobs whose attempts are spent: no claim will ever take them (a claim needs
+    ``attempt < max_attempts``), so they would sit in ``retryable_failed`` forever."""
+    rows = (
+        sa.select(jobs.c.id, jobs.c.next_attempt_at.label("since"))
+        .where(jobs.c.status == S.RETRYABLE_FAILED.value, jobs.c.attempt >= jobs.c.max_attempts,
+               jobs.c.updated_at < NOW - seconds("grace"))
+        .subquery()
+    )  # fmt: skip
+    return summarise(rows)
+
+
+@cache
+def outbox_lag() -> sa.Select[Any]:
+    """Unsent events: how many, the oldest one's age, and how many are older than ``:threshold``."""
+    unsent = outbox.c.published_at.is_(None)
+    return sa.select(
+        sa.func.count().label("unsent"),
+        sa.func.coalesce(sa.func.max(age_seconds(outbox.c.created_at)), 0).label("oldest_seconds"),
+        sa.func.count().filter(outbox.c.created_at < NOW - seconds("threshold")).label("old"),
+    ).where(unsent)
+
+
+def _settled_before_grace() -> ColumnElement[bool]:
+    return jobs.c.updated_at < NOW - seconds("grace")
+
+
+@cache
+def completed_without_label() -> sa.Select[Any]:
+    """Completed jobs whose document has no label from this job or a newer one."""
+    newer_or_own = sa.exists().where(
+        document_labels.c.source == jobs.c.source,
+        document_labels.c.external_id == jobs.c.external_id,
+        sa.tuple_(document_labels.c.job_created_at, document_labels.c.job_id)
+        >= sa.tuple_(jobs.c.created_at, jobs.c.id),
+    )
+    rows = (
+        sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
+        .where(jobs.c.status == S.COMPLETED.value, _settled_before_grace(), ~newer_or_own)
+        .subquery()
+    )
+    return summarise(rows)
+
+
+@cache
+def label_without_completed_job() -> sa.Select[Any]:
+    """Labels whose writing job does not exist or is not completed."""
+    completed = sa.exists().where(jobs.c.id == document_labels.c.job_id, jobs.c.status == S.COMPLETED.value)
+    rows = (
+        sa.select(document_labels.c.job_id.label("id"), document_labels.c.updated_at.label("since"))
+        .where(~completed, document_labels.c.updated_at < NOW - seconds("grace"))
+        .subquery()
+    )
+    return summarise(rows)
+
+
+def _open_review() -> Any:
+    return sa.exists().where(manual_review.c.job_id == jobs.c.id, manual_review.c.resolved_at.is_(None))
+
+
+@cache
+def review_row_missing() -> sa.Select[Any]:
+    """Jobs in ``manual_review`` with no open review row: a reviewer would never see them."""
+    rows = (
+        sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
+        .where(jobs.c.status == S.MANUAL_REVIEW.value, _settled_before_grace(), ~_open_review())
+        .subquery()
+    )
+    return summarise(rows)
+
+
+@cache
+def stale_open_reviews(terminal: bool) -> sa.Select[Any]:
+    """Open review rows whose job has left ``manual_review``: into a terminal state
+    (``terminal=True``) or back into automatic hands (``terminal=False``)."""
+    states = [S.COMPLETED.value, S.TERMINAL_FAILED.value]
+    where = jobs.c.status.in_(states) if terminal else jobs.c.status.not_in([*states, S.MANUAL_REVIEW.value])
+    rows = (
+        sa.select(jobs.c.id, manual_review.c.created_at.label("since"))
+        .join_from(manual_review, jobs, jobs.c.id == manual_review.c.job_id)
+        .where(manual_review.c.resolved_at.is_(None), where, _settled_before_grace())
+        .subquery()
+    )
+    return summarise(rows)
+
+
+@cache
+def completed_without_event() -> sa.Select[Any]:
+    """Completed jobs without a ``job.completed`` (or ``job.reviewed``) event in the outbox."""
+    has_event = sa.exists().where(outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS))
+    rows = (
+        sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
+        .where(jobs.c.status == S.COMPLETED.value, _settled_before_grace(), ~has_event)
+        .subquery()
+    )
+    return summarise(rows)
+
+
+UNFINISHED_VALUES = [s.value for s in (S.RECEIVED, S.QUEUED, S.RUNNING, S.WAITING, S.RETRYABLE_FAILED)]
+
+
+@cache
+def unfinished_by_batch() -> sa.Select[Any]:
+    """Unfinished jobs of each given batch (``:batch_keys``), with a sample of their ids."""
+    return (
+        sa.select(jobs.c.batch_key, *_summary(jobs.c.id, jobs.c.updated_at))
+        .where(jobs.c.batch_key == sa.any_(sa.bindparam("batch_keys", type_=pg.ARRAY(sa.Text))),
+               jobs.c.status.in_(UNFINISHED_VALUES))
+        .group_by(jobs.c.batch_key)
+    )  # fmt: skip
+
+
+# -- the report (read-only; windowed where the history grows without bound) ---------------------
+
+OPEN_STATES = [s.value for s in (S.RECEIVED, S.QUEUED, S.RUNNING, S.WAITING, S.RETRYABLE_FAILED, S.MANUAL_REVIEW)]
+
+
+def _window() -> ColumnElement[Any]:
+    return NOW - seconds("window")
+
+
+@cache
+def counts_by_state_and_step() -> sa.Select[Any]:
+    return (
+        sa.select(jobs.c.status, jobs.c.step, sa.func.count().label("n"))
+        .group_by(jobs.c.status, jobs.c.step)
+        .order_by(jobs.c.status, jobs.c.step)
+    )
+
+
+@cache
+def oldest_per_state() -> sa.Select[Any]:
+    """The queue age of each open state: how long its oldest job has been in it."""
+    rows = sa.select(jobs.c.status, entered_at().label("since")).where(jobs.c.status.in_(OPEN_STATES)).subquery()
+    return (
+        sa.select(rows.c.status, sa.func.count().label("n"), sa.func.max(age_seconds(rows.c.since)).label("oldest"))
+        .group_by(rows.c.status)
+        .order_by(rows.c.status)
+    )
+
+
+@cache
+def time_in_state() -> sa.Select[Any]:
+    """Median and p95 seconds a job stayed in each state before its next transition, over the
+    transitions of the window (``:window`` seconds)."""
+    spans = (
+        sa.select(
+            job_events.c.to_status.label("status"),
+            sa.func.extract(
+                "epoch",
+                sa.func.lead(job_events.c.at).over(partition_by=job_events.c.job_id, order_by=job_events.c.id)
+                - job_events.c.at,
+            ).label("seconds"),
+        )
+        .where(job_events.c.at >= _window())
+        .subquery()
+    )
+    return (
+        sa.select(
+            spans.c.status,
+            sa.func.count().label("n"),
+            sa.func.percentile_cont(0.5).within_group(spans.c.seconds).label("median"),
+            sa.func.percentile_cont(0.95).within_group(spans.c.seconds).label("p95"),
+        )
+        .where(spans.c.seconds.is_not(None))
+        .group_by(spans.c.status)
+        .order_by(spans.c.status)
+    )
+
+
+@cache
+def attempts_histogram() -> sa.Select[Any]:
+    return sa.select(jobs.c.attempt, sa.func.count().label("n")).group_by(jobs.c.attempt).order_by(jobs.c.attempt)
+
+
+@cache
+def retry_reasons() -> Any:
+    """Error classes of the window's moves into ``retryable_failed``."""
+    return (
+        sa.select(sa.func.coalesce(job_events.c.reason, "unknown").label("reason"), sa.func.count().label("n"))
+        .where(job_events.c.to_status == S.RETRYABLE_FAILED.value, job_events.c.at >= _window())
+        .group_by(sa.text("1"))
+        .order_by(sa.desc("n"), sa.text("1"))
+    )
+
+
+@cache
+def review_queue() -> sa.Select[Any]:
+    """Open reviews, oldest first (``:limit`` rows), with the job's attempts and last error class."""
+    return (
+        sa.select(
+            manual_review.c.job_id, jobs.c.batch_key, manual_review.c.reason, jobs.c.attempt.label("attempts"),
+            jobs.c.last_error_class, age_seconds(manual_review.c.created_at).label("age_seconds"),
+            sa.func.count().over().label("total"),
+        )
+        .join_from(manual_review, jobs, jobs.c.id == manual_review.c.job_id)
+        .where(manual_review.c.resolved_at.is_(None))
+        .order_by(manual_review.c.created_at, manual_review.c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )  # fmt: skip
+
+
+UNSUPPORTED = "unsupported_schema_version"
+
+
+@cache
+def schema_mismatches() -> sa.Select[Any]:
+    """Jobs routed as ``unsupported_schema_version``: by the classify step (a transition with
+    that reason) or on arrival (a review row whose context names it), with their state now."""
+    by_step = sa.select(job_events.c.job_id, sa.literal("classify").label("found_by")).where(
+        job_events.c.reason == UNSUPPORTED
+    )
+    on_arrival = sa.select(manual_review.c.job_id, sa.literal("retrieval").label("found_by")).where(
+        manual_review.c.context["malformed_reason"].astext == UNSUPPORTED
+    )
+    routed = sa.union(by_step, on_arrival).subquery()
+    return (
+        sa.select(routed.c.found_by, jobs.c.status, sa.func.count(sa.distinct(jobs.c.id)).label("n"))
+        .join_from(routed, jobs, jobs.c.id == routed.c.job_id)
+        .group_by(routed.c.found_by, jobs.c.status)
+        .order_by(routed.c.found_by, jobs.c.status)
+    )
+
+
+@cache
+def rejected_outputs() -> Any:
+    """Model outputs refused by validation in the window, by ``rejected_reason``."""
+    return (
+        sa.select(sa.func.coalesce(classifications.c.rejected_reason, "unspecified").label("reason"),
+                  sa.func.count().label("n"))
+        .where(classifications.c.outcome == "rejected", classifications.c.created_at >= _window())
+        .group_by(sa.text("1"))
+        .order_by(sa.desc("n"), sa.text("1"))
+    )  # fmt: skip

@@ -1,0 +1,142 @@
+"""The report's two human forms: Markdown for the task log, and a self-contained HTML page
+with inline SVG charts (no script, no CDN) written under the reports folder.
+
+Rendering the HTML is a named degraded path (see :func:`write_html_report`): a page that cannot
+be rendered or saved must not fail the run, whose findings and repairs are already recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from triage.reconciliation.charts import bar_chart, column_chart, duration, plain
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_ENV = "TRIAGE_REPORT_TEMPLATES"
+TEMPLATE = "reconciliation.html.j2"
+
+
+def template_dir() -> Path:
+    """``$TRIAGE_REPORT_TEMPLATES``, else ``<repo>/include/report`` (``plugins/`` and
+    ``include/`` are siblings in the checkout and in the official image layout)."""
+    explicit = os.environ.get(TEMPLATE_ENV)
+    return Path(explicit) if explicit else Path(__file__).resolve().parents[3] / "include" / "report"
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join("" if v is None else str(v).replace("|", "\\|") for v in row) + " |" for row in rows]
+    return lines if len(lines) > 2 else ["_none_"]
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The Markdown summary (sections in the order of the HTML page)."""
+    run, totals = summary["run"], summary["totals"]
+    mode = "dry run: nothing was changed" if run["dry_run"] else "repairs applied"
+    out = [f"# Reconciliation run {run['id']} ({mode})", "",
+           f"{totals['jobs']} jobs · {totals['repaired']} repaired · {totals['conflicts']} in conflict · "
+           f"{totals['open_reviews']} open reviews · finished {run['finished_at']}", ""]  # fmt: skip
+    if totals["skipped"]:
+        out += ["Skipped: " + "; ".join(f"{rule}: {why}" for rule, why in totals["skipped"].items()), ""]
+    sections: list[tuple[str, list[str]]] = [
+        ("Jobs by state and step", _table(["state", "step", "jobs"],
+                                          ((r["status"], r["step"], r["count"]) for r in summary["by_state_and_step"]))),
+        ("Queue age (oldest job per state)", _table(["state", "jobs", "oldest"],
+                                                    ((r["status"], r["count"], duration(r["oldest_seconds"]))
+                                                     for r in summary["queue_age"]))),
+        ("Time in each state", _table(["state", "transitions", "median", "p95"],
+                                      ((r["status"], r["transitions"], duration(r["median_seconds"]),
+                                        duration(r["p95_seconds"])) for r in summary["time_in_state"]))),
+        ("Attempts", _table(["attempt", "jobs"], ((r["attempt"], r["count"]) for r in summary["attempts"]))),
+        ("Retry reasons", _table(["error class", "retries"], ((r["reason"], r["count"]) for r in summary["retry_reasons"]))),
+        (f"Manual review queue ({summary['review_queue']['total']} open, oldest first)",
+         _table(["job", "reason", "attempts", "last error class", "age", "batch"],
+                ((r["job_id"], r["reason"], r["attempts"], r["last_error_class"], duration(r["age_seconds"]),
+                  r["batch_key"]) for r in summary["review_queue"]["rows"]))),
+        ("Repairs made", _table(["rule", "repair", "jobs", "what"],
+                                ((r["rule"], r["action"], r["count"], r["detail"]) for r in summary["repairs"]))),
+        ("Conflicts (for a human)", _table(["rule", "check", "jobs", "what", "sample"],
+                                           ((c["rule"], c["check"], c["count"], c["detail"], ", ".join(c["job_ids"][:3]))
+                                            for c in summary["conflicts"]))),
+        ("Findings", _table(["rule", "check", "count", "what", "repair"],
+                            ((r["rule"], f["check"], f["count"], f["detail"], f["repair"] or "report only")
+                             for r in summary["rules"] for f in r["findings"]))),
+        ("Schema-version mismatches", _table(["found by", "state now", "jobs"],
+                                             ((r["found_by"], r["status"], r["count"])
+                                              for r in summary["schema_mismatches"]))),
+        ("Model outputs rejected by validation", _table(["rejected reason", "outputs"],
+                                                        ((r["reason"], r["count"]) for r in summary["rejected_outputs"]))),
+        ("Outbox", [f"{summary['outbox']['unsent']} unsent; oldest {duration(summary['outbox']['oldest_seconds'])}"]),
+    ]  # fmt: skip
+    for title, body in sections:
+        out += [f"## {title}", "", *body, ""]
+    return "\n".join(out)
+
+
+def charts(summary: dict[str, Any]) -> dict[str, str]:
+    """The SVG charts of the page, by name."""
+    by_state = [(s, [n]) for s, n in summary["by_state"].items()]
+    return {
+        "states": bar_chart("Jobs by state", by_state),
+        "queue_age": bar_chart(
+            "Oldest job per state", [(r["status"], [r["oldest_seconds"]]) for r in summary["queue_age"]], fmt=duration
+        ),
+        "time_in_state": bar_chart(
+            "Time in state",
+            [(r["status"], [r["median_seconds"], r["p95_seconds"]]) for r in summary["time_in_state"]],
+            series=["median", "p95"],
+            fmt=duration,
+        ),
+        "attempts": column_chart(
+            "Attempts per job",
+            [(str(r["attempt"]), r["count"]) for r in summary["attempts"]],
+            x_label="attempts",
+            fmt=plain,
+        ),
+        "retry_reasons": bar_chart("Retry reasons", [(r["reason"], [r["count"]]) for r in summary["retry_reasons"]]),
+        "rejected": bar_chart(
+            "Rejected model outputs", [(r["reason"], [r["count"]]) for r in summary["rejected_outputs"]]
+        ),
+    }
+
+
+def html(summary: dict[str, Any]) -> str:
+    """The HTML page (raises if the template is missing or broken: see :func:`write_html_report`)."""
+    import jinja2
+    from markupsafe import Markup
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(template_dir()), autoescape=True,
+                             undefined=jinja2.StrictUndefined)  # fmt: skip
+    env.filters["duration"] = duration
+    svg = {name: Markup(chart) for name, chart in charts(summary).items()}  # built from escaped parts
+    return env.get_template(TEMPLATE).render(s=summary, charts=svg)
+
+
+def report_file(reports_dir: str | os.PathLike[str], run_id: int, started_at: datetime) -> Path:
+    return Path(reports_dir) / f"reconciliation-{started_at:%Y%m%dT%H%M%SZ}-run{run_id}.html"
+
+
+def write_html_report(summary: dict[str, Any], path: Path) -> Path | None:
+    """Render and save the page (atomically, with ``reconciliation-latest.html`` beside it); None if it failed.
+
+    The one broad ``except`` of reconciliation, named and tested: the findings and repairs are
+    in the database and the JSON summary whatever happens here, and a reporting problem (a
+    missing template, a full disk) must not fail the run and hide them.
+    """
+    try:
+        page = html(summary)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for target in (path, path.with_name("reconciliation-latest.html")):
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_text(page, encoding="utf-8")
+            tmp.replace(target)
+        return path
+    except Exception:
+        log.exception("the HTML report could not be rendered; the Markdown and JSON summaries stand")
+        return None

@@ -1,0 +1,191 @@
+"""The reconciliation rules. Each takes the store and the run's params and returns a
+:class:`~triage.reconciliation.findings.RuleResult`; with ``dry_run`` it only reads.
+
+A rule repairs only where the repair is certain, through allowed transitions and the fenced
+statements of :mod:`.repairs` (or the store's own methods); anything it cannot settle with
+certainty is a :class:`Conflict` for a human. ``docs/reconciliation.md`` gives the reasoning
+behind each decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+from triage.contracts.events import WorkEvent
+from triage.jobs.states import JobStatus
+from triage.jobs.store import JobStore
+from triage.reconciliation import queries as Q
+from triage.reconciliation import repairs as R
+from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
+from triage.reconciliation.params import ReconcileParams
+
+Publish = Callable[[list[WorkEvent]], None]
+SINK_ERRORS: tuple[type[Exception], ...] = (OSError, httpx.HTTPError)
+"""What the event sinks raise when the destination is unavailable (file system, webhook)."""
+
+
+def _check(store: JobStore, statement: Any, **params: Any) -> Any:
+    with store.engine.connect() as conn:
+        return conn.execute(statement, params).one()
+
+
+def _finding(check: str, row: Any, detail: str, repair: str | None = None) -> Finding:
+    return Finding(check, int(row.n), detail, sample(row.job_ids), repair,
+                   {"oldest_seconds": round(float(row.oldest_seconds), 1)})  # fmt: skip
+
+
+def _repair(store: JobStore, statement: Any, **params: Any) -> list[Any]:
+    with store.transaction(R.ACTOR) as conn:
+        conn.execute(R.lock())
+        return list(conn.execute(statement, params).scalars())
+
+
+def expired_leases(store: JobStore, params: ReconcileParams) -> RuleResult:
+    """Running jobs whose lease has passed go back to ``retryable_failed`` (due at once), or to
+    ``manual_review`` once rescued ``max_rescues`` times (``lease_expired_repeatedly``) or out
+    of attempts (``retries_exhausted``): :meth:`JobStore.release_expired_leases`, fenced."""
+    row = _check(store, Q.expired_leases())
+    findings = (_finding("lease_expired", row, "running jobs whose lease has passed", "release_expired_leases"),)
+    if params.dry_run or row.n == 0:
+        return RuleResult("expired_leases", findings=findings if row.n else ())
+    released = store.release_expired_leases(max_rescues=params.max_rescues, actor=R.ACTOR)
+    repairs = []
+    if released.retrying:
+        repairs.append(Repair("lease_released", released.retrying, "expired lease: retryable_failed, due now",
+                              sample(released.job_ids)))  # fmt: skip
+    if released.to_review:
+        repairs.append(Repair("lease_released_to_review", released.to_review,
+                              "expired lease, rescued too often or out of attempts: manual_review",
+                              sample(released.job_ids)))  # fmt: skip
+    return RuleResult("expired_leases", findings=findings, repairs=tuple(repairs))
+
+
+STUCK_STATES = (JobStatus.RECEIVED, JobStatus.QUEUED, JobStatus.RETRYABLE_FAILED, JobStatus.WAITING,
+                JobStatus.RUNNING)  # fmt: skip
+
+
+def stuck_work(store: JobStore, params: ReconcileParams) -> RuleResult:
+    """Jobs in a state longer than its threshold. Only two have a certain repair:
+
+    - ``received`` → ``queued`` with its ``job.registered`` event: ``queued`` means exactly
+      "received, and its event recorded", so this finishes retrieval's own last step;
+    - ``retryable_failed`` with its attempts spent → ``manual_review`` (``retries_exhausted``):
+      no claim can ever take it.
+
+    The rest (``queued``, ``waiting``, due ``retryable_failed``, long ``running`` under a live
+    lease) are reported: they wait for a run of their batch or an external system, and moving
+    them would take work from whoever may still hold it.
+    """
+    findings: list[Finding] = []
+    for status in STUCK_STATES:  # every check first: a repair must not feed the next check
+        row = _check(store, Q.stuck_in(status), threshold=params.threshold(status))
+        if row.n:
+            repair = "queue_received" if status == JobStatus.RECEIVED else None
+            detail = f"{status.value} for more than {params.threshold(status)} s"
+            findings.append(_finding(f"stuck_{status.value}", row, detail, repair))
+    row = _check(store, Q.unclaimable_retryable(), grace=params.grace_seconds)
+    if row.n:
+        findings.append(_finding("retryable_unclaimable", row, "retryable_failed with every attempt spent",
+                                 "exhaust_unclaimable"))  # fmt: skip
+    repairs: list[Repair] = []
+    planned = {f.repair for f in findings}
+    if not params.dry_run and "queue_received" in planned:
+        ids = _repair(store, R.queue_received(), threshold=params.received_seconds)
+        if ids:
+            repairs.append(Repair("queued_received", len(ids), "received -> queued with job.registered", sample(ids)))
+    if not params.dry_run and "exhaust_unclaimable" in planned:
+        ids = _repair(store, R.exhaust_unclaimable(), grace=params.grace_seconds)
+        if ids:
+            repairs.append(Repair("exhausted_unclaimable", len(ids),
+                                  "retryable_failed -> manual_review (retries_exhausted)", sample(ids)))  # fmt: skip
+    return RuleResult("stuck_work", findings=tuple(findings), repairs=tuple(repairs))
+
+
+def outbox(store: JobStore, params: ReconcileParams, publish: Publish | None) -> RuleResult:
+    """Report the outbox lag; republish events unsent for longer than ``outbox_age_seconds``.
+
+    Relaying is at least once and every sink is keyed by event id, so republishing is safe. A
+    sink that is down degrades the rule to a finding; the lag stays visible in the report.
+    """
+    lag = _check(store, Q.outbox_lag(), threshold=params.outbox_age_seconds)
+    data = {"unsent": int(lag.unsent), "oldest_seconds": round(float(lag.oldest_seconds), 1), "old": int(lag.old)}
+    findings = []
+    if lag.unsent:
+        findings.append(Finding("outbox_lag", int(lag.unsent), f"unsent events, {lag.old} older than "
+                                f"{params.outbox_age_seconds} s", (), "republish" if lag.old else None, data))  # fmt: skip
+    if params.dry_run or lag.old == 0:
+        return RuleResult("outbox", findings=tuple(findings))
+    if publish is None:
+        return RuleResult("outbox", findings=tuple(findings), skipped="no event sink configured")
+    sent = 0
+    try:
+        while sent < lag.old:
+            n = store.relay(publish, limit=min(1000, lag.old - sent), actor=R.ACTOR)
+            if n == 0:
+                break
+            sent += n
+    except SINK_ERRORS as exc:
+        findings.append(Finding("republish_failed", lag.old - sent, f"the event sink refused: {type(exc).__name__}"))
+    repairs = (Repair("republished", sent, "old unsent events relayed to the event sink"),) if sent else ()
+    return RuleResult("outbox", findings=tuple(findings), repairs=repairs)
+
+
+def _repairable(store: JobStore, params: ReconcileParams, check: str, query: Any, detail: str, action: str,
+                statement: Any, done: str) -> tuple[list[Finding], list[Repair]]:  # fmt: skip
+    row = _check(store, query, grace=params.grace_seconds)
+    if row.n == 0:
+        return [], []
+    finding = _finding(check, row, detail, action)
+    if params.dry_run:
+        return [finding], []
+    ids = _repair(store, statement, grace=params.grace_seconds)
+    return [finding], ([Repair(action, len(ids), done, sample(ids))] if ids else [])
+
+
+def consistency(store: JobStore, params: ReconcileParams) -> RuleResult:
+    """Jobs, labels, review rows and events agree.
+
+    Repaired (certain): a job in ``manual_review`` without an open review row (the row is
+    inserted, reason ``reconciliation_missing_review``); an open review row of a job that is
+    already terminal (resolved as ``superseded``: no decision can apply); a completed job
+    without a completion event (``job.completed`` appended). Conflicts (a human decides): a
+    completed job without its label, a label whose job is not completed, an open review row of
+    a job back in automatic hands.
+    """
+    findings: list[Finding] = []
+    repairs: list[Repair] = []
+    conflicts: list[Conflict] = []
+    for check, query, detail, action, statement, done in (
+        ("review_row_missing", Q.review_row_missing(), "manual_review without an open review row",
+         "insert_missing_review", R.insert_missing_reviews(), "open review row inserted"),
+        ("review_open_for_terminal_job", Q.stale_open_reviews(True), "open review row of a terminal job",
+         "supersede_review", R.supersede_stale_reviews(), "review row resolved as superseded"),
+        ("completed_without_event", Q.completed_without_event(), "completed without a completion event",
+         "append_completed_event", R.append_completed_events(), "job.completed appended to the outbox"),
+    ):  # fmt: skip
+        found, done_repairs = _repairable(store, params, check, query, detail, action, statement, done)
+        findings += found
+        repairs += done_repairs
+    for check, query, detail in (
+        ("completed_without_label", Q.completed_without_label(), "completed job without its document label"),
+        ("label_without_completed_job", Q.label_without_completed_job(), "label whose job is not completed"),
+        ("review_open_for_active_job", Q.stale_open_reviews(False),
+         "open review row of a job back in automatic hands"),
+    ):  # fmt: skip
+        row = _check(store, query, grace=params.grace_seconds)
+        if row.n:
+            findings.append(_finding(check, row, detail))
+            conflicts.append(Conflict(check, int(row.n), detail, sample(row.job_ids)))
+    return RuleResult("consistency", findings=tuple(findings), repairs=tuple(repairs), conflicts=tuple(conflicts))
+
+
+def unfinished_by_batch(store: JobStore, batch_keys: Sequence[str]) -> dict[str, Any]:
+    """``batch_key -> (count, oldest_seconds, job_ids)`` of the unfinished jobs of each batch."""
+    if not batch_keys:
+        return {}
+    with store.engine.connect() as conn:
+        rows = conn.execute(Q.unfinished_by_batch(), {"batch_keys": list(batch_keys)}).all()
+    return {r.batch_key: r for r in rows}

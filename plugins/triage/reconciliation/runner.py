@@ -1,0 +1,132 @@
+"""One reconciliation run: record it, run every rule, build the report, record the outcome.
+
+    from triage.reconciliation.runner import reconcile
+    outcome = reconcile(store, ReconcileParams(dry_run=True), publish=sink.publish, api=None,
+                        reports_dir="/tmp/reports")
+
+The run's row in ``triage.reconciliation_runs`` is written first (so a run that dies is visible
+as unfinished) and completed last with the findings, the repairs, the JSON summary and the
+HTML page's path (NULL when rendering degraded).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from triage.jobs.schema import reconciliation_runs
+from triage.jobs.store import JobStore
+from triage.reconciliation import airflow_view, render, reporting, rules
+from triage.reconciliation.findings import RuleResult
+from triage.reconciliation.params import ReconcileParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    run_id: int
+    summary: dict[str, Any]  # the JSON summary (XCom, the runs table)
+    markdown: str
+    html_path: Path | None  # None: the page could not be rendered (see render.write_html_report)
+    results: tuple[RuleResult, ...]
+
+
+@cache
+def start_run() -> Any:
+    return (
+        sa.insert(reconciliation_runs)
+        .values(dry_run=sa.bindparam("dry_run"), params=sa.bindparam("params"))
+        .returning(reconciliation_runs.c.id, reconciliation_runs.c.started_at)
+    )
+
+
+@cache
+def finish_run() -> Any:
+    """Complete a run's row once; a finished row is never rewritten."""
+    return (
+        sa.update(reconciliation_runs)
+        .where(reconciliation_runs.c.id == sa.bindparam("run_id"), reconciliation_runs.c.finished_at.is_(None))
+        .values(finished_at=sa.bindparam("finished_at"), findings=sa.bindparam("findings"),
+                repairs=sa.bindparam("repairs"), summary=sa.bindparam("summary"),
+                report_path=sa.bindparam("report_path"))
+        .returning(reconciliation_runs.c.id)
+    )  # fmt: skip
+
+
+@cache
+def latest_run() -> Any:
+    """The newest finished run: ``make run`` and the UI point at its report."""
+    return (
+        sa.select(reconciliation_runs)
+        .where(reconciliation_runs.c.finished_at.is_not(None))
+        .order_by(reconciliation_runs.c.id.desc())
+        .limit(1)
+    )
+
+
+def _now(store: JobStore) -> datetime:
+    with store.engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.now())).scalar_one()
+
+
+def run_rules(store: JobStore, params: ReconcileParams, *, publish: rules.Publish | None,
+              api: airflow_view.AirflowApi | None) -> tuple[RuleResult, ...]:  # fmt: skip
+    """Every rule, in an order where each sees the previous ones' repairs: leases first (a
+    rescued job is no longer "running"), Airflow's view last (it counts what is left)."""
+    results = [
+        rules.expired_leases(store, params),
+        rules.stuck_work(store, params),
+        rules.outbox(store, params, publish),
+        rules.consistency(store, params),
+        airflow_view.airflow_view(store, params, api),
+    ]
+    for result in results:
+        log.info("rule=%s findings=%d repairs=%d conflicts=%d skipped=%s", result.rule, len(result.findings),
+                 sum(r.count for r in result.repairs), sum(c.count for c in result.conflicts), result.skipped)  # fmt: skip
+    return tuple(results)
+
+
+def reconcile(store: JobStore, params: ReconcileParams, *, publish: rules.Publish | None = None,
+              api: airflow_view.AirflowApi | None = None,
+              reports_dir: str | os.PathLike[str] | None = None) -> RunOutcome:  # fmt: skip
+    """Run every rule (repairing unless ``params.dry_run``), write the report, record the run."""
+    with store.transaction(None) as conn:
+        run_id, started_at = conn.execute(
+            start_run(), {"dry_run": params.dry_run, "params": params.model_dump(mode="json")}
+        ).one()
+    results = run_rules(store, params, publish=publish, api=api)
+    with store.engine.connect() as conn:
+        ledger = reporting.ledger_view(conn, params)
+    finished_at = _now(store)
+    summary = reporting.summary(run_id=run_id, started_at=started_at, finished_at=finished_at, params=params,
+                                results=results, ledger=ledger)  # fmt: skip
+    html_path = None
+    if reports_dir is not None:
+        html_path = render.write_html_report(summary, render.report_file(reports_dir, run_id, started_at))
+    summary["html"] = {"path": str(html_path) if html_path else None,
+                       "rendered": html_path is not None}  # fmt: skip
+    text = render.markdown(summary)
+    _record(store, run_id, finished_at, results, summary, html_path)
+    return RunOutcome(run_id, summary, text, html_path, results)
+
+
+def _record(store: JobStore, run_id: int, finished_at: datetime, results: Sequence[RuleResult],
+            summary: dict[str, Any], html_path: Path | None) -> None:  # fmt: skip
+    rules_json = [r.as_dict() for r in results]
+    findings = [{k: v for k, v in r.items() if k != "repairs"} for r in rules_json]
+    with store.transaction(None) as conn:
+        conn.execute(finish_run(), {
+            "run_id": run_id, "finished_at": finished_at, "findings": findings, "repairs": summary["repairs"],
+            "summary": json.loads(json.dumps(summary, default=str)),
+            "report_path": str(html_path) if html_path else None,
+        })  # fmt: skip

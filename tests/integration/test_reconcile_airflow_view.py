@@ -1,0 +1,154 @@
+"""Airflow's view through its REST API (faked at the HTTP layer): failed or up-for-retry
+``classify_documents`` tasks whose batch has unfinished jobs; the token dance; and the degraded
+path when the API cannot be reached."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from tests.integration.helpers import new_jobs
+from triage.jobs.store import JobStore
+from triage.reconciliation.airflow_view import AirflowApi, airflow_view, batch_key_of
+from triage.reconciliation.params import ReconcileParams
+from triage.reconciliation.runner import reconcile
+
+BATCH = "2026-11-05T00:00:00+00:00/2026-11-06T00:00:00+00:00"
+RUN = "manual__2026-11-06T00:00:00+00:00"
+
+
+def run(run_id: str = RUN, state: str = "failed", start: str = "2026-11-05T00:00:00Z",
+        end: str = "2026-11-06T00:00:00Z") -> dict[str, Any]:  # fmt: skip
+    return {"dag_run_id": run_id, "state": state, "data_interval_start": start, "data_interval_end": end}
+
+
+def ti(state: str = "failed", run_id: str = RUN, task_id: str = "classify") -> dict[str, Any]:
+    return {"dag_run_id": run_id, "task_id": task_id, "map_index": -1, "state": state, "try_number": 4}
+
+
+class FakeAirflow:
+    """The three endpoints the client uses, recording every request."""
+
+    def __init__(self, runs: list[dict[str, Any]], tis: list[dict[str, Any]], *, token_status: int = 201) -> None:
+        self.runs, self.tis, self.token_status = runs, tis, token_status
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        path = request.url.path
+        if path == "/auth/token":
+            if self.token_status >= 400:
+                return httpx.Response(self.token_status, json={"detail": "no"})
+            return httpx.Response(201, json={"access_token": "tok-123"})
+        if request.headers.get("Authorization") != "Bearer tok-123":
+            return httpx.Response(401, json={"detail": "Not authenticated"})
+        if path.endswith("/dagRuns/~/taskInstances"):
+            states = request.url.params.get_list("state")
+            rows = [t for t in self.tis if t["state"] in states]
+            return httpx.Response(200, json={"task_instances": rows, "total_entries": len(rows)})
+        if path.endswith("/dagRuns"):
+            return httpx.Response(200, json={"dag_runs": self.runs, "total_entries": len(self.runs)})
+        return httpx.Response(404)
+
+
+def api(fake: Callable[[httpx.Request], httpx.Response], **kw: Any) -> AirflowApi:
+    return AirflowApi("http://airflow.test", transport=httpx.MockTransport(fake), **kw)
+
+
+def unfinished(store: JobStore, n: int = 4) -> None:
+    store.register(new_jobs(n, prefix="af"), batch_key=BATCH, step="classify", max_attempts=3)
+
+
+def q(store: JobStore, sql: str) -> Any:
+    with store.engine.connect() as conn:
+        return conn.execute(sa.text(sql)).scalar()
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "key"),
+    [
+        pytest.param("2026-11-05T00:00:00Z", "2026-11-06T00:00:00Z", BATCH, id="zulu"),
+        pytest.param("2026-11-05T00:00:00+00:00", "2026-11-06T00:00:00+00:00", BATCH, id="offset"),
+        pytest.param(None, "2026-11-06T00:00:00Z", None, id="no-interval"),
+    ],
+)
+def test_batch_key_matches_the_operators(start: str | None, end: str | None, key: str | None) -> None:
+    assert batch_key_of(start, end) == key
+
+
+def test_a_failed_task_of_a_finished_run_sends_its_unfinished_batch_to_review(store: JobStore) -> None:
+    unfinished(store)
+    fake = FakeAirflow([run()], [ti()])
+    result = airflow_view(store, ReconcileParams(), api(fake))
+    assert result.skipped is None
+    assert [(f.check, f.count, f.repair) for f in result.findings] == [("task_failed", 4, "send_batch_to_review")]
+    assert [(r.action, r.count) for r in result.repairs] == [("batch_sent_to_review", 4)]
+    assert q(store, "SELECT count(*) FROM triage.manual_review WHERE reason = 'airflow_task_failed'"
+                    " AND context->>'repaired_by' = 'reconciliation'") == 4  # fmt: skip
+    assert all(r.headers.get("Authorization") == "Bearer tok-123" for r in fake.requests if r.url.path != "/auth/token")
+    assert [r.method for r in fake.requests if r.url.path == "/auth/token"] == ["GET"]  # all-admins token, once
+    again = airflow_view(store, ReconcileParams(), api(fake))
+    assert again.findings == ()
+    assert again.repairs == ()
+
+
+def test_up_for_retry_is_reported_and_left_to_airflow(store: JobStore) -> None:
+    unfinished(store)
+    result = airflow_view(store, ReconcileParams(), api(FakeAirflow([run(state="running")], [ti("up_for_retry")])))
+    assert [(f.check, f.repair) for f in result.findings] == [("task_up_for_retry", None)]
+    assert result.repairs == ()
+    assert result.conflicts == ()
+    assert q(store, "SELECT count(*) FROM triage.jobs WHERE status = 'queued'") == 4
+
+
+def test_a_failed_task_while_another_run_of_the_batch_is_active_is_a_conflict(store: JobStore) -> None:
+    unfinished(store)
+    runs = [run(), run("backfill__2026-11-06T00:00:00+00:00", state="running")]
+    result = airflow_view(store, ReconcileParams(), api(FakeAirflow(runs, [ti()])))
+    assert result.repairs == ()
+    assert [c.check for c in result.conflicts] == ["task_failed_run_active"]
+
+
+def test_a_failed_task_whose_batch_is_settled_is_not_a_finding(store: JobStore) -> None:
+    result = airflow_view(store, ReconcileParams(), api(FakeAirflow([run()], [ti()])))
+    assert result.findings == ()
+
+
+def test_a_dry_run_only_reports(store: JobStore) -> None:
+    unfinished(store)
+    result = airflow_view(store, ReconcileParams(dry_run=True), api(FakeAirflow([run()], [ti()])))
+    assert [f.repair for f in result.findings] == ["send_batch_to_review"]
+    assert result.repairs == ()
+
+
+def test_credentials_go_to_post_auth_token(store: JobStore) -> None:
+    fake = FakeAirflow([run()], [ti()])
+    airflow_view(store, ReconcileParams(), api(fake, username="reconciler", password="s3cret"))
+    token_calls = [r for r in fake.requests if r.url.path == "/auth/token"]
+    assert [r.method for r in token_calls] == ["POST"]
+    assert json.loads(token_calls[0].content) == {"username": "reconciler", "password": "s3cret"}
+
+
+def test_a_refused_token_degrades_to_skipped(store: JobStore) -> None:
+    unfinished(store)
+    result = airflow_view(store, ReconcileParams(), api(FakeAirflow([run()], [ti()], token_status=403)))
+    assert result.skipped is not None
+    assert "HTTP 403" in result.skipped
+    assert q(store, "SELECT count(*) FROM triage.jobs WHERE status = 'queued'") == 4
+
+
+def test_an_unreachable_api_degrades_to_skipped_and_the_run_succeeds(store: JobStore) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = AirflowApi(f"http://127.0.0.1:{port}", timeout_s=2)
+    outcome = reconcile(store, ReconcileParams(), api=client)
+    skipped = outcome.summary["totals"]["skipped"]["airflow_view"]
+    assert skipped.startswith("Airflow's REST API is unavailable")
+    assert "ConnectError" in skipped

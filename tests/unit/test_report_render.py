@@ -1,0 +1,95 @@
+"""The report's rendering without a database: durations, charts (escaped, drawn to scale), the
+Markdown sections, and the HTML page from a hand-made summary."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from triage.reconciliation.charts import bar_chart, column_chart, duration
+from triage.reconciliation.render import charts, html, markdown
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        pytest.param(0.0, "0 ms", id="zero"),
+        pytest.param(0.1234, "123 ms", id="millis"),
+        pytest.param(4.25, "4.2 s", id="seconds-tenths"),
+        pytest.param(42, "42 s", id="seconds"),
+        pytest.param(210, "3.5 min", id="minutes"),
+        pytest.param(7560, "2.1 h", id="hours"),
+        pytest.param(3 * 86400, "3.0 d", id="days"),
+    ],
+)
+def test_durations_read_naturally(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+
+
+def test_bars_are_drawn_to_scale_and_carry_their_numbers() -> None:
+    svg = bar_chart("Jobs", [("queued", [10]), ("running", [5]), ("waiting", [0])])
+    widths = [float(w) for w in re.findall(r'<rect x="[0-9.]+" y="[0-9.]+" width="([0-9.]+)"', svg)]
+    assert widths[0] == pytest.approx(2 * widths[1])
+    assert widths[2] == 0
+    assert ">10<" in svg
+    assert ">5<" in svg
+    assert ">0<" in svg
+    assert svg.startswith('<svg xmlns="http://www.w3.org/2000/svg"')
+
+
+def test_chart_labels_are_escaped() -> None:
+    svg = bar_chart("<b>", [("<script>alert(1)</script>", [1])])
+    assert "<script>" not in svg
+    assert "&lt;script&gt;" in svg
+
+
+def test_empty_charts_say_so() -> None:
+    assert "nothing to show" in bar_chart("Retry reasons", [])
+    assert "nothing to show" in column_chart("Attempts", [])
+
+
+def summary() -> dict[str, Any]:
+    return {
+        "run": {"id": 7, "started_at": "2026-11-30T10:00:00+00:00", "finished_at": "2026-11-30T10:00:02+00:00",
+                "dry_run": True, "params": {}},
+        "totals": {"jobs": 42, "findings": 2, "repaired": 0, "conflicts": 1, "open_reviews": 1,
+                   "skipped": {"airflow_view": "Airflow's REST API is unavailable: ConnectError"}},
+        "rules": [{"rule": "consistency", "skipped": None,
+                   "findings": [{"check": "completed_without_label", "count": 1, "detail": "completed job without its label",
+                                 "job_ids": ["j1"], "repair": None, "data": {}}],
+                   "repairs": [], "conflicts": []}],
+        "repairs": [],
+        "conflicts": [{"rule": "consistency", "check": "completed_without_label", "count": 1,
+                       "detail": "completed job without its label", "job_ids": ["j1"]}],
+        "by_state": {"queued": 30, "completed": 11, "manual_review": 1},
+        "by_state_and_step": [{"status": "queued", "step": "classify", "count": 30}],
+        "queue_age": [{"status": "queued", "count": 30, "oldest_seconds": 7200.0}],
+        "time_in_state": [{"status": "running", "transitions": 11, "median_seconds": 0.2, "p95_seconds": 1.5}],
+        "attempts": [{"attempt": 0, "count": 30}, {"attempt": 1, "count": 12}],
+        "retry_reasons": [{"reason": "timeout", "count": 3}],
+        "review_queue": {"total": 1, "rows": [{"job_id": "j9", "batch_key": "b", "reason": "inconclusive",
+                                               "attempts": 1, "last_error_class": "inconclusive", "age_seconds": 90.0}]},
+        "schema_mismatches": [{"found_by": "classify", "status": "terminal_failed", "count": 2}],
+        "rejected_outputs": [{"reason": "label_outside_taxonomy", "count": 4}],
+        "outbox": {"unsent": 3, "oldest_seconds": 12.0, "old": 0},
+    }  # fmt: skip
+
+
+def test_the_markdown_names_the_dry_run_and_every_section() -> None:
+    text = markdown(summary())
+    assert text.splitlines()[0] == "# Reconciliation run 7 (dry run: nothing was changed)"
+    assert "Skipped: airflow_view: Airflow's REST API is unavailable: ConnectError" in text
+    assert "| queued | 30 | 2.0 h |" in text
+    assert "| j9 | inconclusive | 1 | inconclusive | 90 s | b |" in text
+    assert "| classify | terminal_failed | 2 |" in text
+    assert "## Repairs made\n\n_none_" in text
+
+
+def test_the_html_page_from_a_summary() -> None:
+    page = html(summary())
+    assert page.count("<svg") == len(charts(summary())) == 6
+    assert "Dry run: findings only, nothing was changed." in page
+    assert ">label_outside_taxonomy<" in page
+    assert "<script" not in page
