@@ -24,6 +24,7 @@ from triage import local
 from triage.cli import job_database
 from triage.database import create_engine
 from triage.jobs.reads import batch_summary, format_summary
+from triage.reconciliation.runner import latest_run
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 
@@ -63,11 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with engine.connect() as conn:
             summary = batch_summary(conn, batch_key_of(day), since=started)
+            report = conn.execute(latest_run()).first() if reconcile else None
     finally:
         engine.dispose()
     print()
     print(f"classify_documents for {day.isoformat()}: {'FAILED' if failed else 'succeeded'}")
     print(format_summary(summary))
+    if report is not None and report.finished_at >= started:
+        print(f"reconciliation report: {report.report_path}")
     if failed:
         print(f"failed runs: {', '.join(failed)} (see the task logs above)", file=sys.stderr)
         return 1
