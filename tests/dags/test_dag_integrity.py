@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
-EXPECTED = {"classify_documents"}
+EXPECTED = {"classify_documents", "reconcile_jobs"}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,31 @@ def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) ->
             assert task.max_retry_delay is not None, task.task_id
             callbacks = task.on_failure_callback if isinstance(task.on_failure_callback, list) else [
                 task.on_failure_callback]  # fmt: skip
-            assert on_task_failure in callbacks, task.task_id
+            if dag.dag_id == "classify_documents":  # the callback sends a run's batch to review; others have none
+                assert on_task_failure in callbacks, task.task_id
+
+
+def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from triage.reconciliation.params import ReconcileParams
+
+    dag = dagbag.dags["reconcile_jobs"]
+    assert dag.catchup is False
+    assert dag.max_active_runs == 1
+    assert "triage" in dag.tags
+    assert dag.timetable.expression == "*/15 * * * *"
+    assert [t.task_id for t in dag.tasks] == ["reconcile"]
+    task = dag.tasks[0]
+    assert task.retries >= 1
+    assert task.retry_exponential_backoff
+    assert task.max_retry_delay is not None
+    assert not task.on_failure_callback  # the classify callback needs a batch; a reconciliation has none
+    params = dag.params
+    assert set(params.keys()) == set(ReconcileParams.model_fields)
+    assert ReconcileParams.from_params({k: params[k] for k in params}) == ReconcileParams()
+    for name in params:
+        param = params.get_param(name)
+        assert param.description, name
+        assert param.schema.get("section"), name
 
 
 def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-untyped-def]

@@ -65,6 +65,10 @@ class ReplayLimitReached(LedgerError):
     """The job was requeued from review as often as allowed."""
 
 
+class LabelNotInTaxonomy(LedgerError, ValueError):
+    """The label is not one of the taxonomy's labels."""
+
+
 class AppendOnly(LedgerError):
     """The transition log and the jobs are never deleted or rewritten."""
 

@@ -171,3 +171,55 @@ class LeaseRelease:
     retrying: int
     to_review: int
     job_ids: tuple[uuid.UUID, ...] = ()
+
+
+ReviewDecision = Literal["label", "requeue", "reject"]
+"""What a reviewer may decide for a job in ``manual_review``."""
+
+REVIEW_RESOLUTIONS: Mapping[str, str] = {"label": "labelled", "requeue": "requeued", "reject": "rejected"}
+"""The ``manual_review.resolution`` each decision writes."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewResult:
+    """What a review decision did to one job.
+
+    ``already_applied``: the same decision was applied before (by ``resolved_by`` at
+    ``resolved_at``) and nothing changed now. ``label_written`` (label decisions only): whether
+    ``document_labels`` holds the reviewer's label; False when a newer job's label stands.
+    """
+
+    job_id: uuid.UUID
+    decision: ReviewDecision
+    already_applied: bool
+    status: JobStatus
+    resolved_by: str | None
+    resolved_at: datetime | None
+    label: str | None = None
+    label_written: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewCase:
+    """A job waiting for a reviewer and what they need to decide: ids, references, why it is
+    here, and the model's latest answer. Never the document (``payload_ref`` points to it)."""
+
+    job_id: uuid.UUID
+    correlation_id: str
+    source: str
+    external_id: str
+    payload_ref: str
+    classifier_version: str
+    batch_key: str
+    step: str
+    attempt: int
+    max_attempts: int
+    replays: int
+    reason: str
+    error_class: str | None
+    last_error: str | None
+    context: Mapping[str, Any]
+    opened_at: datetime
+    model_label: str | None
+    model_confidence: float | None
+    model_outcome: str | None

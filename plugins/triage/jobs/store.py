@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import random
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -29,6 +29,7 @@ from triage.jobs import transitions as T
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import (
     JobNotFound,
+    LabelNotInTaxonomy,
     LeaseExpired,
     LeaseLost,
     LedgerError,
@@ -39,6 +40,7 @@ from triage.jobs.errors import (
     translate,
 )
 from triage.jobs.models import (
+    REVIEW_RESOLUTIONS,
     Advance,
     Claim,
     ClaimedJob,
@@ -53,6 +55,9 @@ from triage.jobs.models import (
     Registered,
     Release,
     RetryLater,
+    ReviewCase,
+    ReviewDecision,
+    ReviewResult,
     SendToReview,
 )
 from triage.jobs.schema import jobs
@@ -186,6 +191,65 @@ class JobStore:
                 raise NotInReview(f"job {job_id} is {row.status}, not in manual_review")
             raise ReplayLimitReached(f"job {job_id} was requeued {row.replays} times (limit {max_replays})")
 
+    # -- review decisions ---------------------------------------------------------------
+    # Each is one transaction with the reviewer as its actor. Applying the same decision again
+    # changes nothing and returns ``already_applied``; a different decision on a job that is no
+    # longer in review raises :class:`NotInReview`. Every refusal rolls back whole.
+
+    def resolve_with_label(self, job_id: uuid.UUID, label: str, *, actor: str, note: str | None = None,
+                           taxonomy_names: Collection[str]) -> ReviewResult:  # fmt: skip
+        """Review decision: the job is done with the reviewer's ``label``.
+
+        ``manual_review -> completed``, the review row resolved ``labelled``, a ``job.completed``
+        event, and the label upserted into ``document_labels`` (classifier version
+        ``human:<actor>``, no confidence) under the usual rule: a newer job's label stands.
+        No ``classifications`` row: those are the model's attempts, and a human label in them
+        would skew its acceptance rate, latency and cost.
+
+        :raises LabelNotInTaxonomy: ``label`` is not in ``taxonomy_names`` (checked first).
+        """
+        if label not in taxonomy_names:
+            raise LabelNotInTaxonomy(f"label {label!r} is not in the taxonomy ({', '.join(sorted(taxonomy_names))})")
+        with self.transaction(actor) as conn:
+            params = {"p_job_id": job_id, "p_actor": actor, "p_note": note, "p_label": label}
+            if conn.execute(T.label_from_review(), params).first() is None:
+                return _review_miss(conn, job_id, "label", label=label)
+            written = conn.execute(
+                T.upsert_review_label(),
+                T.pack({"given_id": [job_id], "given_label": [label], "given_confidence": [None],
+                        "given_classifier_version": [f"human:{actor}"]}),
+            ).first()  # fmt: skip
+            return _review_applied(conn, job_id, "label", label=label, label_written=written is not None)
+
+    def reject(self, job_id: uuid.UUID, *, actor: str, note: str | None = None) -> ReviewResult:
+        """Review decision: no attempt will ever succeed. ``manual_review -> terminal_failed``,
+        the review row resolved ``rejected`` and a ``job.reviewed`` event."""
+        with self.transaction(actor) as conn:
+            params = {"p_job_id": job_id, "p_actor": actor, "p_note": note}
+            if conn.execute(T.reject_from_review(), params).first() is None:
+                return _review_miss(conn, job_id, "reject")
+            return _review_applied(conn, job_id, "reject")
+
+    def resolve_with_requeue(self, job_id: uuid.UUID, *, actor: str, note: str | None = None,
+                             max_replays: int = 3) -> ReviewResult:  # fmt: skip
+        """Review decision: try again. What :meth:`requeue` does (attempts reset, a replay
+        counted up to ``max_replays``, ``job.requeued``), but idempotent like the other decisions.
+
+        :raises ReplayLimitReached: the job is in review and was requeued ``max_replays`` times.
+        """
+        with self.transaction(actor) as conn:
+            params = {"p_job_id": job_id, "max_replays": max_replays, "p_actor": actor, "p_note": note}
+            if conn.execute(T.requeue_from_review(), params).first() is None:
+                return _review_miss(conn, job_id, "requeue", max_replays=max_replays)
+            return _review_applied(conn, job_id, "requeue")
+
+    def open_reviews(self, job_ids: Sequence[uuid.UUID] | None = None, *, limit: int = 100) -> list[ReviewCase]:
+        """Jobs waiting for a reviewer (of ``job_ids``, or all), oldest review first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(T.open_review_cases(),
+                                {"ids": None if job_ids is None else list(job_ids), "limit": limit}).all()  # fmt: skip
+        return [ReviewCase(**{**r._asdict(), "context": dict(r.context or {})}) for r in rows]
+
     # -- the outbox -----------------------------------------------------------------------
 
     def relay(self, publish: Callable[[list[WorkEvent]], None], *, limit: int = 1000,
@@ -251,6 +315,46 @@ def parse_status(value: str) -> JobStatus:
         return JobStatus(value)
     except ValueError:
         raise UnknownStatus(f"{value!r} is not a job state; states: {', '.join(s.value for s in JobStatus)}") from None
+
+
+# -- review decisions (never commit) ------------------------------------------------------------
+
+_DECISION_ENDS = {"label": JobStatus.COMPLETED, "reject": JobStatus.TERMINAL_FAILED}
+
+
+def _review_applied(conn: sa.Connection, job_id: uuid.UUID, decision: ReviewDecision, *, label: str | None = None,
+                    label_written: bool | None = None) -> ReviewResult:  # fmt: skip
+    row = conn.execute(T.review_state(), {"p_job_id": job_id}).one()
+    return ReviewResult(job_id, decision, already_applied=False, status=parse_status(row.status),
+                        resolved_by=row.resolved_by, resolved_at=row.resolved_at, label=label,
+                        label_written=label_written)  # fmt: skip
+
+
+def _review_miss(conn: sa.Connection, job_id: uuid.UUID, decision: ReviewDecision, *, label: str | None = None,
+                 max_replays: int | None = None) -> ReviewResult:  # fmt: skip
+    """Why a decision's fenced write matched nothing: the same decision stands already (returned
+    as ``already_applied``), or a named refusal. Only reads; the transaction wrote nothing."""
+    row = conn.execute(T.review_state(), {"p_job_id": job_id}).first()
+    if row is None:
+        raise JobNotFound(f"job {job_id} does not exist")
+    status = parse_status(row.status)
+    if status == JobStatus.MANUAL_REVIEW:
+        if decision == "requeue" and max_replays is not None and row.replays >= max_replays:
+            raise ReplayLimitReached(f"job {job_id} was requeued {row.replays} times (limit {max_replays})")
+        raise NotInReview(f"job {job_id} changed while the decision was applied; apply it again")  # a lost race
+    same = (
+        row.resolution == REVIEW_RESOLUTIONS[decision]
+        and _DECISION_ENDS.get(decision, status) == status
+        and (decision != "label" or row.resolved_label == label)
+    )
+    if same:
+        return ReviewResult(job_id, decision, already_applied=True, status=status, resolved_by=row.resolved_by,
+                            resolved_at=row.resolved_at, label=label)  # fmt: skip
+    if row.resolution is None:
+        raise NotInReview(f"job {job_id} is {status.value}, not in manual_review")
+    earlier = f"{row.resolution}" + (f" as {row.resolved_label!r}" if row.resolved_label else "")
+    raise NotInReview(f"job {job_id} is {status.value}, not in manual_review: its review was already resolved "
+                      f"({earlier} by {row.resolved_by} at {row.resolved_at:%Y-%m-%d %H:%M:%S %Z})")  # fmt: skip
 
 
 # -- transaction bodies (never commit) ------------------------------------------------------

@@ -587,3 +587,131 @@ def accepted_classifications() -> Any:
         .ext(pg.distinct_on(classifications.c.job_id))
         .order_by(classifications.c.job_id, classifications.c.attempt.desc())
     )  # fmt: skip
+
+
+# -- review decisions -----------------------------------------------------------------------
+# Each decision is one fenced UPDATE of a job in ``manual_review`` (zero rows: not in review, or
+# a concurrent decision won), chained with the resolution of its open review row and its outbox
+# event. The reviewer is the transaction's actor, so ``job_events`` names them.
+
+
+def _text(name: str) -> ColumnElement[Any]:
+    """A text parameter typed in the SQL (``jsonb_build_object`` takes ``"any"``)."""
+    return sa.cast(sa.bindparam(name, type_=sa.Text), sa.Text)
+
+
+def _decided(to: S, reason: str) -> Any:
+    """``manual_review -> to`` for the job ``:p_job_id``, fenced on its state."""
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == _status(S.MANUAL_REVIEW))
+        .values(status=_status(to), status_reason=reason, updated_at=NOW)
+        .returning(*EVENT_COLUMNS)
+        .cte("moved")
+    )
+
+
+def _resolve_review(moved: Any, resolution: str, context: ColumnElement[Any] | None = None) -> Any:
+    """Resolve the open review row of the moved job, naming the reviewer and their note."""
+    values: dict[str, Any] = {"resolved_at": NOW, "resolution": resolution, "resolved_by": _text("p_actor"),
+                              "note": sa.bindparam("p_note", type_=sa.Text)}  # fmt: skip
+    if context is not None:
+        values["context"] = manual_review.c.context.op("||")(context)
+    return (
+        sa.update(manual_review)
+        .where(manual_review.c.job_id == sa.select(moved.c.id).scalar_subquery(), manual_review.c.resolved_at.is_(None))
+        .values(**values)
+        .cte("resolved")
+    )
+
+
+def _review_event(moved: Any, event_type: str, payload: ColumnElement[Any]) -> Any:
+    """The decision's outbox event; its payload says what was decided and by whom (never a document)."""
+    return sa.insert(outbox).from_select(
+        ["job_id", "event_type", "schema_version", "attempt", "payload"],
+        sa.select(moved.c.id, sa.literal(event_type), sa.literal(EVENT_SCHEMA_VERSION), moved.c.attempt, payload),
+    )
+
+
+@cache
+def label_from_review() -> Any:
+    """Review decision "label": ``manual_review -> completed``, the review row resolved
+    ``labelled`` (the label kept in its context as ``resolved_label``) and a ``job.completed``
+    event. The business output is written by :func:`upsert_labels` in the same transaction, so a
+    newer job's label is never overwritten by a reviewer either."""
+    moved = _decided(S.COMPLETED, "labelled")
+    resolved = _resolve_review(moved, "labelled", sa.func.jsonb_build_object("resolved_label", _text("p_label")))
+    payload = sa.func.jsonb_build_object("resolution", "labelled", "label", _text("p_label"),
+                                         "resolved_by", _text("p_actor"))  # fmt: skip
+    return _review_event(moved, "job.completed", payload).returning(outbox.c.job_id).add_cte(resolved)
+
+
+@cache
+def reject_from_review() -> Any:
+    """Review decision "reject": ``manual_review -> terminal_failed``, the review row resolved
+    ``rejected`` and a ``job.reviewed`` event."""
+    moved = _decided(S.TERMINAL_FAILED, "rejected")
+    resolved = _resolve_review(moved, "rejected")
+    payload = sa.func.jsonb_build_object("resolution", "rejected", "resolved_by", _text("p_actor"))
+    return _review_event(moved, "job.reviewed", payload).returning(outbox.c.job_id).add_cte(resolved)
+
+
+@cache
+def review_state() -> Any:
+    """A job's state and its latest review row: why a decision matched nothing (unknown job,
+    not in review, already decided the same way or otherwise, replays spent)."""
+    latest = (
+        sa.select(manual_review.c.resolution, manual_review.c.resolved_by, manual_review.c.resolved_at,
+                  manual_review.c.context["resolved_label"].astext.label("resolved_label"))
+        .where(manual_review.c.job_id == jobs.c.id)
+        .order_by(manual_review.c.id.desc())
+        .limit(1)
+        .lateral("latest")
+    )  # fmt: skip
+    return (
+        sa.select(jobs.c.status, jobs.c.replays, latest.c.resolution, latest.c.resolved_by, latest.c.resolved_at,
+                  latest.c.resolved_label)
+        .select_from(jobs)
+        .outerjoin(latest, sa.true())
+        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID))
+    )  # fmt: skip
+
+
+@cache
+def open_review_cases() -> Any:
+    """Open reviews, oldest first, with what a reviewer needs to decide: the job's ids and
+    references, why it is here, and the model's latest label and confidence. Never the document.
+
+    ``:ids`` NULL: every open review (up to ``:limit``)."""
+    model = (
+        sa.select(classifications.c.label, classifications.c.confidence, classifications.c.outcome)
+        .where(classifications.c.job_id == jobs.c.id)
+        .order_by(classifications.c.attempt.desc())
+        .limit(1)
+        .lateral("model")
+    )
+    ids = sa.bindparam("ids", type_=pg.ARRAY(UUID))
+    return (
+        sa.select(
+            jobs.c.id.label("job_id"), jobs.c.correlation_id, jobs.c.source, jobs.c.external_id, jobs.c.payload_ref,
+            jobs.c.classifier_version, jobs.c.batch_key, jobs.c.step, jobs.c.attempt, jobs.c.max_attempts,
+            jobs.c.replays, manual_review.c.reason, manual_review.c.error_class, manual_review.c.last_error,
+            manual_review.c.context, manual_review.c.created_at.label("opened_at"),
+            model.c.label.label("model_label"), model.c.confidence.label("model_confidence"),
+            model.c.outcome.label("model_outcome"),
+        )
+        .select_from(manual_review)
+        .join(jobs, jobs.c.id == manual_review.c.job_id)
+        .outerjoin(model, sa.true())
+        .where(manual_review.c.resolved_at.is_(None), jobs.c.status == _status(S.MANUAL_REVIEW),
+               sa.or_(ids.is_(None), jobs.c.id == sa.any_(ids)))
+        .order_by(manual_review.c.created_at, manual_review.c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )  # fmt: skip
+
+
+@cache
+def upsert_review_label() -> Any:
+    """:func:`upsert_labels` (the same stale-write rule) returning the job id of each row it
+    wrote: a reviewer's label that lost to a newer job's returns nothing."""
+    return upsert_labels().returning(document_labels.c.job_id)

@@ -1,0 +1,42 @@
+"""review_jobs: a reviewer resolves jobs in manual review with a label, a requeue or a rejection.
+
+On demand only: trigger it from the UI (the form asks for the job ids, the decision, the label
+for a "label" decision, a note) or the CLI::
+
+    ./airflow.sh dags trigger review_jobs --conf '{"job_ids": ["…"], "decision": "label", "label": "billing"}'
+
+The Airflow user who triggered the run is recorded as the reviewer in the review row and the
+transition log. Each job is decided on its own, in its own transaction; the same decision twice
+changes nothing. The task fails (without retry) if any job was refused, after applying the
+others, and its log lists every job: applied, already applied, or refused and why.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param
+
+from triage.operators.review import ReviewJobsOperator
+from triage.review.config import form_label_names, param_schemas
+
+with DAG(
+    dag_id="review_jobs",
+    description="Resolve jobs in manual review: label, requeue or reject, as the triggering user",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=["triage", "review"],
+    params={name: Param(**schema) for name, schema in param_schemas(form_label_names()).items()},
+    default_args={
+        "owner": "triage",
+        # One retry, for a database that was briefly away: safe, a decision applied twice
+        # changes nothing. Refusals fail with AirflowFailException and are never retried.
+        "retries": 1,
+        "retry_delay": timedelta(seconds=30),
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": timedelta(minutes=5),
+    },
+    doc_md=__doc__,
+) as dag:
+    ReviewJobsOperator(task_id="apply_decision")

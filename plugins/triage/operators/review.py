@@ -1,0 +1,166 @@
+"""The operators of ``review_jobs`` and ``review_jobs_interactive``: thin adapters over
+:mod:`triage.review`.
+
+Who decided is the Airflow user: for ``review_jobs`` the user who triggered the run
+(``dag_run.triggering_user_name``, set by the UI, the REST API and the CLI since Airflow 3.1),
+for the interactive DAG the user who answered the human-in-the-loop form
+(``responded_by_user``). A run without one (a scheduled or older run) records
+``airflow:<run_id>``.
+
+Review decisions are not retried blindly: an invalid run (bad params, taxonomy unreadable) and a
+refused job fail with ``AirflowFailException`` (no retry) after the valid jobs were applied.
+Anything else (the database is down) raises and Airflow retries; a retry is safe because a
+decision applied twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from triage.operators.base import TriageOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from triage.review.config import ReviewRunConfig
+    from triage.review.decisions import ReviewReport
+
+log = logging.getLogger(__name__)
+
+REPORT_KEY = "review_report"
+
+
+def reviewer(context: Context) -> str:
+    """The Airflow user who triggered this run, or ``airflow:<run_id>`` when Airflow names none."""
+    dag_run = context["dag_run"]
+    name = getattr(dag_run, "triggering_user_name", None)
+    return str(name) if name else f"airflow:{dag_run.run_id}"
+
+
+class _ReviewOperator(TriageOperator):
+    """Shared: the taxonomy, applying a config, and the report (log, XCom, refusal)."""
+
+    def taxonomy_names(self) -> frozenset[str]:
+        """The seam tests override: the labels a reviewer may give."""
+        from triage.classifiers.taxonomy import Taxonomy, TaxonomyError
+
+        try:
+            return Taxonomy.load().names
+        except TaxonomyError as exc:
+            raise AirflowFailException(f"cannot check labels: {exc}") from None
+
+    def apply(self, context: Context, config: ReviewRunConfig, who: str) -> dict[str, Any]:
+        from triage.review.decisions import apply_review
+
+        names = self.taxonomy_names()
+        try:
+            report = apply_review(self.store, config.job_ids, config, reviewer=who, taxonomy_names=names)
+        finally:
+            self.dispose()
+        return _reported(context, report)
+
+
+def _reported(context: Context, report: ReviewReport) -> dict[str, Any]:
+    """Log the report, keep it in XCom, and fail (without retry) if any job was refused."""
+    log.info("%s", report.to_markdown())
+    summary = report.to_dict()
+    if report.refused:
+        context["ti"].xcom_push(key=REPORT_KEY, value=summary)
+        reasons = "; ".join(f"{j.job_id}: {j.detail}" for j in report.refused)
+        raise AirflowFailException(
+            f"{len(report.refused)} of {len(report.jobs)} jobs refused, nothing changed for them "
+            f"(applied {report.count('applied')}, already applied {report.count('already_applied')}): {reasons}"
+        )
+    return summary
+
+
+def _config(**data: Any) -> ReviewRunConfig:
+    from triage.review.config import InvalidReviewConfig, ReviewRunConfig
+
+    try:
+        return ReviewRunConfig.from_params(data)
+    except InvalidReviewConfig as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+class ReviewJobsOperator(_ReviewOperator):
+    """Apply the run's review decision (its params: ``job_ids``, ``decision``, ``label``,
+    ``note``, ``max_replays``) to each job, each in its own transaction, as the triggering user.
+
+    Returns (and logs) the report: per job ``applied``, ``already_applied`` or ``refused`` with
+    the reason. Fails without retry if any job was refused, after applying the others.
+    """
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        params = context["params"]
+        config = _config(**{k: params[k] for k in params})
+        return self.apply(context, config, reviewer(context))
+
+
+class PickReviewCaseOperator(TriageOperator):
+    """Choose the job to put in front of a reviewer: the run's ``job_id`` param, or the oldest
+    open review. Returns what the reviewer sees (:func:`triage.review.cases.describe`).
+
+    Skips (and so skips the question) when no job waits for review; fails when the given job
+    is not waiting for review.
+    """
+
+    def execute(self, context: Context) -> dict[str, str]:
+        import uuid
+
+        from triage.review.cases import describe
+
+        raw = context["params"].get("job_id")
+        try:
+            wanted = [uuid.UUID(str(raw))] if raw else None
+        except ValueError:
+            raise AirflowFailException(f"job_id {raw!r} is not a UUID") from None
+        try:
+            cases = self.store.open_reviews(wanted, limit=1)
+            if not cases and wanted:
+                status = self.store.get_status(wanted[0]).value
+                raise AirflowFailException(f"job {raw} is {status}, not waiting for review")
+        except LookupError:
+            raise AirflowFailException(f"job {raw} does not exist") from None
+        finally:
+            self.dispose()
+        if not cases:
+            raise AirflowSkipException("no job is waiting for review")
+        case = describe(cases[0])
+        log.info("asking for a decision on job %s (%s)", case["job_id"], cases[0].reason)
+        return case
+
+
+class ApplyReviewAnswerOperator(_ReviewOperator):
+    """Apply the answer of the human-in-the-loop task to the picked job, as the user who answered.
+
+    :param case_task_id: the task that picked the job (:class:`PickReviewCaseOperator`).
+    :param answer_task_id: the ``HITLOperator`` whose options come from
+        :func:`triage.review.cases.options`.
+    """
+
+    def __init__(self, *, case_task_id: str, answer_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case_task_id, self.answer_task_id = case_task_id, answer_task_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from triage.review.cases import decision_of
+
+        ti = context["ti"]
+        case = ti.xcom_pull(task_ids=self.case_task_id)
+        answer = ti.xcom_pull(task_ids=self.answer_task_id)
+        if not case or not answer or not answer.get("chosen_options"):
+            raise AirflowFailException("no answer to apply: the reviewer's task left no response")
+        try:
+            decision, label = decision_of(answer["chosen_options"][0])
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
+        user = answer.get("responded_by_user") or {}
+        who = str(user.get("name") or user.get("id") or f"airflow:{context['dag_run'].run_id}")
+        note = (answer.get("params_input") or {}).get("note") or None
+        config = _config(job_ids=[case["job_id"]], decision=decision, label=label, note=note,
+                         max_replays=context["params"].get("max_replays", 3))  # fmt: skip
+        return self.apply(context, config, who)

@@ -1,0 +1,114 @@
+"""What one ``review_jobs`` run decides: one pydantic model, the DAG's params.
+
+The trigger form is generated from :class:`ReviewRunConfig` (:func:`param_schemas`) and the
+operator validates ``context["params"]`` against it again. A JSON-schema param cannot depend on
+another param, so "a label is required when decision is label" is enforced here, where an
+invalid run fails with a clear message before anything changes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+
+class InvalidReviewConfig(ValueError):
+    """The run's params do not describe a valid review decision."""
+
+
+class ReviewRunConfig(BaseModel):
+    """One reviewer's decision, applied to each of ``job_ids``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_ids: list[str] = Field(
+        min_length=1, max_length=1000, title="Job ids",
+        description="The jobs to decide on (UUIDs, one per line), e.g. from the manual-review queue of the "
+        "reconcile_jobs report. Each is decided on its own: a refused job never blocks the others.",
+        json_schema_extra={"section": "Decision", "items": {"type": "string", "pattern": UUID_PATTERN}},
+    )  # fmt: skip
+    decision: Literal["label", "requeue", "reject"] = Field(
+        title="Decision",
+        description="label: the job is done with the label below; requeue: classify it again (attempts reset, "
+        "bounded by max replays); reject: no attempt will ever succeed (terminal_failed).",
+        json_schema_extra={"section": "Decision"},
+    )  # fmt: skip
+    label: str | None = Field(
+        default=None, title="Label",
+        description="The taxonomy label (required for decision = label; leave empty otherwise).",
+        json_schema_extra={"section": "Decision"},
+    )  # fmt: skip
+    note: str | None = Field(
+        default=None, max_length=2000, title="Note",
+        description="Why: kept with the review row. Ids and reasons only; never paste document text here.",
+        json_schema_extra={"section": "Decision", "format": "multiline"},
+    )  # fmt: skip
+    max_replays: int = Field(
+        default=3, ge=1, le=20, title="Max replays",
+        description="A requeue is refused once a job was requeued from review this often.",
+        json_schema_extra={"section": "Limits"},
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _label_goes_with_its_decision(self) -> ReviewRunConfig:
+        if self.decision == "label" and not self.label:
+            raise ValueError("decision 'label' needs a label from the taxonomy")
+        if self.decision != "label" and self.label:
+            raise ValueError(f"a label is only for decision 'label', not {self.decision!r}; clear it or decide 'label'")
+        return self
+
+    @classmethod
+    def from_params(cls, params: Any) -> ReviewRunConfig:
+        """Validate a run's params (``context["params"]``, a dict or Airflow's ParamsDict)."""
+        data = {k: params[k] for k in cls.model_fields if k in params}
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors())
+            raise InvalidReviewConfig(f"invalid review_jobs params: {problems}") from None
+
+
+def param_schemas(label_names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each field as the keywords Airflow's ``Param`` takes. Fields without a default (job ids,
+    decision) are required by the form; ``label`` is a drop-down of ``label_names`` (or free
+    text when the taxonomy could not be read at parse time: the operator checks it anyway)."""
+    schema = ReviewRunConfig.model_json_schema()
+    out: dict[str, dict[str, Any]] = {}
+    for name, prop in schema["properties"].items():
+        prop = {k: v for k, v in prop.items() if k != "anyOf"}
+        field = ReviewRunConfig.model_fields[name]
+        if not field.is_required():
+            prop["default"] = field.get_default()
+        if name == "label":
+            prop["type"] = ["null", "string"]
+            if label_names:
+                prop["enum"] = [None, *label_names]
+        elif name == "note":
+            prop["type"] = ["null", "string"]
+            prop["maxLength"] = 2000
+        elif name == "job_ids":
+            prop["minItems"], prop["maxItems"] = 1, 1000
+        out[name] = prop
+    return out
+
+
+def form_label_names() -> list[str]:
+    """The taxonomy's label names for the form's drop-down, read at DAG parse time.
+
+    Deliberately light (YAML only: importing :mod:`triage.classifiers` would load the model
+    clients at every parse) and forgiving: a missing or broken file gives an empty list, the
+    label becomes free text, and the operator refuses a label outside the taxonomy it loads.
+    """
+    override = os.environ.get("TRIAGE_TAXONOMY")
+    path = Path(override) if override else Path(__file__).resolve().parents[3] / "include" / "taxonomy.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return [str(item["name"]) for item in data["labels"]]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return []

@@ -1,0 +1,109 @@
+"""Apply one reviewer's decision to many jobs, each on its own, and report every outcome.
+
+Each job is its own transaction (:class:`~triage.jobs.store.JobStore`'s review decisions): a
+refused job (unknown, not in review, replays spent, label outside the taxonomy) changes nothing
+and never blocks the others. The caller decides what a refusal means for the run; the Airflow
+operator applies the valid ones, then fails the task listing every refusal.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from triage.jobs.errors import LedgerError
+from triage.jobs.models import ReviewResult
+from triage.jobs.store import JobStore
+from triage.review.config import ReviewRunConfig
+
+JobOutcome = Literal["applied", "already_applied", "refused"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobReport:
+    """What happened to one job. ``detail`` names the refusal, or who decided and when."""
+
+    job_id: str
+    outcome: JobOutcome
+    status: str | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewReport:
+    decision: str
+    label: str | None
+    reviewer: str
+    jobs: tuple[JobReport, ...]
+
+    def count(self, outcome: JobOutcome) -> int:
+        return sum(1 for j in self.jobs if j.outcome == outcome)
+
+    @property
+    def refused(self) -> tuple[JobReport, ...]:
+        return tuple(j for j in self.jobs if j.outcome == "refused")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (XCom): counts first, then every job."""
+        counts = {o: self.count(o) for o in ("applied", "already_applied", "refused")}
+        return {"decision": self.decision, "label": self.label, "reviewer": self.reviewer, **counts,
+                "jobs": [asdict(j) for j in self.jobs]}  # fmt: skip
+
+    def to_markdown(self) -> str:
+        """A table for the task log: ids, outcomes and reasons only (never document text)."""
+        what = f"{self.decision} {self.label}" if self.label else self.decision
+        lines = [
+            f"### review_jobs: {what} by {self.reviewer}",
+            f"applied {self.count('applied')} · already applied {self.count('already_applied')} · "
+            f"refused {self.count('refused')}",
+            "",
+            "| job | outcome | status | detail |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {j.job_id} | {j.outcome} | {j.status or '-'} | {j.detail.replace('|', '/')} |" for j in self.jobs]
+        return "\n".join(lines)
+
+
+def apply_review(store: JobStore, job_ids: Sequence[str], config: ReviewRunConfig, *, reviewer: str,
+                 taxonomy_names: Collection[str]) -> ReviewReport:  # fmt: skip
+    """Apply ``config``'s decision to each job (duplicates once, in the given order)."""
+    reports = [_one(store, raw, config, reviewer, taxonomy_names) for raw in dict.fromkeys(job_ids)]
+    return ReviewReport(config.decision, config.label, reviewer, tuple(reports))
+
+
+def _one(store: JobStore, raw: str, config: ReviewRunConfig, reviewer: str,
+         taxonomy_names: Collection[str]) -> JobReport:  # fmt: skip
+    try:
+        job_id = uuid.UUID(str(raw).strip())
+    except ValueError:
+        return JobReport(str(raw), "refused", None, "NotAJobId: not a UUID")
+    try:
+        result = decide(store, job_id, config, reviewer=reviewer, taxonomy_names=taxonomy_names)
+    except LedgerError as exc:  # the ledger's refusals: the transaction rolled back whole
+        return JobReport(str(job_id), "refused", None, f"{type(exc).__name__}: {exc}")
+    return _reported(result)
+
+
+def decide(store: JobStore, job_id: uuid.UUID, config: ReviewRunConfig, *, reviewer: str,
+           taxonomy_names: Collection[str]) -> ReviewResult:  # fmt: skip
+    """One job, one transaction: the store method of ``config.decision``."""
+    if config.decision == "label":
+        assert config.label is not None  # the config refuses a label decision without one
+        return store.resolve_with_label(job_id, config.label, actor=reviewer, note=config.note,
+                                        taxonomy_names=taxonomy_names)  # fmt: skip
+    if config.decision == "reject":
+        return store.reject(job_id, actor=reviewer, note=config.note)
+    return store.resolve_with_requeue(job_id, actor=reviewer, note=config.note, max_replays=config.max_replays)
+
+
+def _reported(result: ReviewResult) -> JobReport:
+    when = f"{result.resolved_at:%Y-%m-%d %H:%M:%S %Z}" if result.resolved_at else "?"
+    if result.already_applied:
+        detail = f"the same decision stands since {when} (by {result.resolved_by}); nothing changed"
+        return JobReport(str(result.job_id), "already_applied", result.status.value, detail)
+    detail = f"resolved by {result.resolved_by} at {when}"
+    if result.label_written is False:
+        detail += "; a newer job's label for this document stands"
+    return JobReport(str(result.job_id), "applied", result.status.value, detail)
