@@ -12,12 +12,12 @@ export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
 CONF   ?= {}
 
-.PHONY: help setup migrate run up stop test test-fast bench chaos lint clean
+.PHONY: help setup migrate run up stop test test-fast bench lint clean
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}']  set up, migrate, run classify_documents then reconcile_jobs"
 	@echo "make test                                  the whole test suite"
-	@echo "make migrate | up | stop | bench | chaos | lint"
+	@echo "make migrate | up | stop | bench | lint"
 
 # The virtualenv is rebuilt when a requirements file changes; constraints.txt locks the tree.
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt
