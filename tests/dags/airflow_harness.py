@@ -110,13 +110,13 @@ def airflow_cli(
 
 
 def json_output(stdout: str) -> Any:
-    """The JSON document of ``airflow ... -o json``: Airflow also logs warnings to stdout."""
-    for line in reversed(stdout.splitlines()):
-        stripped = line.strip()
-        if stripped.startswith(("[{", "[]", "{")):
-            with contextlib.suppress(ValueError):
-                return json.loads(stripped)
-    raise HarnessError(f"no JSON document in the Airflow output: {stdout[-1000:]!r}")
+    """The JSON document of ``airflow ... -o json`` (:func:`triage.local.json_output`)."""
+    from triage.local import json_output as parse
+
+    try:
+        return parse(stdout)
+    except ValueError as exc:
+        raise HarnessError(str(exc)) from None
 
 
 def migrate_metadata(env: Mapping[str, str]) -> None:

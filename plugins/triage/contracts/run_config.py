@@ -8,21 +8,23 @@ a typed error.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from triage.contracts.drill import DrillSettings
+from triage.contracts.params import DagParams, InvalidParams
 
 
-class InvalidRunConfig(ValueError):
+class InvalidRunConfig(InvalidParams):
     """The run's params do not describe a valid run."""
 
 
-class ClassifyRunConfig(BaseModel):
+class ClassifyRunConfig(DagParams):
     """What one ``classify_documents`` run does."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    dag_id: ClassVar[str] = "classify_documents"
+    invalid: ClassVar[type[InvalidParams]] = InvalidRunConfig
 
     source: Literal["synthetic", "jsonl"] = Field(
         default="synthetic", title="Source",
@@ -72,31 +74,6 @@ class ClassifyRunConfig(BaseModel):
         json_schema_extra={"section": "Failure drill"},
     )  # fmt: skip
 
-    @classmethod
-    def from_params(cls, params: Any) -> ClassifyRunConfig:
-        """Validate a run's params (``context["params"]``, a dict or Airflow's ParamsDict)."""
-        data = {k: params[k] for k in cls.model_fields if k in params}
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            raise InvalidRunConfig(f"invalid classify_documents params: {problems}") from None
-
 
 def param_schemas() -> dict[str, dict[str, Any]]:
-    """Each field as the JSON-schema keywords Airflow's ``Param`` takes (plain dicts, so this
-    module needs no Airflow)."""
-    schema = ClassifyRunConfig.model_json_schema()
-    defaults = ClassifyRunConfig().model_dump(mode="json")
-    drill_schema = schema.get("$defs", {}).get("DrillSettings", {})
-    out: dict[str, dict[str, Any]] = {}
-    for name, prop in schema["properties"].items():
-        prop = dict(prop)
-        if "$ref" in prop or "allOf" in prop:  # the nested drill object
-            prop.pop("$ref", None)
-            prop.pop("allOf", None)
-            prop.update({"type": "object", "properties": drill_schema.get("properties", {}),
-                         "additionalProperties": False})  # fmt: skip
-        prop.pop("default", None)
-        out[name] = {"default": defaults[name], **prop}
-    return out
+    return ClassifyRunConfig.param_schemas()

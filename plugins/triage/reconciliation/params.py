@@ -6,14 +6,15 @@ threshold; the defaults are generous so that a scheduled run never reports norma
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
+from triage.contracts.params import DagParams, InvalidParams
 from triage.jobs.states import JobStatus
 
 
-class InvalidReconcileParams(ValueError):
+class InvalidReconcileParams(InvalidParams):
     """The run's params do not describe a valid reconciliation."""
 
 
@@ -22,10 +23,11 @@ def _seconds(default: int, title: str, description: str, section: str = "Stuck w
                  json_schema_extra={"section": section})  # fmt: skip
 
 
-class ReconcileParams(BaseModel):
+class ReconcileParams(DagParams):
     """What one ``reconcile_jobs`` run looks for, and whether it may repair."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    dag_id: ClassVar[str] = "reconcile_jobs"
+    invalid: ClassVar[type[InvalidParams]] = InvalidReconcileParams
 
     dry_run: bool = Field(
         default=False, title="Dry run",
@@ -91,24 +93,6 @@ class ReconcileParams(BaseModel):
             JobStatus.RUNNING: self.running_seconds,
         }.get(status)
 
-    @classmethod
-    def from_params(cls, params: Any) -> ReconcileParams:
-        """Validate a run's params (``context["params"]``, a dict or Airflow's ParamsDict)."""
-        data = {k: params[k] for k in cls.model_fields if k in params}
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            raise InvalidReconcileParams(f"invalid reconcile_jobs params: {problems}") from None
-
 
 def param_schemas() -> dict[str, dict[str, Any]]:
-    """Each field as the JSON-schema keywords Airflow's ``Param`` takes."""
-    schema = ReconcileParams.model_json_schema()
-    defaults = ReconcileParams().model_dump(mode="json")
-    out: dict[str, dict[str, Any]] = {}
-    for name, prop in schema["properties"].items():
-        prop = dict(prop)
-        prop.pop("default", None)
-        out[name] = {"default": defaults[name], **prop}
-    return out
+    return ReconcileParams.param_schemas()

@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
+
+from triage.contracts.params import DagParams, InvalidParams
 
 UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
 
-class InvalidReviewConfig(ValueError):
+class InvalidReviewConfig(InvalidParams):
     """The run's params do not describe a valid review decision."""
 
 
-class ReviewRunConfig(BaseModel):
+class ReviewRunConfig(DagParams):
     """One reviewer's decision, applied to each of ``job_ids``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    dag_id: ClassVar[str] = "review_jobs"
+    invalid: ClassVar[type[InvalidParams]] = InvalidReviewConfig
 
     job_ids: list[str] = Field(
         min_length=1, max_length=1000, title="Job ids",
@@ -63,38 +66,16 @@ class ReviewRunConfig(BaseModel):
             raise ValueError(f"a label is only for decision 'label', not {self.decision!r}; clear it or decide 'label'")
         return self
 
-    @classmethod
-    def from_params(cls, params: Any) -> ReviewRunConfig:
-        """Validate a run's params (``context["params"]``, a dict or Airflow's ParamsDict)."""
-        data = {k: params[k] for k in cls.model_fields if k in params}
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors())
-            raise InvalidReviewConfig(f"invalid review_jobs params: {problems}") from None
-
 
 def param_schemas(label_names: list[str]) -> dict[str, dict[str, Any]]:
     """Each field as the keywords Airflow's ``Param`` takes. Fields without a default (job ids,
     decision) are required by the form; ``label`` is a drop-down of ``label_names`` (or free
     text when the taxonomy could not be read at parse time: the operator checks it anyway)."""
-    schema = ReviewRunConfig.model_json_schema()
-    out: dict[str, dict[str, Any]] = {}
-    for name, prop in schema["properties"].items():
-        prop = {k: v for k, v in prop.items() if k != "anyOf"}
-        field = ReviewRunConfig.model_fields[name]
-        if not field.is_required():
-            prop["default"] = field.get_default()
-        if name == "label":
-            prop["type"] = ["null", "string"]
-            if label_names:
-                prop["enum"] = [None, *label_names]
-        elif name == "note":
-            prop["type"] = ["null", "string"]
-            prop["maxLength"] = 2000
-        elif name == "job_ids":
-            prop["minItems"], prop["maxItems"] = 1, 1000
-        out[name] = prop
+    out = ReviewRunConfig.param_schemas()
+    if label_names:
+        out["label"]["enum"] = [None, *label_names]
+    out["note"]["maxLength"] = 2000
+    out["job_ids"]["minItems"], out["job_ids"]["maxItems"] = 1, 1000
     return out
 
 
