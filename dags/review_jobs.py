@@ -13,12 +13,12 @@ others, and its log lists every job: applied, already applied, or refused and wh
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.sdk import DAG, Param
 
 from triage.operators.review import ReviewJobsOperator
-from triage.review.config import form_label_names, param_schemas
+from triage.review.config import REVIEW_DEFAULT_ARGS, form_label_names, param_schemas
 
 with DAG(
     dag_id="review_jobs",
@@ -28,15 +28,7 @@ with DAG(
     catchup=False,
     tags=["triage", "review"],
     params={name: Param(**schema) for name, schema in param_schemas(form_label_names()).items()},
-    default_args={
-        "owner": "triage",
-        # One retry, for a database that was briefly away: safe, a decision applied twice
-        # changes nothing. Refusals fail with AirflowFailException and are never retried.
-        "retries": 1,
-        "retry_delay": timedelta(seconds=30),
-        "retry_exponential_backoff": 2.0,
-        "max_retry_delay": timedelta(minutes=5),
-    },
+    default_args=REVIEW_DEFAULT_ARGS,
     doc_md=__doc__,
 ) as dag:
     ReviewJobsOperator(task_id="apply_decision")

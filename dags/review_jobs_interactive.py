@@ -17,7 +17,7 @@ from airflow.sdk import DAG, Param
 
 from triage.operators.review import ApplyReviewAnswerOperator, PickReviewCaseOperator
 from triage.review.cases import options
-from triage.review.config import UUID_PATTERN, form_label_names
+from triage.review.config import REVIEW_DEFAULT_ARGS, UUID_PATTERN, form_label_names, param_schemas
 
 with DAG(
     dag_id="review_jobs_interactive",
@@ -34,22 +34,9 @@ with DAG(
             title="Job id",
             description="The job to review; empty: the oldest job waiting for review.",
         ),
-        "max_replays": Param(
-            3,
-            type="integer",
-            minimum=1,
-            maximum=20,
-            title="Max replays",
-            description="A requeue is refused once a job was requeued from review this often.",
-        ),
+        "max_replays": Param(**param_schemas([])["max_replays"]),
     },
-    default_args={
-        "owner": "triage",
-        "retries": 1,
-        "retry_delay": timedelta(seconds=30),
-        "retry_exponential_backoff": 2.0,
-        "max_retry_delay": timedelta(minutes=5),
-    },
+    default_args=REVIEW_DEFAULT_ARGS,
     doc_md=__doc__,
 ) as dag:
     pick_case = PickReviewCaseOperator(task_id="pick_case")

@@ -57,14 +57,9 @@ def airflow_environment() -> dict[str, str]:
     }
     metadata = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
     if not metadata:
-        if configured_url() is None:
-            server = embedded.start()
-        else:
-            server = jobs_db
-            from triage.embedded import ensure_databases
-
-            ensure_databases(server.with_database("postgres"), (AIRFLOW_DATABASE,))
-        metadata = server.with_database(AIRFLOW_DATABASE).airflow_metadata_url()
+        if configured_url() is not None:  # the embedded server made the airflow database already
+            embedded.ensure_databases(jobs_db.with_database("postgres"), (AIRFLOW_DATABASE,))
+        metadata = jobs_db.with_database(AIRFLOW_DATABASE).airflow_metadata_url()
     env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = metadata
     return env
 

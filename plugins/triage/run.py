@@ -16,17 +16,15 @@ import logging
 import sys
 from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 
 import sqlalchemy as sa
 
 from triage import local
 from triage.cli import job_database
 from triage.database import create_engine
+from triage.embedded import project_root
 from triage.jobs.reads import batch_summary, format_summary
 from triage.reconciliation.runner import latest_run
-
-DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 
 def batch_key_of(day: date) -> str:
@@ -56,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = local.dags_test("classify_documents", (day + timedelta(days=1)).isoformat(), conf)
     if code != 0:
         failed.append("classify_documents")
-    reconcile = (DAGS / "reconcile_jobs.py").exists()
+    reconcile = (project_root() / "dags" / "reconcile_jobs.py").exists()
     if reconcile and local.dags_test("reconcile_jobs", datetime.now(UTC).isoformat(timespec="seconds")) != 0:
         failed.append("reconcile_jobs")
 

@@ -10,7 +10,6 @@ retrying. Per-document failures never fail a task: they are outcomes in the ledg
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseHook
@@ -28,8 +27,6 @@ log = logging.getLogger(__name__)
 
 DOCUMENT_LABELS = Asset(name="triage_document_labels", uri="triage://document_labels")
 """Updated whenever a run publishes: downstream DAGs can be scheduled on it."""
-
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
@@ -88,6 +85,7 @@ class RetrieveDocumentsOperator(TriageOperator):
         self.llm_conn_id = llm_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from triage.embedded import project_root
         from triage.pipeline.retrieve import retrieve
         from triage.sources import build_source
 
@@ -101,7 +99,7 @@ class RetrieveDocumentsOperator(TriageOperator):
                                   duplicate_rate=config.drill.duplicate_rate)  # fmt: skip
         else:
             inbox = config.inbox if "://" in config.inbox or config.inbox.startswith("/") else \
-                str(PROJECT_ROOT / config.inbox)  # fmt: skip
+                str(project_root() / config.inbox)  # fmt: skip
             source = build_source("jsonl", inbox=inbox)
         classifier = build_run_classifier(config, self.llm_conn_id)
         try:
