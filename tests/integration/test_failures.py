@@ -4,7 +4,8 @@
 recording it · 3 the database update succeeds while event publication is interrupted · 4 an old
 outcome arrives after the job has advanced · 5 an unsupported schema version · 6 an external
 call times out although the provider completed it · 7 a retry begins while another worker
-still holds a valid lease.
+still holds a valid lease · 8 reconciliation finds a job whose state conflicts with its external
+outcome.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from triage.contracts.documents import DocumentPayload
 from triage.contracts.events import UnsupportedSchemaVersion, parse_event
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import LeaseLost
-from triage.jobs.models import Complete, LabelWrite, NewJob, RetryLater
+from triage.drill.invariants import check_invariants
+from triage.jobs.models import Complete, LabelWrite, NewJob, RetryLater, SendToReview
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.actions import WebhookLabelAction
@@ -31,6 +33,8 @@ from triage.pipeline.persist import PersistHandler
 from triage.pipeline.publish import JsonlEventSink, publish_all
 from triage.pipeline.retrieve import retrieve
 from triage.pipeline.steps import RunSettings, WorkRemains, run_step
+from triage.reconciliation.params import ReconcileParams
+from triage.reconciliation.runner import reconcile
 from triage.sources.synthetic import SyntheticSource
 
 DAY = datetime(2026, 11, 1, tzinfo=UTC)
@@ -215,3 +219,39 @@ def test_7_a_retry_while_another_worker_holds_a_valid_lease_takes_nothing(
     fast.record(holder, [Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "v")) for j in holder.jobs])
     assert q(fast, "SELECT count(*) FROM triage.jobs WHERE status = 'completed'") == 10
     assert q(fast, "SELECT count(DISTINCT actor) FROM triage.job_events WHERE to_status = 'running'") == 1
+
+
+def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outcome_and_guesses_nothing(
+    fast: JobStore, payloads: PayloadStore, tmp_path: Path
+) -> None:
+    register(fast, payloads, 30)
+    doubtful = fast.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=30, owner="w0")
+    fast.record(doubtful, [SendToReview(doubtful.jobs[0].id, 1, "inconclusive")])
+    classify(fast, payloads)
+    in_review = str(doubtful.jobs[0].id)
+    lost = str(q(fast, "SELECT min(job_id::text) FROM triage.document_labels"))
+    with fast.engine.begin() as conn:
+        # The business output disagrees with the ledger, from outside the pipeline: a restore lost
+        # one completed job's label, and a downstream writer labelled the document under review.
+        conn.execute(sa.text("DELETE FROM triage.document_labels WHERE job_id = CAST(:id AS uuid)"), {"id": lost})
+        conn.execute(sa.text(
+            "INSERT INTO triage.document_labels (source, external_id, label, confidence, classifier_version,"
+            " content_sha256, job_id, job_created_at) SELECT source, external_id, 'billing', 0.99, classifier_version,"
+            " content_sha256, id, created_at FROM triage.jobs WHERE id = CAST(:id AS uuid)"), {"id": in_review})  # fmt: skip
+    states = "SELECT string_agg(id::text || status::text || attempt, ',' ORDER BY id) FROM triage.jobs"
+    before = (q(fast, states), q(fast, "SELECT count(*) FROM triage.job_events"),
+              q(fast, "SELECT count(*) FROM triage.manual_review"))  # fmt: skip
+    with fast.engine.connect() as conn:
+        judge = {i.name: i.violations for i in check_invariants(conn, [BATCH])}
+    assert judge["labels_match_completed"] == 2  # the drill's judge sees both as well
+
+    now = ReconcileParams(grace_seconds=0)
+    for _ in range(2):  # found every time, repaired never: which side is right is a human's call
+        outcome = reconcile(fast, now, reports_dir=tmp_path / "reports")
+        conflicts = {c.check: c.job_ids for r in outcome.results for c in r.conflicts}
+        assert conflicts == {"completed_without_label": (lost,), "label_without_completed_job": (in_review,)}
+        assert not [r for r in outcome.results for r in r.repairs]
+        assert lost in outcome.markdown
+        assert in_review in outcome.markdown
+        assert (q(fast, states), q(fast, "SELECT count(*) FROM triage.job_events"),
+                q(fast, "SELECT count(*) FROM triage.manual_review")) == before  # fmt: skip
