@@ -21,9 +21,9 @@ from tests.fakes.provider import FakeProvider
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.documents import DocumentPayload
 from triage.contracts.events import UnsupportedSchemaVersion, parse_event
+from triage.drill.invariants import check_invariants
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import LeaseLost
-from triage.drill.invariants import check_invariants
 from triage.jobs.models import Complete, LabelWrite, NewJob, RetryLater, SendToReview
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
