@@ -51,12 +51,13 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> WorkEvent:
     """Decode an event, routing an unknown ``schema_version`` explicitly."""
     try:
         data = json.loads(raw) if isinstance(raw, bytes | str) else raw
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
         raise MalformedEvent(f"not JSON: {exc.__class__.__name__}") from None
     if not isinstance(data, dict):
         raise MalformedEvent("an event is a JSON object")
     version = data.get("schema_version")
-    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+    # type() first: a list or object version is unhashable, and True == 1 must not pass as 1.
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedSchemaVersion(version)
     try:
         return WorkEvent.model_validate(data, strict=False)  # JSON gives strings for uuid/datetime
