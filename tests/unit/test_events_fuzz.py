@@ -35,7 +35,8 @@ def outcome(raw: Any) -> WorkEvent | type[Exception]:
     try:
         return parse_event(raw)
     except TYPED as exc:
-        assert str(exc)  # a reason a human can read
+        if not str(exc):
+            raise AssertionError("a typed error without a reason a human can read") from exc
         return type(exc)
 
 
