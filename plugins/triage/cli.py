@@ -41,15 +41,21 @@ def airflow_environment() -> dict[str, str]:
     """
     import os
 
+    from triage.roles import worker_url
+
     home = embedded.triage_home()
     jobs_db = job_database()
+    # Embedded: the DAGs connect as the least-privilege role (rows only; see triage.roles).
+    # With TRIAGE_DATABASE_URL the connection is taken as given: point AIRFLOW_CONN_TRIAGE_DB
+    # at a member of triage_app yourself (docker-compose does).
+    dags_db = worker_url(jobs_db) if configured_url() is None else jobs_db
     env = {
         "TRIAGE_HOME": str(home),
         "AIRFLOW_HOME": str(home / "airflow"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(embedded.project_root() / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(embedded.project_root() / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW_CONN_TRIAGE_DB": jobs_db.airflow_connection_json(),
+        "AIRFLOW_CONN_TRIAGE_DB": dags_db.airflow_connection_json(),
         "TRIAGE_DATABASE_URL": jobs_db.libpq(),
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(embedded.project_root() / "plugins"), os.environ.get("PYTHONPATH", "")) if p
@@ -129,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             migrations.downgrade(url, args.to)
         else:
             migrations.upgrade(url, args.to)
+            if configured_url() is None:  # the embedded server: the DAGs' login role too
+                from triage.roles import ensure_worker_role
+
+                ensure_worker_role(url)
         print(f"job tables at revision {migrations.current_revision(url)} (was {before}) in {url.libpq_redacted()}")
         return 0
     if args.command == "status":

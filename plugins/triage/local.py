@@ -170,12 +170,14 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
     """Make the local deployment ready to run Airflow; returns its environment.
 
     1. start the embedded PostgreSQL (or use ``TRIAGE_DATABASE_URL``);
-    2. apply the job-table migrations;
+    2. apply the job-table migrations (and, embedded, create the DAGs' login role ``triage_worker``);
     3. ``airflow db migrate`` unless this Airflow version already migrated this metadata DB;
     4. apply ``airflow_settings.yaml`` unless the same content was applied to this metadata DB.
     """
     from triage import migrations
     from triage.cli import job_database
+    from triage.database import configured_url
+    from triage.roles import ensure_worker_role
 
     timings: dict[str, float] = {}
     started = time.monotonic()
@@ -183,7 +185,10 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
     timings["database"] = time.monotonic() - started
 
     step = time.monotonic()
-    migrations.upgrade(job_database())
+    jobs_db = job_database()
+    migrations.upgrade(jobs_db)
+    if configured_url() is None:  # the embedded server: the login role AIRFLOW_CONN_TRIAGE_DB names
+        ensure_worker_role(jobs_db)
     timings["job migrations"] = time.monotonic() - step
 
     home = _airflow_home(env)

@@ -44,6 +44,18 @@ class Deployment:
             engine.dispose()
 
 
+def dags_connection(pg_server, jobs_url):  # type: ignore[no-untyped-def]
+    """What ``triage_db`` names for the DAGs: the least-privilege ``triage_worker``, as on the
+    embedded deployment, when the test server trusts local sockets (the embedded one does);
+    the given user on a server of ``TRIAGE_TEST_DATABASE_URL``, which may require passwords."""
+    from triage.roles import ensure_worker_role, worker_url
+
+    if not pg_server.is_socket:
+        return jobs_url
+    ensure_worker_role(pg_server)
+    return worker_url(jobs_url)
+
+
 @pytest.fixture(scope="module")
 def deployment(pg_server, template_db, tmp_path_factory) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
     """A migrated Airflow metadata database and a job database (cloned from the migrated
@@ -62,7 +74,7 @@ def deployment(pg_server, template_db, tmp_path_factory) -> Iterator[Deployment]
         metadata_url=pg_server.with_database(metadata_db).airflow_metadata_url(),
         dags_folder=ROOT / "dags",
         extra={
-            "AIRFLOW_CONN_TRIAGE_DB": jobs_url.airflow_connection_json(),
+            "AIRFLOW_CONN_TRIAGE_DB": dags_connection(pg_server, jobs_url).airflow_connection_json(),
             "TRIAGE_DATABASE_URL": jobs_url.libpq(),
             "TRIAGE_HOME": str(home),
         },
