@@ -255,3 +255,27 @@ def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outco
         assert in_review in outcome.markdown
         assert (q(fast, states), q(fast, "SELECT count(*) FROM triage.job_events"),
                 q(fast, "SELECT count(*) FROM triage.manual_review")) == before  # fmt: skip
+
+
+def test_a_retried_task_takes_back_what_its_killed_earlier_try_held_and_nothing_of_a_sibling(
+    fast: JobStore, payloads: PayloadStore
+) -> None:
+    register(fast, payloads, 30)
+    task, sibling = "classify_documents/run1/classify/0/", "classify_documents/run1/classify/1/"
+    killed = fast.claim(batch_key=BATCH, step="classify", limit=10, lease_seconds=600, owner=task + "try1")
+    busy = fast.claim(batch_key=BATCH, step="classify", limit=10, lease_seconds=600, owner=sibling + "try1")
+    handler = ClassifyHandler(build_classifier("keyword", taxonomy=Taxonomy.load()), payloads,
+                              ClassifySettings(0.0, 1, False))  # fmt: skip
+    run_step(fast, handler, batch_key=BATCH,
+             settings=RunSettings(owner=task + "try2", earlier_tries_of=task, retry_soon_seconds=5))  # fmt: skip
+    handler.close()
+    held = "SELECT count(*) FROM triage.jobs WHERE status = 'running' AND lease_owner = :owner"
+    assert q(fast, held, owner=task + "try1") == 0  # the dead try's ten were taken back and done
+    assert q(fast, held, owner=sibling + "try1") == 10  # a live sibling's lease is its own
+    taken_back = [j.id for j in killed.jobs]
+    with fast.engine.connect() as conn:
+        moves = conn.execute(sa.text(
+            "SELECT to_status::text, actor FROM triage.job_events WHERE job_id = ANY(:ids)"
+            " AND from_status = 'running' ORDER BY at, to_status"), {"ids": taken_back}).all()  # fmt: skip
+    assert {m.to_status for m in moves if m.actor == task + "try2"} >= {"retryable_failed", "completed"}
+    assert len(busy.jobs) == 10

@@ -153,11 +153,16 @@ class JobStore:
 
     # -- recovery -------------------------------------------------------------------------
 
-    def release_expired_leases(self, *, max_rescues: int = 3, limit: int = 10_000,
-                               actor: str = "reconciliation") -> LeaseRelease:  # fmt: skip
-        """Return every job whose lease ran out (see :func:`transitions.release_expired_leases`)."""
+    def release_expired_leases(self, *, max_rescues: int = 3, limit: int = 10_000, actor: str = "reconciliation",
+                               earlier_tries_of: str | None = None, owner: str | None = None) -> LeaseRelease:  # fmt: skip
+        """Return every job whose lease ran out (see :func:`transitions.release_expired_leases`).
+
+        :param earlier_tries_of: an owner prefix (a task instance); its leases other than
+            ``owner`` (the current try) are returned too, expired or not.
+        """
+        params = {"max_rescues": max_rescues, "limit": limit, "owner_prefix": earlier_tries_of, "owner": owner}
         with self.transaction(actor) as conn:
-            rows = conn.execute(T.release_expired_leases(), {"max_rescues": max_rescues, "limit": limit}).all()
+            rows = conn.execute(T.release_expired_leases(), params).all()
         to_review = sum(1 for r in rows if r.status == JobStatus.MANUAL_REVIEW.value)
         return LeaseRelease(retrying=len(rows) - to_review, to_review=to_review, job_ids=tuple(r.id for r in rows))
 

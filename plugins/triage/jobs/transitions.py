@@ -419,11 +419,19 @@ def release_expired_leases() -> Any:
     when their attempts are spent (``retries_exhausted``) or they were rescued too often
     (``lease_expired_repeatedly``).
 
+    With ``:owner_prefix`` set, leases of that prefix other than ``:owner`` count as expired too:
+    a retried Airflow task (``dag/run/task/map_index/tryN``) takes back what its own earlier,
+    dead tries held without waiting for their leases to run out. Airflow runs one try of a task
+    instance at a time, so an earlier try's lease cannot belong to a live worker.
+
     Fenced twice: ``SKIP LOCKED`` passes over a job a live worker is writing right now, and the
     UPDATE re-checks ``running`` and the expiry under the row lock, so a job that finished in
     the meantime is never touched.
     """
-    expired_now = sa.and_(jobs.c.status == _status(S.RUNNING), jobs.c.lease_expires_at < NOW)
+    earlier_try = sa.and_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
+                          jobs.c.lease_owner != sa.bindparam("owner", type_=sa.Text))  # fmt: skip
+    expired_now = sa.and_(jobs.c.status == _status(S.RUNNING),
+                          sa.or_(jobs.c.lease_expires_at < NOW, sa.func.coalesce(earlier_try, False)))  # fmt: skip
     expired = (
         sa.select(jobs.c.id)
         .where(expired_now)
@@ -445,7 +453,8 @@ def release_expired_leases() -> Any:
             next_attempt_at=sa.case((review_reason.is_not(None), None), else_=NOW),
             lease_rescues=jobs.c.lease_rescues + 1,
             last_error_class="lease_expired",
-            last_error=sa.func.concat("lease of ", jobs.c.lease_owner, " expired at ", jobs.c.lease_expires_at),
+            last_error=sa.func.concat("lease of ", jobs.c.lease_owner, " expired at ", jobs.c.lease_expires_at,
+                                      " or its task was retried"),
             updated_at=NOW,
             **NO_LEASE,
         )

@@ -59,6 +59,8 @@ class RunSettings:
     lease_seconds: float = 300.0
     retry_soon_seconds: float = 30.0
     progress_every_seconds: float = 10.0
+    earlier_tries_of: str | None = None
+    """The owner prefix of this task instance: leases its earlier (dead) tries hold are taken back."""
 
 
 @dataclass
@@ -123,6 +125,12 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
         released first).
     """
     report = StepReport(step=handler.step, batch_key=batch_key)
+    if settings.earlier_tries_of is not None:
+        rescued = store.release_expired_leases(earlier_tries_of=settings.earlier_tries_of, owner=settings.owner,
+                                               actor=settings.owner)  # fmt: skip
+        if rescued.job_ids:
+            log.info("step=%s batch=%s took back %d jobs from expired leases or earlier tries (%d to review)",
+                     handler.step, batch_key, rescued.retrying + rescued.to_review, rescued.to_review)  # fmt: skip
     total = store.open_in_step(batch_key, handler.step)
     began = last_progress = time.perf_counter()
     log.info("step=%s batch=%s starting with %d open jobs", handler.step, batch_key, total)
