@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from triage.operators.base import TriageOperator, batch_key, lease_owner, variable
+from triage.operators.base import TriageOperator, batch_key, lease_owner, owner_prefix, variable
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -27,6 +27,22 @@ log = logging.getLogger(__name__)
 
 DOCUMENT_LABELS = Asset(name="triage_document_labels", uri="triage://document_labels")
 """Updated whenever a run publishes: downstream DAGs can be scheduled on it."""
+
+LABEL_ACTION_CONN_ID = "triage_label_action"
+"""An HTTP connection whose host is the URL each accepted label is POSTed to (with the job's
+idempotency key) before the job completes; unset means no external action."""
+
+
+def label_action_connection(conn_id: str | None) -> Any:
+    """The label action's connection, or None when it is not configured."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    if not conn_id:
+        return None
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
 
 
 def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
@@ -124,15 +140,24 @@ class ClassifyDocumentsOperator(TriageOperator):
     :param retry_soon_seconds: retryable jobs due within this are retried in the same try;
         later ones fail the try so that Airflow's retry picks them up.
     :param separate_persist: hand accepted jobs to the ``persist`` step instead of completing
-        them here (set when ``persist`` runs an external action).
+        them here; on by itself when the label action connection exists, since ``persist``
+        then runs the external action.
+    :param action_conn_id: the label action connection (see :data:`LABEL_ACTION_CONN_ID`).
+    :param worker: which of the DAG's parallel classify tasks this is (the DAG maps over it).
+        Every one claims from the whole batch with ``FOR UPDATE SKIP LOCKED``, so they split the
+        work without a partition and one that dies leaves nothing unreachable; its lease owner
+        carries the map index.
     """
 
     template_fields = ("payload_base",)
 
     def __init__(self, *, payload_base: str | None = None, llm_conn_id: str = "triage_llm", batch_size: int = 1000,
-                 retry_soon_seconds: float = 30.0, separate_persist: bool = False, **kwargs: Any) -> None:  # fmt: skip
+                 retry_soon_seconds: float = 30.0, separate_persist: bool = False,
+                 action_conn_id: str | None = LABEL_ACTION_CONN_ID, worker: int = 0,
+                 **kwargs: Any) -> None:  # fmt: skip
         super().__init__(**kwargs)
-        self.payload_base, self.llm_conn_id = payload_base, llm_conn_id
+        self.worker = worker
+        self.payload_base, self.llm_conn_id, self.action_conn_id = payload_base, llm_conn_id, action_conn_id
         self.batch_size, self.retry_soon_seconds, self.separate_persist = (
             batch_size,
             retry_soon_seconds,
@@ -147,10 +172,12 @@ class ClassifyDocumentsOperator(TriageOperator):
         classifier = build_run_classifier(config, self.llm_conn_id)
         # The keyword classifier is CPU-bound: threads would only contend for the GIL.
         concurrency = config.concurrency if config.classifier == "llm" else 1
+        separate = self.separate_persist or label_action_connection(self.action_conn_id) is not None
         handler = ClassifyHandler(classifier, _payloads(self.payload_base),
-                                  ClassifySettings(config.confidence_threshold, concurrency, self.separate_persist))  # fmt: skip
+                                  ClassifySettings(config.confidence_threshold, concurrency, separate))  # fmt: skip
         settings = RunSettings(owner=lease_owner(context), batch_size=self.batch_size,
-                               lease_seconds=config.lease_seconds, retry_soon_seconds=self.retry_soon_seconds)  # fmt: skip
+                               lease_seconds=config.lease_seconds, retry_soon_seconds=self.retry_soon_seconds,
+                               earlier_tries_of=owner_prefix(context))  # fmt: skip
         try:
             report = run_step(self.store, handler, batch_key=batch_key(context), settings=settings)
         except DependencyMisconfigured as exc:
@@ -160,7 +187,8 @@ class ClassifyDocumentsOperator(TriageOperator):
         finally:
             handler.close()
             self.dispose()
-        return {"claimed": report.claimed, "outcomes": dict(report.outcomes), "seconds": round(report.seconds, 3)}
+        return {"worker": self.worker, "claimed": report.claimed, "outcomes": dict(report.outcomes),
+                "seconds": round(report.seconds, 3)}  # fmt: skip
 
 
 class PersistLabelsOperator(TriageOperator):
@@ -168,10 +196,11 @@ class PersistLabelsOperator(TriageOperator):
     transaction, after the external action when one is configured.
 
     :param action_conn_id: an HTTP connection whose host is the URL the label is POSTed to,
-        with the job's idempotency key (pair it with ``ClassifyDocumentsOperator(separate_persist=True)``).
+        with the job's idempotency key; extra ``timeout`` (seconds) and ``headers``. No action
+        when the connection does not exist.
     """
 
-    def __init__(self, *, action_conn_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, action_conn_id: str | None = LABEL_ACTION_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action_conn_id = action_conn_id
 
@@ -181,11 +210,14 @@ class PersistLabelsOperator(TriageOperator):
         from triage.pipeline.steps import RunSettings, WorkRemains, run_step
 
         config = self.run_config(context)
-        settings = RunSettings(owner=lease_owner(context), lease_seconds=config.lease_seconds)
+        settings = RunSettings(owner=lease_owner(context), lease_seconds=config.lease_seconds,
+                               earlier_tries_of=owner_prefix(context))  # fmt: skip
         action = None
-        if self.action_conn_id:
-            conn = BaseHook.get_connection(self.action_conn_id)
-            action = WebhookLabelAction(conn.host or "", headers=(conn.extra_dejson or {}).get("headers"))
+        conn = label_action_connection(self.action_conn_id)
+        if conn is not None:
+            extra = conn.extra_dejson or {}
+            action = WebhookLabelAction(conn.host or "", timeout_s=float(extra.get("timeout", 10.0)),
+                                        headers=extra.get("headers"))  # fmt: skip
         try:
             report = run_step(self.store, PersistHandler(self.store, action), batch_key=batch_key(context),
                               settings=settings)  # fmt: skip
