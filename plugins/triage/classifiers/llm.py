@@ -263,8 +263,9 @@ class OpenAICompatibleClassifier:
         latency_ms = (time.perf_counter() - started) * 1000.0
         status = response.status_code
         log.debug(
-            "model call job=%s attempt=%s status=%s latency_ms=%.1f",
+            "model call job=%s correlation_id=%s attempt=%s status=%s latency_ms=%.1f",
             request.job_id,
+            request.correlation_id,
             request.attempt,
             status,
             latency_ms,

@@ -165,6 +165,7 @@ class ClassifyDocumentsOperator(TriageOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
         from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, RunSettings, WorkRemains, run_step
 
@@ -179,7 +180,8 @@ class ClassifyDocumentsOperator(TriageOperator):
                                lease_seconds=config.lease_seconds, retry_soon_seconds=self.retry_soon_seconds,
                                earlier_tries_of=owner_prefix(context))  # fmt: skip
         try:
-            report = run_step(self.store, handler, batch_key=batch_key(context), settings=settings)
+            report = run_step(self.store, handler, batch_key=batch_key(context), settings=settings,
+                              metrics=AirflowStatsMetrics())  # fmt: skip
         except DependencyMisconfigured as exc:
             raise AirflowFailException(f"{exc}; fix the triage_llm connection, then clear this task") from None
         except (WorkRemains, CircuitOpen) as exc:
@@ -205,6 +207,7 @@ class PersistLabelsOperator(TriageOperator):
         self.action_conn_id = action_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.actions import WebhookLabelAction
         from triage.pipeline.persist import PersistHandler
         from triage.pipeline.steps import RunSettings, WorkRemains, run_step
@@ -220,7 +223,7 @@ class PersistLabelsOperator(TriageOperator):
                                         headers=extra.get("headers"))  # fmt: skip
         try:
             report = run_step(self.store, PersistHandler(self.store, action), batch_key=batch_key(context),
-                              settings=settings)  # fmt: skip
+                              settings=settings, metrics=AirflowStatsMetrics())  # fmt: skip
         except WorkRemains as exc:
             raise AirflowException(str(exc)) from None
         finally:

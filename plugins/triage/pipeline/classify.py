@@ -58,6 +58,7 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
+from triage.observability import job_fields
 from triage.payloads import PayloadCorrupt, PayloadMissing, PayloadStore
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
 
@@ -162,8 +163,7 @@ class ClassifyHandler:
         as transient (bounded by ``max_attempts``, then manual review): the batch goes on and
         nothing is stuck under a lease. Logged with its class, never its message (it may echo
         document text)."""
-        log.error("classifier raised unexpectedly job=%s attempt=%d error_class=%s", job.id, job.attempt,
-                  type(exc).__name__)  # fmt: skip
+        log.error("classifier raised unexpectedly %s error_class=%s", job_fields(job), type(exc).__name__)
         self.breaker.record(True)
         return RetryLater(job.id, job.attempt, "unexpected_error", type(exc).__name__)
 

@@ -20,6 +20,14 @@ from typing import Protocol
 from triage.jobs.errors import LeaseLost
 from triage.jobs.models import Claim, ClaimedJob, Outcome, Recorded
 from triage.jobs.store import JobStore
+from triage.observability import (
+    NULL_METRICS,
+    Metrics,
+    log_job_outcomes,
+    observe_batch,
+    observe_exhausted,
+    observe_states,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +122,14 @@ def _kind(outcome: Outcome) -> str:
     return type(outcome).__name__
 
 
-def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings: RunSettings) -> StepReport:
+def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings: RunSettings,
+             metrics: Metrics = NULL_METRICS) -> StepReport:  # fmt: skip
     """Work through the step's claimable jobs of ``batch_key``.
 
     Recording batch N (database work) overlaps with handling batch N+1 (Python work): one
     background writer, so at most two leases are out at once and outcomes are written in order.
+    Each batch is summarised once into ``metrics`` (see :mod:`triage.observability`), and every
+    job that did not simply succeed gets one log line with its ``correlation_id``.
 
     :raises WorkRemains: retryable jobs are left that are not due soon.
     :raises CircuitOpen: the handler's circuit breaker opened (claimed, unstarted jobs were
@@ -144,6 +155,7 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
             return False
         recorded, pending = pending.result(), None
         report.outcomes["exhausted"] += recorded.exhausted
+        observe_exhausted(metrics, handler.step, recorded.exhausted)
         return True
 
     try:
@@ -162,11 +174,15 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
                 time.sleep(max(wait, 0.05))
                 continue
             report.claimed += len(claim.jobs)
+            handle_began = time.perf_counter()
             with Heartbeat(store, claim, settings.lease_seconds):
                 outcomes = handler.handle(claim.jobs)
+            handled = time.perf_counter() - handle_began
             settle()
             pending = writer.submit(store.record, claim, outcomes)
             report.outcomes.update(_kind(o) for o in outcomes)
+            observe_batch(metrics, handler.step, outcomes, handled)
+            log_job_outcomes(log, handler.step, claim.jobs, outcomes)
             if time.perf_counter() - last_progress >= settings.progress_every_seconds:
                 last_progress = time.perf_counter()
                 elapsed = last_progress - began
@@ -187,4 +203,16 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
         writer.shutdown(wait=True)
         report.seconds = time.perf_counter() - began
         log.info("%s", report.summary())
+        _observe_end(store, metrics, handler.step, batch_key)
     return report
+
+
+def _observe_end(store: JobStore, metrics: Metrics, step: str, batch_key: str) -> None:
+    """The batch's state gauges. Metrics never fail a step: the one broad ``except`` here is
+    the degraded path (the database may be the reason the step is ending)."""
+    if not metrics.enabled:
+        return
+    try:
+        observe_states(metrics, step, batch_key, store.status_counts(batch_key))
+    except Exception as exc:  # noqa: BLE001 - named degraded path: see the docstring
+        log.warning("step=%s batch=%s state gauges not sent: %s", step, batch_key, exc.__class__.__name__)
