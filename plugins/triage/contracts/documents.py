@@ -79,6 +79,8 @@ class DocumentPayload(BaseModel):
         # A whitespace-only id is as useless as an empty one for deduplication and review.
         if not value.strip():
             raise ValueError("external_id is blank")
+        if "\x00" in value:  # every other character is stored verbatim; PostgreSQL text refuses NUL
+            raise ValueError("external_id holds NUL, which PostgreSQL text cannot store")
         return value
 
     @field_validator("received_at")

@@ -8,7 +8,8 @@ what happened                  outcome
 accepted (≥ threshold)         ``completed``: label, classification and event in one
                                transaction (or ``persist`` first, with an external action)
 inconclusive (< threshold)     ``manual_review``, reason ``inconclusive``
-rejected (invalid output)      ``manual_review``, reason ``rejected_output``
+rejected (invalid output, or   ``manual_review``, reason ``rejected_output``
+a label holding NUL)
 transient (timeout, 429, 5xx)  ``retryable_failed`` with backoff, or ``manual_review``
                                (``retries_exhausted``) once attempts run out
 permanent for the document     ``manual_review``, reason ``permanent_error`` (a person can
@@ -30,6 +31,7 @@ of burning every job's attempts against a dependency that is down.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -185,6 +187,10 @@ class ClassifyHandler:
         except Exception as exc:  # noqa: BLE001 - the named degraded path: see _unexpected
             return self._unexpected(job, exc)
         self.breaker.record(False)
+        if output.label is not None and "\x00" in output.label:
+            # PostgreSQL text cannot hold NUL: the label could never be stored, so the output
+            # is unusable, like any other malformed model output (manual review, not a crash).
+            output = dataclasses.replace(output, label=None, rejected_reason="label_not_storable")
         version = self.classifier.version
         outcome = decide_outcome(output, self.settings.confidence_threshold)
         record = _record(output, outcome, version)

@@ -49,6 +49,7 @@ LINE_REASONS: Final = frozenset(
         "naive_received_at",
         "invalid_field",
         "line_too_long",
+        "nul_in_id",
     }
 )
 """Every ``malformed_reason`` this source gives."""
@@ -119,6 +120,10 @@ def parse_line(line: bytes) -> DocumentPayload | str:
         return _reason_for(exc)
     except (ValueError, RecursionError):  # pragma: no cover - defensive: parser limits
         return "invalid_json"
+    if "\x00" in record.id:
+        # PostgreSQL text cannot hold NUL: the id could be stored neither verbatim nor
+        # unambiguously altered, so the line goes to review under its position instead.
+        return "nul_in_id"
     try:
         return DocumentPayload(
             external_id=record.id,
