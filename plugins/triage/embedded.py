@@ -121,3 +121,16 @@ def stop(home: Path | None = None) -> bool:
     except subprocess.CalledProcessError:
         return running_url(home) is None
     return True
+
+
+def restart(home: Path | None = None) -> bool:
+    """Restart a running server in place (``pg_ctl restart``: same port, socket and data), as an
+    operator or a crash-restart would; every open connection breaks. False if it was not running.
+    The failure drill (``make chaos``) does this mid-run."""
+    if running_url(home) is None:
+        return False
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made at import
+
+    user = "pgserver" if os.geteuid() == 0 else None
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata_dir(home), user=user)
+    return running_url(home) is not None
