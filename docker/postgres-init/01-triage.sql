@@ -30,8 +30,8 @@ CREATE SCHEMA triage AUTHORIZATION triage;
 GRANT USAGE ON SCHEMA triage TO triage_app;
 
 -- Whatever the owner creates in the schema from now on is usable by the app role: row access
--- only (no TRUNCATE, REFERENCES or TRIGGER). Migrations narrow this where a table must be
--- append-only (e.g. REVOKE UPDATE, DELETE ON triage.job_events FROM triage_app).
+-- only (no TRUNCATE, REFERENCES or TRIGGER). Migration 0003 narrows this per table
+-- (job_events and classifications append-only, jobs never deleted; docs/observability.md).
 ALTER DEFAULT PRIVILEGES FOR ROLE triage IN SCHEMA triage
     GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO triage_app;
 ALTER DEFAULT PRIVILEGES FOR ROLE triage IN SCHEMA triage
