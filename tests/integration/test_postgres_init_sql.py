@@ -116,3 +116,23 @@ def test_databases_are_closed_to_other_roles(server: str, user: str, dbname: str
         admin.execute("DO $$ BEGIN CREATE ROLE outsider LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
     with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
         connect(server, user, dbname).close()
+
+
+def test_the_migrations_run_as_the_owner_and_narrow_the_app_role(server: str) -> None:
+    """What triage-migrate does: every migration as `triage` (no superuser, no CREATEROLE).
+    0003 finds the init script's triage_app and narrows its default privileges per table."""
+    from triage import migrations
+    from triage.database import DatabaseUrl
+
+    with connect(server, "postgres", "postgres") as admin:  # a second job database, laid out like `triage`
+        admin.execute("CREATE DATABASE triage_migrated OWNER triage")
+    with connect(server, "triage", "triage_migrated") as conn:
+        conn.execute("CREATE SCHEMA triage AUTHORIZATION triage")
+        conn.execute("GRANT USAGE ON SCHEMA triage TO triage_app")
+    migrations.upgrade(DatabaseUrl.parse(make_conninfo(server, user="triage", dbname="triage_migrated")))
+    with connect(server, "triage_app", "triage_migrated") as conn:
+        assert conn.execute("SELECT count(*) FROM triage.job_events").fetchone() == (0,)
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM triage.job_events")
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("DROP TABLE triage.jobs")
