@@ -12,11 +12,12 @@ export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
 CONF   ?= {}
 
-.PHONY: help setup migrate run up stop test test-fast bench lint clean
+.PHONY: help setup migrate run up stop test test-fast bench chaos lint clean
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}']  set up, migrate, run classify_documents then reconcile_jobs"
 	@echo "make test                                  the whole test suite"
+	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
 	@echo "make migrate | up | stop | bench | lint"
 
 # The virtualenv is rebuilt when a requirements file changes; constraints.txt locks the tree.
@@ -48,6 +49,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# The failure drill on a deployment of its own under $(TRIAGE_HOME)/chaos (python -m triage.drill.chaos -h).
+CHAOS ?=
+chaos: $(STAMP)
+	$(PY) -m triage.drill.chaos $(CHAOS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check plugins dags tests bench

@@ -1,0 +1,523 @@
+"""The failure drill: ``make chaos`` (``python -m triage.drill.chaos``).
+
+Runs ``classify_documents`` for several dates on a local deployment of its own (real
+``airflow standalone``: scheduler, API server, DAG processor, LocalExecutor task processes;
+the embedded PostgreSQL) with faults injected on every side, then lets reconciliation settle
+it and judges the tables:
+
+- classifier faults through the run's ``drill`` param (transient, permanent, inconclusive; a
+  share of documents delivered twice);
+- a label provider on loopback (:class:`~triage.drill.provider.FakeProvider`) behind the
+  ``triage_label_action`` connection, answering some first requests after the client's timeout
+  although it applied them (timeouts after success);
+- task processes SIGKILLed: ``classify`` while it holds a claim, ``persist`` right after the
+  provider applied an effect and before the answer (the action happened, the record did not);
+- a PostgreSQL restart mid-run (every connection of every component breaks);
+- several workers on one batch (the DAG maps ``classify`` over parallel tasks, when it does).
+
+Afterwards: ``reconcile_jobs`` runs, runs with unfinished jobs are cleared from ``classify``
+on (what an operator does after reading the report), and again, until a reconciliation
+changes nothing. Then :func:`~triage.drill.invariants.check_invariants` and the provider's
+own record decide; the table of faults, outcomes and invariants is printed and the exit code
+is 1 if any invariant is broken or the drill could not finish.
+
+Everything lives under ``$TRIAGE_HOME/chaos`` (its own database server, Airflow home, logs),
+wiped at the start, so a drill never touches the deployment ``make run`` uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+DAG_ID = "classify_documents"
+RECONCILE_DAG_ID = "reconcile_jobs"
+FINISHED = frozenset({"success", "failed"})
+
+
+def _say(message: str) -> None:
+    print(f"chaos: {message}", file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    documents: int = 20_000
+    dates: int = 4
+    first_date: date = date(2026, 10, 1)
+    seed: int = 7
+    transient_error_rate: float = 0.20
+    permanent_error_rate: float = 0.01
+    inconclusive_rate: float = 0.03
+    duplicate_rate: float = 0.05
+    late_answer_rate: float = 0.002
+    claim_kills: int = 2
+    action_kills: int = 2
+    db_restarts: int = 1
+    lease_seconds: int = 30
+    timeout_s: float = 1800.0
+    settle_rounds: int = 6
+
+    @property
+    def days(self) -> list[date]:
+        return [self.first_date + timedelta(days=i) for i in range(self.dates)]
+
+    def conf(self) -> dict[str, Any]:
+        return {
+            "documents": self.documents // self.dates,
+            "lease_seconds": self.lease_seconds,
+            "drill": {
+                "transient_error_rate": self.transient_error_rate,
+                "permanent_error_rate": self.permanent_error_rate,
+                "inconclusive_rate": self.inconclusive_rate,
+                "duplicate_rate": self.duplicate_rate,
+                "seed": self.seed,
+            },
+        }
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    detail: str
+    at: float
+
+
+@dataclass
+class DrillReport:
+    faults: list[Fault] = field(default_factory=list)
+    runs: dict[str, str] = field(default_factory=dict)
+    states: dict[str, int] = field(default_factory=dict)
+    review_reasons: dict[str, int] = field(default_factory=dict)
+    task_tries: dict[str, int] = field(default_factory=dict)
+    invariants: list[Any] = field(default_factory=list)
+    provider: dict[str, int] = field(default_factory=dict)
+    settle_rounds: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def broken(self) -> list[Any]:
+        return [i for i in self.invariants if not i.holds]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.invariants) and not self.broken
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "error": self.error, "seconds": round(self.seconds, 1), "runs": self.runs,
+            "faults": dict(Counter(f.kind for f in self.faults)),
+            "fault_log": [f.__dict__ for f in self.faults], "states": self.states,
+            "review_reasons": self.review_reasons, "task_tries": self.task_tries, "provider": self.provider,
+            "settle_rounds": self.settle_rounds,
+            "invariants": [{"name": i.name, "description": i.description, "violations": i.violations}
+                           for i in self.invariants],
+        }  # fmt: skip
+
+    def table(self) -> str:
+        from triage.drill.invariants import format_invariants
+
+        lines = ["", "faults injected", "---------------"]
+        kinds = Counter(f.kind for f in self.faults)
+        lines += [f"  {kind:<34} {n:>7}" for kind, n in sorted(kinds.items())] or ["  (none)"]
+        lines += ["", "outcomes", "--------"]
+        lines += [f"  {state:<34} {n:>7}" for state, n in sorted(self.states.items())]
+        lines += [f"    manual_review: {reason:<19} {n:>7}" for reason, n in sorted(self.review_reasons.items())]
+        lines += ["", "airflow task tries (state: count)", "---------------------------------"]
+        lines += [f"  {k:<34} {n:>7}" for k, n in sorted(self.task_tries.items())]
+        lines += ["", "label provider", "--------------"]
+        lines += [f"  {k:<34} {n:>7}" for k, n in sorted(self.provider.items())]
+        lines += ["", f"runs: {json.dumps(self.runs)}", f"settle rounds: {self.settle_rounds}",
+                  f"drill time: {self.seconds:.0f} s", ""]  # fmt: skip
+        if self.invariants:
+            lines += [format_invariants(self.invariants), ""]
+        held = len(self.invariants) - len(self.broken)
+        verdict = "PASSED" if self.ok else "FAILED"
+        lines.append(
+            f"{verdict}: {held}/{len(self.invariants)} invariants hold" + (f"; {self.error}" if self.error else "")
+        )
+        return "\n".join(lines)
+
+
+class Drill:
+    """One drill on a running local deployment (see :func:`run`)."""
+
+    def __init__(self, options: DrillOptions, env: dict[str, str], api: Any, provider: Any, home: Path) -> None:
+        from triage.cli import job_database
+        from triage.database import create_engine
+
+        self.options, self.env, self.api, self.provider, self.home = options, env, api, provider, home
+        self.engine = create_engine(job_database(), pool_size=2, pool_pre_ping=True)
+        self.report = DrillReport()
+        self.started = time.monotonic()
+        self.run_ids = {f"chaos__{d.isoformat()}": d for d in options.days}
+        self._action_kills_left = options.action_kills
+        self._next_action_kill = 200
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def _fault(self, kind: str, target: str, detail: str) -> None:
+        fault = Fault(kind, target, detail, round(time.monotonic() - self.started, 1))
+        with self._lock:
+            self.report.faults.append(fault)
+        _say(f"fault {kind} {target}: {detail}")
+
+    def _task_runner_pids(self, run_id: str | None, task_id: str) -> list[tuple[int, str]]:
+        """The task processes (``airflow worker -- <ti id>``) of running tries of ``task_id``."""
+        ids: dict[str, str] = {}
+        runs = [run_id] if run_id else ["~"]
+        for run in runs:
+            path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run}/taskInstances"
+            with contextlib.suppress(Exception):
+                for ti in self.api.get(path, params={"limit": 100}).get("task_instances", []):
+                    if ti.get("task_id") == task_id and ti.get("state") == "running":
+                        ids[str(ti["id"])] = f"{ti['dag_run_id']}/{task_id}/{ti.get('map_index', -1)}"
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            # The task process itself, not the executor's worker that supervises it: the supervisor
+            # lives on to report the death, as it would after the kernel's OOM killer.
+            if "airflow worker --" not in cmdline or "LocalExecutor" in cmdline:
+                continue
+            for ti_id, name in ids.items():
+                if ti_id in cmdline:
+                    found.append((int(proc.name), name))
+        return found
+
+    def _kill(self, kind: str, run_id: str | None, task_id: str, why: str) -> bool:
+        victims = self._task_runner_pids(run_id, task_id)
+        for pid, name in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                self._fault(kind, name, f"SIGKILL pid {pid} {why}")
+        return bool(victims)
+
+    def on_effect(self, key: str, effects: int) -> None:
+        """The provider applied a new effect: maybe kill the caller before it hears back."""
+        with self._lock:
+            due = self._action_kills_left > 0 and effects >= self._next_action_kill
+            if due:
+                self._action_kills_left -= 1
+                self._next_action_kill = effects + max(self.options.documents // 5, 200)
+        if due:
+            self._kill("kill_after_action", None, "persist", f"after effect #{effects}, before its answer")
+
+    def _running_claims(self, run_id: str) -> int:
+        import sqlalchemy as sa
+
+        day = self.run_ids[run_id]
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.text(
+                "SELECT count(*) FROM triage.jobs WHERE status = 'running' AND step = 'classify'"
+                " AND starts_with(batch_key, :day)"), {"day": day.isoformat()}).scalar_one())  # fmt: skip
+
+    def _completed(self) -> int:
+        import sqlalchemy as sa
+
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(sa.text("SELECT count(*) FROM triage.jobs WHERE status = 'completed'")).scalar_one()
+            )
+
+    def saboteur(self) -> None:
+        """Kills classify under a claim (one run after another) and restarts the database once a
+        third of the documents are done."""
+        from triage import embedded
+
+        claim_targets = list(self.run_ids)[: self.options.claim_kills]
+        while self.options.claim_kills > len(claim_targets):
+            claim_targets.append(claim_targets[-1] if claim_targets else next(iter(self.run_ids)))
+        restarts_left = self.options.db_restarts
+        restart_at = [self.options.documents * (i + 1) // (self.options.db_restarts + 2)
+                      for i in range(self.options.db_restarts)]  # fmt: skip
+        while not self._stop.wait(0.2):
+            try:
+                if claim_targets and self._running_claims(claim_targets[0]) > 0:
+                    if self._kill("kill_during_claim", claim_targets[0], "classify", "while it holds a claim"):
+                        claim_targets.pop(0)
+                        time.sleep(2.0)
+                if restarts_left and self._completed() >= restart_at[0]:
+                    began = time.monotonic()
+                    embedded.restart(self.home)
+                    restarts_left -= 1
+                    restart_at.pop(0)
+                    self._fault("postgres_restart", "embedded PostgreSQL",
+                                f"pg_ctl restart in {time.monotonic() - began:.1f} s; every connection broken")  # fmt: skip
+                if not claim_targets and not restarts_left:
+                    return
+            except Exception as exc:  # noqa: BLE001 - the database may be restarting right now
+                _say(f"saboteur waits: {type(exc).__name__}")
+                time.sleep(0.5)
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def trigger(self) -> None:
+        conf = self.options.conf()
+        for run_id, day in self.run_ids.items():
+            start, end = day.isoformat() + "T00:00:00Z", (day + timedelta(days=1)).isoformat() + "T00:00:00Z"
+            self.api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
+                "dag_run_id": run_id, "logical_date": end, "data_interval_start": start,
+                "data_interval_end": end, "conf": conf, "note": "make chaos"})  # fmt: skip
+        _say(f"triggered {len(self.run_ids)} runs of {DAG_ID}, {conf['documents']} documents each")
+
+    def runs(self, dag_id: str = DAG_ID) -> dict[str, tuple[str, str]]:
+        """``run_id -> (state, day of its data interval)`` of every run of ``dag_id``: the drill's
+        own and the one the scheduler creates for the latest interval when the DAG is unpaused."""
+        rows = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns", params={"limit": 100}).get("dag_runs", [])
+        return {r["dag_run_id"]: (str(r["state"]), str(r.get("data_interval_start") or "")[:10]) for r in rows}
+
+    def wait_runs(self, run_ids: Sequence[str] | None = None, dag_id: str = DAG_ID) -> dict[str, str]:
+        """Wait until ``run_ids`` (default: every run of ``dag_id``) have finished."""
+        deadline = self.started + self.options.timeout_s
+        last = ""
+        while True:
+            with contextlib.suppress(Exception):
+                states = {r: state for r, (state, _) in self.runs(dag_id).items()}
+                wanted = {r: states.get(r, "missing") for r in (run_ids if run_ids is not None else states)}
+                summary = json.dumps(dict(Counter(wanted.values())))
+                if summary != last:
+                    _say(f"{dag_id} runs: {summary}")
+                    last = summary
+                if all(s in FINISHED for s in wanted.values()):
+                    return wanted
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{dag_id} runs not finished after {self.options.timeout_s:.0f} s: {last}")
+            time.sleep(2.0)
+
+    def reconcile(self, round_no: int) -> int:
+        """One ``reconcile_jobs`` run through Airflow; how many repairs it made."""
+        import sqlalchemy as sa
+
+        run_id = f"chaos_reconcile__{round_no}"
+        self.api.send("POST", f"/api/v2/dags/{RECONCILE_DAG_ID}/dagRuns",
+                      {"dag_run_id": run_id, "logical_date": None,
+                       "conf": {"grace_seconds": 0, "outbox_age_seconds": 0}})  # fmt: skip
+        state = self.wait_runs([run_id], RECONCILE_DAG_ID)[run_id]
+        if state != "success":
+            raise RuntimeError(f"{RECONCILE_DAG_ID} run {run_id} ended {state}")
+        with self.engine.connect() as conn:
+            repairs = conn.execute(sa.text(
+                "SELECT repairs FROM triage.reconciliation_runs WHERE finished_at IS NOT NULL"
+                " ORDER BY id DESC LIMIT 1")).scalar_one()  # fmt: skip
+        return sum(int(r.get("count", 0)) for r in repairs or [] if isinstance(r, dict))
+
+    def unfinished(self) -> dict[str, int]:
+        import sqlalchemy as sa
+
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.text(
+                "SELECT batch_key, count(*) FROM triage.jobs"
+                " WHERE status NOT IN ('completed', 'manual_review', 'terminal_failed') GROUP BY 1")).all()  # fmt: skip
+        return {r[0]: int(r[1]) for r in rows}
+
+    def clear_from_classify(self, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            self.api.send("POST", f"/api/v2/dags/{DAG_ID}/clearTaskInstances", {
+                "dry_run": False, "dag_run_id": run_id, "task_ids": ["classify"], "include_downstream": True,
+                "only_failed": False, "reset_dag_runs": True})  # fmt: skip
+        _say(f"cleared {list(run_ids)} from classify on (unfinished jobs after reconciliation)")
+
+    def settle(self) -> None:
+        """Reconcile until a round changes nothing; clear the runs that still have open jobs."""
+        for round_no in range(1, self.options.settle_rounds + 1):
+            self.report.settle_rounds = round_no
+            repairs = self.reconcile(round_no)
+            open_jobs = self.unfinished()
+            _say(f"reconciliation {round_no}: {repairs} repairs, unfinished jobs {sum(open_jobs.values())}")
+            if not open_jobs and repairs == 0:
+                return
+            if open_jobs:
+                days = {k.split("T", 1)[0] for k in open_jobs}
+                runs = [r for r, (_, day) in self.runs().items() if day in days]
+                if runs:
+                    self.clear_from_classify(runs)
+                    time.sleep(3.0)
+                self.wait_runs()
+        raise RuntimeError(f"reconciliation still changing things after {self.options.settle_rounds} rounds")
+
+    # -- judgement ---------------------------------------------------------------------------
+
+    def judge(self) -> None:
+        import sqlalchemy as sa
+
+        from triage.drill.invariants import Invariant, check_invariants
+
+        with self.engine.connect() as conn:
+            self.report.states = {r[0]: int(r[1]) for r in conn.execute(sa.text(
+                "SELECT status::text, count(*) FROM triage.jobs GROUP BY 1"))}  # fmt: skip
+            self.report.review_reasons = {r[0]: int(r[1]) for r in conn.execute(sa.text(
+                "SELECT reason, count(*) FROM triage.manual_review WHERE resolved_at IS NULL GROUP BY 1"))}  # fmt: skip
+            completed_keys = {r[0] for r in conn.execute(sa.text(
+                "SELECT idempotency_key FROM triage.jobs WHERE status = 'completed'"))}  # fmt: skip
+            invariants = check_invariants(conn, None, effects_per_key=dict(self.provider.applied))
+        # The provider's side: one effect per document (a duplicate delivery is one job, so one
+        # key), and every completed job's effect is there (nothing completed without it).
+        per_document = Counter((b.get("source"), b.get("external_id")) for b in self.provider.effects.values())
+        invariants.append(Invariant("one_effect_per_document", "the provider applied one label per document",
+                                    sum(1 for n in per_document.values() if n > 1)))  # fmt: skip
+        invariants.append(Invariant("completed_has_effect", "every completed job's label reached the provider",
+                                    len(completed_keys - set(self.provider.effects))))  # fmt: skip
+        self.report.invariants = invariants
+        self.report.provider = {
+            "requests": sum(self.provider.requests.values()),
+            "effects": len(self.provider.effects),
+            "keys asked more than once": sum(1 for n in self.provider.requests.values() if n > 1),
+            "answered after the client's timeout": self.provider.late_answers,
+        }
+        tries: Counter[str] = Counter()
+        for run_id in self.runs():
+            with contextlib.suppress(Exception):
+                for ti in self.api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").get(
+                    "task_instances", []
+                ):
+                    tries[f"{ti['task_id']}: tries"] += int(ti.get("try_number") or 0)
+        self.report.task_tries = dict(tries)
+
+
+def _prepare_home(home: Path) -> None:
+    """A fresh drill home: stop what a previous drill left running, then wipe it."""
+    from triage import embedded, local
+
+    if home.exists():
+        env = {"TRIAGE_HOME": str(home)}
+        pid = local.running_pid(env)
+        if pid is not None:
+            local._kill_group(pid)
+        embedded.stop(home)
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+
+
+def run(options: DrillOptions, home: Path) -> DrillReport:
+    """The whole drill; the caller prints :meth:`DrillReport.table`."""
+    from triage import embedded, local
+    from triage.drill.provider import FakeProvider
+    from triage.reconciliation.airflow_view import AirflowApi
+
+    began = time.monotonic()
+    _prepare_home(home)
+    os.environ["TRIAGE_HOME"] = str(home)
+    os.environ.pop("TRIAGE_DATABASE_URL", None)  # the drill restarts its own server, never yours
+    port = _free_port()
+    os.environ.update({
+        "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": f"http://localhost:{port}",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{port}/execution/",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+        # A supervisor that died with the database restart is declared dead after a minute, not five.
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+    })  # fmt: skip
+    drill: Drill | None = None
+    provider = FakeProvider(late_rate=options.late_answer_rate, late_by_s=1.5, seed=options.seed)
+    report = DrillReport()
+    with provider:
+        os.environ["AIRFLOW_CONN_TRIAGE_LABEL_ACTION"] = json.dumps(
+            {"conn_type": "http", "host": provider.url, "extra": {"timeout": 1.0}}
+        )
+        try:
+            if local.up() != 0:
+                raise RuntimeError("airflow standalone did not start")
+            env = local.environment()
+            users = local.login(env)
+            user, password = next(iter(users.items()))
+            api = AirflowApi(local.base_url(env), username=user, password=password, timeout_s=30)
+            drill = Drill(options, env, api, provider, home)
+            provider.on_effect = drill.on_effect
+            _wait_dag(api, DAG_ID)
+            _wait_dag(api, RECONCILE_DAG_ID)
+            drill.trigger()
+            for dag_id in (DAG_ID, RECONCILE_DAG_ID):
+                api.send("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+            saboteur = threading.Thread(target=drill.saboteur, name="chaos-saboteur", daemon=True)
+            saboteur.start()
+            time.sleep(5.0)  # the scheduler creates the unpaused DAG's own latest run
+            drill.report.runs = drill.wait_runs()
+            drill._stop.set()
+            saboteur.join(timeout=10)
+            drill.settle()
+            drill.report.runs = {r: state for r, (state, _) in drill.runs().items()}
+            drill.judge()
+        except Exception as exc:  # noqa: BLE001 - the report says what went wrong; the exit code fails
+            target = drill.report if drill is not None else report
+            target.error = f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                if drill is not None:
+                    drill.judge()
+        finally:
+            if drill is not None:
+                drill._stop.set()
+                report = drill.report
+                drill.engine.dispose()
+            pid = local.running_pid({"TRIAGE_HOME": str(home)})
+            if pid is not None:
+                local._kill_group(pid)
+            embedded.stop(home)
+    report.seconds = time.monotonic() - began
+    (home / "report.json").write_text(json.dumps(report.as_dict(), indent=2, default=str), encoding="utf-8")
+    return report
+
+
+def _wait_dag(api: Any, dag_id: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            api.get(f"/api/v2/dags/{dag_id}")
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{dag_id} not parsed after {timeout:.0f} s")
+        time.sleep(1.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    defaults = DrillOptions()
+    parser = argparse.ArgumentParser(prog="python -m triage.drill.chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--documents", type=int, default=defaults.documents)
+    parser.add_argument("--dates", type=int, default=defaults.dates)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--claim-kills", type=int, default=defaults.claim_kills)
+    parser.add_argument("--action-kills", type=int, default=defaults.action_kills)
+    parser.add_argument("--db-restarts", type=int, default=defaults.db_restarts)
+    parser.add_argument("--home", type=Path, default=None, help="default: $TRIAGE_HOME/chaos")
+    args = parser.parse_args(argv)
+    from triage.embedded import triage_home
+
+    home = (args.home or triage_home() / "chaos").resolve()
+    options = DrillOptions(documents=args.documents, dates=args.dates, seed=args.seed, claim_kills=args.claim_kills,
+                           action_kills=args.action_kills, db_restarts=args.db_restarts)  # fmt: skip
+    report = run(options, home)
+    print(report.table())
+    print(f"report: {home / 'report.json'}")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
