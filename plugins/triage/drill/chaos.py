@@ -260,10 +260,10 @@ class Drill:
                       for i in range(self.options.db_restarts)]  # fmt: skip
         while not self._stop.wait(0.2):
             try:
-                if claim_targets and self._running_claims(claim_targets[0]) > 0:
-                    if self._kill("kill_during_claim", claim_targets[0], "classify", "while it holds a claim"):
-                        claim_targets.pop(0)
-                        time.sleep(2.0)
+                if (claim_targets and self._running_claims(claim_targets[0]) > 0
+                        and self._kill("kill_during_claim", claim_targets[0], "classify", "while it holds a claim")):  # fmt: skip
+                    claim_targets.pop(0)
+                    time.sleep(2.0)
                 if restarts_left and self._completed() >= restart_at[0]:
                     began = time.monotonic()
                     embedded.restart(self.home)
