@@ -5,6 +5,12 @@ off, backfillable from the CLI. Trigger it from the UI with the typed params for
 failures never fail a task; a task fails when a dependency is down or retryable work remains,
 and Airflow retries it with exponential backoff. When Airflow gives up, the failure callback
 moves the batch's unfinished jobs to manual review.
+
+``classify`` is mapped over ``CLASSIFY_WORKERS`` parallel task instances of the same batch:
+each claims jobs with ``FOR UPDATE SKIP LOCKED`` under its own lease owner (the map index is
+part of it), so under the CeleryExecutor they classify on different workers at once and split
+the batch between them; under ``airflow dags test`` they run one after the other and the first
+usually finds all the work. The count is a constant: the DAG file does no work when it is parsed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from triage.operators import (
     PublishEventsOperator,
     RetrieveDocumentsOperator,
 )
+
+CLASSIFY_WORKERS = 2
+"""Parallel ``classify`` task instances per run (map indexes 0..N-1)."""
 
 with DAG(
     dag_id="classify_documents",
@@ -43,7 +52,7 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     retrieve = RetrieveDocumentsOperator(task_id="retrieve")
-    classify = ClassifyDocumentsOperator(task_id="classify")
+    classify = ClassifyDocumentsOperator.partial(task_id="classify").expand(worker=list(range(CLASSIFY_WORKERS)))
     persist = PersistLabelsOperator(task_id="persist")
     publish = PublishEventsOperator(task_id="publish_events")
 

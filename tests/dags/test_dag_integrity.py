@@ -61,6 +61,18 @@ def test_classify_documents_is_scheduled_with_real_intervals(dagbag) -> None:  #
     assert [t.task_id for t in dag.topological_sort()] == ["retrieve", "classify", "persist", "publish_events"]
 
 
+def test_classify_is_mapped_over_parallel_instances_of_the_same_batch(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """Every map index claims from the whole batch (SKIP LOCKED); the count is a constant."""
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    task = dagbag.dags["classify_documents"].get_task("classify")
+    assert isinstance(task, MappedOperator)
+    workers = task.expand_input.value["worker"]
+    assert workers == list(range(len(workers)))
+    assert len(workers) >= 2
+    assert task.retries >= 1
+
+
 def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) -> None:  # type: ignore[no-untyped-def]
     from triage.callbacks import on_task_failure
 

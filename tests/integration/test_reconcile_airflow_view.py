@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
+from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
 from triage.reconciliation.airflow_view import AirflowApi, airflow_view, batch_key_of
 from triage.reconciliation.params import ReconcileParams
@@ -96,6 +97,19 @@ def test_a_failed_task_of_a_finished_run_sends_its_unfinished_batch_to_review(st
     again = airflow_view(store, ReconcileParams(), api(fake))
     assert again.findings == ()
     assert again.repairs == ()
+
+
+def test_a_failed_map_index_is_named_and_its_siblings_live_lease_is_spared(store: JobStore) -> None:
+    """``classify`` is mapped: the repair takes what the failed map index held, not a sibling's lease."""
+    unfinished(store)
+    sibling = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=300,
+                          owner=f"classify_documents/{RUN}/classify/0/try1")  # fmt: skip
+    failed = {**ti(), "map_index": 1}
+    result = airflow_view(store, ReconcileParams(), api(FakeAirflow([run()], [failed])))
+    assert [(f.check, f.count, f.data["map_index"]) for f in result.findings] == [("task_failed", 4, 1)]
+    assert "/classify[1] is failed" in result.findings[0].detail
+    assert [(r.action, r.count) for r in result.repairs] == [("batch_sent_to_review", 3)]
+    assert store.get_status(sibling.jobs[0].id) == JobStatus.RUNNING
 
 
 def test_up_for_retry_is_reported_and_left_to_airflow(store: JobStore) -> None:

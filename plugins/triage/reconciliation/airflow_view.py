@@ -172,8 +172,10 @@ def airflow_view(store: JobStore, params: ReconcileParams, api: AirflowApi | Non
         open_jobs = unfinished.get(batch) if batch else None
         if open_jobs is None:
             continue
-        where = f"{ti.run_id}/{ti.task_id} is {ti.state} (try {ti.try_number}) with batch {batch}"
-        data = {"run_id": ti.run_id, "task_id": ti.task_id, "state": ti.state, "batch_key": batch}
+        task = ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else "")  # classify is mapped
+        where = f"{ti.run_id}/{task} is {ti.state} (try {ti.try_number}) with batch {batch}"
+        data = {"run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index, "state": ti.state,
+                "batch_key": batch}  # fmt: skip
         certain = ti.state == "failed" and runs[ti.run_id].state == "failed" and batch not in active
         findings.append(Finding(f"task_{ti.state}", int(open_jobs.n), where, sample(open_jobs.job_ids),
                                 "send_batch_to_review" if certain else None, data))  # fmt: skip
