@@ -12,12 +12,13 @@ export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
 CONF   ?= {}
 
-.PHONY: help setup migrate run up stop test test-fast bench chaos lint clean
+.PHONY: help setup migrate run up stop test test-fast bench chaos distributed lint clean
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}']  set up, migrate, run classify_documents then reconcile_jobs"
 	@echo "make test                                  the whole test suite"
 	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
+	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
 	@echo "make migrate | up | stop | bench | lint"
 
 # The virtualenv is rebuilt when a requirements file changes; constraints.txt locks the tree.
@@ -54,6 +55,11 @@ bench: $(STAMP)
 CHAOS ?=
 chaos: $(STAMP)
 	$(PY) -m triage.drill.chaos $(CHAOS)
+
+# classify_documents for DATE under CeleryExecutor on this machine: Redis (apt's redis-server,
+# installed when missing and root), two Celery workers, all stopped again (docs/distributed.md).
+distributed: $(STAMP)
+	$(PY) -m triage.distributed --date '$(DATE)' --conf '$(CONF)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check plugins dags tests bench

@@ -385,17 +385,47 @@ def up(timeout: float = UP_TIMEOUT) -> int:
 
 def _kill_group(pid: int, timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
+    kill_groups([pid], timeout)
+
+
+def kill_groups(pids: Sequence[int], timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM the process groups led by ``pids`` at once, then SIGKILL what is left after ``timeout``.
+
+    Group leaders started by the caller must still be reaped by it (``Popen.wait``). A zombie
+    leader keeps its group id alive, so such a group counts as gone once no other member lives.
+    """
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if _group_alive(pid)]
+        if left:
+            time.sleep(0.2)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _group_alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if _alive(pid):
+        return True
+    # The leader is gone or a zombie: the group lives on only if another member does.
+    with contextlib.suppress(OSError):
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pid and fields[0] != "Z":
+                    return True
+        return False
+    return True
 
 
 def stop() -> int:

@@ -118,6 +118,15 @@ class AirflowApi:
         except ValueError:
             raise AirflowApiUnavailable(f"GET {path} did not answer JSON") from None
 
+    def send(self, method: str, path: str, body: Any = None) -> Any:
+        """A call that acts (``POST``, ``PATCH``: ``make distributed`` triggers runs); its JSON."""
+        token = self.token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = self._call(method, path, json=body, headers=headers)
+        if response.status_code >= 400:
+            raise AirflowApiUnavailable(f"{method} {path} answered HTTP {response.status_code}: {response.text[:1000]}")
+        return response.json() if response.content else None
+
     def _pages(self, path: str, key: str, params: list[tuple[str, str]]) -> Iterator[dict[str, Any]]:
         offset = 0
         while True:
