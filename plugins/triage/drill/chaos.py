@@ -277,6 +277,34 @@ class Drill:
                 _say(f"saboteur waits: {type(exc).__name__}")
                 time.sleep(0.5)
 
+    def supervisor(self) -> None:
+        """What ``restart: always`` does in docker-compose and systemd does on a host: Airflow 3.3's
+        scheduler exits when PostgreSQL drops its connection (``AdminShutdown``), and standalone
+        does not start it again. When the API server has reported the scheduler unhealthy for
+        ``grace`` seconds, restart the deployment's Airflow (its running tasks die with it)."""
+        from triage import local
+
+        grace, unhealthy_since = 45.0, None
+        while not self._stop.wait(3.0):
+            doc = local.health(local.base_url(self.env))
+            healthy = bool(doc and (doc.get("scheduler") or {}).get("status") == "healthy")
+            if healthy:
+                unhealthy_since = None
+                continue
+            unhealthy_since = unhealthy_since or time.monotonic()
+            if time.monotonic() - unhealthy_since < grace:
+                continue
+            pid = local.running_pid(self.env)
+            if pid is not None:
+                local._kill_group(pid)
+            if local.up() != 0:
+                self._fault("airflow_restart_failed", "airflow standalone", "could not start it again")
+                return
+            self.api._token = None  # a new API server: ask for a new token
+            self._fault("airflow_restarted", "airflow standalone",
+                        f"scheduler unhealthy for {grace:.0f} s (exited on the database restart); restarted")  # fmt: skip
+            unhealthy_since = None
+
     # -- runs --------------------------------------------------------------------------------
 
     def trigger(self) -> None:
@@ -458,11 +486,14 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
                 api.send("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
             saboteur = threading.Thread(target=drill.saboteur, name="chaos-saboteur", daemon=True)
             saboteur.start()
+            supervisor = threading.Thread(target=drill.supervisor, name="chaos-supervisor", daemon=True)
+            supervisor.start()
             time.sleep(5.0)  # the scheduler creates the unpaused DAG's own latest run
             drill.report.runs = drill.wait_runs()
-            drill._stop.set()
             saboteur.join(timeout=10)
             drill.settle()
+            drill._stop.set()
+            supervisor.join(timeout=60)
             drill.report.runs = {r: state for r, (state, _) in drill.runs().items()}
             drill.judge()
         except Exception as exc:  # noqa: BLE001 - the report says what went wrong; the exit code fails
