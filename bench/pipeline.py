@@ -4,6 +4,7 @@ adapters), so Airflow's start-up is excluded as the issue asks."""
 
 from __future__ import annotations
 
+import multiprocessing
 import tempfile
 import time
 import uuid
@@ -16,7 +17,7 @@ from tests.fakes.openai_server import FakeOpenAIServer, keyword_responder
 from triage.classifiers import Taxonomy, build_classifier
 from triage.classifiers.base import ClassifyRequest, decide_outcome
 from triage.contracts.documents import DocumentPayload
-from triage.database import create_engine
+from triage.database import DatabaseUrl, create_engine
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -26,6 +27,7 @@ from triage.pipeline.steps import RunSettings, run_step
 from triage.sources.synthetic import SyntheticSource
 
 E2E_N = 100_000
+CLASSIFY_WORKERS = 2  # dags/classify_documents.py maps classify over this many task instances
 LLM_N = 2_000
 LLM_CONCURRENCY = 32
 LLM_LATENCY_MS = 200.0
@@ -38,18 +40,42 @@ ON CONFLICT (source, external_id) DO UPDATE SET label = excluded.label, confiden
 """)
 
 
-def _stages(store: JobStore, payloads: PayloadStore, classifier, n: int, batch: str, concurrency: int = 1) -> float:  # type: ignore[no-untyped-def]
-    """retrieve → classify → persist as the DAG runs them; seconds from start to last completion."""
-    start = time.perf_counter()
-    retrieve(store, SyntheticSource(n, seed=1), payloads, start=DAY, end=DAY + timedelta(days=1), batch_key=batch,
-             classifier_version=classifier.version, max_attempts=3)  # fmt: skip
-    handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.7, concurrency))
+def _classify_worker(url: DatabaseUrl, payload_base: str, batch: str, worker: int) -> None:
+    """One mapped ``classify`` task instance: its own process, engine and classifier."""
+    engine = create_engine(url, pool_size=2)
+    handler = ClassifyHandler(build_classifier("keyword", taxonomy=Taxonomy.load()), PayloadStore(payload_base),
+                              ClassifySettings(0.7, 1))  # fmt: skip
     try:
-        run_step(store, handler, batch_key=batch, settings=RunSettings(owner="bench", progress_every_seconds=1e9))
+        run_step(JobStore(engine), handler, batch_key=batch,
+                 settings=RunSettings(owner=f"bench/classify/{worker}/try1", progress_every_seconds=1e9))  # fmt: skip
     finally:
         handler.close()
+        engine.dispose()
+
+
+def _stages(store: JobStore, url: DatabaseUrl, payload_base: str, classifier, n: int, batch: str,  # type: ignore[no-untyped-def]
+            workers: int) -> dict[str, float]:  # fmt: skip
+    """retrieve → classify (``workers`` processes, as the DAG maps it) → persist; seconds per stage."""
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    retrieve(store, SyntheticSource(n, seed=1), PayloadStore(payload_base), start=DAY, end=DAY + timedelta(days=1),
+             batch_key=batch, classifier_version=classifier.version, max_attempts=3)  # fmt: skip
+    seconds["retrieve"] = time.perf_counter() - start
+    step = time.perf_counter()
+    context = multiprocessing.get_context("spawn")  # what a fresh task process is: nothing inherited
+    procs = [context.Process(target=_classify_worker, args=(url, payload_base, batch, i)) for i in range(workers)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"classify worker exited {proc.exitcode}")
+    seconds["classify"] = time.perf_counter() - step
+    step = time.perf_counter()
     run_step(store, PersistHandler(store), batch_key=batch, settings=RunSettings(owner="bench"))
-    return time.perf_counter() - start
+    seconds["persist"] = time.perf_counter() - step
+    seconds["total"] = time.perf_counter() - start
+    return seconds
 
 
 def _naive(engine: sa.Engine, classifier, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -84,7 +110,8 @@ def bench_end_to_end() -> list[Figure]:
             conn.execute(sa.text("CREATE TABLE naive.labels (source text, external_id text, label text,"
                                  " confidence float8, PRIMARY KEY (source, external_id))"))  # fmt: skip
         naive_s = _naive(engine, classifier, E2E_N)
-        ours_s = _stages(JobStore(engine), PayloadStore(f"{tmp}/payloads"), classifier, E2E_N, "e2e")
+        stages = _stages(JobStore(engine), url, f"{tmp}/payloads", classifier, E2E_N, "e2e", CLASSIFY_WORKERS)
+        ours_s = stages["total"]
         with engine.connect() as conn:
             settled = conn.execute(sa.text("SELECT count(*) FROM triage.jobs WHERE status IN"
                                            " ('completed', 'manual_review', 'terminal_failed')")).scalar()  # fmt: skip
@@ -92,7 +119,8 @@ def bench_end_to_end() -> list[Figure]:
         engine.dispose()
     return [
         Figure("end to end, keyword, 100k documents", "docs/s", E2E_N / ours_s, "target", 5000.0,
-               target_ratio=1.0, details={"seconds": round(ours_s, 2)}),
+               target_ratio=1.0, details={"seconds": round(ours_s, 2), "classify_workers": CLASSIFY_WORKERS,
+                                          **{f"{k}_seconds": round(v, 2) for k, v in stages.items() if k != "total"}}),
         Figure("reliability overhead (ledger vs naive script)", "docs/s", E2E_N / ours_s,
                "naive: classify + upsert labels", E2E_N / naive_s, details={"naive_seconds": round(naive_s, 2),
                                                                             "ledger_seconds": round(ours_s, 2)}),
