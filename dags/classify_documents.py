@@ -31,6 +31,11 @@ from triage.operators import (
 CLASSIFY_WORKERS = 2
 """Parallel ``classify`` task instances per run (map indexes 0..N-1)."""
 
+LLM_POOL, CLASSIFY_POOL_SLOTS = "llm_api", 8
+"""Each ``classify`` instance holds 8 slots of the ``llm_api`` pool (airflow_settings.yaml) and
+keeps at most that many model calls in flight, so the pool's size bounds the model calls of
+every worker together."""
+
 with DAG(
     dag_id="classify_documents",
     description="Retrieve documents of a day, classify them, persist labels, publish events",
@@ -52,7 +57,9 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     retrieve = RetrieveDocumentsOperator(task_id="retrieve")
-    classify = ClassifyDocumentsOperator.partial(task_id="classify").expand(worker=list(range(CLASSIFY_WORKERS)))
+    classify = ClassifyDocumentsOperator.partial(
+        task_id="classify", pool=LLM_POOL, pool_slots=CLASSIFY_POOL_SLOTS
+    ).expand(worker=list(range(CLASSIFY_WORKERS)))
     persist = PersistLabelsOperator(task_id="persist")
     publish = PublishEventsOperator(task_id="publish_events")
 

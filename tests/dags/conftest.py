@@ -60,7 +60,7 @@ def dags_connection(pg_server, jobs_url):  # type: ignore[no-untyped-def]
 def deployment(pg_server, template_db, tmp_path_factory) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
     """A migrated Airflow metadata database and a job database (cloned from the migrated
     template) on the test server, with TRIAGE_HOME (payloads, event log) in a temporary folder."""
-    from tests.dags.airflow_harness import airflow_test_env, migrate_metadata
+    from tests.dags.airflow_harness import airflow_cli, airflow_test_env, migrate_metadata
 
     suffix = uuid.uuid4().hex[:10]
     metadata_db, jobs_db = f"airflow_test_{suffix}", f"triage_test_{suffix}"
@@ -80,6 +80,9 @@ def deployment(pg_server, template_db, tmp_path_factory) -> Iterator[Deployment]
         },
     )
     migrate_metadata(env)
+    # classify takes slots of the llm_api pool (airflow_settings.yaml): a scheduler never queues
+    # a task whose pool does not exist.
+    airflow_cli(env, "pools", "set", "llm_api", "32", "model calls in flight")
     yield Deployment(env=env, jobs_url=jobs_url, home=home)
     with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{metadata_db}" WITH (FORCE)')

@@ -73,6 +73,18 @@ def test_classify_is_mapped_over_parallel_instances_of_the_same_batch(dagbag) ->
     assert task.retries >= 1
 
 
+def test_classify_holds_slots_of_the_llm_api_pool_the_settings_define(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """The pool's size bounds model calls across every worker: each instance holds slots and
+    keeps no more calls in flight than it holds."""
+    import yaml
+
+    task = dagbag.dags["classify_documents"].get_task("classify")
+    pools = yaml.safe_load((ROOT / "airflow_settings.yaml").read_text())["airflow"]["pools"]
+    size = {p["pool_name"]: p["pool_slot"] for p in pools}[task.pool]
+    assert task.pool == "llm_api"
+    assert 1 <= task.pool_slots <= size
+
+
 def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) -> None:  # type: ignore[no-untyped-def]
     from triage.callbacks import on_task_failure
 

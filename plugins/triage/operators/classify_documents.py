@@ -171,8 +171,13 @@ class ClassifyDocumentsOperator(TriageOperator):
 
         config = self.run_config(context)
         classifier = build_run_classifier(config, self.llm_conn_id)
-        # The keyword classifier is CPU-bound: threads would only contend for the GIL.
-        concurrency = config.concurrency if config.classifier == "llm" else 1
+        # The keyword classifier is CPU-bound: threads would only contend for the GIL. Model
+        # calls in flight never exceed the pool slots this task holds (the llm_api pool bounds
+        # them across every worker).
+        concurrency = min(config.concurrency, max(self.pool_slots, 1)) if config.classifier == "llm" else 1
+        if config.classifier == "llm" and concurrency < config.concurrency:
+            log.info("concurrency %d capped at this task's %d slots of pool %s", config.concurrency, concurrency,
+                     self.pool)  # fmt: skip
         separate = self.separate_persist or label_action_connection(self.action_conn_id) is not None
         handler = ClassifyHandler(classifier, _payloads(self.payload_base),
                                   ClassifySettings(config.confidence_threshold, concurrency, separate))  # fmt: skip
