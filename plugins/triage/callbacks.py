@@ -18,12 +18,15 @@ def on_task_failure(context: Any) -> None:
     """When Airflow gives up on a task: move its batch's unfinished jobs to ``manual_review``
     with reason ``airflow_task_failed`` and the task's error.
 
-    Jobs leased by other live tasks are left alone. The one broad ``except`` of the execution
-    path: a callback that raised would hide the task's own error and change nothing.
+    Jobs leased by other live tasks are left alone. A map index of a mapped task (``classify``)
+    moves only what it held and expired leases: the batch's unleased jobs belong to its
+    siblings while any of them runs, and when the whole run has failed ``reconcile_jobs``
+    moves them (its Airflow view). The one broad ``except`` of the execution path: a callback
+    that raised would hide the task's own error and change nothing.
     """
     try:
         from triage.jobs.store import JobStore
-        from triage.operators.base import batch_key, database_url_from_connection, owner_prefix
+        from triage.operators.base import batch_key, database_url_from_connection, map_index, owner_prefix
 
         task = context.get("task")
         conn_id = getattr(task, "triage_conn_id", "triage_db")
@@ -38,6 +41,7 @@ def on_task_failure(context: Any) -> None:
                 context={"task_id": context["ti"].task_id, "run_id": context["ti"].run_id,
                          "try_number": context["ti"].try_number},
                 actor=f"{owner_prefix(context)}failure_callback",
+                take_unleased=map_index(context) < 0,
             )  # fmt: skip
         finally:
             engine.dispose()

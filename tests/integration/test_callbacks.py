@@ -1,6 +1,7 @@
-"""The failure callback with ``classify`` mapped: when Airflow gives up on one map index, the
-batch's unfinished jobs go to review, except those a sibling map index holds under a live lease
-(it is still working on them and will record them)."""
+"""The failure callback with ``classify`` mapped: when Airflow gives up on one map index, what
+that index held goes to review; the jobs nobody holds and those a sibling map index holds under
+a live lease stay (the siblings are still working on the batch; if the whole run fails,
+reconciliation moves what is left)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ def test_a_failed_map_index_spares_the_jobs_its_sibling_holds(
     dead = store.claim(batch_key=BATCH, step="classify", limit=2, lease_seconds=300, owner=owner(failed, 4))
     alive = store.claim(batch_key=BATCH, step="classify", limit=2, lease_seconds=300, owner=owner(sibling))
     dead_ids, alive_ids = [j.id for j in dead.jobs], [j.id for j in alive.jobs]
+    with store.engine.connect() as conn:
+        unheld = list(conn.execute(sa.text("SELECT id FROM triage.jobs WHERE batch_key = :b AND status = 'queued'"),
+                                   {"b": BATCH}).scalars())  # fmt: skip
 
     on_task_failure(failure_context(failed))
 
@@ -62,7 +66,8 @@ def test_a_failed_map_index_spares_the_jobs_its_sibling_holds(
                     " AND lease_rescues = 0 AND NOT (id = ANY(:ids))"), {"b": BATCH, "ids": dead_ids},
         ).scalar_one()  # fmt: skip
         reasons = conn.execute(sa.text("SELECT DISTINCT reason FROM triage.manual_review")).scalars().all()
-    assert unclaimed == 2  # nobody held them: they go to review with the failed task's batch
+    assert unclaimed == 0  # nobody held them: a sibling (or its next try) will claim them
+    assert statuses(store, unheld) == [JobStatus.QUEUED] * 2
     assert reasons == ["airflow_task_failed"]
 
     # The sibling records its jobs as usual; the callback again (Airflow may call it twice) moves nothing.

@@ -167,8 +167,13 @@ class JobStore:
         return LeaseRelease(retrying=len(rows) - to_review, to_review=to_review, job_ids=tuple(r.id for r in rows))
 
     def send_batch_to_review(self, batch_key: str, *, reason: str, error: str | None, owner_prefix: str,
-                             context: Mapping[str, Any] | None = None, actor: str = "failure_callback") -> int:  # fmt: skip
+                             context: Mapping[str, Any] | None = None, actor: str = "failure_callback",
+                             take_unleased: bool = True) -> int:  # fmt: skip
         """Move the batch's unfinished jobs to ``manual_review``; returns how many moved.
+
+        :param take_unleased: also the jobs nobody holds (queued, retryable, waiting); False
+            takes only the leases of ``owner_prefix`` and expired ones (a failed map index
+            leaves the rest to its siblings).
 
         Idempotent: a second call finds nothing left to move.
         """
@@ -176,7 +181,7 @@ class JobStore:
             rows = conn.execute(
                 T.send_batch_to_review(),
                 {"p_batch_key": batch_key, "reason": reason, "error": error, "owner_prefix": owner_prefix,
-                 "context": _json(context or {})},
+                 "context": _json(context or {}), "take_unleased": take_unleased},
             ).all()  # fmt: skip
         return len(rows)
 

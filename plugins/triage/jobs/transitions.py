@@ -469,8 +469,10 @@ def release_expired_leases() -> Any:
 def send_batch_to_review() -> Any:
     """Move a batch's unfinished jobs to ``manual_review`` (the failure callback).
 
-    Takes jobs nobody holds, and running jobs whose lease belongs to ``:owner_prefix`` (the
-    task that failed) or has expired; a live lease of another worker is left alone.
+    Takes running jobs whose lease belongs to ``:owner_prefix`` (the task that failed) or has
+    expired, and, with ``:take_unleased``, the jobs nobody holds; a live lease of another
+    worker is left alone. A failed map index of a mapped task passes ``take_unleased=false``:
+    the unleased jobs are its siblings' work while any of them still runs.
     """
     open_states = [_status(s) for s in (S.RECEIVED, S.QUEUED, S.RETRYABLE_FAILED, S.WAITING)]
     target = (
@@ -478,7 +480,7 @@ def send_batch_to_review() -> Any:
         .where(
             jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
             sa.or_(
-                jobs.c.status.in_(open_states),
+                sa.and_(sa.bindparam("take_unleased", type_=sa.Boolean), jobs.c.status.in_(open_states)),
                 sa.and_(
                     jobs.c.status == _status(S.RUNNING),
                     sa.or_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),

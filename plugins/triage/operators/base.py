@@ -36,10 +36,20 @@ def batch_key(context: Context) -> str:
     return f"{start.isoformat()}/{end.isoformat()}"
 
 
+def map_index(context: Context) -> int:
+    """The task instance's map index; -1 when it is not mapped (the SDK may also say None)."""
+    index = getattr(context["ti"], "map_index", None)
+    return -1 if index is None else int(index)
+
+
 def owner_prefix(context: Context) -> str:
-    """``dag/run/task/map_index/``: leases of every try of this task start with it."""
+    """``dag/run/task/map_index/``: leases of every try of this task start with it.
+
+    Unambiguous as long as run ids hold no ``/`` (Airflow's default ``allowed_run_id_pattern``
+    refuses it); the trailing ``/`` keeps map index 1 apart from 10.
+    """
     ti = context["ti"]
-    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{getattr(ti, 'map_index', -1)}/"
+    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{map_index(context)}/"
 
 
 def lease_owner(context: Context) -> str:
