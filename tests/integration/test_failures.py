@@ -261,6 +261,12 @@ def test_a_retried_task_takes_back_what_its_killed_earlier_try_held_and_nothing_
     fast: JobStore, payloads: PayloadStore
 ) -> None:
     register(fast, payloads, 30)
+    fast.register([NewJob("other-batch-key", "s", "other", "0" * 64, "file:///x", "v")], batch_key="other",
+                  step="classify", max_attempts=3)  # fmt: skip
+    elsewhere = fast.claim(batch_key="other", step="classify", limit=1, lease_seconds=600, owner="other/0/try1")
+    with fast.engine.begin() as conn:  # expired, but another batch's: reconciliation's, not this step's
+        conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s'"
+                             " WHERE batch_key = 'other'"))  # fmt: skip
     task, sibling = "classify_documents/run1/classify/0/", "classify_documents/run1/classify/1/"
     killed = fast.claim(batch_key=BATCH, step="classify", limit=10, lease_seconds=600, owner=task + "try1")
     busy = fast.claim(batch_key=BATCH, step="classify", limit=10, lease_seconds=600, owner=sibling + "try1")
@@ -279,3 +285,4 @@ def test_a_retried_task_takes_back_what_its_killed_earlier_try_held_and_nothing_
             " AND from_status = 'running' ORDER BY at, to_status"), {"ids": taken_back}).all()  # fmt: skip
     assert {m.to_status for m in moves if m.actor == task + "try2"} >= {"retryable_failed", "completed"}
     assert len(busy.jobs) == 10
+    assert fast.get_status(elsewhere.jobs[0].id) == "running"

@@ -154,13 +154,16 @@ class JobStore:
     # -- recovery -------------------------------------------------------------------------
 
     def release_expired_leases(self, *, max_rescues: int = 3, limit: int = 10_000, actor: str = "reconciliation",
-                               earlier_tries_of: str | None = None, owner: str | None = None) -> LeaseRelease:  # fmt: skip
+                               earlier_tries_of: str | None = None, owner: str | None = None,
+                               batch_key: str | None = None) -> LeaseRelease:  # fmt: skip
         """Return every job whose lease ran out (see :func:`transitions.release_expired_leases`).
 
         :param earlier_tries_of: an owner prefix (a task instance); its leases other than
             ``owner`` (the current try) are returned too, expired or not.
+        :param batch_key: only jobs of this batch.
         """
-        params = {"max_rescues": max_rescues, "limit": limit, "owner_prefix": earlier_tries_of, "owner": owner}
+        params = {"max_rescues": max_rescues, "limit": limit, "owner_prefix": earlier_tries_of, "owner": owner,
+                  "p_batch_key": batch_key}  # fmt: skip
         with self.transaction(actor) as conn:
             rows = conn.execute(T.release_expired_leases(), params).all()
         to_review = sum(1 for r in rows if r.status == JobStatus.MANUAL_REVIEW.value)

@@ -420,9 +420,12 @@ def release_expired_leases() -> Any:
     (``lease_expired_repeatedly``).
 
     With ``:owner_prefix`` set, leases of that prefix other than ``:owner`` count as expired too:
-    a retried Airflow task (``dag/run/task/map_index/tryN``) takes back what its own earlier,
-    dead tries held without waiting for their leases to run out. Airflow runs one try of a task
-    instance at a time, so an earlier try's lease cannot belong to a live worker.
+    a retried Airflow task (``dag/run/task/map_index/tryN``) takes back what its own earlier
+    tries held without waiting for their leases to run out. Airflow starts a new try once it has
+    given the old one up; the old process is normally dead (SIGKILL, OOM), and if it is not (a
+    heartbeat timeout while it still runs) its late writes are refused by the lease token, so
+    at worst it repeats a model call or an action that carries the same idempotency key.
+    ``:p_batch_key`` (optional) limits the release to one batch.
 
     Fenced twice: ``SKIP LOCKED`` passes over a job a live worker is writing right now, and the
     UPDATE re-checks ``running`` and the expiry under the row lock, so a job that finished in
@@ -430,7 +433,9 @@ def release_expired_leases() -> Any:
     """
     earlier_try = sa.and_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
                           jobs.c.lease_owner != sa.bindparam("owner", type_=sa.Text))  # fmt: skip
-    expired_now = sa.and_(jobs.c.status == _status(S.RUNNING),
+    in_batch = sa.or_(sa.bindparam("p_batch_key", type_=sa.Text).is_(None),
+                      jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text))  # fmt: skip
+    expired_now = sa.and_(jobs.c.status == _status(S.RUNNING), in_batch,
                           sa.or_(jobs.c.lease_expires_at < NOW, sa.func.coalesce(earlier_try, False)))  # fmt: skip
     expired = (
         sa.select(jobs.c.id)
@@ -453,8 +458,11 @@ def release_expired_leases() -> Any:
             next_attempt_at=sa.case((review_reason.is_not(None), None), else_=NOW),
             lease_rescues=jobs.c.lease_rescues + 1,
             last_error_class="lease_expired",
-            last_error=sa.func.concat("lease of ", jobs.c.lease_owner, " expired at ", jobs.c.lease_expires_at,
-                                      " or its task was retried"),
+            last_error=sa.case(
+                (jobs.c.lease_expires_at < NOW,
+                 sa.func.concat("lease of ", jobs.c.lease_owner, " expired at ", jobs.c.lease_expires_at)),
+                else_=sa.func.concat("lease of ", jobs.c.lease_owner, " taken back by a retry of its task"),
+            ),
             updated_at=NOW,
             **NO_LEASE,
         )

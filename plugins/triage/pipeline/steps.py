@@ -138,7 +138,7 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
     report = StepReport(step=handler.step, batch_key=batch_key)
     if settings.earlier_tries_of is not None:
         rescued = store.release_expired_leases(earlier_tries_of=settings.earlier_tries_of, owner=settings.owner,
-                                               actor=settings.owner)  # fmt: skip
+                                               batch_key=batch_key, actor=settings.owner)  # fmt: skip
         if rescued.job_ids:
             log.info("step=%s batch=%s took back %d jobs from expired leases or earlier tries (%d to review)",
                      handler.step, batch_key, rescued.retrying + rescued.to_review, rescued.to_review)  # fmt: skip
