@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,14 +21,22 @@ def test_a_small_drill_keeps_every_invariant(tmp_path: Path) -> None:
     home = tmp_path / "chaos"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TRIAGE_DATABASE_URL"))}
     env["PYTHONPATH"] = str(ROOT / "plugins")
-    result = subprocess.run(
-        [sys.executable, "-m", "triage.drill.chaos", "--documents", "2000", "--dates", "2", "--claim-kills", "1",
-         "--action-kills", "1", "--db-restarts", "1", "--home", str(home)],
-        env=env, cwd=ROOT, text=True, capture_output=True, timeout=1200, check=False,
-    )  # fmt: skip
-    output = result.stdout[-6000:] + result.stderr[-6000:]
+    argv = [sys.executable, "-m", "triage.drill.chaos", "--documents", "2000", "--dates", "2", "--claim-kills", "1",
+            "--action-kills", "1", "--db-restarts", "1", "--timeout", "900", "--home", str(home)]  # fmt: skip
+    # Its own session: if it overruns, the whole group (standalone, its PostgreSQL) is killed with it.
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    try:
+        stdout, _ = proc.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
+        _stop_leftovers(home)
+        pytest.fail(f"the drill overran its 900 s timeout:\n{stdout[-6000:]}")
+    output = stdout[-8000:]
+    assert (home / "report.json").exists(), output
     report = json.loads((home / "report.json").read_text())
-    assert result.returncode == 0, output
+    assert proc.returncode == 0, output
     assert report["ok"], output
     assert report["faults"].get("kill_after_action") == 1, output
     assert report["faults"].get("postgres_restart") == 1, output
@@ -37,3 +46,13 @@ def test_a_small_drill_keeps_every_invariant(tmp_path: Path) -> None:
     assert report["provider"]["keys asked more than once"] > 0  # the killed action was asked again …
     assert report["provider"]["effects"] == report["states"]["completed"]  # … and took effect once
     assert sum(report["states"].values()) >= 2000
+
+
+def _stop_leftovers(home: Path) -> None:
+    """What a killed drill leaves: its standalone's process group and its PostgreSQL."""
+    from triage import embedded, local
+
+    pid = local.running_pid({"TRIAGE_HOME": str(home)})
+    if pid is not None:
+        local.kill_groups([pid])
+    embedded.stop(home)

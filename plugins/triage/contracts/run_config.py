@@ -64,7 +64,8 @@ class ClassifyRunConfig(DagParams):
     )  # fmt: skip
     concurrency: int = Field(
         default=8, ge=1, le=256, title="Concurrency",
-        description="Classifier calls in flight at once in one task (the llm classifier; keyword runs inline).",
+        description="Classifier calls in flight at once in one classify task (the llm classifier; keyword runs "
+                    "inline), at most the task's 8 slots of the llm_api pool.",
         json_schema_extra={"section": "Reliability"},
     )  # fmt: skip
     drill: DrillSettings = Field(

@@ -296,7 +296,7 @@ class Drill:
                 continue
             pid = local.running_pid(self.env)
             if pid is not None:
-                local._kill_group(pid)
+                local.kill_groups([pid])
             if local.up() != 0:
                 self._fault("airflow_restart_failed", "airflow standalone", "could not start it again")
                 return
@@ -345,17 +345,19 @@ class Drill:
         import sqlalchemy as sa
 
         run_id = f"chaos_reconcile__{round_no}"
+        with self.engine.connect() as conn:
+            before = conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM triage.reconciliation_runs")).scalar_one()
         self.api.send("POST", f"/api/v2/dags/{RECONCILE_DAG_ID}/dagRuns",
                       {"dag_run_id": run_id, "logical_date": None,
                        "conf": {"grace_seconds": 0, "outbox_age_seconds": 0}})  # fmt: skip
         state = self.wait_runs([run_id], RECONCILE_DAG_ID)[run_id]
         if state != "success":
             raise RuntimeError(f"{RECONCILE_DAG_ID} run {run_id} ended {state}")
-        with self.engine.connect() as conn:
-            repairs = conn.execute(sa.text(
-                "SELECT repairs FROM triage.reconciliation_runs WHERE finished_at IS NOT NULL"
-                " ORDER BY id DESC LIMIT 1")).scalar_one()  # fmt: skip
-        return sum(int(r.get("count", 0)) for r in repairs or [] if isinstance(r, dict))
+        with self.engine.connect() as conn:  # this run's, and a scheduled one's that ran meanwhile
+            rows = conn.execute(sa.text(
+                "SELECT repairs FROM triage.reconciliation_runs WHERE finished_at IS NOT NULL AND id > :before"),
+                {"before": before}).scalars().all()  # fmt: skip
+        return sum(int(r.get("count", 0)) for repairs in rows for r in repairs or [] if isinstance(r, dict))
 
     def unfinished(self) -> dict[str, int]:
         import sqlalchemy as sa
@@ -405,7 +407,9 @@ class Drill:
                 "SELECT reason, count(*) FROM triage.manual_review WHERE resolved_at IS NULL GROUP BY 1"))}  # fmt: skip
             completed_keys = {r[0] for r in conn.execute(sa.text(
                 "SELECT idempotency_key FROM triage.jobs WHERE status = 'completed'"))}  # fmt: skip
-            invariants = check_invariants(conn, None, effects_per_key=dict(self.provider.applied))
+            invariants = check_invariants(
+                conn, None, effects_per_key={k: len(v) for k, v in self.provider.asked.items()}
+            )
         # The provider's side: one effect per document (a duplicate delivery is one job, so one
         # key), and every completed job's effect is there (nothing completed without it).
         per_document = Counter((b.get("source"), b.get("external_id")) for b in self.provider.effects.values())
@@ -430,18 +434,25 @@ class Drill:
         self.report.task_tries = dict(tries)
 
 
+MARKER = ".triage-chaos"
+"""Written into every drill home: only a folder that carries it is ever wiped."""
+
+
 def _prepare_home(home: Path) -> None:
-    """A fresh drill home: stop what a previous drill left running, then wipe it."""
+    """A fresh drill home: stop what a previous drill left running, then wipe it. Refuses a
+    non-empty folder that no drill made (``--home .`` must not delete a checkout)."""
     from triage import embedded, local
 
-    if home.exists():
-        env = {"TRIAGE_HOME": str(home)}
-        pid = local.running_pid(env)
+    if home.exists() and any(home.iterdir()):
+        if not (home / MARKER).exists():
+            raise SystemExit(f"chaos: {home} is not empty and not a drill home (no {MARKER}); choose another --home")
+        pid = local.running_pid({"TRIAGE_HOME": str(home)})
         if pid is not None:
-            local._kill_group(pid)
+            local.kill_groups([pid])
         embedded.stop(home)
         shutil.rmtree(home)
-    home.mkdir(parents=True)
+    home.mkdir(parents=True, exist_ok=True)
+    (home / MARKER).write_text("a failure-drill home: make chaos wipes it at its next start\n", encoding="utf-8")
 
 
 def run(options: DrillOptions, home: Path) -> DrillReport:
@@ -509,7 +520,7 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
                 drill.engine.dispose()
             pid = local.running_pid({"TRIAGE_HOME": str(home)})
             if pid is not None:
-                local._kill_group(pid)
+                local.kill_groups([pid])
             embedded.stop(home)
     report.seconds = time.monotonic() - began
     (home / "report.json").write_text(json.dumps(report.as_dict(), indent=2, default=str), encoding="utf-8")
@@ -537,13 +548,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--claim-kills", type=int, default=defaults.claim_kills)
     parser.add_argument("--action-kills", type=int, default=defaults.action_kills)
     parser.add_argument("--db-restarts", type=int, default=defaults.db_restarts)
+    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="give up after this many seconds")
     parser.add_argument("--home", type=Path, default=None, help="default: $TRIAGE_HOME/chaos")
     args = parser.parse_args(argv)
     from triage.embedded import triage_home
 
     home = (args.home or triage_home() / "chaos").resolve()
     options = DrillOptions(documents=args.documents, dates=args.dates, seed=args.seed, claim_kills=args.claim_kills,
-                           action_kills=args.action_kills, db_restarts=args.db_restarts)  # fmt: skip
+                           action_kills=args.action_kills, db_restarts=args.db_restarts, timeout_s=args.timeout)  # fmt: skip
     report = run(options, home)
     print(report.table())
     print(f"report: {home / 'report.json'}")

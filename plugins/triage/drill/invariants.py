@@ -75,15 +75,16 @@ def check_invariants(conn: sa.Connection, batches: list[str] | None = None,
                      effects_per_key: Mapping[str, int] | None = None) -> list[Invariant]:  # fmt: skip
     """Count the violations of every invariant (of ``batches``, or of every job).
 
-    :param effects_per_key: how many times an external sink applied each idempotency key's
-        effect; each must be at most one.
+    :param effects_per_key: how many different effects an external sink was asked for under
+        each idempotency key (asking again for the same one is the retry the key exists for);
+        each must be at most one.
     """
     results = [
         Invariant(name, description, int(conn.execute(sa.text(sql), {"batches": batches}).scalar_one()))
         for name, (description, sql) in CHECKS.items()
     ]
     if effects_per_key is not None:
-        results.append(Invariant("external_effect_once", "the external sink applied each key's effect at most once",
+        results.append(Invariant("external_effect_once", "the external sink saw one effect per idempotency key",
                                  sum(1 for n in effects_per_key.values() if n > 1)))  # fmt: skip
     return results
 

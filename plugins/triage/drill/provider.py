@@ -32,7 +32,10 @@ class FakeProvider:
                  on_effect: Callable[[str, int], None] | None = None, port: int = 0) -> None:  # fmt: skip
         self.effects: dict[str, dict[str, Any]] = {}  # idempotency key -> the first body applied
         self.requests: Counter[str] = Counter()
-        self.applied: Counter[str] = Counter()  # how often each key's effect was applied: at most once
+        # Every distinct effect asked for under each key (body as canonical JSON). The provider
+        # applies the first; a second, different one under the same key would be an effect the
+        # caller believes happened and never did, so the drill requires one per key.
+        self.asked: dict[str, set[str]] = {}
         self.delay_after_effect_s = 0.0  # > client timeout: the effect happens, the answer is late
         self.fail_next = 0  # answer 503 to the next N requests without applying them
         self.late_rate, self.late_by_s, self.seed, self.on_effect = late_rate, late_by_s, seed, on_effect
@@ -54,7 +57,7 @@ class FakeProvider:
                         new_effect = key not in provider.effects
                         if new_effect:
                             provider.effects[key] = body
-                            provider.applied[key] += 1
+                        provider.asked.setdefault(key, set()).add(json.dumps(body, sort_keys=True))
                         status = 200
                         delay = provider.delay_after_effect_s
                         if (

@@ -33,6 +33,20 @@ LABEL_ACTION_CONN_ID = "triage_label_action"
 idempotency key) before the job completes; unset means no external action."""
 
 
+def label_action_url(conn: Any) -> str:
+    """The URL a connection names: its host when that is a whole URL (the JSON form), else
+    scheme, host, port and path; a URI form (``http://h:8000/labels``) puts the path in
+    ``schema``, as Airflow parses it."""
+    host = (conn.host or "").rstrip("/")
+    if "://" in host:
+        return host
+    extra = conn.extra_dejson or {}
+    scheme = "https" if conn.conn_type == "https" else str(extra.get("scheme", "http"))
+    path = conn.schema if conn.schema and conn.schema not in ("http", "https") else extra.get("path", "")
+    port = f":{conn.port}" if conn.port else ""
+    return f"{scheme}://{host}{port}" + (f"/{str(path).lstrip('/')}" if path else "")
+
+
 def label_action_connection(conn_id: str | None) -> Any:
     """The label action's connection, or None when it is not configured."""
     from airflow.sdk.exceptions import AirflowNotFoundException
@@ -224,8 +238,12 @@ class PersistLabelsOperator(TriageOperator):
         conn = label_action_connection(self.action_conn_id)
         if conn is not None:
             extra = conn.extra_dejson or {}
-            action = WebhookLabelAction(conn.host or "", timeout_s=float(extra.get("timeout", 10.0)),
-                                        headers=extra.get("headers"))  # fmt: skip
+            try:
+                timeout = float(extra.get("timeout", 10.0))
+            except (TypeError, ValueError):
+                raise AirflowFailException(f"the {self.action_conn_id} connection's extra timeout is not a number; "
+                                           "fix it, then clear this task") from None  # fmt: skip
+            action = WebhookLabelAction(label_action_url(conn), timeout_s=timeout, headers=extra.get("headers"))
         try:
             report = run_step(self.store, PersistHandler(self.store, action), batch_key=batch_key(context),
                               settings=settings, metrics=AirflowStatsMetrics())  # fmt: skip

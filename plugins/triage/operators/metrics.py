@@ -22,8 +22,9 @@ def metrics_backend_enabled() -> bool:
 
 class AirflowStatsMetrics:
     """:class:`triage.observability.Metrics` on Airflow's ``Stats``. Tags go along for backends
-    that keep them (Datadog, OpenTelemetry, StatsD with InfluxDB tags); the names alone carry
-    every dimension for plain StatsD."""
+    that keep them (Datadog, OpenTelemetry, StatsD with InfluxDB tags); the names carry every
+    dimension for plain StatsD except the batch of the ``triage.batch.<state>`` gauges, which
+    only a tag names (see docs/observability.md)."""
 
     def __init__(self, enabled: bool | None = None) -> None:
         self.enabled = metrics_backend_enabled() if enabled is None else enabled

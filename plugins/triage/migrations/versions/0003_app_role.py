@@ -16,7 +16,8 @@ The triggers of 0001 run as the caller (they are not SECURITY DEFINER): the INSE
 names the role that moved the job.
 
 Roles are cluster-wide while migrations run per database: the role is created only if it does
-not exist (another database of the cluster, or docker/postgres-init/01-triage.sql, may have made
+not exist (which needs CREATEROLE; without it the migration stops with a hint to create the role
+once as a superuser) (another database of the cluster, or docker/postgres-init/01-triage.sql, may have made
 it), and the downgrade revokes this database's grants but leaves the role to the cluster.
 
 Frozen history: this file states the grants as they were made and does not import the current
@@ -55,8 +56,14 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '{APP}') THEN
         CREATE ROLE {APP} NOLOGIN;
     END IF;
-EXCEPTION WHEN duplicate_object OR unique_violation THEN
-    NULL;
+EXCEPTION
+    WHEN duplicate_object OR unique_violation THEN
+        NULL;
+    WHEN insufficient_privilege THEN
+        RAISE EXCEPTION 'role {APP} does not exist and % may not create it', current_user
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'create it once as a superuser (CREATE ROLE {APP} NOLOGIN) or grant CREATEROLE '
+                         'to the migrating user, then run the migration again';
 END
 $$
 """
