@@ -69,12 +69,6 @@ def worker_hostname() -> str:
     return os.environ.get(WORKER_NAME_ENV) or socket.getfqdn()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 # ---------------------------------------------------------------------------------------------
 # Redis
 
@@ -179,12 +173,13 @@ class CeleryDeployment:
 def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: int, concurrency: int) -> dict[str, str]:
     """``base`` (Airflow home, metadata DB, ``triage_db``) with the CeleryExecutor settings."""
     from triage.database import DatabaseUrl
+    from triage.local import side_by_side_env
 
     env = dict(base)
     # Celery's database backend takes a SQLAlchemy URL behind "db+"; the psycopg driver and the
     # socket directory as ``?host=`` travel unchanged.
     metadata = DatabaseUrl.parse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).airflow_metadata_url()
-    base_url = f"http://127.0.0.1:{api_port}"
+    env.update(side_by_side_env(api_port))
     env.update({
         "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
         "AIRFLOW__CELERY__BROKER_URL": broker_url,
@@ -192,14 +187,7 @@ def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: in
         "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(concurrency),
         # Only the triggered run: unpausing the DAG must not also start its latest scheduled day.
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(api_port),
-        "AIRFLOW__API__BASE_URL": base_url,
         "AIRFLOW__API__WORKERS": "1",
-        # Workers run tasks that talk to Airflow only through the Execution API.
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         "PYTHONUNBUFFERED": "1",
     })  # fmt: skip
     # Every component must sign and check the Execution API's tokens with the same key.
@@ -225,6 +213,7 @@ def celery_deployment(base_env: Mapping[str, str], *, workers: int = 2, concurre
                       timeout: float = READY_TIMEOUT) -> Iterator[CeleryDeployment]:  # fmt: skip
     """Redis, the API server, scheduler, DAG processor and ``workers`` Celery workers; stops them all."""
     from triage.local import airflow_command
+    from triage.local import free_port as local_free_port
     from triage.reconciliation.airflow_view import AirflowApiUnavailable
 
     home = Path(base_env["TRIAGE_HOME"])
@@ -235,12 +224,12 @@ def celery_deployment(base_env: Mapping[str, str], *, workers: int = 2, concurre
     try:
         redis_dir = home / "redis"
         redis_dir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        port = local_free_port()
         processes.start("redis", [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
                                   "--dir", str(redis_dir), "--appendonly", "no", "--daemonize", "no"], base_env)  # fmt: skip
         broker_url = f"redis://127.0.0.1:{port}/0"
         redis_version = _wait_for_redis(broker_url, processes)
-        env = celery_environment(base_env, broker_url=broker_url, api_port=free_port(), concurrency=concurrency)
+        env = celery_environment(base_env, broker_url=broker_url, api_port=local_free_port(), concurrency=concurrency)
         for name in ("api-server", "scheduler", "dag-processor"):
             processes.start(name, [*airflow_command(), name], env)
         host = socket.gethostname()

@@ -77,6 +77,31 @@ def environment() -> dict[str, str]:
     return env
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def side_by_side_env(api_port: int | None = None) -> dict[str, str]:
+    """Ports for an Airflow that runs beside another on this machine (``make up`` on 8080/8793):
+    the API server on loopback, the Execution API URL its task processes call, and free ports
+    for the worker and triggerer log servers."""
+    port = api_port or free_port()
+    base = f"http://127.0.0.1:{port}"
+    return {
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": base,
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+    }
+
+
 def airflow_command() -> list[str]:
     """The Airflow CLI of this interpreter."""
     return [sys.executable, "-m", "airflow"]

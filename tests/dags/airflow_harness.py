@@ -28,7 +28,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -51,9 +50,9 @@ class HarnessError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    from triage.local import free_port as local_free_port
+
+    return local_free_port()
 
 
 def airflow_test_env(
@@ -237,18 +236,10 @@ def running_airflow(
     """
     run_env = dict(env)
     run_env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dags_folder).resolve())
-    port = free_port()
-    base_url = f"http://localhost:{port}"
-    run_env.update(
-        {
-            "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__BASE_URL": base_url,
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-        }
-    )
+    from triage.local import side_by_side_env
+
+    run_env.update(side_by_side_env())
+    base_url = run_env["AIRFLOW__API__BASE_URL"]
     run_env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
     home = Path(run_env["AIRFLOW_HOME"])
     log_dir = home / "harness-logs"

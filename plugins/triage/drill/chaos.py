@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -51,12 +50,6 @@ FINISHED = frozenset({"success", "failed"})
 
 def _say(message: str) -> None:
     print(f"chaos: {message}", file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -465,15 +458,9 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
     _prepare_home(home)
     os.environ["TRIAGE_HOME"] = str(home)
     os.environ.pop("TRIAGE_DATABASE_URL", None)  # the drill restarts its own server, never yours
-    port = _free_port()
-    os.environ.update({
-        "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": f"http://localhost:{port}",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{port}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
-        # A supervisor that died with the database restart is declared dead after a minute, not five.
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
-    })  # fmt: skip
+    os.environ.update(local.side_by_side_env())
+    # A supervisor that died with the database restart is declared dead after a minute, not five.
+    os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "60"
     drill: Drill | None = None
     provider = FakeProvider(late_rate=options.late_answer_rate, late_by_s=1.5, seed=options.seed)
     report = DrillReport()
