@@ -14,15 +14,32 @@ log = logging.getLogger(__name__)
 TASK_FAILED = "airflow_task_failed"
 
 
+FINISHED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+
+
+def siblings_active(context: Any) -> bool | None:
+    """Whether another map index of this task in this run may still claim work (not finished
+    yet, or not even started); None when Airflow cannot say (then assume it may)."""
+    ti = context["ti"]
+    try:
+        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id])
+    except Exception:  # noqa: BLE001 - outside a task process, or the API is unreachable: unknown
+        return None
+    mine = f"{ti.task_id}_{ti.map_index}"
+    siblings = {k: v for k, v in (states.get(ti.run_id) or {}).items() if k != mine}
+    return any(state not in FINISHED_STATES for state in siblings.values())
+
+
 def on_task_failure(context: Any) -> None:
     """When Airflow gives up on a task: move its batch's unfinished jobs to ``manual_review``
     with reason ``airflow_task_failed`` and the task's error.
 
     Jobs leased by other live tasks are left alone. A map index of a mapped task (``classify``)
-    moves only what it held and expired leases: the batch's unleased jobs belong to its
-    siblings while any of them runs, and when the whole run has failed ``reconcile_jobs``
-    moves them (its Airflow view). The one broad ``except`` of the execution path: a callback
-    that raised would hide the task's own error and change nothing.
+    takes the batch's unleased jobs only when no sibling map index can still claim them (asked
+    through the Task SDK's ``get_task_states``); otherwise it moves only what it held and
+    expired leases, and if the whole run fails ``reconcile_jobs`` moves the rest (its Airflow
+    view). The one broad ``except`` of the execution path: a callback that raised would hide
+    the task's own error and change nothing.
     """
     try:
         from triage.jobs.store import JobStore
@@ -41,7 +58,7 @@ def on_task_failure(context: Any) -> None:
                 context={"task_id": context["ti"].task_id, "run_id": context["ti"].run_id,
                          "try_number": context["ti"].try_number},
                 actor=f"{owner_prefix(context)}failure_callback",
-                take_unleased=map_index(context) < 0,
+                take_unleased=map_index(context) < 0 or siblings_active(context) is False,
             )  # fmt: skip
         finally:
             engine.dispose()

@@ -143,11 +143,10 @@ def api_server(deployment: Deployment) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_a_failed_classify_task_with_unfinished_work_is_found_through_the_rest_api(deployment: Deployment) -> None:
-    """classify fails for good (a 401 from the model). Its two map indexes release what they
-    claimed and their callbacks leave the batch's unleased jobs to the siblings, so the failed
-    run keeps 10 queued jobs; 5 registered afterwards stand for what a lost callback leaves
-    behind. reconcile_jobs finds all 15 under the failed tasks through the REST API and moves
-    them, since the run is over."""
+    """classify fails for good (a 401 from the model); the callback of the last map index to
+    fail sends the batch to review. Work registered for the batch afterwards is what a lost
+    callback leaves behind: unfinished jobs under a failed task. reconcile_jobs finds it through
+    the REST API and moves it."""
     from tests.dags.airflow_harness import _request
     from tests.fakes.openai_server import FakeOpenAIServer, Reply
 
@@ -172,9 +171,9 @@ def test_a_failed_classify_task_with_unfinished_work_is_found_through_the_rest_a
     summary = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
     view = next(r for r in summary["rules"] if r["rule"] == "airflow_view")
     assert view["skipped"] is None
-    assert [(f["check"], f["count"]) for f in view["findings"]] == [("task_failed", 15)]
-    assert [(r["action"], r["count"]) for r in view["repairs"]] == [("batch_sent_to_review", 15)]
+    assert [(f["check"], f["count"]) for f in view["findings"]] == [("task_failed", 5)]
+    assert [(r["action"], r["count"]) for r in view["repairs"]] == [("batch_sent_to_review", 5)]
     q = deployment.scalar
     assert q("SELECT count(*) FROM triage.jobs WHERE batch_key = :b AND status <> 'manual_review'", b=batch) == 0
     assert q("SELECT count(*) FROM triage.manual_review WHERE context->>'repaired_by' = 'reconciliation'"
-             " AND reason = 'airflow_task_failed'") == 15  # fmt: skip
+             " AND reason = 'airflow_task_failed'") == 5  # fmt: skip

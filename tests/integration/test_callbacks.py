@@ -74,3 +74,25 @@ def test_a_failed_map_index_spares_the_jobs_its_sibling_holds(
     store.record(alive, [Complete(j.id, j.attempt) for j in alive.jobs])
     on_task_failure(failure_context(failed))
     assert statuses(store, alive_ids) == [JobStatus.COMPLETED] * 2
+
+
+@pytest.mark.parametrize(("sibling_state", "unheld_end"), [("failed", "manual_review"), ("running", "queued"),
+                                                          (None, "queued"), ("success", "manual_review")])  # fmt: skip
+def test_the_last_map_index_to_fail_takes_the_unleased_jobs_too(
+    db_url: DatabaseUrl, store: JobStore, monkeypatch: pytest.MonkeyPatch, sibling_state: str | None,
+    unheld_end: str,
+) -> None:  # fmt: skip
+    """Airflow's own answer (``get_task_states``) decides: while a sibling may still claim, the
+    unleased jobs are its; once none can, the failed index sends them to review at once."""
+    monkeypatch.setenv("AIRFLOW_CONN_TRIAGE_DB", db_url.airflow_connection_json())
+    store.register(new_jobs(4), batch_key=BATCH, step="classify", max_attempts=3)
+    context = failure_context(0)
+    states = {RUN: {"classify_0": "running", "classify_1": sibling_state}}
+    context["ti"].get_task_states = lambda **kw: states if kw["run_ids"] == [RUN] else {}
+
+    on_task_failure(context)
+
+    with store.engine.connect() as conn:
+        ends = conn.execute(sa.text("SELECT DISTINCT status::text FROM triage.jobs WHERE batch_key = :b"),
+                            {"b": BATCH}).scalars().all()  # fmt: skip
+    assert ends == [unheld_end]
