@@ -10,7 +10,9 @@ moves the batch's unfinished jobs to manual review.
 each claims jobs with ``FOR UPDATE SKIP LOCKED`` under its own lease owner (the map index is
 part of it), so under the CeleryExecutor they classify on different workers at once and split
 the batch between them; under ``airflow dags test`` they run one after the other and the first
-usually finds all the work. The count is a constant: the DAG file does no work when it is parsed.
+usually finds all the work. ``retrieve`` is mapped over ``RETRIEVE_SHARDS`` shards of the
+source (by external id), so that payloads are stored by several processes. The counts are
+constants: the DAG file does no work when it is parsed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from triage.operators import (
     PublishEventsOperator,
     RetrieveDocumentsOperator,
 )
+
+RETRIEVE_SHARDS = 2
+"""Parallel ``retrieve`` task instances per run, each registering the documents of one shard
+(by external id): storing payloads, the slowest part of retrieval, runs in several processes."""
 
 CLASSIFY_WORKERS = 2
 """Parallel ``classify`` task instances per run (map indexes 0..N-1)."""
@@ -56,7 +62,9 @@ with DAG(
     },
     doc_md=__doc__,
 ) as dag:
-    retrieve = RetrieveDocumentsOperator(task_id="retrieve")
+    retrieve = RetrieveDocumentsOperator.partial(task_id="retrieve", shards=RETRIEVE_SHARDS).expand(
+        shard=list(range(RETRIEVE_SHARDS))
+    )
     classify = ClassifyDocumentsOperator.partial(
         task_id="classify", pool=LLM_POOL, pool_slots=CLASSIFY_POOL_SLOTS
     ).expand(worker=list(range(CLASSIFY_WORKERS)))

@@ -400,3 +400,31 @@ def test_build_source(tmp_path: Path) -> None:
     assert isinstance(build_source("jsonl", inbox=tmp_path), JsonlSource)
     with pytest.raises(ValueError, match="unknown source"):
         build_source("ftp")
+
+
+# -- shards ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+def test_shards_partition_the_source_and_keep_duplicates_together(count: int) -> None:
+    from collections import Counter
+
+    from triage.sources.base import Shard, shard_of
+
+    source = SyntheticSource(500, seed=4, duplicate_rate=0.2)
+    start = datetime(2026, 11, 1, tzinfo=UTC)
+    end = start + timedelta(days=1)
+    whole = Counter((d.external_id, d.content) for d in source.read(start, end))
+    parts = [list(Shard(source, i, count).read(start, end)) for i in range(count)]
+    assert sum((Counter((d.external_id, d.content) for d in part) for part in parts), Counter()) == whole
+    for index, part in enumerate(parts):  # every delivery of a document, duplicates too, in one shard
+        assert {shard_of(d.external_id, count) for d in part} <= {index}
+    if count > 1:
+        assert all(parts), "a shard of 500 documents came out empty"
+
+
+def test_a_shard_that_does_not_exist_is_refused() -> None:
+    from triage.sources.base import Shard
+
+    with pytest.raises(ValueError, match="shard 2 of 2"):
+        Shard(SyntheticSource(1), 2, 2)

@@ -105,19 +105,23 @@ class RetrieveDocumentsOperator(TriageOperator):
     :param payload_base: where payloads are stored (default: Variable ``triage_payload_base``,
         then ``$TRIAGE_PAYLOAD_BASE``, then ``$TRIAGE_HOME/payloads``).
     :param llm_conn_id: the model connection (its settings are part of the classifier version).
+    :param shard: with ``shards``, this task registers only the documents of shard ``shard``
+        (by external id; :class:`~triage.sources.base.Shard`): the DAG maps it over every shard.
     """
 
     template_fields = ("payload_base",)
 
-    def __init__(self, *, payload_base: str | None = None, llm_conn_id: str = "triage_llm", **kwargs: Any) -> None:
+    def __init__(self, *, payload_base: str | None = None, llm_conn_id: str = "triage_llm", shard: int = 0,
+                 shards: int = 1, **kwargs: Any) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.payload_base = payload_base
         self.llm_conn_id = llm_conn_id
+        self.shard, self.shards = shard, shards
 
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.embedded import project_root
         from triage.pipeline.retrieve import retrieve
-        from triage.sources import build_source
+        from triage.sources import Shard, build_source
 
         config = self.run_config(context)
         key = batch_key(context)  # refuses a run without a data interval
@@ -131,6 +135,7 @@ class RetrieveDocumentsOperator(TriageOperator):
             inbox = config.inbox if "://" in config.inbox or config.inbox.startswith("/") else \
                 str(project_root() / config.inbox)  # fmt: skip
             source = build_source("jsonl", inbox=inbox)
+        source = Shard(source, self.shard, self.shards)
         classifier = build_run_classifier(config, self.llm_conn_id)
         try:
             result = retrieve(self.store, source, _payloads(self.payload_base),
@@ -140,9 +145,9 @@ class RetrieveDocumentsOperator(TriageOperator):
         finally:
             classifier.close()
             self.dispose()
-        log.info("retrieved batch=%s read=%d registered=%d existing=%d malformed=%d rate=%.0f/s",
-                 batch_key(context), result.read, result.registered, result.existing, result.malformed,
-                 result.rate)  # fmt: skip
+        log.info("retrieved batch=%s shard=%d/%d read=%d registered=%d existing=%d malformed=%d rate=%.0f/s",
+                 batch_key(context), self.shard, self.shards, result.read, result.registered, result.existing,
+                 result.malformed, result.rate)  # fmt: skip
         return {"read": result.read, "registered": result.registered, "existing": result.existing,
                 "malformed": result.malformed, "seconds": round(result.seconds, 3)}  # fmt: skip
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from triage.sources.base import Source, SourceDocument, SourceError
+from triage.sources.base import Shard, Source, SourceDocument, SourceError
 from triage.sources.jsonl import JsonlSource
 from triage.sources.synthetic import SyntheticSource
 
 __all__ = [
     "SOURCES",
     "JsonlSource",
+    "Shard",
     "Source",
     "SourceDocument",
     "SourceError",
