@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -470,13 +469,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="seconds to wait for the run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from triage.run import day_and_conf
+
     try:
-        day = date.fromisoformat(args.date) if args.date else datetime.now(UTC).date() - timedelta(days=1)
-        conf = json.loads(args.conf or "{}")
+        day, conf = day_and_conf(args.date, args.conf)
     except ValueError as exc:
         parser.error(str(exc))
-    if not isinstance(conf, dict):
-        parser.error("CONF must be a JSON object")
     # SIGTERM unwinds like Ctrl-C, so the components started so far are stopped again.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = local.prepare()

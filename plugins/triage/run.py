@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -32,6 +33,18 @@ def batch_key_of(day: date) -> str:
     return f"{start.isoformat()}/{(start + timedelta(days=1)).isoformat()}"
 
 
+def day_and_conf(day_arg: str, conf_arg: str) -> tuple[date, dict[str, Any]]:
+    """``DATE`` (default yesterday, UTC) and ``CONF`` (a JSON object) of a make target.
+
+    :raises ValueError: a malformed date or JSON, or JSON that is not an object.
+    """
+    day = date.fromisoformat(day_arg) if day_arg else datetime.now(UTC).date() - timedelta(days=1)
+    conf = json.loads(conf_arg or "{}")
+    if not isinstance(conf, dict):
+        raise ValueError("CONF must be a JSON object")
+    return day, conf
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m triage.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -40,13 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        day = date.fromisoformat(args.date) if args.date else datetime.now(UTC).date() - timedelta(days=1)
-        conf = json.loads(args.conf or "{}")
+        day, conf = day_and_conf(args.date, args.conf)
     except ValueError as exc:
         print(f"make run: {exc}", file=sys.stderr)
-        return 2
-    if not isinstance(conf, dict):
-        print("make run: CONF must be a JSON object", file=sys.stderr)
         return 2
 
     failed = []
