@@ -51,18 +51,18 @@ def on_task_failure(context: Any) -> None:
         message = f"{type(error).__name__}: {error}"[:2000] if error is not None else "task failed"
         from triage.database import create_engine
 
+        batch, prefix, ti = batch_key(context), owner_prefix(context), context["ti"]
         engine = create_engine(database_url_from_connection(conn_id), pool_size=1)
         try:
             moved = JobStore(engine).send_batch_to_review(
-                batch_key(context), reason=TASK_FAILED, error=message, owner_prefix=owner_prefix(context),
-                context={"task_id": context["ti"].task_id, "run_id": context["ti"].run_id,
-                         "try_number": context["ti"].try_number},
-                actor=f"{owner_prefix(context)}failure_callback",
+                batch, reason=TASK_FAILED, error=message, owner_prefix=prefix,
+                context={"task_id": ti.task_id, "run_id": ti.run_id, "try_number": ti.try_number},
+                actor=f"{prefix}failure_callback",
                 take_unleased=map_index(context) < 0 or siblings_active(context) is False,
             )  # fmt: skip
         finally:
             engine.dispose()
-        log.warning("failure callback moved %d unfinished jobs of %s to manual_review (%s)", moved,
-                    batch_key(context), TASK_FAILED)  # fmt: skip
+        log.warning("failure callback moved %d unfinished jobs of %s to manual_review (%s)", moved, batch,
+                    TASK_FAILED)  # fmt: skip
     except Exception:
         log.exception("failure callback could not move the batch's jobs; reconciliation will")

@@ -32,6 +32,17 @@ def job_database() -> DatabaseUrl:
     return embedded.start().with_database(TRIAGE_DATABASE)
 
 
+def migrate_job_database(url: DatabaseUrl, to: str = "head") -> None:
+    """Apply the job-table migrations; on the embedded server also make the DAGs' login role."""
+    from triage import migrations
+
+    migrations.upgrade(url, to)
+    if configured_url() is None:
+        from triage.roles import ensure_worker_role
+
+        ensure_worker_role(url)
+
+
 def airflow_environment() -> dict[str, str]:
     """What Airflow needs to run on this deployment: its home, its metadata DB, ``triage_db``.
 
@@ -134,11 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.to == "base" or (before is not None and args.to not in ("head", before) and args.to < before):
             migrations.downgrade(url, args.to)
         else:
-            migrations.upgrade(url, args.to)
-            if configured_url() is None:  # the embedded server: the DAGs' login role too
-                from triage.roles import ensure_worker_role
-
-                ensure_worker_role(url)
+            migrate_job_database(url, args.to)
         print(f"job tables at revision {migrations.current_revision(url)} (was {before}) in {url.libpq_redacted()}")
         return 0
     if args.command == "status":

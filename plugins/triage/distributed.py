@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -72,14 +72,18 @@ def worker_hostname() -> str:
 # Redis
 
 
-def redis_server_binary(*, install: bool = True) -> str:
-    """The ``redis-server`` executable; installs Debian's package when missing (root and apt only)."""
-    found = shutil.which("redis-server") or next(
+def _find_redis() -> str | None:
+    return shutil.which("redis-server") or next(
         (p for p in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.access(p, os.X_OK)), None
     )
+
+
+def redis_server_binary() -> str:
+    """The ``redis-server`` executable; installs Debian's package when missing (root and apt only)."""
+    found = _find_redis()
     if found:
         return found
-    if not install or os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise DistributedError(
             "redis-server is not installed and cannot be installed here (it needs root and apt-get); "
             f"install the {REDIS_PACKAGE} package (Debian/Ubuntu) or put redis-server on PATH"
@@ -91,8 +95,7 @@ def redis_server_binary(*, install: bool = True) -> str:
     if result.returncode != 0:  # a fresh image has no package lists yet
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True, check=False)
         result = subprocess.run(install_cmd, env=env, capture_output=True, text=True, check=False)
-    found = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.access("/usr/bin/redis-server", os.X_OK)
-                                             else None)  # fmt: skip
+    found = _find_redis()
     if result.returncode != 0 or not found:
         raise DistributedError(f"apt-get install {REDIS_PACKAGE} failed:\n{(result.stdout + result.stderr)[-2000:]}")
     return found
@@ -187,12 +190,9 @@ def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: in
         # Only the triggered run: unpausing the DAG must not also start its latest scheduled day.
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         "AIRFLOW__API__WORKERS": "1",
-        "PYTHONUNBUFFERED": "1",
     })  # fmt: skip
     # Every component must sign and check the Execution API's tokens with the same key.
     env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
-    bin_dir = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH", "")) if p)
     return env
 
 
@@ -338,16 +338,11 @@ class DistributedRun:
 
 
 def _trigger(api: AirflowApi, day: date, conf: Mapping[str, Any]) -> tuple[str, str]:
-    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-    end = start + timedelta(days=1)
-    run_id = f"distributed__{day.isoformat()}__{datetime.now(UTC):%Y%m%dT%H%M%S}"
-    body = {"dag_run_id": run_id, "logical_date": end.isoformat(), "data_interval_start": start.isoformat(),
-            "data_interval_end": end.isoformat(), "conf": dict(conf)}  # fmt: skip
-    created = api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", body)
-    from triage.reconciliation.airflow_view import batch_key_of
+    from triage.run import batch_key_of, day_run
 
-    batch = batch_key_of(created.get("data_interval_start"), created.get("data_interval_end"))
-    return run_id, batch or f"{start.isoformat()}/{end.isoformat()}"
+    run_id = f"distributed__{day.isoformat()}__{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", day_run(run_id, day, conf))
+    return run_id, batch_key_of(day)
 
 
 def _wait_for_run(deployment: CeleryDeployment, run_id: str, timeout: float) -> str:

@@ -115,17 +115,13 @@ def _triage_home(env: Mapping[str, str]) -> Path:
     return Path(env["TRIAGE_HOME"])
 
 
-def _run_airflow(
-    env: Mapping[str, str], args: Sequence[str], *, quiet: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """Run ``airflow ARGS`` and raise with its output if it fails."""
+def _run_airflow(env: Mapping[str, str], args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``airflow ARGS`` quietly; raise with its output if it fails."""
     argv = [*airflow_command(), *args]
     result = subprocess.run(argv, env=dict(env), text=True, capture_output=True, check=False)
     if result.returncode != 0:
         sys.stderr.write(result.stdout + result.stderr)
         raise subprocess.CalledProcessError(result.returncode, ["airflow", *args])
-    if not quiet:
-        sys.stderr.write(result.stdout)
     return result
 
 
@@ -199,21 +195,16 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
     3. ``airflow db migrate`` unless this Airflow version already migrated this metadata DB;
     4. apply ``airflow_settings.yaml`` unless the same content was applied to this metadata DB.
     """
-    from triage import migrations
-    from triage.cli import job_database
-    from triage.database import configured_url
-    from triage.roles import ensure_worker_role
+    from triage.cli import migrate_job_database
+    from triage.database import DatabaseUrl
 
     timings: dict[str, float] = {}
     started = time.monotonic()
-    env = environment()
+    env = environment()  # starts the embedded server; its job database is in the environment
     timings["database"] = time.monotonic() - started
 
     step = time.monotonic()
-    jobs_db = job_database()
-    migrations.upgrade(jobs_db)
-    if configured_url() is None:  # the embedded server: the login role AIRFLOW_CONN_TRIAGE_DB names
-        ensure_worker_role(jobs_db)
+    migrate_job_database(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]))
     timings["job migrations"] = time.monotonic() - step
 
     home = _airflow_home(env)
@@ -233,7 +224,7 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
     )
     if not migrated:
         _say(f"airflow db migrate (Airflow {airflow_version})")
-        _run_airflow(env, ["db", "migrate"], quiet=True)
+        _run_airflow(env, ["db", "migrate"])
         identity = _metadata_identity(env)
         state = {
             "airflow_version": airflow_version,
@@ -491,12 +482,6 @@ def airflow_cli(args: Sequence[str]) -> NoReturn:
     os.execve(argv[0], argv, env)
 
 
-def dag_run_states(env: Mapping[str, str], dag_id: str) -> list[dict[str, Any]]:
-    """``airflow dags list-runs DAG -o json``: run_id, state, logical_date, ... of every run."""
-    result = _run_airflow(env, ["dags", "list-runs", dag_id, "-o", "json"], quiet=True)
-    return json_output(result.stdout)
-
-
 def json_output(stdout: str) -> Any:
     """The JSON document of an ``airflow ... -o json`` output: Airflow logs warnings to stdout too."""
     for line in reversed(stdout.splitlines()):
@@ -507,12 +492,15 @@ def json_output(stdout: str) -> Any:
     raise ValueError(f"no JSON document in the Airflow output: {stdout[-500:]!r}")
 
 
-def dags_test(dag_id: str, logical_date: str, conf: Mapping[str, Any] | None = None) -> int:
+def dags_test(dag_id: str, logical_date: str, conf: Mapping[str, Any] | None = None,
+              env: Mapping[str, str] | None = None) -> int:  # fmt: skip
     """One DAG run in this process's child (``airflow dags test``); its exit code.
 
     ``airflow dags test`` exits 1 ("DagRun failed") when the run ends failed, 0 when it succeeds.
+
+    :param env: from :func:`prepare` (default: prepare now).
     """
-    env = prepare()
+    env = dict(env) if env is not None else prepare()
     args = ["dags", "test", dag_id, logical_date]
     if conf:
         args += ["-c", json.dumps(dict(conf))]

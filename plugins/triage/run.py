@@ -14,23 +14,35 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from triage import local
-from triage.cli import job_database
-from triage.database import create_engine
+from triage.database import DatabaseUrl, create_engine
 from triage.embedded import project_root
 from triage.jobs.reads import batch_summary, format_summary
 from triage.reconciliation.runner import latest_run
 
 
-def batch_key_of(day: date) -> str:
+def day_interval(day: date) -> tuple[datetime, datetime]:
+    """The data interval of ``classify_documents`` for ``day``: [00:00, 24:00) UTC."""
     start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-    return f"{start.isoformat()}/{(start + timedelta(days=1)).isoformat()}"
+    return start, start + timedelta(days=1)
+
+
+def batch_key_of(day: date) -> str:
+    start, end = day_interval(day)
+    return f"{start.isoformat()}/{end.isoformat()}"
+
+
+def day_run(run_id: str, day: date, conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The REST body (``POST /api/v2/dags/classify_documents/dagRuns``) of a run for ``day``."""
+    start, end = day_interval(day)
+    return {"dag_run_id": run_id, "logical_date": end.isoformat(), "data_interval_start": start.isoformat(),
+            "data_interval_end": end.isoformat(), "conf": dict(conf)}  # fmt: skip
 
 
 def day_and_conf(day_arg: str, conf_arg: str) -> tuple[date, dict[str, Any]]:
@@ -59,15 +71,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     failed = []
+    env = local.prepare()
     started = datetime.now(UTC)
-    code = local.dags_test("classify_documents", (day + timedelta(days=1)).isoformat(), conf)
+    code = local.dags_test("classify_documents", (day + timedelta(days=1)).isoformat(), conf, env=env)
     if code != 0:
         failed.append("classify_documents")
     reconcile = (project_root() / "dags" / "reconcile_jobs.py").exists()
-    if reconcile and local.dags_test("reconcile_jobs", datetime.now(UTC).isoformat(timespec="seconds")) != 0:
+    if reconcile and local.dags_test("reconcile_jobs", datetime.now(UTC).isoformat(timespec="seconds"),
+                                     env=env) != 0:  # fmt: skip
         failed.append("reconcile_jobs")
 
-    engine = create_engine(job_database(), poolclass=sa.NullPool)
+    engine = create_engine(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]), poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:
             summary = batch_summary(conn, batch_key_of(day), since=started)

@@ -34,14 +34,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from triage.local import health
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = (sys.executable, "-m", "airflow")
-HEALTH_PATH = "/api/v2/monitor/health"
 FINISHED = frozenset({"success", "failed"})
 
 
@@ -152,29 +153,6 @@ class RunningAirflow:
     def unpause(self, dag_id: str) -> None:
         self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
 
-    def backfill(self, dag_id: str, from_date: str, to_date: str, **options: Any) -> Any:
-        """``POST /api/v2/backfills`` (the REST twin of ``airflow backfill create``)."""
-        return self.post("/api/v2/backfills", {"dag_id": dag_id, "from_date": from_date, "to_date": to_date, **options})
-
-    def backfills(self, dag_id: str) -> list[dict[str, Any]]:
-        """The backfills of ``dag_id`` (``completed_at`` is None while one counts as running)."""
-        return list(self.get(f"/api/v2/backfills?dag_id={dag_id}&limit=100").get("backfills", []))
-
-    def wait_for_backfills_complete(self, dag_id: str, timeout: float = 60) -> None:
-        """Wait until no backfill of ``dag_id`` counts as running.
-
-        Airflow allows one running backfill per DAG, and the scheduler marks a backfill complete
-        only in a 30-second timer after its runs finish: a second ``backfill create`` for the same
-        DAG right after the first one's runs succeeded fails with ``AlreadyRunningBackfill``.
-        """
-        deadline = time.monotonic() + timeout
-        while any(b.get("completed_at") is None for b in self.backfills(dag_id)):
-            if time.monotonic() > deadline:
-                raise HarnessError(
-                    f"{dag_id}: a backfill is still running after {timeout:.0f}s: {self.backfills(dag_id)}"
-                )
-            time.sleep(0.5)
-
     def import_errors(self) -> list[dict[str, Any]]:
         return list(self.get("/api/v2/importErrors").get("import_errors", []))
 
@@ -188,14 +166,6 @@ def _request(url: str, *, body: Mapping[str, Any] | None = None, method: str = "
     except urllib.error.HTTPError as exc:
         raise HarnessError(f"{method} {url}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:2000]}") from None
     return json.loads(text) if text else None
-
-
-def _health(base_url: str) -> dict[str, Any] | None:
-    try:
-        doc = _request(base_url + HEALTH_PATH, timeout=2)
-        return doc if isinstance(doc, dict) else None
-    except (OSError, ValueError, HarnessError):
-        return None
 
 
 def _stop(processes: Mapping[str, subprocess.Popen[bytes]], timeout: float = 20) -> None:
@@ -221,10 +191,8 @@ def running_airflow(
     timeout: float = 120,
     *,
     wait_for_dags: Collection[str] = (),
-    triggerer: bool = False,
-    migrate: bool = False,
 ) -> Iterator[RunningAirflow]:
-    """Run ``airflow api-server``, ``scheduler`` and ``dag-processor`` (and ``triggerer``) for a test.
+    """Run ``airflow api-server``, ``scheduler`` and ``dag-processor`` for a test.
 
     Returns once the API server reports the metadata DB, the scheduler and the DAG processor
     healthy and every DAG of ``wait_for_dags`` is parsed; raises :class:`HarnessError` (with the
@@ -232,7 +200,6 @@ def running_airflow(
 
     :param env: from :func:`airflow_test_env` (or any env with ``AIRFLOW_HOME`` and the metadata
         DB); ports are added to a copy, which the yielded object carries as ``.env``.
-    :param migrate: run :func:`migrate_metadata` first.
     """
     run_env = dict(env)
     run_env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dags_folder).resolve())
@@ -244,10 +211,8 @@ def running_airflow(
     home = Path(run_env["AIRFLOW_HOME"])
     log_dir = home / "harness-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    if migrate:
-        migrate_metadata(run_env)
 
-    components = ["api-server", "scheduler", "dag-processor"] + (["triggerer"] if triggerer else [])
+    components = ["api-server", "scheduler", "dag-processor"]
     airflow = RunningAirflow(env=run_env, base_url=base_url, log_dir=log_dir)
     try:
         for name in components:
@@ -260,21 +225,21 @@ def running_airflow(
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-        _wait_ready(airflow, components, wait_for_dags, timeout)
+        _wait_ready(airflow, wait_for_dags, timeout)
         yield airflow
     finally:
         _stop(airflow.processes)
 
 
-def _wait_ready(airflow: RunningAirflow, components: Sequence[str], dag_ids: Collection[str], timeout: float) -> None:
-    wanted = ["metadatabase", "scheduler", "dag_processor"] + (["triggerer"] if "triggerer" in components else [])
+def _wait_ready(airflow: RunningAirflow, dag_ids: Collection[str], timeout: float) -> None:
+    wanted = ["metadatabase", "scheduler", "dag_processor"]
     deadline = time.monotonic() + timeout
     pending = set(dag_ids)
     while True:
         for name, proc in airflow.processes.items():
             if proc.poll() is not None:
                 raise HarnessError(f"airflow {name} exited with {proc.returncode}\n{airflow.logs()}")
-        doc = _health(airflow.base_url)
+        doc = health(airflow.base_url)
         healthy = bool(doc) and all(((doc or {}).get(c) or {}).get("status") == "healthy" for c in wanted)
         if healthy:
             for dag_id in list(pending):
@@ -304,7 +269,7 @@ def list_runs(env: Mapping[str, str], dag_id: str) -> list[dict[str, Any]]:
     """
     base_url = env.get("AIRFLOW__API__BASE_URL")
     rows: list[dict[str, Any]]
-    if base_url and _health(base_url) is not None:
+    if base_url and health(base_url) is not None:
         rows, offset = [], 0
         while True:
             page = _request(f"{base_url}/api/v2/dags/{dag_id}/dagRuns?limit=100&offset={offset}&order_by=id")

@@ -115,7 +115,7 @@ def test_invalid_params_fail_without_retrying(deployment: Deployment) -> None:
 def api_server(deployment: Deployment) -> Iterator[str]:
     """``airflow api-server`` on the deployment's metadata database (no scheduler needed: the
     task instances come from ``dags test`` runs)."""
-    from tests.dags.airflow_harness import _health
+    from triage.local import health
 
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
@@ -126,7 +126,7 @@ def api_server(deployment: Deployment) -> Iterator[str]:
                             stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while _health(base_url) is None:
+        while health(base_url) is None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError((deployment.home / "api-server.log").read_text()[-3000:])
             time.sleep(0.5)

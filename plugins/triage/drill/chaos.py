@@ -301,12 +301,13 @@ class Drill:
     # -- runs --------------------------------------------------------------------------------
 
     def trigger(self) -> None:
+        from triage.run import day_run
+
         conf = self.options.conf()
         for run_id, day in self.run_ids.items():
-            start, end = day.isoformat() + "T00:00:00Z", (day + timedelta(days=1)).isoformat() + "T00:00:00Z"
-            self.api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
-                "dag_run_id": run_id, "logical_date": end, "data_interval_start": start,
-                "data_interval_end": end, "conf": conf, "note": "make chaos"})  # fmt: skip
+            self.api.send(
+                "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {**day_run(run_id, day, conf), "note": "make chaos"}
+            )
         _say(f"triggered {len(self.run_ids)} runs of {DAG_ID}, {conf['documents']} documents each")
 
     def runs(self, dag_id: str = DAG_ID) -> dict[str, tuple[str, str]]:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from triage.jobs.schema import job_events, jobs, manual_review, outbox
-from triage.jobs.states import JobStatus
+from triage.jobs.states import SETTLED, JobStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,17 +49,14 @@ def batch_summary(conn: sa.Connection, batch_key: str, since: datetime | None = 
         .where(jobs.c.batch_key == batch_key, manual_review.c.resolved_at.is_(None))
         .group_by(manual_review.c.reason).order_by(sa.func.count().desc())
     ).all())  # fmt: skip
-    settled = [s.value for s in (JobStatus.COMPLETED, JobStatus.MANUAL_REVIEW, JobStatus.TERMINAL_FAILED)]
-    first, last = conn.execute(
+    settled = sorted(s.value for s in SETTLED)
+    first, last, registered_now = conn.execute(
         sa.select(
             sa.func.min(job_events.c.at).filter(job_events.c.from_status.is_(None)),
             sa.func.max(job_events.c.at).filter(job_events.c.to_status.in_(settled)),
+            sa.func.count().filter(job_events.c.from_status.is_(None)),
         ).where(job_events.c.job_id.in_(in_batch), job_events.c.at >= (since or datetime.min.replace(tzinfo=UTC)))
     ).one()
-    registered_now = conn.execute(
-        sa.select(sa.func.count()).where(job_events.c.job_id.in_(in_batch), job_events.c.from_status.is_(None),
-                                         job_events.c.at >= (since or datetime.min.replace(tzinfo=UTC)))
-    ).scalar_one()  # fmt: skip
     unpublished = conn.execute(
         sa.select(sa.func.count()).where(outbox.c.job_id.in_(in_batch), outbox.c.published_at.is_(None))
     ).scalar_one()

@@ -429,10 +429,10 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
     counts: dict[str, int] = {}
     touched: set[uuid.UUID] = set()
 
-    def run(statement: Any, items: list[Any], extra: dict[str, list[Any]]) -> list[Any]:
+    def run(statement: Any, items: list[Any], extra: dict[str, list[Any]]) -> Sequence[Any]:
         params = {"token": token, "held_id": [o.job_id for o in items], "held_attempt": [o.attempt for o in items],
                   **{f"held_{k}": v for k, v in extra.items()}}  # fmt: skip
-        rows = list(conn.execute(statement, T.pack(params)).all())
+        rows = conn.execute(statement, T.pack(params)).all()
         touched.update(r[0] for r in rows)
         return rows
 

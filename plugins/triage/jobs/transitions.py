@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
 from triage.jobs.schema import classifications, document_labels, job_status, jobs, manual_review, outbox
+from triage.jobs.states import UNFINISHED
 from triage.jobs.states import JobStatus as S
 
 EVENT_SCHEMA_VERSION = 1
@@ -66,11 +67,11 @@ def pack(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _seconds(param: str) -> ColumnElement[Any]:
+def seconds_param(param: str) -> ColumnElement[Any]:
     return sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam(param, type_=sa.Float))
 
 
-def _status(value: S) -> ColumnElement[Any]:
+def status_literal(value: S) -> ColumnElement[Any]:
     """A state as a typed SQL constant: the planner matches it to partial indexes, and CASE
     branches resolve to the enum rather than text."""
     return sa.literal_column(f"'{value.value}'::triage.job_status", job_status)
@@ -79,7 +80,7 @@ def _status(value: S) -> ColumnElement[Any]:
 NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
 
 
-def _outbox_insert(rows: Any, event_type: str) -> Any:
+def outbox_insert(rows: Any, event_type: str) -> Any:
     """INSERT one outbox event per row of ``rows`` (a CTE returning the job's id and attempt).
 
     The envelope goes into columns; :func:`unpublished_events` joins the job's correlation id
@@ -120,7 +121,7 @@ def register_queued() -> Any:
                 *[new.c[name] for name in NEW_JOB_COLUMNS],
                 sa.bindparam("batch_key", type_=sa.Text),
                 sa.bindparam("step", type_=sa.Text),
-                _status(S.QUEUED),
+                status_literal(S.QUEUED),
                 sa.literal("registered"),
                 sa.bindparam("max_attempts", type_=sa.Integer),
             ),
@@ -129,7 +130,7 @@ def register_queued() -> Any:
         .returning(*EVENT_COLUMNS)
         .cte("inserted")
     )
-    return _outbox_insert(inserted, "job.registered").returning(outbox.c.job_id)
+    return outbox_insert(inserted, "job.registered").returning(outbox.c.job_id)
 
 
 @cache
@@ -147,7 +148,7 @@ def register_for_review() -> Any:
                 *[new.c[name] for name in NEW_JOB_COLUMNS],
                 sa.bindparam("batch_key", type_=sa.Text),
                 sa.bindparam("step", type_=sa.Text),
-                _status(S.MANUAL_REVIEW),
+                status_literal(S.MANUAL_REVIEW),
                 new.c.reason,
                 new.c.reason,
                 new.c.error,
@@ -168,7 +169,7 @@ def register_for_review() -> Any:
         )
         .cte("reviews")
     )  # fmt: skip
-    return _outbox_insert(inserted, "job.registered").returning(outbox.c.job_id).add_cte(reviews)
+    return outbox_insert(inserted, "job.registered").returning(outbox.c.job_id).add_cte(reviews)
 
 
 @cache
@@ -185,8 +186,8 @@ def claim_batch() -> Any:
             jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
             jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
             sa.or_(
-                jobs.c.status == _status(S.QUEUED),
-                sa.and_(jobs.c.status == _status(S.RETRYABLE_FAILED), jobs.c.next_attempt_at <= NOW),
+                jobs.c.status == status_literal(S.QUEUED),
+                sa.and_(jobs.c.status == status_literal(S.RETRYABLE_FAILED), jobs.c.next_attempt_at <= NOW),
             ),
             jobs.c.attempt < jobs.c.max_attempts,
         )
@@ -202,12 +203,12 @@ def claim_batch() -> Any:
         # array of ids always goes through the primary key.
         .where(jobs.c.id == sa.any_(sa.func.array(sa.select(picked.c.id).scalar_subquery())))
         .values(
-            status=_status(S.RUNNING),
+            status=status_literal(S.RUNNING),
             status_reason="claimed",
             attempt=jobs.c.attempt + 1,
             lease_owner=sa.bindparam("owner", type_=sa.Text),
             lease_token=sa.bindparam("token", type_=UUID),
-            lease_expires_at=NOW + _seconds("lease_seconds"),
+            lease_expires_at=NOW + seconds_param("lease_seconds"),
             next_attempt_at=None,
             updated_at=NOW,
         )
@@ -224,7 +225,7 @@ def _held(rows: Any) -> list[ColumnElement[bool]]:
     return [
         jobs.c.id == rows.c.id,
         jobs.c.attempt == rows.c.attempt,
-        jobs.c.status == _status(S.RUNNING),
+        jobs.c.status == status_literal(S.RUNNING),
         jobs.c.lease_token == sa.bindparam("token", type_=UUID),
         jobs.c.lease_expires_at > NOW,
     ]
@@ -237,11 +238,11 @@ def extend_leases() -> Any:
         sa.update(jobs)
         .where(
             jobs.c.id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))),
-            jobs.c.status == _status(S.RUNNING),
+            jobs.c.status == status_literal(S.RUNNING),
             jobs.c.lease_token == sa.bindparam("token", type_=UUID),
             jobs.c.lease_expires_at > NOW,
         )
-        .values(lease_expires_at=NOW + _seconds("lease_seconds"), updated_at=NOW)
+        .values(lease_expires_at=NOW + seconds_param("lease_seconds"), updated_at=NOW)
         .returning(jobs.c.id, jobs.c.lease_expires_at)
     )
 
@@ -256,11 +257,11 @@ def complete() -> Any:
     done = (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=_status(S.COMPLETED), status_reason="completed", updated_at=NOW, **NO_LEASE)
+        .values(status=status_literal(S.COMPLETED), status_reason="completed", updated_at=NOW, **NO_LEASE)
         .returning(*EVENT_COLUMNS)
         .cte("done")
     )
-    return _outbox_insert(done, "job.completed").returning(outbox.c.job_id)
+    return outbox_insert(done, "job.completed").returning(outbox.c.job_id)
 
 
 @cache
@@ -304,7 +305,7 @@ def advance() -> Any:
     return (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=_status(S.QUEUED), status_reason="advanced", step=held.c.next_step, attempt=0,
+        .values(status=status_literal(S.QUEUED), status_reason="advanced", step=held.c.next_step, attempt=0,
                 updated_at=NOW, **NO_LEASE)
         .returning(jobs.c.id)
     )  # fmt: skip
@@ -317,7 +318,7 @@ def _review_rows(moved: Any, reason: ColumnElement[Any], context: ColumnElement[
         .from_select(
             ["job_id", "reason", "error_class", "attempts", "last_error", "context"],
             sa.select(moved.c.id, reason, moved.c.last_error_class, moved.c.attempt, moved.c.last_error, context)
-            .where(moved.c.status == _status(S.MANUAL_REVIEW)),
+            .where(moved.c.status == status_literal(S.MANUAL_REVIEW)),
         )
         .on_conflict_do_nothing(index_elements=["job_id"], index_where=manual_review.c.resolved_at.is_(None))
         .cte("reviews")
@@ -337,7 +338,7 @@ def retry_later() -> Any:
         sa.update(jobs)
         .where(*_held(held))
         .values(
-            status=sa.case((spent, _status(S.MANUAL_REVIEW)), else_=_status(S.RETRYABLE_FAILED)),
+            status=sa.case((spent, status_literal(S.MANUAL_REVIEW)), else_=status_literal(S.RETRYABLE_FAILED)),
             status_reason=sa.case((spent, "retries_exhausted"), else_=held.c.error_class),
             next_attempt_at=sa.case(
                 (spent, None), else_=NOW + sa.func.make_interval(0, 0, 0, 0, 0, 0, held.c.delay_seconds)
@@ -361,7 +362,7 @@ def send_to_review() -> Any:
     moved = (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=_status(S.MANUAL_REVIEW), status_reason=held.c.reason, last_error_class=held.c.error_class,
+        .values(status=status_literal(S.MANUAL_REVIEW), status_reason=held.c.reason, last_error_class=held.c.error_class,
                 last_error=held.c.error, updated_at=NOW, **NO_LEASE)
         .returning(*MOVED)
         .cte("moved")
@@ -378,7 +379,7 @@ def fail() -> Any:
     return (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=_status(S.TERMINAL_FAILED), status_reason=held.c.reason, last_error_class=held.c.error_class,
+        .values(status=status_literal(S.TERMINAL_FAILED), status_reason=held.c.reason, last_error_class=held.c.error_class,
                 last_error=held.c.error, updated_at=NOW, **NO_LEASE)
         .returning(jobs.c.id)
     )  # fmt: skip
@@ -391,7 +392,7 @@ def release() -> Any:
     return (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=_status(S.QUEUED), status_reason="released", attempt=jobs.c.attempt - 1, updated_at=NOW,
+        .values(status=status_literal(S.QUEUED), status_reason="released", attempt=jobs.c.attempt - 1, updated_at=NOW,
                 **NO_LEASE)
         .returning(jobs.c.id)
     )  # fmt: skip
@@ -435,7 +436,7 @@ def release_expired_leases() -> Any:
                           jobs.c.lease_owner != sa.bindparam("owner", type_=sa.Text))  # fmt: skip
     in_batch = sa.or_(sa.bindparam("p_batch_key", type_=sa.Text).is_(None),
                       jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text))  # fmt: skip
-    expired_now = sa.and_(jobs.c.status == _status(S.RUNNING), in_batch,
+    expired_now = sa.and_(jobs.c.status == status_literal(S.RUNNING), in_batch,
                           sa.or_(jobs.c.lease_expires_at < NOW, sa.func.coalesce(earlier_try, False)))  # fmt: skip
     expired = (
         sa.select(jobs.c.id)
@@ -452,8 +453,8 @@ def release_expired_leases() -> Any:
         sa.update(jobs)
         .where(jobs.c.id == expired.c.id, expired_now)
         .values(
-            status=sa.case((review_reason.is_not(None), _status(S.MANUAL_REVIEW)),
-                           else_=_status(S.RETRYABLE_FAILED)),
+            status=sa.case((review_reason.is_not(None), status_literal(S.MANUAL_REVIEW)),
+                           else_=status_literal(S.RETRYABLE_FAILED)),
             status_reason=sa.func.coalesce(review_reason, "lease_expired"),
             next_attempt_at=sa.case((review_reason.is_not(None), None), else_=NOW),
             lease_rescues=jobs.c.lease_rescues + 1,
@@ -482,7 +483,7 @@ def send_batch_to_review() -> Any:
     worker is left alone. A failed map index of a mapped task passes ``take_unleased=false``:
     the unleased jobs are its siblings' work while any of them still runs.
     """
-    open_states = [_status(s) for s in (S.RECEIVED, S.QUEUED, S.RETRYABLE_FAILED, S.WAITING)]
+    open_states = [status_literal(s) for s in (S.RECEIVED, S.QUEUED, S.RETRYABLE_FAILED, S.WAITING)]
     target = (
         sa.select(jobs.c.id)
         .where(
@@ -490,7 +491,7 @@ def send_batch_to_review() -> Any:
             sa.or_(
                 sa.and_(sa.bindparam("take_unleased", type_=sa.Boolean), jobs.c.status.in_(open_states)),
                 sa.and_(
-                    jobs.c.status == _status(S.RUNNING),
+                    jobs.c.status == status_literal(S.RUNNING),
                     sa.or_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
                            jobs.c.lease_expires_at < NOW),
                 ),
@@ -502,7 +503,7 @@ def send_batch_to_review() -> Any:
     moved = (
         sa.update(jobs)
         .where(jobs.c.id == target.c.id)
-        .values(status=_status(S.MANUAL_REVIEW), status_reason=sa.bindparam("reason", type_=sa.Text),
+        .values(status=status_literal(S.MANUAL_REVIEW), status_reason=sa.bindparam("reason", type_=sa.Text),
                 last_error_class=sa.bindparam("reason", type_=sa.Text),
                 last_error=sa.bindparam("error", type_=sa.Text), next_attempt_at=None, updated_at=NOW, **NO_LEASE)
         .returning(*MOVED)
@@ -518,9 +519,9 @@ def requeue_from_review() -> Any:
     counted (bounded by ``:max_replays``), the review row resolved and a ``job.requeued`` event."""
     moved = (
         sa.update(jobs)
-        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == _status(S.MANUAL_REVIEW),
+        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == status_literal(S.MANUAL_REVIEW),
                jobs.c.replays < sa.bindparam("max_replays", type_=sa.Integer))
-        .values(status=_status(S.QUEUED), status_reason="requeued", attempt=0, replays=jobs.c.replays + 1,
+        .values(status=status_literal(S.QUEUED), status_reason="requeued", attempt=0, replays=jobs.c.replays + 1,
                 updated_at=NOW)
         .returning(*EVENT_COLUMNS)
         .cte("moved")
@@ -532,7 +533,7 @@ def requeue_from_review() -> Any:
                 note=sa.bindparam("p_note", type_=sa.Text))
         .cte("resolved")
     )  # fmt: skip
-    return _outbox_insert(moved, "job.requeued").returning(outbox.c.job_id).add_cte(resolved)
+    return outbox_insert(moved, "job.requeued").returning(outbox.c.job_id).add_cte(resolved)
 
 
 @cache
@@ -580,7 +581,7 @@ def next_due() -> Any:
     return sa.select(sa.func.min(jobs.c.next_attempt_at), sa.func.now()).where(
         jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
         jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
-        jobs.c.status == _status(S.RETRYABLE_FAILED),
+        jobs.c.status == status_literal(S.RETRYABLE_FAILED),
         jobs.c.attempt < jobs.c.max_attempts,
     )
 
@@ -591,7 +592,7 @@ def open_in_step() -> Any:
     return sa.select(sa.func.count()).where(
         jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
         jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
-        jobs.c.status.in_([_status(s) for s in (S.RECEIVED, S.QUEUED, S.RUNNING, S.RETRYABLE_FAILED, S.WAITING)]),
+        jobs.c.status.in_([status_literal(s) for s in sorted(UNFINISHED)]),
     )
 
 
@@ -623,8 +624,8 @@ def _decided(to: S, reason: str) -> Any:
     """``manual_review -> to`` for the job ``:p_job_id``, fenced on its state."""
     return (
         sa.update(jobs)
-        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == _status(S.MANUAL_REVIEW))
-        .values(status=_status(to), status_reason=reason, updated_at=NOW)
+        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == status_literal(S.MANUAL_REVIEW))
+        .values(status=status_literal(to), status_reason=reason, updated_at=NOW)
         .returning(*EVENT_COLUMNS)
         .cte("moved")
     )
@@ -722,7 +723,7 @@ def open_review_cases() -> Any:
         .select_from(manual_review)
         .join(jobs, jobs.c.id == manual_review.c.job_id)
         .outerjoin(model, sa.true())
-        .where(manual_review.c.resolved_at.is_(None), jobs.c.status == _status(S.MANUAL_REVIEW),
+        .where(manual_review.c.resolved_at.is_(None), jobs.c.status == status_literal(S.MANUAL_REVIEW),
                sa.or_(ids.is_(None), jobs.c.id == sa.any_(ids)))
         .order_by(manual_review.c.created_at, manual_review.c.id)
         .limit(sa.bindparam("limit", type_=sa.Integer))

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from triage.contracts.run_config import ClassifyRunConfig
     from triage.jobs.store import JobStore
+    from triage.pipeline.publish import EventSink
 
 DEFAULT_CONN_ID = "triage_db"
 
@@ -60,6 +61,18 @@ def variable(name: str) -> str | None:
     """An Airflow Variable, or None when it is not set."""
     value = Variable.get(name, default=None)
     return str(value) if value not in (None, "") else None
+
+
+def event_sink(webhook_conn_id: str | None, event_log: str | None) -> EventSink:
+    """Where events go: the webhook of an HTTP connection when one is named, else the JSON-lines
+    event log (``event_log``, then Variable ``triage_event_sink``, then the deployment's default)."""
+    from triage import settings
+    from triage.pipeline.publish import JsonlEventSink, WebhookEventSink
+
+    if webhook_conn_id:
+        conn = BaseHook.get_connection(webhook_conn_id)
+        return WebhookEventSink(conn.host or "", headers=(conn.extra_dejson or {}).get("headers"))
+    return JsonlEventSink(settings.event_log(event_log or variable("triage_event_sink")))
 
 
 class TriageOperator(BaseOperator):

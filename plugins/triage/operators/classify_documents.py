@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from triage.operators.base import TriageOperator, batch_key, lease_owner, owner_prefix, variable
+from triage.operators.base import TriageOperator, batch_key, event_sink, lease_owner, owner_prefix, variable
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -146,7 +146,7 @@ class RetrieveDocumentsOperator(TriageOperator):
             classifier.close()
             self.dispose()
         log.info("retrieved batch=%s shard=%d/%d read=%d registered=%d existing=%d malformed=%d rate=%.0f/s",
-                 batch_key(context), self.shard, self.shards, result.read, result.registered, result.existing,
+                 key, self.shard, self.shards, result.read, result.registered, result.existing,
                  result.malformed, result.rate)  # fmt: skip
         return {"read": result.read, "registered": result.registered, "existing": result.existing,
                 "malformed": result.malformed, "seconds": round(result.seconds, 3)}  # fmt: skip
@@ -278,19 +278,12 @@ class PublishEventsOperator(TriageOperator):
         self.event_log, self.webhook_conn_id = event_log, webhook_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from triage import settings
-        from triage.pipeline.publish import JsonlEventSink, WebhookEventSink, publish_all
+        from triage.pipeline.publish import publish_all
 
-        sink: Any
-        if self.webhook_conn_id:
-            conn = BaseHook.get_connection(self.webhook_conn_id)
-            sink = WebhookEventSink(conn.host or "", headers=(conn.extra_dejson or {}).get("headers"))
-        else:
-            sink = JsonlEventSink(settings.event_log(self.event_log or variable("triage_event_sink")))
+        sink = event_sink(self.webhook_conn_id, self.event_log)
         try:
             sent = publish_all(self.store, sink)
         finally:
-            if isinstance(sink, WebhookEventSink):
-                sink.close()
+            sink.close()
             self.dispose()
         return {"published": sent}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook, conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
-from triage.operators.base import TriageOperator, variable
+from triage.operators.base import TriageOperator, event_sink, variable
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -87,7 +87,6 @@ class ReconcileJobsOperator(TriageOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from triage import settings
-        from triage.pipeline.publish import JsonlEventSink, WebhookEventSink
         from triage.reconciliation.params import InvalidReconcileParams, ReconcileParams
         from triage.reconciliation.runner import reconcile
 
@@ -95,20 +94,14 @@ class ReconcileJobsOperator(TriageOperator):
             params = ReconcileParams.from_params(context["params"])
         except InvalidReconcileParams as exc:
             raise AirflowFailException(str(exc)) from None
-        sink: Any
-        if self.webhook_conn_id:
-            connection = BaseHook.get_connection(self.webhook_conn_id)
-            sink = WebhookEventSink(connection.host or "", headers=(connection.extra_dejson or {}).get("headers"))
-        else:
-            sink = JsonlEventSink(settings.event_log(self.event_log or variable("triage_event_sink")))
+        sink = event_sink(self.webhook_conn_id, self.event_log)
         api = self.get_airflow_api()
         reports = settings.reports_dir(self.reports_dir or variable("triage_reports_dir"))
         try:
             outcome = reconcile(self.store, params, publish=sink.publish, api=api, reports_dir=reports)
         finally:
             api.close()
-            if isinstance(sink, WebhookEventSink):
-                sink.close()
+            sink.close()
             self.dispose()
         log.info("reconciliation report (run %d)\n%s", outcome.run_id, outcome.markdown)
         if outcome.html_path is not None:

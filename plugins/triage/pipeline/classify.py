@@ -169,12 +169,11 @@ class ClassifyHandler:
         self.breaker.record(True)
         return RetryLater(job.id, job.attempt, "unexpected_error", type(exc).__name__)
 
-    def one(self, job: ClaimedJob, document: DocumentPayload | Outcome | None = None) -> Outcome:
+    def one(self, job: ClaimedJob) -> Outcome:
         """The outcome of one job's attempt; never raises for the job's own failures."""
         if self.breaker.is_open or self._misconfigured:
             return Release(job.id, job.attempt)
-        if document is None:
-            document = self.read(job)
+        document = self.read(job)
         if not isinstance(document, DocumentPayload):
             return document
         request = ClassifyRequest(job_id=str(job.id), external_id=job.external_id, idempotency_key=job.idempotency_key,

@@ -25,6 +25,10 @@ class EventSink(Protocol):
         """Deliver ``events`` or raise; never deliver an event id twice to the same place."""
         ...
 
+    def close(self) -> None:
+        """Release what the sink holds (connections)."""
+        ...
+
 
 class JsonlEventSink:
     """Appends events to a JSON-lines file, one line per event id (fsynced before returning)."""
@@ -82,6 +86,9 @@ class JsonlEventSink:
             os.fsync(handle.fileno())
         self._seen.update(str(e.event_id) for e in fresh)
 
+    def close(self) -> None:
+        """Nothing to release: every publish opens and fsyncs the file itself."""
+
 
 class WebhookEventSink:
     """POSTs each event as JSON with ``Idempotency-Key: <event_id>``; any non-2xx raises."""
@@ -107,7 +114,7 @@ def publish_all(store: JobStore, sink: EventSink, *, batch: int = 1000) -> int:
     """Relay every unsent event; returns how many were sent."""
     sent = 0
     while True:
-        n = store.relay(lambda events: sink.publish(events), limit=batch)
+        n = store.relay(sink.publish, limit=batch)
         if n == 0:
             break
         sent += n

@@ -171,7 +171,8 @@ def airflow_view(store: JobStore, params: ReconcileParams, api: AirflowApi | Non
     except AirflowApiUnavailable as exc:
         return RuleResult("airflow_view", skipped=f"Airflow's REST API is unavailable: {exc}")
     batch_of = {run_id: run.batch_key for run_id, run in runs.items()}
-    unfinished = unfinished_by_batch(store, sorted({b for b in batch_of.values() if b}))
+    watched = {batch_of.get(ti.run_id) for ti in tis}  # only the batches of watched task instances
+    unfinished = unfinished_by_batch(store, sorted(b for b in watched if b))
     active = {run.batch_key for run in runs.values() if run.state in ACTIVE_RUN_STATES}
     findings: list[Finding] = []
     repairs: list[Repair] = []

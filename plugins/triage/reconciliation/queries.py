@@ -16,17 +16,15 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement, Grouping
 
 from triage.jobs.schema import classifications, document_labels, job_events, jobs, manual_review, outbox
+from triage.jobs.states import TERMINAL, UNFINISHED
 from triage.jobs.states import JobStatus as S
+from triage.jobs.transitions import NOW
+from triage.jobs.transitions import seconds_param as seconds
 from triage.reconciliation.findings import SAMPLE
 
-NOW = sa.func.now()
 UUIDS = pg.ARRAY(pg.UUID(as_uuid=True))
 COMPLETION_EVENTS = ("job.completed", "job.reviewed")
 """Either tells consumers a completed job is done (``job.reviewed`` when a reviewer labelled it)."""
-
-
-def seconds(param: str) -> ColumnElement[Any]:
-    return sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam(param, type_=sa.Float))
 
 
 def age_seconds(at: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -189,7 +187,7 @@ def completed_without_event() -> sa.Select[Any]:
     return summarise(rows)
 
 
-UNFINISHED_VALUES = [s.value for s in (S.RECEIVED, S.QUEUED, S.RUNNING, S.WAITING, S.RETRYABLE_FAILED)]
+UNFINISHED_VALUES = sorted(s.value for s in UNFINISHED)
 
 
 @cache
@@ -205,7 +203,7 @@ def unfinished_by_batch() -> sa.Select[Any]:
 
 # -- the report (read-only; windowed where the history grows without bound) ---------------------
 
-OPEN_STATES = [s.value for s in (S.RECEIVED, S.QUEUED, S.RUNNING, S.WAITING, S.RETRYABLE_FAILED, S.MANUAL_REVIEW)]
+OPEN_STATES = sorted(s.value for s in S if s not in TERMINAL)
 
 
 def _window() -> ColumnElement[Any]:

@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql as pg
 
 from triage.jobs.schema import jobs, manual_review, outbox
 from triage.jobs.states import JobStatus as S
-from triage.jobs.transitions import EVENT_SCHEMA_VERSION
+from triage.jobs.transitions import outbox_insert, status_literal
 from triage.reconciliation.queries import COMPLETION_EVENTS, NOW, seconds
 
 MISSING_REVIEW = "reconciliation_missing_review"
@@ -33,21 +33,10 @@ def _settled() -> Any:
     return jobs.c.updated_at < NOW - seconds("grace")
 
 
-def _status(value: S) -> Any:
-    return sa.literal_column(f"'{value.value}'::triage.job_status")
-
-
 @cache
 def lock() -> Any:
     """Serialise repairs across reconcilers for the rest of the transaction."""
     return sa.select(sa.func.pg_advisory_xact_lock(LOCK_KEY))
-
-
-def _events(rows: Any, event_type: str) -> Any:
-    return sa.insert(outbox).from_select(
-        ["job_id", "event_type", "schema_version", "attempt"],
-        sa.select(rows.c.id, sa.literal(event_type), sa.literal(EVENT_SCHEMA_VERSION), rows.c.attempt),
-    )
 
 
 @cache
@@ -56,14 +45,14 @@ def queue_received() -> Any:
     ``job.registered`` event that ``queued`` promises (unless the job has one already)."""
     moved = (
         sa.update(jobs)
-        .where(jobs.c.status == _status(S.RECEIVED), jobs.c.updated_at < NOW - seconds("threshold"))
-        .values(status=_status(S.QUEUED), status_reason="reconciliation_queued", updated_at=NOW)
+        .where(jobs.c.status == status_literal(S.RECEIVED), jobs.c.updated_at < NOW - seconds("threshold"))
+        .values(status=status_literal(S.QUEUED), status_reason="reconciliation_queued", updated_at=NOW)
         .returning(jobs.c.id, jobs.c.attempt)
         .cte("moved")
     )
     has_event = sa.exists().where(outbox.c.job_id == moved.c.id, outbox.c.event_type == "job.registered")
     missing = sa.select(moved.c.id, moved.c.attempt).where(~has_event).cte("missing")
-    return sa.select(moved.c.id).add_cte(_events(missing, "job.registered").cte("events"))
+    return sa.select(moved.c.id).add_cte(outbox_insert(missing, "job.registered").cte("events"))
 
 
 def _review_insert(rows: Any, reason: Any, context: Any) -> Any:
@@ -83,8 +72,8 @@ def exhaust_unclaimable() -> Any:
     spent, with their review row: what ``retry_later`` does for a job at its last attempt."""
     moved = (
         sa.update(jobs)
-        .where(jobs.c.status == _status(S.RETRYABLE_FAILED), jobs.c.attempt >= jobs.c.max_attempts, _settled())
-        .values(status=_status(S.MANUAL_REVIEW), status_reason="retries_exhausted", next_attempt_at=None,
+        .where(jobs.c.status == status_literal(S.RETRYABLE_FAILED), jobs.c.attempt >= jobs.c.max_attempts, _settled())
+        .values(status=status_literal(S.MANUAL_REVIEW), status_reason="retries_exhausted", next_attempt_at=None,
                 updated_at=NOW)
         .returning(jobs.c.id, jobs.c.attempt, jobs.c.last_error_class, jobs.c.last_error)
         .cte("moved")
@@ -101,7 +90,7 @@ def insert_missing_reviews() -> Any:
     has_open = sa.exists().where(manual_review.c.job_id == jobs.c.id, manual_review.c.resolved_at.is_(None))
     rows = (
         sa.select(jobs.c.id, jobs.c.attempt, jobs.c.last_error_class, jobs.c.last_error, jobs.c.status_reason)
-        .where(jobs.c.status == _status(S.MANUAL_REVIEW), _settled(), ~has_open)
+        .where(jobs.c.status == status_literal(S.MANUAL_REVIEW), _settled(), ~has_open)
         .cte("rows")
     )
     context = sa.func.jsonb_build_object("repaired_by", ACTOR, "status_reason", rows.c.status_reason)
@@ -117,7 +106,7 @@ def supersede_stale_reviews() -> Any:
         .where(
             manual_review.c.resolved_at.is_(None),
             manual_review.c.job_id == jobs.c.id,
-            jobs.c.status.in_([_status(S.COMPLETED), _status(S.TERMINAL_FAILED)]),
+            jobs.c.status.in_([status_literal(S.COMPLETED), status_literal(S.TERMINAL_FAILED)]),
             _settled(),
         )
         .values(resolved_at=NOW, resolution="superseded", resolved_by=ACTOR,
@@ -130,5 +119,7 @@ def supersede_stale_reviews() -> Any:
 def append_completed_events() -> Any:
     """The ``job.completed`` event of completed jobs that have no completion event."""
     has_event = sa.exists().where(outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS))
-    rows = sa.select(jobs.c.id, jobs.c.attempt).where(jobs.c.status == _status(S.COMPLETED), _settled(), ~has_event)
-    return _events(rows.cte("rows"), "job.completed").returning(outbox.c.job_id)
+    rows = sa.select(jobs.c.id, jobs.c.attempt).where(
+        jobs.c.status == status_literal(S.COMPLETED), _settled(), ~has_event
+    )
+    return outbox_insert(rows.cte("rows"), "job.completed").returning(outbox.c.job_id)

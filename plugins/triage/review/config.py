@@ -75,8 +75,6 @@ def param_schemas(label_names: list[str]) -> dict[str, dict[str, Any]]:
     out = ReviewRunConfig.param_schemas()
     if label_names:
         out["label"]["enum"] = [None, *label_names]
-    out["note"]["maxLength"] = 2000
-    out["job_ids"]["minItems"], out["job_ids"]["maxItems"] = 1, 1000
     return out
 
 
