@@ -413,7 +413,8 @@ def _new_job_arrays(new_jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
 
 def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome], policy: RetryPolicy,
                rng: random.Random) -> Recorded:  # fmt: skip
-    """Record outcomes set-based: one statement per kind, all fenced on (job, attempt, token)."""
+    """Record outcomes set-based: one statement per kind, all fenced on (job, attempt, token);
+    then, once the fence held for every job, the classifications and the labels."""
     ids = [o.job_id for o in outcomes]
     if len(set(ids)) != len(ids):
         raise LedgerError("one outcome per job in a batch")
@@ -421,10 +422,6 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
     by_kind: dict[type, list[Any]] = {}
     for outcome in outcomes:
         by_kind.setdefault(type(outcome), []).append(outcome)
-
-    classified = [o for o in outcomes if not isinstance(o, Release) and o.classification is not None]
-    if classified:
-        conn.execute(T.record_classifications(), T.pack(_classification_arrays(classified)))
 
     counts: dict[str, int] = {}
     touched: set[uuid.UUID] = set()
@@ -436,17 +433,9 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
         touched.update(r[0] for r in rows)
         return rows
 
+    conn.execute(T.fenced_write_joins())
     if items := by_kind.get(Complete):
-        rows = run(T.complete(), items, {})
-        counts["completed"] = len(rows)
-        labelled = [o for o in items if o.label is not None]
-        if labelled and len(rows) == len(items):
-            conn.execute(
-                T.upsert_labels(),
-                T.pack({"given_id": [o.job_id for o in labelled], "given_label": [o.label.label for o in labelled],
-                 "given_confidence": [o.label.confidence for o in labelled],
-                 "given_classifier_version": [o.label.classifier_version for o in labelled]}),
-            )  # fmt: skip
+        counts["completed"] = len(run(T.complete(), items, {}))
     if items := by_kind.get(Advance):
         counts["advanced"] = len(run(T.advance(), items, {"next_step": [o.next_step for o in items]}))
     if items := by_kind.get(RetryLater):
@@ -466,8 +455,19 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
             "error": [o.error for o in items]}))  # fmt: skip
     if items := by_kind.get(Release):
         counts["released"] = len(run(T.release(), items, {}))
-
     _check_fenced(conn, ids, touched, token, attempts)
+    conn.execute(T.default_joins())
+
+    classified = [o for o in outcomes if not isinstance(o, Release) and o.classification is not None]
+    if classified:
+        conn.execute(T.record_classifications(), T.pack(_classification_arrays(classified)))
+    if labelled := [o for o in by_kind.get(Complete, ()) if o.label is not None]:
+        conn.execute(
+            T.upsert_labels(),
+            T.pack({"given_id": [o.job_id for o in labelled], "given_label": [o.label.label for o in labelled],
+             "given_confidence": [o.label.confidence for o in labelled],
+             "given_classifier_version": [o.label.classifier_version for o in labelled]}),
+        )  # fmt: skip
     return Recorded(**counts)
 
 
