@@ -4,6 +4,8 @@
     python -m triage migrate [--to REV]     apply the job-table migrations (or downgrade)
     python -m triage status                 the ledger: jobs by state, open reviews by reason
     python -m triage env                    shell exports for running Airflow on this deployment
+    python -m triage payload JOB_ID         a job's document, read through its payload_ref and
+                                            verified by its hash (for reviewers; never logged)
 
 Every command honours ``TRIAGE_DATABASE_URL``; unset means the embedded PostgreSQL.
 """
@@ -109,6 +111,27 @@ def status_report(url: DatabaseUrl) -> str:
     return "\n".join(lines)
 
 
+def job_payload(url: DatabaseUrl, job_id: str) -> bytes:
+    """The document of job ``job_id``, verified against its content hash.
+
+    :raises LookupError: no such job.
+    :raises triage.payloads.PayloadError: the payload is missing or does not match its hash.
+    """
+    from triage.jobs.schema import jobs
+    from triage.payloads import read_payload
+
+    engine = create_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(sa.select(jobs.c.payload_ref, jobs.c.content_sha256)
+                               .where(sa.cast(jobs.c.id, sa.Text) == job_id)).first()  # fmt: skip
+    finally:
+        engine.dispose()
+    if row is None:
+        raise LookupError(f"no job {job_id}")
+    return read_payload(row.payload_ref, row.content_sha256)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m triage", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -120,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     migrate.add_argument("--to", default="head", help="target revision (head, base, or an id)")
     commands.add_parser("status", help="jobs by state and open reviews")
     commands.add_parser("env", help="shell exports for Airflow on this deployment")
+    payload = commands.add_parser("payload", help="print a job's document, verified by its hash")
+    payload.add_argument("job_id")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("pgserver", "alembic.runtime.plugins", "alembic.runtime.migration"):
@@ -154,6 +179,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "env":
         for key, value in airflow_environment().items():
             print(f"export {key}={shlex.quote(value)}")
+        return 0
+    if args.command == "payload":
+        from triage.payloads import PayloadError
+
+        try:
+            document = job_payload(job_database(), args.job_id)
+        except (LookupError, PayloadError) as exc:
+            print(f"python -m triage payload: {exc}", file=sys.stderr)
+            return 1
+        sys.stdout.buffer.write(document)
+        sys.stdout.buffer.flush()
         return 0
     return 2  # pragma: no cover - argparse refuses unknown commands
 

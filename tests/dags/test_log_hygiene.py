@@ -87,11 +87,15 @@ def written_logs(*roots: Path) -> dict[Path, str]:
 def document_sentences(payloads: Path) -> set[str]:
     """Distinctive pieces of every stored document: subjects and body sentences of 25+ characters."""
     pieces = set()
+    decoder = json.JSONDecoder()
     for path in payloads.rglob("*"):
         if path.is_file():
-            doc = json.loads(path.read_bytes())
-            pieces.add(doc["subject"])
-            pieces.update(s.strip() for s in re.split(r"[.!?\n]", doc["body"]) if len(s.strip()) >= 25)
+            text, at = path.read_text(), 0
+            while at < len(text):  # a pack: the documents of a chunk, one after the other
+                doc, at = decoder.raw_decode(text, at)
+                pieces.add(doc["subject"])
+                pieces.update(s.strip() for s in re.split(r"[.!?\n]", doc["body"]) if len(s.strip()) >= 25)
+    assert pieces, "the run stored documents"
     return {p for p in pieces if len(p) >= 20}
 
 

@@ -24,7 +24,7 @@ from triage.jobs.backoff import RetryPolicy
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-from triage.pipeline.retrieve import retrieve, to_new_job
+from triage.pipeline.retrieve import retrieve, to_new_jobs
 from triage.pipeline.steps import RunSettings, StepError, run_step
 from triage.sources.base import SourceDocument
 from triage.sources.jsonl import JsonlSource
@@ -118,7 +118,7 @@ def test_any_model_reply_ends_each_job_settled_or_retryable_with_a_reason(engine
         docs = [SourceDocument("fuzz", f"{batch}-{i}", DocumentPayload(external_id=f"{batch}-{i}", subject="s", body=f"b {i}",
                                                                  received_at=DAY).to_bytes())
                 for i in range(len(replies))]  # fmt: skip
-        store.register([to_new_job(d, payloads, classifier.version) for d in docs], batch_key=batch,
+        store.register(to_new_jobs(docs, payloads, classifier.version), batch_key=batch,
                        step="classify", max_attempts=3)  # fmt: skip
         handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.5, 1, False))
         try:  # one call per job, in order; a dependency that looks down is a typed stop, not a crash

@@ -35,7 +35,7 @@ from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.persist import PersistHandler
-from triage.pipeline.retrieve import idempotency_key, retrieve, to_new_job
+from triage.pipeline.retrieve import idempotency_key, retrieve, to_new_jobs
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, RunSettings, StepReport, WorkRemains, run_step
 from triage.sources.base import SourceDocument
 from triage.sources.synthetic import SyntheticSource
@@ -97,7 +97,7 @@ def document(external_id: str, body: str = "Please help", subject: str = "Hello"
 def register(store: JobStore, payloads: PayloadStore, docs: dict[str, bytes], *, max_attempts: int = 3,
              version: str = ScriptedClassifier.version) -> dict[str, uuid.UUID]:  # fmt: skip
     """Register each (external id, payload bytes) as a queued job; returns external id -> job id."""
-    new = [to_new_job(SourceDocument("test", ext, content), payloads, version) for ext, content in docs.items()]
+    new = to_new_jobs([SourceDocument("test", ext, content) for ext, content in docs.items()], payloads, version)
     result = store.register(new, batch_key=BATCH, step="classify", max_attempts=max_attempts)
     assert result.new == len(docs)
     return {r.external_id: r.id for r in rows(store, "SELECT external_id, id FROM triage.jobs")}
@@ -301,29 +301,36 @@ def test_jobs_retryable_soon_are_retried_in_the_same_run(fast_store: JobStore, p
 
 
 def test_missing_payload_fails_terminally(store: JobStore, payloads: PayloadStore) -> None:
-    ids = register(store, payloads, {"T-1": document("T-1")})
-    j = job(store, ids["T-1"])
-    payloads.path_for(j.content_sha256).unlink()
+    ids = register(store, payloads, {"T-1": document("T-1"), "T-2": document("T-2")})
+    pack = payloads.object_path(job(store, ids["T-1"]).payload_ref)
+    assert pack == payloads.object_path(job(store, ids["T-2"]).payload_ref)  # one pack holds both
+    pack.unlink()
     classifier = ScriptedClassifier(lambda _r: ok())
     classify(store, classifier, payloads)
-    j = job(store, ids["T-1"])
-    assert (j.status, j.status_reason, j.last_error_class) == ("terminal_failed", "missing_payload", "missing_payload")
+    for i in ids.values():
+        j = job(store, i)
+        assert (j.status, j.status_reason, j.last_error_class) == ("terminal_failed", "missing_payload",
+                                                                   "missing_payload")  # fmt: skip
+        assert review_of(store, j.id) == []
     assert classifier.calls == []
-    assert review_of(store, j.id) == []
 
 
-def test_corrupt_payload_goes_to_review(store: JobStore, payloads: PayloadStore) -> None:
-    ids = register(store, payloads, {"T-1": document("T-1")})
+def test_corrupt_payload_goes_to_review_and_its_pack_mates_do_not(store: JobStore, payloads: PayloadStore) -> None:
+    ids = register(store, payloads, {"T-1": document("T-1"), "T-2": document("T-2")})
     j = job(store, ids["T-1"])
-    path = payloads.path_for(j.content_sha256)
-    original = path.read_bytes()
-    path.write_bytes(original.replace(b"Please help", b"Please HELP"))  # same size, other bytes
+    start = int(j.payload_ref.split("#offset=")[1].split("&")[0])
+    path = payloads.object_path(j.payload_ref)
+    body = bytearray(path.read_bytes())
+    at = body.index(b"Please help", start)
+    body[at : at + 11] = b"Please HELP"  # same size, other bytes, inside T-1's range only
+    path.write_bytes(bytes(body))
     classifier = ScriptedClassifier(lambda _r: ok())
     classify(store, classifier, payloads)
     j = job(store, ids["T-1"])
     assert (j.status, j.status_reason, j.last_error_class) == ("manual_review", "payload_corrupt", "payload_corrupt")
     assert [r.reason for r in review_of(store, j.id)] == ["payload_corrupt"]
-    assert classifier.calls == []
+    assert job(store, ids["T-2"]).status == "completed"
+    assert [c.external_id for c in classifier.calls] == ["T-2"]
 
 
 def register_raw(store: JobStore, payloads: PayloadStore, external_id: str, content: bytes) -> uuid.UUID:

@@ -27,7 +27,7 @@ from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-from triage.pipeline.retrieve import to_new_job
+from triage.pipeline.retrieve import to_new_jobs
 from triage.pipeline.steps import (
     CircuitOpen,
     DependencyMisconfigured,
@@ -68,7 +68,7 @@ def register(
             received_at=datetime(2026, 11, 1, 9, tzinfo=UTC)).to_bytes())
         for i in range(n)
     ]  # fmt: skip
-    result = store.register([to_new_job(d, payloads, version) for d in docs], batch_key=BATCH, step="classify",
+    result = store.register(to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify",
                             max_attempts=max_attempts)  # fmt: skip
     assert result.new == n
     return list(result.new_ids)

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from triage.contracts.documents import DocumentPayload
 from triage.jobs.store import JobStore
-from triage.payloads import PayloadStore
+from triage.payloads import PayloadCorrupt, PayloadMissing, PayloadStore
 from triage.pipeline.retrieve import idempotency_key, retrieve
 from triage.sources.jsonl import JsonlSource
 from triage.sources.synthetic import SyntheticSource
@@ -78,17 +78,20 @@ def test_duplicate_deliveries_register_once(store: JobStore, tmp_path: Path, chu
     assert scalar(store, "SELECT count(*) FROM triage.outbox") == 30
 
 
-def test_payloads_are_stored_once_by_hash_and_read_back_verified(store: JobStore, tmp_path: Path) -> None:
+def test_payloads_are_stored_once_per_pack_and_read_back_verified(store: JobStore, tmp_path: Path) -> None:
     base = tmp_path / "payloads"
     payloads = PayloadStore(base)
     source = SyntheticSource(25, seed=5, duplicate_rate=0.4)
+    delivered = list(source.read(START, END))
     run(store, source, payloads)
     jobs = rows(store, "SELECT external_id, content_sha256, payload_ref FROM triage.jobs")
     assert len(jobs) == 25
-    files = payload_files(base)
-    assert len(files) == 25  # redeliveries (same bytes) wrote no second file
-    assert {f.name for f in files} == {j.content_sha256 for j in jobs}
-    by_id = {d.external_id: d.content for d in source.read(START, END)}
+    [pack] = payload_files(base)  # one chunk, one pack
+    body = pack.read_bytes()
+    assert pack.name == hashlib.sha256(body).hexdigest()  # the pack is content-addressed
+    assert len(body) == sum(len(c) for c in {d.content for d in delivered})  # redeliveries wrote nothing twice
+    assert all(j.payload_ref.startswith(f"{pack.as_uri()}#offset=") for j in jobs)
+    by_id = {d.external_id: d.content for d in delivered}
     for job in jobs:
         content = payloads.get(job.payload_ref, job.content_sha256)
         assert hashlib.sha256(content).hexdigest() == job.content_sha256
@@ -97,18 +100,49 @@ def test_payloads_are_stored_once_by_hash_and_read_back_verified(store: JobStore
     # Events carry the reference, never the document: no payload column holds text.
     assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE payload <> '{}'::jsonb") == 0
 
+    run(store, source, payloads)  # the same chunk again: the same pack, not written twice
+    assert [(p.name, p.stat().st_mtime_ns) for p in payload_files(base)] == [(pack.name, pack.stat().st_mtime_ns)]
 
-def test_payloads_on_object_storage_are_stored_once_and_verified(store: JobStore) -> None:
+
+def test_packs_are_cut_at_their_size_and_each_payload_reads_back(store: JobStore, tmp_path: Path) -> None:
+    base = tmp_path / "payloads"
+    payloads = PayloadStore(base, pack_bytes=4000)
+    source = SyntheticSource(30, seed=6)
+    run(store, source, payloads, chunk=20)  # two chunks: 20 and 10 documents
+    sizes = [p.stat().st_size for p in payload_files(base)]
+    total = sum(len(d.content) for d in source.read(START, END))
+    assert sum(sizes) == total
+    assert len(sizes) > 2  # the chunks were cut into several packs
+    assert all(size <= 4000 for size in sizes)
+    for job in rows(store, "SELECT content_sha256, payload_ref FROM triage.jobs"):
+        assert hashlib.sha256(payloads.get(job.payload_ref, job.content_sha256)).hexdigest() == job.content_sha256
+
+
+def test_a_payload_alone_is_its_own_object_and_refs_are_checked(tmp_path: Path) -> None:
+    payloads = PayloadStore(tmp_path / "payloads")
+    digest, ref = payloads.put(b"one document")
+    assert ref == (tmp_path / "payloads" / digest[:2] / digest).as_uri()  # no fragment: the whole object
+    assert payloads.get(ref, digest) == b"one document"
+    [(_, packed)] = [r for r in payloads.put_many([b"a", b"b"]) if r[0] == hashlib.sha256(b"b").hexdigest()]
+    assert packed.endswith("#offset=1&length=1")
+    for broken in (f"{ref}#offset=x&length=1", f"{ref}#offset=0", f"{ref}#offset=-1&length=1"):
+        with pytest.raises(PayloadMissing):
+            payloads.get(broken, digest)
+    with pytest.raises(PayloadCorrupt, match="cut short"):
+        payloads.get(packed.replace("length=1", "length=5"), hashlib.sha256(b"b").hexdigest())
+
+
+def test_payloads_on_object_storage_are_packed_and_verified(store: JobStore) -> None:
     base = f"memory://triage-test-{uuid.uuid4().hex}"
     payloads = PayloadStore(base)
     source = SyntheticSource(10, seed=4, duplicate_rate=0.5)
     assert run(store, source, payloads).registered == 10
     jobs = rows(store, "SELECT content_sha256, payload_ref FROM triage.jobs")
-    assert all(j.payload_ref == f"{base}/{j.content_sha256[:2]}/{j.content_sha256}" for j in jobs)
+    fs = payloads.base.fs
+    [pack] = fs.find(base)  # one object for the chunk, not one per document
+    assert all(j.payload_ref.startswith(f"memory://{pack.lstrip('/')}#offset=") for j in jobs)
     for j in jobs:
         assert hashlib.sha256(payloads.get(j.payload_ref, j.content_sha256)).hexdigest() == j.content_sha256
-    fs = payloads.base.fs
-    assert len(fs.find(base)) == 10
 
 
 def test_a_new_classifier_version_is_new_work(store: JobStore, tmp_path: Path) -> None:
@@ -121,7 +155,7 @@ def test_a_new_classifier_version_is_new_work(store: JobStore, tmp_path: Path) -
     assert rows(store, "SELECT classifier_version, count(*) FROM triage.jobs GROUP BY 1 ORDER BY 1") == [
         ("v1", 12), ("v2", 12)
     ]  # fmt: skip
-    assert len(payload_files(base)) == 12  # same documents, same payloads
+    assert len(payload_files(base)) == 1  # same documents, same pack
     assert run(store, source, payloads, version="v2").registered == 0
 
 

@@ -61,7 +61,7 @@ from triage.jobs.models import (
     SendToReview,
 )
 from triage.observability import job_fields
-from triage.payloads import PayloadCorrupt, PayloadMissing, PayloadStore
+from triage.payloads import PayloadError, PayloadMissing, PayloadStore
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
 
 log = logging.getLogger(__name__)
@@ -124,18 +124,21 @@ class ClassifyHandler:
         self.classifier.close()
 
     def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
+        # The batch's payloads in one pass: a claimed batch is mostly a run of one pack.
+        contents = self.payloads.get_many([(job.payload_ref, job.content_sha256) for job in jobs])
         if self._pool is None:
-            return [self.one(job) for job in jobs]
-        return list(self._pool.map(self.one, jobs))
+            return [self.one(job, content) for job, content in zip(jobs, contents, strict=True)]
+        return list(self._pool.map(self.one, jobs, contents))
 
-    def read(self, job: ClaimedJob) -> DocumentPayload | Outcome:
+    @staticmethod
+    def read(job: ClaimedJob, content: bytes | PayloadError) -> DocumentPayload | Outcome:
         """The job's document, or the outcome that reading it failed with."""
+        if isinstance(content, PayloadMissing):
+            return Fail(job.id, job.attempt, "missing_payload", content.error_class, str(content))
+        if isinstance(content, PayloadError):
+            return SendToReview(job.id, job.attempt, "payload_corrupt", content.error_class, str(content))
         try:
-            return DocumentPayload.from_bytes(self.payloads.get(job.payload_ref, job.content_sha256))
-        except PayloadMissing as exc:
-            return Fail(job.id, job.attempt, "missing_payload", exc.error_class, str(exc))
-        except PayloadCorrupt as exc:
-            return SendToReview(job.id, job.attempt, "payload_corrupt", exc.error_class, str(exc))
+            return DocumentPayload.from_bytes(content)
         except MalformedDocument as exc:
             if exc.reason == "unsupported_schema_version":
                 return Fail(job.id, job.attempt, "unsupported_schema_version", exc.reason, str(exc))
@@ -169,11 +172,12 @@ class ClassifyHandler:
         self.breaker.record(True)
         return RetryLater(job.id, job.attempt, "unexpected_error", type(exc).__name__)
 
-    def one(self, job: ClaimedJob) -> Outcome:
-        """The outcome of one job's attempt; never raises for the job's own failures."""
+    def one(self, job: ClaimedJob, content: bytes | PayloadError) -> Outcome:
+        """The outcome of one job's attempt, given its payload (or the error reading it); never
+        raises for the job's own failures."""
         if self.breaker.is_open or self._misconfigured:
             return Release(job.id, job.attempt)
-        document = self.read(job)
+        document = self.read(job, content)
         if not isinstance(document, DocumentPayload):
             return document
         request = ClassifyRequest(job_id=str(job.id), external_id=job.external_id, idempotency_key=job.idempotency_key,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,9 +45,11 @@ class RetrieveResult:
         return self.read / self.seconds if self.seconds else 0.0
 
 
-def to_new_job(doc: SourceDocument, payloads: PayloadStore, classifier_version: str) -> NewJob:
-    digest, ref = payloads.put(doc.content)
-    return new_job(doc, digest, ref, classifier_version)
+def to_new_jobs(docs: Sequence[SourceDocument], payloads: PayloadStore, classifier_version: str) -> list[NewJob]:
+    """Store the documents' payloads (one pack per chunk, see :mod:`triage.payloads`) and make
+    their jobs; the jobs may be registered once this returns."""
+    stored = payloads.put_many([doc.content for doc in docs])
+    return [new_job(doc, digest, ref, classifier_version) for doc, (digest, ref) in zip(docs, stored, strict=True)]
 
 
 def new_job(doc: SourceDocument, digest: str, ref: str, classifier_version: str) -> NewJob:
@@ -63,7 +66,8 @@ def new_job(doc: SourceDocument, digest: str, ref: str, classifier_version: str)
 def retrieve(store: JobStore, source: Source, payloads: PayloadStore, *, start: datetime, end: datetime,
              batch_key: str, classifier_version: str, max_attempts: int, chunk: int = 5000,
              actor: str = "retrieve") -> RetrieveResult:  # fmt: skip
-    """Register the documents of ``[start, end)``; each chunk is one transaction."""
+    """Register the documents of ``[start, end)``: each chunk is one pack of payloads, then one
+    transaction."""
     began = time.perf_counter()
     read = malformed = 0
     totals = {"registered": 0, "existing": 0}
@@ -86,15 +90,15 @@ def retrieve(store: JobStore, source: Source, payloads: PayloadStore, *, start: 
         pending = writer.submit(register, chunk, read) if chunk else None
 
     try:
-        chunk_jobs: list[NewJob] = []
+        docs: list[SourceDocument] = []
         for doc in source.read(start, end):
             read += 1
             malformed += doc.malformed_reason is not None
-            chunk_jobs.append(to_new_job(doc, payloads, classifier_version))
-            if len(chunk_jobs) >= chunk:
-                flush(chunk_jobs)
-                chunk_jobs = []
-        flush(chunk_jobs)
+            docs.append(doc)
+            if len(docs) >= chunk:
+                flush(to_new_jobs(docs, payloads, classifier_version))
+                docs = []
+        flush(to_new_jobs(docs, payloads, classifier_version))
         flush([])
     finally:
         writer.shutdown(wait=True)
