@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -71,6 +72,33 @@ def scratch_database(migrate: bool = True) -> Iterator[DatabaseUrl]:
     finally:
         with psycopg.connect(base.libpq(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def server_cpu_seconds() -> float | None:
+    """CPU seconds the embedded PostgreSQL has used so far: the postmaster, its live processes
+    and the backends that have exited (``None`` with ``TRIAGE_DATABASE_URL``: not measurable here)."""
+    if configured_url() is not None:
+        return None
+    from pgserver.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(embedded.pgdata_dir())
+    if info is None or info.process is None:
+        return None
+    total = 0.0
+    for proc in (info.process, *info.process.children()):
+        try:
+            times = proc.cpu_times()
+        except Exception:  # noqa: BLE001 - a backend that exited meanwhile is counted by the postmaster
+            continue
+        total += times.user + times.system + (times.children_user + times.children_system if proc is info.process
+                                              else 0.0)  # fmt: skip
+    return total
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's exited children (the spawned stage processes)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
-from bench.common import Figure, scratch_database
+from bench.common import Figure, children_cpu_seconds, scratch_database, server_cpu_seconds
 from tests.fakes.openai_server import FakeOpenAIServer, keyword_responder
 from triage.classifiers import Taxonomy, build_classifier
 from triage.classifiers.base import ClassifyRequest, decide_outcome
@@ -81,16 +81,22 @@ def _in_processes(target, args: list[tuple]) -> None:  # type: ignore[no-untyped
 def _stages(store: JobStore, url: DatabaseUrl, payload_base: str, classifier, n: int, batch: str,  # type: ignore[no-untyped-def]
             shards: int, workers: int) -> dict[str, float]:  # fmt: skip
     """retrieve (``shards`` processes) → classify (``workers`` processes), as the DAG maps them,
-    → persist; seconds per stage."""
+    → persist; seconds per stage, and the CPU seconds its processes and PostgreSQL used."""
     seconds: dict[str, float] = {}
+
+    def stage(name: str, target, args: list[tuple]) -> None:  # type: ignore[no-untyped-def,type-arg]
+        began, workers_cpu, server_cpu = time.perf_counter(), children_cpu_seconds(), server_cpu_seconds()
+        _in_processes(target, args)
+        seconds[name] = time.perf_counter() - began
+        seconds[f"{name}_cpu_workers"] = children_cpu_seconds() - workers_cpu
+        after = server_cpu_seconds()
+        if after is not None and server_cpu is not None:
+            seconds[f"{name}_cpu_postgres"] = after - server_cpu
+
     start = time.perf_counter()
-    _in_processes(
-        _retrieve_shard, [(url, payload_base, batch, n, classifier.version, i, shards) for i in range(shards)]
-    )
-    seconds["retrieve"] = time.perf_counter() - start
-    step = time.perf_counter()
-    _in_processes(_classify_worker, [(url, payload_base, batch, i) for i in range(workers)])
-    seconds["classify"] = time.perf_counter() - step
+    stage("retrieve", _retrieve_shard,
+          [(url, payload_base, batch, n, classifier.version, i, shards) for i in range(shards)])  # fmt: skip
+    stage("classify", _classify_worker, [(url, payload_base, batch, i) for i in range(workers)])
     step = time.perf_counter()
     run_step(store, PersistHandler(store), batch_key=batch, settings=RunSettings(owner="bench"))
     seconds["persist"] = time.perf_counter() - step
@@ -143,7 +149,8 @@ def bench_end_to_end() -> list[Figure]:
         Figure("end to end, keyword, 100k documents", "docs/s", E2E_N / ours_s, "target", 5000.0,
                target_ratio=1.0, details={"seconds": round(ours_s, 2), "retrieve_shards": RETRIEVE_SHARDS,
                                           "classify_workers": CLASSIFY_WORKERS,
-                                          **{f"{k}_seconds": round(v, 2) for k, v in stages.items() if k != "total"}}),
+                                          **{(k if "_cpu_" in k else f"{k}_seconds"): round(v, 2) for k, v in stages.items()
+                                             if k != "total"}}),
         Figure("reliability overhead (ledger vs naive script)", "docs/s", E2E_N / ours_s,
                "naive: classify + upsert labels", E2E_N / naive_s, details={"naive_seconds": round(naive_s, 2),
                                                                             "ledger_seconds": round(ours_s, 2)}),
