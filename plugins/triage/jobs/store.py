@@ -188,22 +188,6 @@ class JobStore:
             ).all()  # fmt: skip
         return len(rows)
 
-    def requeue(self, job_id: uuid.UUID, *, actor: str, note: str | None = None, max_replays: int = 3) -> None:
-        """Review decision: send a job in review back to the queue, attempts reset (audited)."""
-        with self.transaction(actor) as conn:
-            rows = conn.execute(
-                T.requeue_from_review(),
-                {"p_job_id": job_id, "max_replays": max_replays, "p_actor": actor, "p_note": note},
-            ).all()
-            if rows:
-                return
-            row = conn.execute(sa.select(jobs.c.status, jobs.c.replays).where(jobs.c.id == job_id)).first()
-            if row is None:
-                raise JobNotFound(f"job {job_id} does not exist")
-            if row.status != JobStatus.MANUAL_REVIEW.value:
-                raise NotInReview(f"job {job_id} is {row.status}, not in manual_review")
-            raise ReplayLimitReached(f"job {job_id} was requeued {row.replays} times (limit {max_replays})")
-
     # -- review decisions ---------------------------------------------------------------
     # Each is one transaction with the reviewer as its actor. Applying the same decision again
     # changes nothing and returns ``already_applied``; a different decision on a job that is no
@@ -245,8 +229,9 @@ class JobStore:
 
     def resolve_with_requeue(self, job_id: uuid.UUID, *, actor: str, note: str | None = None,
                              max_replays: int = 3) -> ReviewResult:  # fmt: skip
-        """Review decision: try again. What :meth:`requeue` does (attempts reset, a replay
-        counted up to ``max_replays``, ``job.requeued``), but idempotent like the other decisions.
+        """Review decision: try again. ``manual_review -> queued`` with its attempts reset, a
+        replay counted up to ``max_replays``, the review row resolved ``requeued`` and a
+        ``job.requeued`` event (the reviewer is the actor).
 
         :raises ReplayLimitReached: the job is in review and was requeued ``max_replays`` times.
         """
