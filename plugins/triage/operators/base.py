@@ -29,6 +29,29 @@ def database_url_from_connection(conn_id: str) -> Any:
                        host=conn.host or None, port=conn.port or None)  # fmt: skip
 
 
+def http_url(conn: Any, *, default_path: str = "", default_port: int | None = None) -> str:
+    """The URL an HTTP-style connection names, in every form Airflow gives one.
+
+    A whole URL in ``host`` (the JSON form) is taken as it is. Otherwise: the scheme is
+    ``schema`` when that is ``http``/``https``, else ``https`` for an ``https`` connection type,
+    else extra ``scheme``, else ``http``; then host and port; the path is ``schema`` when that
+    is not a scheme (the URI form ``http://h:8000/labels`` puts it there), else extra ``path``,
+    else ``default_path``.
+    """
+    host = (conn.host or "").rstrip("/")
+    if "://" in host:
+        return host
+    extra = conn.extra_dejson or {}
+    schema = conn.schema or ""
+    if schema in ("http", "https"):
+        scheme, path = schema, extra.get("path", default_path)
+    else:
+        scheme = "https" if conn.conn_type == "https" else str(extra.get("scheme", "http"))
+        path = schema or extra.get("path", default_path)
+    port = conn.port or default_port
+    return f"{scheme}://{host}{f':{port}' if port else ''}" + (f"/{str(path).lstrip('/')}" if path else "")
+
+
 def batch_key(context: Context) -> str:
     """The DAG run's data interval: the unit of work that retries, callbacks and reports name."""
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
@@ -71,7 +94,7 @@ def event_sink(webhook_conn_id: str | None, event_log: str | None) -> EventSink:
 
     if webhook_conn_id:
         conn = BaseHook.get_connection(webhook_conn_id)
-        return WebhookEventSink(conn.host or "", headers=(conn.extra_dejson or {}).get("headers"))
+        return WebhookEventSink(http_url(conn), headers=(conn.extra_dejson or {}).get("headers"))
     return JsonlEventSink(settings.event_log(event_log or variable("triage_event_sink")))
 
 

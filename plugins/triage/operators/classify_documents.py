@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from triage.operators.base import TriageOperator, batch_key, event_sink, lease_owner, owner_prefix, variable
+from triage.operators.base import (
+    TriageOperator,
+    batch_key,
+    event_sink,
+    http_url,
+    lease_owner,
+    owner_prefix,
+    variable,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -31,20 +39,6 @@ DOCUMENT_LABELS = Asset(name="triage_document_labels", uri="triage://document_la
 LABEL_ACTION_CONN_ID = "triage_label_action"
 """An HTTP connection whose host is the URL each accepted label is POSTed to (with the job's
 idempotency key) before the job completes; unset means no external action."""
-
-
-def label_action_url(conn: Any) -> str:
-    """The URL a connection names: its host when that is a whole URL (the JSON form), else
-    scheme, host, port and path; a URI form (``http://h:8000/labels``) puts the path in
-    ``schema``, as Airflow parses it."""
-    host = (conn.host or "").rstrip("/")
-    if "://" in host:
-        return host
-    extra = conn.extra_dejson or {}
-    scheme = "https" if conn.conn_type == "https" else str(extra.get("scheme", "http"))
-    path = conn.schema if conn.schema and conn.schema not in ("http", "https") else extra.get("path", "")
-    port = f":{conn.port}" if conn.port else ""
-    return f"{scheme}://{host}{port}" + (f"/{str(path).lstrip('/')}" if path else "")
 
 
 def label_action_connection(conn_id: str | None) -> Any:
@@ -64,13 +58,7 @@ def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
     (``http://host:port/v1``), password the API key, extra the model call's settings."""
     conn = BaseHook.get_connection(conn_id)
     extra = conn.extra_dejson or {}
-    host = conn.host or ""
-    if "://" in host:
-        base_url = host.rstrip("/")
-    else:
-        scheme = conn.schema if conn.schema in ("http", "https") else "http"
-        base_url = f"{scheme}://{host}{f':{conn.port}' if conn.port else ''}{extra.get('path', '/v1')}"
-    settings: dict[str, Any] = {"base_url": base_url, "api_key": conn.password or None,
+    settings: dict[str, Any] = {"base_url": http_url(conn, default_path="/v1"), "api_key": conn.password or None,
                                 "model": extra.get("model", "gpt-4o-mini")}  # fmt: skip
     for key, target in (("temperature", "temperature"), ("timeout", "timeout_s"), ("prompt_version", "prompt_version"),
                         ("price_per_1k_prompt", "price_per_1k_prompt"),
@@ -248,7 +236,7 @@ class PersistLabelsOperator(TriageOperator):
             except (TypeError, ValueError):
                 raise AirflowFailException(f"the {self.action_conn_id} connection's extra timeout is not a number; "
                                            "fix it, then clear this task") from None  # fmt: skip
-            action = WebhookLabelAction(label_action_url(conn), timeout_s=timeout, headers=extra.get("headers"))
+            action = WebhookLabelAction(http_url(conn), timeout_s=timeout, headers=extra.get("headers"))
         try:
             report = run_step(self.store, PersistHandler(self.store, action), batch_key=batch_key(context),
                               settings=settings, metrics=AirflowStatsMetrics())  # fmt: skip

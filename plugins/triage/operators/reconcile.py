@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook, conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
-from triage.operators.base import TriageOperator, event_sink, variable
+from triage.operators.base import TriageOperator, event_sink, http_url, variable
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -77,11 +77,8 @@ class ReconcileJobsOperator(TriageOperator):
         except AirflowNotFoundException:
             connection = None
         if connection is not None:
-            host = connection.host or ""
-            if host:
-                base_url = (
-                    host if "://" in host else f"{connection.schema or 'http'}://{host}:{connection.port or 8080}"
-                )
+            if connection.host:
+                base_url = http_url(connection, default_port=8080)
             username, password = connection.login or None, connection.password
         return AirflowApi(base_url, username=username, password=password)
 

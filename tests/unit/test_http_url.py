@@ -1,0 +1,49 @@
+"""The URL of an HTTP-style connection (model API, label action, webhook, Airflow API) from every
+form an Airflow connection comes in."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from triage.operators.base import http_url
+
+
+def conn(**fields: Any) -> SimpleNamespace:
+    base = {"conn_type": "http", "host": None, "port": None, "schema": None, "extra_dejson": {}}
+    return SimpleNamespace(**{**base, **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "url"),
+    [
+        ({"host": "http://127.0.0.1:9000/labels"}, "http://127.0.0.1:9000/labels"),  # JSON form, whole URL
+        ({"host": "h.example", "port": 8000, "schema": "labels"}, "http://h.example:8000/labels"),  # URI form
+        ({"conn_type": "https", "host": "h.example", "schema": "v1/labels"}, "https://h.example/v1/labels"),
+        ({"host": "h.example", "schema": "https", "extra_dejson": {"scheme": "https", "path": "/labels"}},
+         "https://h.example/labels"),
+        ({"host": "h.example"}, "http://h.example"),
+    ],
+)  # fmt: skip
+def test_http_url(fields: dict[str, Any], url: str) -> None:
+    assert http_url(conn(**fields)) == url
+
+
+@pytest.mark.parametrize(
+    ("fields", "url"),
+    [
+        ({"host": "model.example", "port": 8000}, "http://model.example:8000/v1"),  # the model API's default path
+        ({"host": "model.example", "schema": "https"}, "https://model.example/v1"),
+        ({"host": "model.example", "schema": "api/v2"}, "http://model.example/api/v2"),  # URI form: its path wins
+        ({"host": "http://127.0.0.1:9/v1/"}, "http://127.0.0.1:9/v1"),
+    ],
+)  # fmt: skip
+def test_http_url_default_path(fields: dict[str, Any], url: str) -> None:
+    assert http_url(conn(**fields), default_path="/v1") == url
+
+
+def test_http_url_default_port() -> None:
+    assert http_url(conn(host="localhost"), default_port=8080) == "http://localhost:8080"
+    assert http_url(conn(host="localhost", port=9090), default_port=8080) == "http://localhost:9090"
