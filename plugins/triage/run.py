@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from triage import local
 from triage.database import DatabaseUrl, create_engine
 from triage.embedded import project_root
+from triage.jobs.models import batch_key_for
 from triage.jobs.reads import batch_summary, format_summary
 from triage.reconciliation.runner import latest_run
 
@@ -34,8 +35,7 @@ def day_interval(day: date) -> tuple[datetime, datetime]:
 
 
 def batch_key_of(day: date) -> str:
-    start, end = day_interval(day)
-    return f"{start.isoformat()}/{end.isoformat()}"
+    return batch_key_for(*day_interval(day))
 
 
 def day_run(run_id: str, day: date, conf: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,12 @@ from typing import Any, Literal
 from triage.jobs.states import JobStatus
 
 
+def batch_key_for(start: datetime, end: datetime) -> str:
+    """The batch key of a data interval, ``start/end`` in ISO 8601: what ``jobs.batch_key`` holds
+    for a ``classify_documents`` run, and how callbacks, reports and the CLI name its jobs."""
+    return f"{start.isoformat()}/{end.isoformat()}"
+
+
 @dataclass(frozen=True, slots=True)
 class NewJob:
     """One document to register. ``status`` is ``queued``, or ``manual_review`` for input that

@@ -57,7 +57,9 @@ def batch_key(context: Context) -> str:
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if start is None or end is None:
         raise AirflowFailException("this run has no data interval; classify_documents needs one to know its documents")
-    return f"{start.isoformat()}/{end.isoformat()}"
+    from triage.jobs.models import batch_key_for
+
+    return batch_key_for(start, end)
 
 
 def map_index(context: Context) -> int:

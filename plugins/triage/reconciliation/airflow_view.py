@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 import httpx
 
+from triage.jobs.models import batch_key_for
 from triage.jobs.store import JobStore
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 from triage.reconciliation.params import ReconcileParams
@@ -62,7 +63,7 @@ def batch_key_of(start: str | None, end: str | None) -> str | None:
     interval as ``start/end`` in ISO 8601 with ``+00:00``, from the API's ``…Z`` timestamps."""
     if not start or not end:
         return None
-    return "/".join(datetime.fromisoformat(v.replace("Z", "+00:00")).isoformat() for v in (start, end))
+    return batch_key_for(*(datetime.fromisoformat(v.replace("Z", "+00:00")) for v in (start, end)))
 
 
 class AirflowApi:
