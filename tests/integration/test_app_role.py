@@ -1,5 +1,6 @@
-"""The DAGs' least-privilege role (migration 0003) on a real PostgreSQL: the whole pipeline
-works through it, and every schema change or history rewrite is refused by PostgreSQL itself."""
+"""The DAGs' least-privilege role (migrations 0003 and 0004) on a real PostgreSQL: the whole
+pipeline works through it, and every schema change, history rewrite or forged event is refused
+by PostgreSQL itself."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from psycopg import errors
 
+from tests.integration.helpers import new_jobs
 from triage import migrations
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.drill import DrillSettings
@@ -70,7 +72,8 @@ def test_the_worker_logs_in_as_a_member_of_the_app_role_and_owns_nothing(app_url
 
 def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, tmp_path: Path) -> None:
     """register → claim → record (complete, retry, review) → relay → review decisions, all as
-    ``triage_worker``: the triggers write job_events under the caller's privileges."""
+    ``triage_worker``: the triggers write job_events as the schema's owner (``SECURITY DEFINER``,
+    migration 0004), which the role itself may not."""
     payloads = PayloadStore(tmp_path / "payloads")
     drill = DrillSettings(transient_error_rate=0.2, inconclusive_rate=0.2, seed=5)
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load(), drill=drill)
@@ -107,6 +110,16 @@ def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, tmp_path: P
     assert "app-role-test" in {a.split("/")[0] for a in actors}
 
 
+def test_an_unnamed_move_is_logged_with_the_login_that_made_it(app_store: JobStore, app_url: DatabaseUrl) -> None:
+    """No ``triage.actor`` and no lease: the log names the session's login, not the owner the
+    trigger runs as."""
+    app_store.register(new_jobs(1), batch_key=BATCH, step="classify", max_attempts=3)
+    with as_app(app_url) as conn:
+        conn.execute("UPDATE triage.jobs SET status = 'terminal_failed', status_reason = 'by hand'")
+        actor = conn.execute("SELECT actor FROM triage.job_events WHERE to_status = 'terminal_failed'").fetchone()
+    assert actor == (WORKER_ROLE,)
+
+
 def test_a_retry_of_an_exhausted_job_goes_to_review_as_the_app_role(app_store: JobStore) -> None:
     from tests.integration.helpers import new_jobs
 
@@ -132,6 +145,11 @@ def test_a_retry_of_an_exhausted_job_goes_to_review_as_the_app_role(app_store: J
         pytest.param("TRUNCATE triage.jobs", id="truncate-jobs"),
         pytest.param("UPDATE triage.job_events SET reason = 'rewritten'", id="update-events"),
         pytest.param("DELETE FROM triage.job_events", id="delete-events"),
+        pytest.param(
+            "INSERT INTO triage.job_events (job_id, to_status, step, attempt, actor)"
+            " VALUES (gen_random_uuid(), 'completed', 'classify', 1, 'forged')",
+            id="forge-event",
+        ),
         pytest.param("DELETE FROM triage.classifications", id="delete-classifications"),
         pytest.param("UPDATE triage.classifications SET label = 'x'", id="update-classifications"),
         pytest.param("DELETE FROM triage.jobs", id="delete-jobs"),

@@ -134,5 +134,10 @@ def test_the_migrations_run_as_the_owner_and_narrow_the_app_role(server: str) ->
         assert conn.execute("SELECT count(*) FROM triage.job_events").fetchone() == (0,)
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute("DELETE FROM triage.job_events")
+        with pytest.raises(errors.InsufficientPrivilege):  # only the triggers write the log (0004)
+            conn.execute(
+                "INSERT INTO triage.job_events (job_id, to_status, step, attempt, actor)"
+                " VALUES (gen_random_uuid(), 'queued', 'classify', 0, 'forged')"
+            )
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute("DROP TABLE triage.jobs")
