@@ -36,11 +36,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+from triage.local import ComponentExited, Processes
 
 if TYPE_CHECKING:
     from triage.drill.invariants import Invariant
@@ -99,43 +101,6 @@ def redis_server_binary() -> str:
     if result.returncode != 0 or not found:
         raise DistributedError(f"apt-get install {REDIS_PACKAGE} failed:\n{(result.stdout + result.stderr)[-2000:]}")
     return found
-
-
-@dataclass
-class Processes:
-    """Child processes, each the leader of its own process group, with its output in a log file."""
-
-    log_dir: Path
-    running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        with open(self.log_dir / f"{name}.log", "wb") as out:
-            proc = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        self.running[name] = proc
-        return proc
-
-    def check(self) -> None:
-        for name, proc in self.running.items():
-            if proc.poll() is not None:
-                raise DistributedError(f"{name} exited with {proc.returncode}\n{self.logs()}")
-
-    def logs(self, tail: int = 30) -> str:
-        parts = []
-        for name in self.running:
-            lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-tail:]
-            parts.append(f"==> {self.log_dir / name}.log <==\n" + "\n".join(lines))
-        return "\n".join(parts)
-
-    def stop(self, names: Sequence[str], timeout: float = 30.0) -> None:
-        """SIGTERM the groups of ``names`` together, SIGKILL what is left after ``timeout``."""
-        from triage.local import kill_groups
-
-        procs = [self.running.pop(n) for n in names if n in self.running]
-        kill_groups([p.pid for p in procs], timeout)
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
 
 
 def _wait_for_redis(url: str, processes: Processes, timeout: float = 30.0) -> str:
@@ -480,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run = run_distributed(env, day, conf, workers=args.workers, concurrency=args.concurrency,
                               timeout=args.timeout)  # fmt: skip
-    except DistributedError as exc:
+    except (DistributedError, ComponentExited) as exc:
         _say(str(exc))
         return 1
     print()

@@ -35,6 +35,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -397,6 +398,46 @@ def up(timeout: float = UP_TIMEOUT) -> int:
     _say(f"Airflow is up after {time.monotonic() - started:.1f}s")
     _print_access(env)
     return 0
+
+
+class ComponentExited(RuntimeError):
+    """A component a caller started and waits on has exited."""
+
+
+@dataclass
+class Processes:
+    """Child processes (Airflow components, Redis, Celery workers), each the leader of its own
+    process group, with its output in ``<log_dir>/<name>.log``."""
+
+    log_dir: Path
+    running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.log_dir / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        self.running[name] = proc
+        return proc
+
+    def check(self) -> None:
+        for name, proc in self.running.items():
+            if proc.poll() is not None:
+                raise ComponentExited(f"{name} exited with {proc.returncode}\n{self.logs()}")
+
+    def logs(self, tail: int = 30) -> str:
+        parts = []
+        for name in self.running:
+            lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-tail:]
+            parts.append(f"==> {self.log_dir / name}.log <==\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def stop(self, names: Sequence[str], timeout: float = 30.0) -> None:
+        """SIGTERM the groups of ``names`` together, SIGKILL what is left after ``timeout``."""
+        procs = [self.running.pop(n) for n in names if n in self.running]
+        kill_groups([p.pid for p in procs], timeout)
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
 
 
 def _kill_group(pid: int, timeout: float = STOP_TIMEOUT) -> None:

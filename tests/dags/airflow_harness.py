@@ -14,7 +14,7 @@ Why the API server: with the LocalExecutor the scheduler's task processes talk t
 through the Execution API, which the API server serves (``[core] execution_api_server_url``,
 default ``{[api] base_url}/execution/``). Without it every task stays ``queued`` and then fails.
 
-Each component is its own process group (``start_new_session``) with its output in a log file
+Each component is its own process group (``triage.local.Processes``) with its output in a log file
 under ``$AIRFLOW_HOME/harness-logs``; teardown SIGTERMs the groups, then SIGKILLs what is left.
 Ports (API server, the scheduler's and triggerer's log servers) are picked free, so tests can
 run next to ``make up`` on 8080/8793/8794. ``simple_auth_manager_all_admins`` lets the helpers
@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -35,11 +34,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triage.local import health
+from triage.local import ComponentExited, Processes, health
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = (sys.executable, "-m", "airflow")
@@ -130,8 +129,7 @@ class RunningAirflow:
 
     env: dict[str, str]
     base_url: str
-    log_dir: Path
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    processes: Processes
 
     def get(self, path: str, timeout: float = 10) -> Any:
         return _request(self.base_url + path, timeout=timeout)
@@ -144,11 +142,7 @@ class RunningAirflow:
 
     def logs(self, tail: int = 60) -> str:
         """The last lines of every component's log (for assertion messages)."""
-        parts = []
-        for path in sorted(self.log_dir.glob("*.log")):
-            lines = path.read_text(errors="replace").splitlines()[-tail:]
-            parts.append(f"==> {path.name} <==\n" + "\n".join(lines))
-        return "\n".join(parts)
+        return self.processes.logs(tail)
 
     def unpause(self, dag_id: str) -> None:
         self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
@@ -166,22 +160,6 @@ def _request(url: str, *, body: Mapping[str, Any] | None = None, method: str = "
     except urllib.error.HTTPError as exc:
         raise HarnessError(f"{method} {url}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:2000]}") from None
     return json.loads(text) if text else None
-
-
-def _stop(processes: Mapping[str, subprocess.Popen[bytes]], timeout: float = 20) -> None:
-    for proc in processes.values():
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for proc in processes.values():
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-    for proc in processes.values():  # the group may outlive its leader (task processes)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
 
 
 @contextlib.contextmanager
@@ -213,22 +191,14 @@ def running_airflow(
     log_dir.mkdir(parents=True, exist_ok=True)
 
     components = ["api-server", "scheduler", "dag-processor"]
-    airflow = RunningAirflow(env=run_env, base_url=base_url, log_dir=log_dir)
+    airflow = RunningAirflow(env=run_env, base_url=base_url, processes=Processes(log_dir))
     try:
         for name in components:
-            with open(log_dir / f"{name}.log", "ab") as out:
-                airflow.processes[name] = subprocess.Popen(
-                    [*AIRFLOW, name],
-                    env=run_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            airflow.processes.start(name, [*AIRFLOW, name], run_env)
         _wait_ready(airflow, wait_for_dags, timeout)
         yield airflow
     finally:
-        _stop(airflow.processes)
+        airflow.processes.stop(components, timeout=20)
 
 
 def _wait_ready(airflow: RunningAirflow, dag_ids: Collection[str], timeout: float) -> None:
@@ -236,9 +206,10 @@ def _wait_ready(airflow: RunningAirflow, dag_ids: Collection[str], timeout: floa
     deadline = time.monotonic() + timeout
     pending = set(dag_ids)
     while True:
-        for name, proc in airflow.processes.items():
-            if proc.poll() is not None:
-                raise HarnessError(f"airflow {name} exited with {proc.returncode}\n{airflow.logs()}")
+        try:
+            airflow.processes.check()
+        except ComponentExited as exc:
+            raise HarnessError(f"airflow {exc}") from None
         doc = health(airflow.base_url)
         healthy = bool(doc) and all(((doc or {}).get(c) or {}).get("status") == "healthy" for c in wanted)
         if healthy:
