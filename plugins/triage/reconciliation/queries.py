@@ -18,13 +18,14 @@ from sqlalchemy.sql.elements import ColumnElement, Grouping
 from triage.jobs.schema import classifications, document_labels, job_events, jobs, manual_review, outbox
 from triage.jobs.states import TERMINAL, UNFINISHED
 from triage.jobs.states import JobStatus as S
-from triage.jobs.transitions import NOW
+from triage.jobs.transitions import NOW, status_literal
 from triage.jobs.transitions import seconds_param as seconds
 from triage.reconciliation.findings import SAMPLE
 
 UUIDS = pg.ARRAY(pg.UUID(as_uuid=True))
 COMPLETION_EVENTS = ("job.completed", "job.reviewed")
 """Either tells consumers a completed job is done (``job.reviewed`` when a reviewer labelled it)."""
+TERMINAL_STATES = (S.COMPLETED, S.TERMINAL_FAILED)
 
 
 def age_seconds(at: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -88,16 +89,54 @@ def stuck_in(status: S) -> sa.Select[Any]:
     return sa.select(*_summary(rows.c.id, rows.c.since)).where(rows.c.since < NOW - seconds("threshold"))
 
 
-@cache
-def unclaimable_retryable() -> sa.Select[Any]:
+# -- conditions a check counts and its repair fixes (repairs.py restates none of them) ----------
+
+
+def settled() -> ColumnElement[bool]:
+    """Not changed for ``:grace`` seconds: no writer is mid-way through this job."""
+    return jobs.c.updated_at < NOW - seconds("grace")
+
+
+def in_state(*states: S) -> ColumnElement[bool]:
+    """The job is in one of ``states`` (typed constants: the planner matches partial indexes)."""
+    if len(states) == 1:
+        return jobs.c.status == status_literal(states[0])
+    return jobs.c.status.in_([status_literal(s) for s in states])
+
+
+def has_open_review() -> ColumnElement[bool]:
+    return sa.exists().where(manual_review.c.job_id == jobs.c.id, manual_review.c.resolved_at.is_(None))
+
+
+def has_completion_event() -> ColumnElement[bool]:
+    return sa.exists().where(outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS))
+
+
+def spent_retryable() -> list[ColumnElement[bool]]:
     """Retryable jobs whose attempts are spent: no claim will ever take them (a claim needs
     ``attempt < max_attempts``), so they would sit in ``retryable_failed`` forever."""
-    rows = (
-        sa.select(jobs.c.id, jobs.c.next_attempt_at.label("since"))
-        .where(jobs.c.status == S.RETRYABLE_FAILED.value, jobs.c.attempt >= jobs.c.max_attempts,
-               jobs.c.updated_at < NOW - seconds("grace"))
-        .subquery()
-    )  # fmt: skip
+    return [in_state(S.RETRYABLE_FAILED), jobs.c.attempt >= jobs.c.max_attempts, settled()]
+
+
+def in_review_without_row() -> list[ColumnElement[bool]]:
+    """Jobs in ``manual_review`` with no open review row: a reviewer would never see them."""
+    return [in_state(S.MANUAL_REVIEW), settled(), ~has_open_review()]
+
+
+def completed_without_completion_event() -> list[ColumnElement[bool]]:
+    """Completed jobs without a ``job.completed`` (or ``job.reviewed``) event in the outbox."""
+    return [in_state(S.COMPLETED), settled(), ~has_completion_event()]
+
+
+def open_review_of_job_in(*states: S) -> list[ColumnElement[bool]]:
+    """Open review rows (joined to their job) whose job is in ``states``."""
+    return [manual_review.c.resolved_at.is_(None), manual_review.c.job_id == jobs.c.id, in_state(*states), settled()]
+
+
+@cache
+def unclaimable_retryable() -> sa.Select[Any]:
+    """Retryable jobs whose attempts are spent (:func:`spent_retryable`)."""
+    rows = sa.select(jobs.c.id, jobs.c.next_attempt_at.label("since")).where(*spent_retryable()).subquery()
     return summarise(rows)
 
 
@@ -112,10 +151,6 @@ def outbox_lag() -> sa.Select[Any]:
     ).where(unsent)
 
 
-def _settled_before_grace() -> ColumnElement[bool]:
-    return jobs.c.updated_at < NOW - seconds("grace")
-
-
 @cache
 def completed_without_label() -> sa.Select[Any]:
     """Completed jobs whose document has no label from this job or a newer one."""
@@ -127,7 +162,7 @@ def completed_without_label() -> sa.Select[Any]:
     )
     rows = (
         sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
-        .where(jobs.c.status == S.COMPLETED.value, _settled_before_grace(), ~newer_or_own)
+        .where(in_state(S.COMPLETED), settled(), ~newer_or_own)
         .subquery()
     )
     return summarise(rows)
@@ -145,18 +180,10 @@ def label_without_completed_job() -> sa.Select[Any]:
     return summarise(rows)
 
 
-def _open_review() -> Any:
-    return sa.exists().where(manual_review.c.job_id == jobs.c.id, manual_review.c.resolved_at.is_(None))
-
-
 @cache
 def review_row_missing() -> sa.Select[Any]:
-    """Jobs in ``manual_review`` with no open review row: a reviewer would never see them."""
-    rows = (
-        sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
-        .where(jobs.c.status == S.MANUAL_REVIEW.value, _settled_before_grace(), ~_open_review())
-        .subquery()
-    )
+    """Jobs in ``manual_review`` with no open review row (:func:`in_review_without_row`)."""
+    rows = sa.select(jobs.c.id, jobs.c.updated_at.label("since")).where(*in_review_without_row()).subquery()
     return summarise(rows)
 
 
@@ -164,12 +191,11 @@ def review_row_missing() -> sa.Select[Any]:
 def stale_open_reviews(terminal: bool) -> sa.Select[Any]:
     """Open review rows whose job has left ``manual_review``: into a terminal state
     (``terminal=True``) or back into automatic hands (``terminal=False``)."""
-    states = [S.COMPLETED.value, S.TERMINAL_FAILED.value]
-    where = jobs.c.status.in_(states) if terminal else jobs.c.status.not_in([*states, S.MANUAL_REVIEW.value])
+    states = TERMINAL_STATES if terminal else tuple(s for s in S if s not in (*TERMINAL_STATES, S.MANUAL_REVIEW))
     rows = (
         sa.select(jobs.c.id, manual_review.c.created_at.label("since"))
-        .join_from(manual_review, jobs, jobs.c.id == manual_review.c.job_id)
-        .where(manual_review.c.resolved_at.is_(None), where, _settled_before_grace())
+        .select_from(manual_review, jobs)
+        .where(*open_review_of_job_in(*states))
         .subquery()
     )
     return summarise(rows)
@@ -177,12 +203,9 @@ def stale_open_reviews(terminal: bool) -> sa.Select[Any]:
 
 @cache
 def completed_without_event() -> sa.Select[Any]:
-    """Completed jobs without a ``job.completed`` (or ``job.reviewed``) event in the outbox."""
-    has_event = sa.exists().where(outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS))
+    """Completed jobs without a completion event (:func:`completed_without_completion_event`)."""
     rows = (
-        sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
-        .where(jobs.c.status == S.COMPLETED.value, _settled_before_grace(), ~has_event)
-        .subquery()
+        sa.select(jobs.c.id, jobs.c.updated_at.label("since")).where(*completed_without_completion_event()).subquery()
     )
     return summarise(rows)
 

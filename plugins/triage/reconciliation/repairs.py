@@ -1,7 +1,7 @@
 """The repairs reconciliation may make, as named, fenced SQLAlchemy Core statements.
 
-Each states, in its own WHERE clause, the whole condition that makes the repair certain (the
-same condition the matching check of :mod:`.queries` counts, with its ``:grace`` or
+Each repair's WHERE clause is the whole condition that makes it certain: the very condition
+the matching check of :mod:`.queries` counts (shared from there, with its ``:grace`` or
 ``:threshold``): ``UPDATE … WHERE <expected state> … RETURNING`` or ``INSERT … SELECT … WHERE
 NOT EXISTS …``. A job that moved on since the check is simply not matched, and the ids
 returned are exactly what changed. State changes go through
@@ -21,16 +21,12 @@ from sqlalchemy.dialects import postgresql as pg
 from triage.jobs.schema import jobs, manual_review, outbox
 from triage.jobs.states import JobStatus as S
 from triage.jobs.transitions import outbox_insert, status_literal
-from triage.reconciliation.queries import COMPLETION_EVENTS, NOW, seconds
+from triage.reconciliation import queries as Q
+from triage.reconciliation.queries import NOW, seconds
 
 MISSING_REVIEW = "reconciliation_missing_review"
 ACTOR = "reconciliation"
 LOCK_KEY = 0x7472_6961_6765  # "triage": one advisory lock for every reconciler's repairs
-
-
-def _settled() -> Any:
-    """Not changed for ``:grace`` seconds: no writer is mid-way through this job."""
-    return jobs.c.updated_at < NOW - seconds("grace")
 
 
 @cache
@@ -72,7 +68,7 @@ def exhaust_unclaimable() -> Any:
     spent, with their review row: what ``retry_later`` does for a job at its last attempt."""
     moved = (
         sa.update(jobs)
-        .where(jobs.c.status == status_literal(S.RETRYABLE_FAILED), jobs.c.attempt >= jobs.c.max_attempts, _settled())
+        .where(*Q.spent_retryable())
         .values(status=status_literal(S.MANUAL_REVIEW), status_reason="retries_exhausted", next_attempt_at=None,
                 updated_at=NOW)
         .returning(jobs.c.id, jobs.c.attempt, jobs.c.last_error_class, jobs.c.last_error)
@@ -87,10 +83,9 @@ def exhaust_unclaimable() -> Any:
 def insert_missing_reviews() -> Any:
     """The open review row of jobs in ``manual_review`` that have none (a lost write): reason
     ``reconciliation_missing_review``; the job's own ``status_reason`` goes into the context."""
-    has_open = sa.exists().where(manual_review.c.job_id == jobs.c.id, manual_review.c.resolved_at.is_(None))
     rows = (
         sa.select(jobs.c.id, jobs.c.attempt, jobs.c.last_error_class, jobs.c.last_error, jobs.c.status_reason)
-        .where(jobs.c.status == status_literal(S.MANUAL_REVIEW), _settled(), ~has_open)
+        .where(*Q.in_review_without_row())
         .cte("rows")
     )
     context = sa.func.jsonb_build_object("repaired_by", ACTOR, "status_reason", rows.c.status_reason)
@@ -103,12 +98,7 @@ def supersede_stale_reviews() -> Any:
     (``completed`` or ``terminal_failed``): no decision can apply to them any more."""
     return (
         sa.update(manual_review)
-        .where(
-            manual_review.c.resolved_at.is_(None),
-            manual_review.c.job_id == jobs.c.id,
-            jobs.c.status.in_([status_literal(S.COMPLETED), status_literal(S.TERMINAL_FAILED)]),
-            _settled(),
-        )
+        .where(*Q.open_review_of_job_in(*Q.TERMINAL_STATES))
         .values(resolved_at=NOW, resolution="superseded", resolved_by=ACTOR,
                 note=sa.func.concat("the job was already ", jobs.c.status, " (reconciliation)"))
         .returning(manual_review.c.job_id)
@@ -118,8 +108,5 @@ def supersede_stale_reviews() -> Any:
 @cache
 def append_completed_events() -> Any:
     """The ``job.completed`` event of completed jobs that have no completion event."""
-    has_event = sa.exists().where(outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS))
-    rows = sa.select(jobs.c.id, jobs.c.attempt).where(
-        jobs.c.status == status_literal(S.COMPLETED), _settled(), ~has_event
-    )
+    rows = sa.select(jobs.c.id, jobs.c.attempt).where(*Q.completed_without_completion_event())
     return outbox_insert(rows.cte("rows"), "job.completed").returning(outbox.c.job_id)
