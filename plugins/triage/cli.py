@@ -16,6 +16,7 @@ import argparse
 import logging
 import shlex
 import sys
+import uuid
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -120,11 +121,14 @@ def job_payload(url: DatabaseUrl, job_id: str) -> bytes:
     from triage.jobs.schema import jobs
     from triage.payloads import read_payload
 
+    try:
+        wanted = uuid.UUID(job_id)
+    except ValueError:
+        raise LookupError(f"{job_id!r} is not a job id (a UUID)") from None
     engine = create_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:
-            row = conn.execute(sa.select(jobs.c.payload_ref, jobs.c.content_sha256)
-                               .where(sa.cast(jobs.c.id, sa.Text) == job_id)).first()  # fmt: skip
+            row = conn.execute(sa.select(jobs.c.payload_ref, jobs.c.content_sha256).where(jobs.c.id == wanted)).first()
     finally:
         engine.dispose()
     if row is None:

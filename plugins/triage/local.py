@@ -411,12 +411,15 @@ class Processes:
 
     log_dir: Path
     running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    started: list[str] = field(default_factory=list)
 
     def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
         with open(self.log_dir / f"{name}.log", "ab") as out:
             proc = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         self.running[name] = proc
+        if name not in self.started:
+            self.started.append(name)
         return proc
 
     def check(self) -> None:
@@ -425,8 +428,9 @@ class Processes:
                 raise ComponentExited(f"{name} exited with {proc.returncode}\n{self.logs()}")
 
     def logs(self, tail: int = 30) -> str:
+        """The last ``tail`` lines of every component started, running or stopped."""
         parts = []
-        for name in self.running:
+        for name in self.started:
             lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-tail:]
             parts.append(f"==> {self.log_dir / name}.log <==\n" + "\n".join(lines))
         return "\n".join(parts)

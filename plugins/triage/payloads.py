@@ -28,6 +28,8 @@ from urllib.parse import unquote, urlparse
 
 PACK_BYTES = 8 * 1024 * 1024
 """A pack is cut before it would pass this size (a payload larger than it is a pack of its own)."""
+MAX_RANGE = 2**31 - 1
+"""The longest byte range a reference may name (a larger payload is an object of its own)."""
 
 
 class PayloadError(Exception):
@@ -48,6 +50,12 @@ class PayloadCorrupt(PayloadError):
     error_class = "payload_corrupt"
 
 
+class PayloadUnavailable(PayloadError):
+    """The store could not be read just now (permissions, I/O, network): worth another try."""
+
+    error_class = "payload_unavailable"
+
+
 def sha256_hex(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
 
@@ -61,6 +69,10 @@ def _as_path(location: Any) -> Any:
     if text.startswith("file://"):
         return Path(unquote(urlparse(text).path))
     if "://" in text:
+        if "@" in urlparse(text).netloc:  # Airflow's s3://conn_id@bucket/…: the connection holds the credentials
+            from airflow.sdk import ObjectStoragePath
+
+            return ObjectStoragePath(text)
         from upath import UPath
 
         return UPath(text)
@@ -88,8 +100,8 @@ def parse_ref(ref: str) -> Location:
     if not sep:
         return Location(ref)
     match = _FRAGMENT.fullmatch(fragment)
-    if match is None:
-        raise PayloadMissing(f"no payload at {ref}: the fragment is not offset=…&length=…")
+    if match is None or int(match[2]) > MAX_RANGE:
+        raise PayloadMissing(f"no payload at {ref}: the fragment is not offset=…&length=… (at most {MAX_RANGE})")
     return Location(base, int(match[1]), int(match[2]))
 
 
@@ -134,9 +146,22 @@ class PayloadStore:
 
     def object_path(self, ref: str) -> Any:
         """The object a reference points into (tools and tests: the pack to open or break)."""
-        location = parse_ref(ref).object_ref
-        local = self._local_path(location)
-        return Path(local) if local is not None else _as_path(location)
+        path = self._object_path(parse_ref(ref).object_ref)
+        return Path(path) if isinstance(path, str) else path
+
+    def _object_path(self, object_ref: str) -> Any:
+        """A local path as a string; an object under this store's base as ``base / key``, so it
+        keeps the base's connection and options (``s3://conn_id@bucket/…`` read back as a
+        plain URL would lose both); any other URL as :func:`_as_path` makes it."""
+        local = self._local_path(object_ref)
+        if local is not None:
+            return local
+        if not self._local:
+            prefix = str(self.base).rstrip("/") + "/"
+            if object_ref.startswith(prefix):
+                return self.base.joinpath(*object_ref[len(prefix) :].split("/"))
+        path = _as_path(object_ref)
+        return str(path) if isinstance(path, Path) else path
 
     def _object_ref(self, sha256: str) -> str:
         if self._local:
@@ -182,16 +207,17 @@ class PayloadStore:
             self._put_local(digest, content)
             return
         path = self.path_for(digest)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
+        if path.exists() and path.stat().st_size == len(content):
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)  # an object store's PUT is durable once it returns
 
     def _put_local(self, digest: str, content: bytes) -> None:
-        """Create the file exclusively and write it in place: half the system calls of a
-        temporary file and a rename. A crash mid-write leaves a short file, which no job
-        references yet (jobs are registered after their pack is written); the next write of the
-        same pack sees the wrong size and rewrites it atomically, and every read verifies the
-        payload's hash meanwhile."""
+        """Create the file exclusively, write it in place and fsync it and its folder before
+        returning: the jobs that point into it are committed next, durably, so the pack must be
+        on disk first (one fsync per pack, not per document). A crash mid-write leaves a short
+        file that no job references yet; the next write of the same pack sees the wrong size
+        and replaces it atomically, and every read verifies the payload's hash meanwhile."""
         folder = f"{self._root}/{digest[:2]}"
         final = f"{folder}/{digest}"
         if folder not in self._made:
@@ -204,18 +230,23 @@ class PayloadStore:
                 self._replace(folder, final, digest, content)
             return
         try:
-            view = memoryview(content)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, content)
+            os.fsync(fd)
         finally:
             os.close(fd)
+        _fsync_folder(folder)
 
     @staticmethod
     def _replace(folder: str, final: str, digest: str, content: bytes) -> None:
         tmp = f"{folder}/.{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as handle:
-            handle.write(content)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, content)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, final)
+        _fsync_folder(folder)
 
     def _local_path(self, ref: str) -> str | None:
         if self._local and ref.startswith(self._root_uri + "/"):
@@ -256,21 +287,24 @@ class PayloadStore:
                 results[i] = _verified(ref, content, where.length, expected)
         return results
 
-    def _read_object(self, object_ref: str, members: list[tuple[int, Location]]) -> list[bytes | None]:
-        """The bytes of each member's range (``None``: no such object)."""
-        local = self._local_path(object_ref)
-        path: Any = local if local is not None else _as_path(object_ref)
+    def _read_object(self, object_ref: str, members: list[tuple[int, Location]]) -> list[bytes | PayloadError]:
+        """The bytes of each member's range, or why they could not be read: no such object
+        (:class:`PayloadMissing`), or the store failed (:class:`PayloadUnavailable`, transient)."""
+        path = self._object_path(object_ref)
         ranges = [(w.offset, w.length) for _, w in members]
         try:
             if len(ranges) > 1 and all(o is not None and n is not None for o, n in ranges):
                 spans = [(o, o + n) for o, n in ranges if o is not None and n is not None]
                 start, end = min(a for a, _ in spans), max(b for _, b in spans)
                 if 2 * sum(b - a for a, b in spans) >= end - start:
-                    block = _read(path, start, end - start)
+                    block = _read(path, [(start, end - start)])[0]
                     return [block[a - start : b - start] for a, b in spans]
-            return [_read(path, o, n) for o, n in ranges]
+            return list(_read(path, ranges))
         except FileNotFoundError:
-            return [None] * len(ranges)
+            return [PayloadMissing(object_ref)] * len(ranges)
+        except OSError as exc:
+            error = PayloadUnavailable(f"{object_ref} could not be read: {type(exc).__name__}")
+            return [error] * len(ranges)
 
 
 def read_payload(ref: str, expected_sha256: str) -> bytes:
@@ -279,9 +313,13 @@ def read_payload(ref: str, expected_sha256: str) -> bytes:
     return PayloadStore(Path("/")).get(ref, expected_sha256)
 
 
-def _verified(ref: str, content: bytes | None, length: int | None, expected_sha256: str) -> bytes | PayloadError:
-    if content is None:
+def _verified(
+    ref: str, content: bytes | PayloadError, length: int | None, expected_sha256: str
+) -> bytes | PayloadError:
+    if isinstance(content, PayloadMissing):
         return PayloadMissing(f"no payload at {ref}")
+    if isinstance(content, PayloadError):
+        return content
     if length is not None and len(content) != length:
         return PayloadCorrupt(f"payload at {ref} is cut short ({len(content)} of {length} bytes)")
     if sha256_hex(content) != expected_sha256:
@@ -289,22 +327,40 @@ def _verified(ref: str, content: bytes | None, length: int | None, expected_sha2
     return content
 
 
-def _read(path: Any, offset: int | None, length: int | None) -> bytes:
-    """``length`` bytes at ``offset`` of a local path (a string) or a path object; the whole
-    object when ``offset`` is None."""
+def _read(path: Any, ranges: Sequence[tuple[int | None, int | None]]) -> list[bytes]:
+    """The bytes of each ``(offset, length)`` of one object (``offset`` None: all of it): a local
+    path (a string) with ``pread``, a path object with one ranged request each, concurrently
+    where its filesystem can (``cat_ranges``; a file object's readahead would fetch megabytes
+    per range)."""
     if isinstance(path, str):
-        if offset is None:
-            with open(path, "rb") as handle:
-                return handle.read()
         fd = os.open(path, os.O_RDONLY)
         try:
-            return os.pread(fd, length or 0, offset)
+            return [os.pread(fd, os.fstat(fd).st_size, 0) if o is None else os.pread(fd, n or 0, o) for o, n in ranges]
         finally:
             os.close(fd)
-    if offset is None:
-        whole: bytes = path.read_bytes()
-        return whole
-    with path.open("rb") as handle:
-        handle.seek(offset)
-        part: bytes = handle.read(length)
-    return part
+    parts = [b""] * len(ranges)
+    ranged = [i for i, (o, _) in enumerate(ranges) if o is not None]
+    for i in set(range(len(ranges))) - set(ranged):
+        parts[i] = path.read_bytes()
+    if ranged:
+        starts = [ranges[i][0] or 0 for i in ranged]
+        ends = [start + (ranges[i][1] or 0) for i, start in zip(ranged, starts, strict=True)]
+        got = path.fs.cat_ranges([path.path] * len(ranged), starts, ends, on_error="raise")
+        for i, content in zip(ranged, got, strict=True):
+            parts[i] = content
+    return parts
+
+
+def _write_all(fd: int, content: bytes) -> None:
+    view = memoryview(content)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fsync_folder(folder: str) -> None:
+    """Make a new name in ``folder`` durable (its directory entry)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -34,8 +34,12 @@ def test_prints_the_document_of_a_job_in_a_pack(store: JobStore, db_url: Databas
     external_id, job_id = sorted(ids.items())[2]
     assert main(["payload", str(job_id)]) == 0
     assert json.loads(capsysbinary.readouterr().out)["external_id"] == external_id
+    assert main(["payload", str(job_id).upper()]) == 0  # any spelling of the UUID
+    assert json.loads(capsysbinary.readouterr().out)["external_id"] == external_id
     assert main(["payload", str(uuid.uuid4())]) == 1
     assert b"no job" in capsysbinary.readouterr().err
+    assert main(["payload", "not-a-uuid"]) == 1
+    assert b"not a job id" in capsysbinary.readouterr().err
 
 
 def test_refuses_a_document_that_does_not_match_its_hash(store: JobStore, db_url: DatabaseUrl,

@@ -333,6 +333,22 @@ def test_corrupt_payload_goes_to_review_and_its_pack_mates_do_not(store: JobStor
     assert [c.external_id for c in classifier.calls] == ["T-2"]
 
 
+def test_an_unreadable_pack_is_retried_not_failed(store: JobStore, payloads: PayloadStore) -> None:
+    """An I/O error is the store's, not the document's: the jobs retry (bounded by their
+    attempts) instead of failing for good; the classifier is not called."""
+    ids = register(store, payloads, {"T-1": document("T-1"), "T-2": document("T-2")})
+    pack = payloads.object_path(job(store, ids["T-1"]).payload_ref)
+    pack.unlink()
+    pack.mkdir()  # reading it now raises IsADirectoryError, an OSError other than "not found"
+    classifier = ScriptedClassifier(lambda _r: ok())
+    with pytest.raises(WorkRemains):  # the retries are not due within this run
+        classify(store, classifier, payloads, run=settings(retry_soon_seconds=0))
+    for i in ids.values():
+        j = job(store, i)
+        assert (j.status, j.attempt, j.last_error_class) == ("retryable_failed", 1, "payload_unavailable")
+    assert classifier.calls == []
+
+
 def register_raw(store: JobStore, payloads: PayloadStore, external_id: str, content: bytes) -> uuid.UUID:
     digest, ref = payloads.put(content)
     key = idempotency_key("test", external_id, digest, ScriptedClassifier.version)

@@ -125,7 +125,8 @@ def test_a_payload_alone_is_its_own_object_and_refs_are_checked(tmp_path: Path) 
     assert payloads.get(ref, digest) == b"one document"
     [(_, packed)] = [r for r in payloads.put_many([b"a", b"b"]) if r[0] == hashlib.sha256(b"b").hexdigest()]
     assert packed.endswith("#offset=1&length=1")
-    for broken in (f"{ref}#offset=x&length=1", f"{ref}#offset=0", f"{ref}#offset=-1&length=1"):
+    for broken in (f"{ref}#offset=x&length=1", f"{ref}#offset=0", f"{ref}#offset=-1&length=1",
+                   f"{ref}#offset=0&length={2**40}"):  # fmt: skip
         with pytest.raises(PayloadMissing):
             payloads.get(broken, digest)
     with pytest.raises(PayloadCorrupt, match="cut short"):
@@ -143,6 +144,12 @@ def test_payloads_on_object_storage_are_packed_and_verified(store: JobStore) -> 
     assert all(j.payload_ref.startswith(f"memory://{pack.lstrip('/')}#offset=") for j in jobs)
     for j in jobs:
         assert hashlib.sha256(payloads.get(j.payload_ref, j.content_sha256)).hexdigest() == j.content_sha256
+    # Objects under the base are reached from the base (its connection and options), not re-parsed.
+    assert payloads.object_path(jobs[0].payload_ref) == payloads.base.joinpath(*pack.rsplit("/", 2)[-2:])
+    # A sparse batch from one pack: ranged requests, each payload's own bytes.
+    sparse = [jobs[0], jobs[-1]]
+    got = payloads.get_many([(j.payload_ref, j.content_sha256) for j in sparse])
+    assert [hashlib.sha256(g).hexdigest() for g in got if isinstance(g, bytes)] == [j.content_sha256 for j in sparse]
 
 
 def test_a_new_classifier_version_is_new_work(store: JobStore, tmp_path: Path) -> None:

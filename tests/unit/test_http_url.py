@@ -37,7 +37,7 @@ def test_http_url(fields: dict[str, Any], url: str) -> None:
         ({"host": "model.example", "port": 8000}, "http://model.example:8000/v1"),  # the model API's default path
         ({"host": "model.example", "schema": "https"}, "https://model.example/v1"),
         ({"host": "model.example", "schema": "api/v2"}, "http://model.example/api/v2"),  # URI form: its path wins
-        ({"host": "http://127.0.0.1:9/v1/"}, "http://127.0.0.1:9/v1"),
+        ({"host": "http://127.0.0.1:9/v1/"}, "http://127.0.0.1:9/v1/"),  # a whole URL, exactly as given
     ],
 )  # fmt: skip
 def test_http_url_default_path(fields: dict[str, Any], url: str) -> None:

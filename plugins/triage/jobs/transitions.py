@@ -553,9 +553,10 @@ def fenced_write_joins() -> Any:
     when few jobs were running, often 1 row). With those guesses the planner picks a nested
     loop that re-reads the batch's JSON once per held job: quadratic, 140 ms to complete 1,000
     jobs instead of 20 (EXPLAIN ANALYZE, docs/performance.md). The held jobs are reached
-    through the lease index whatever the join, and only live leases are in it, so a hash join
-    is right at every size: the same reasoning as the ``enable_nestloop = off`` of the jobs
-    triggers.
+    through the lease index whatever the join, and it holds only running jobs (live leases,
+    and expired ones until they are taken back), a number bounded by the workers' batches, so
+    a hash join is right at every size: the same reasoning as the ``enable_nestloop = off`` of
+    the jobs triggers.
     """
     return sa.text("SET LOCAL enable_nestloop = off")
 

@@ -32,15 +32,17 @@ def database_url_from_connection(conn_id: str) -> Any:
 def http_url(conn: Any, *, default_path: str = "", default_port: int | None = None) -> str:
     """The URL an HTTP-style connection names, in every form Airflow gives one.
 
-    A whole URL in ``host`` (the JSON form) is taken as it is. Otherwise: the scheme is
+    A whole URL in ``host`` (the JSON form) is taken exactly as it is (a trailing ``/`` may
+    matter to the endpoint). Otherwise: the scheme is
     ``schema`` when that is ``http``/``https``, else ``https`` for an ``https`` connection type,
     else extra ``scheme``, else ``http``; then host and port; the path is ``schema`` when that
     is not a scheme (the URI form ``http://h:8000/labels`` puts it there), else extra ``path``,
     else ``default_path``.
     """
-    host = (conn.host or "").rstrip("/")
+    host = conn.host or ""
     if "://" in host:
-        return host
+        return str(host)
+    host = host.rstrip("/")
     extra = conn.extra_dejson or {}
     schema = conn.schema or ""
     if schema in ("http", "https"):

@@ -58,7 +58,7 @@ def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
     (``http://host:port/v1``), password the API key, extra the model call's settings."""
     conn = BaseHook.get_connection(conn_id)
     extra = conn.extra_dejson or {}
-    settings: dict[str, Any] = {"base_url": http_url(conn, default_path="/v1"), "api_key": conn.password or None,
+    settings: dict[str, Any] = {"base_url": http_url(conn, default_path="/v1").rstrip("/"), "api_key": conn.password or None,
                                 "model": extra.get("model", "gpt-4o-mini")}  # fmt: skip
     for key, target in (("temperature", "temperature"), ("timeout", "timeout_s"), ("prompt_version", "prompt_version"),
                         ("price_per_1k_prompt", "price_per_1k_prompt"),

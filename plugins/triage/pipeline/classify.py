@@ -18,6 +18,8 @@ malformed payload              ``manual_review``, reason ``malformed_input``
 corrupt payload (hash)         ``manual_review``, reason ``payload_corrupt``
 unsupported schema version     ``terminal_failed``, reason ``unsupported_schema_version``
 missing payload                ``terminal_failed``, reason ``missing_payload``
+payload store unreadable       ``retryable_failed``, reason ``payload_unavailable``; counts
+(permissions, I/O, network)    towards the circuit breaker
 401, 403, 404, 3xx from the    the call is not the document's fault: the job is released
 model                          and the step stops with :class:`DependencyMisconfigured`
 anything else the classifier   treated as transient (``unexpected_error``): bounded by
@@ -61,7 +63,7 @@ from triage.jobs.models import (
     SendToReview,
 )
 from triage.observability import job_fields
-from triage.payloads import PayloadError, PayloadMissing, PayloadStore
+from triage.payloads import PayloadError, PayloadMissing, PayloadStore, PayloadUnavailable
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,8 @@ class ClassifyHandler:
         self.classifier.close()
 
     def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
+        if self.breaker.is_open or self._misconfigured:
+            return [Release(job.id, job.attempt) for job in jobs]
         # The batch's payloads in one pass: a claimed batch is mostly a run of one pack.
         contents = self.payloads.get_many([(job.payload_ref, job.content_sha256) for job in jobs])
         if self._pool is None:
@@ -135,6 +139,8 @@ class ClassifyHandler:
         """The job's document, or the outcome that reading it failed with."""
         if isinstance(content, PayloadMissing):
             return Fail(job.id, job.attempt, "missing_payload", content.error_class, str(content))
+        if isinstance(content, PayloadUnavailable):
+            return RetryLater(job.id, job.attempt, content.error_class, str(content))
         if isinstance(content, PayloadError):
             return SendToReview(job.id, job.attempt, "payload_corrupt", content.error_class, str(content))
         try:
@@ -179,6 +185,8 @@ class ClassifyHandler:
             return Release(job.id, job.attempt)
         document = self.read(job, content)
         if not isinstance(document, DocumentPayload):
+            if isinstance(document, RetryLater):  # the store failed: a transient call like any other
+                self.breaker.record(True)
             return document
         request = ClassifyRequest(job_id=str(job.id), external_id=job.external_id, idempotency_key=job.idempotency_key,
                                   correlation_id=job.correlation_id, attempt=job.attempt, text=document.text)  # fmt: skip
