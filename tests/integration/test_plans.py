@@ -55,9 +55,8 @@ def test_fenced_writes_read_the_batch_once(store: JobStore, name: str) -> None:
     store.register(new_jobs(REGISTERED), batch_key="b", step="classify", max_attempts=3)  # never analyzed
     claim = store.claim(batch_key="b", step="classify", limit=N, lease_seconds=60, owner="w")
     build, extra = FENCED[name]
-    params = T.pack({"token": claim.token, "held_id": [j.id for j in claim.jobs],
-                     "held_attempt": [j.attempt for j in claim.jobs],
-                     **{f"held_{k}": [v] * N for k, v in extra.items()}})  # fmt: skip
+    params = {"token": claim.token, **T.rowset("held", ({"id": j.id, "attempt": j.attempt, **extra}
+                                                         for j in claim.jobs))}  # fmt: skip
     with store.engine.connect() as conn, conn.begin() as txn:
         conn.execute(T.fenced_write_joins())
         nodes = _explain(conn, build(), params)

@@ -213,8 +213,8 @@ class JobStore:
                 return _review_miss(conn, job_id, "label", label=label)
             written = conn.execute(
                 T.upsert_review_label(),
-                T.pack({"given_id": [job_id], "given_label": [label], "given_confidence": [None],
-                        "given_classifier_version": [f"human:{actor}"]}),
+                T.rowset("given", [{"id": job_id, "label": label, "confidence": None,
+                                    "classifier_version": f"human:{actor}"}]),
             ).first()  # fmt: skip
             return _review_applied(conn, job_id, "label", label=label, label_written=written is not None)
 
@@ -370,30 +370,22 @@ def register_txn(conn: sa.Connection, new_jobs: Sequence[NewJob], *, batch_key: 
     scalars = {"batch_key": batch_key, "step": step, "max_attempts": max_attempts}
     new_ids: list[uuid.UUID] = []
     if queued:
-        new_ids += conn.execute(T.register_queued(), T.pack({**scalars, **_new_job_arrays(queued)})).scalars().all()
+        rows = T.rowset("new", (_new_job_row(j) for j in queued))
+        new_ids += conn.execute(T.register_queued(), {**scalars, **rows}).scalars().all()
     if review:
-        params = {**scalars, **_new_job_arrays(review),
-                  "new_reason": [j.reason or "malformed_input" for j in review],
-                  "new_error": [j.error for j in review],
-                  "new_context": [_json(j.review_context) for j in review]}  # fmt: skip
-        new_ids += conn.execute(T.register_for_review(), T.pack(params)).scalars().all()
+        rows = T.rowset("new", ({**_new_job_row(j), "reason": j.reason or "malformed_input", "error": j.error,
+                                 "context": _json(j.review_context)} for j in review))  # fmt: skip
+        new_ids += conn.execute(T.register_for_review(), {**scalars, **rows}).scalars().all()
     return Registered(new=len(new_ids), existing=len(new_jobs) - len(new_ids), new_ids=tuple(new_ids))
 
 
-def _new_job_arrays(new_jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
+def _new_job_row(job: NewJob) -> dict[str, Any]:
     # Time-ordered ids (UUIDv7): a batch registered together sits together in every index
     # keyed by job id (jobs, job_events, outbox), instead of touching a random page per row.
-    ids = [uuid7() for _ in new_jobs]
-    return {
-        "new_id": ids,
-        "new_idempotency_key": [j.idempotency_key for j in new_jobs],
-        "new_source": [j.source for j in new_jobs],
-        "new_external_id": [j.external_id for j in new_jobs],
-        "new_content_sha256": [j.content_sha256 for j in new_jobs],
-        "new_payload_ref": [j.payload_ref for j in new_jobs],
-        "new_classifier_version": [j.classifier_version for j in new_jobs],
-        "new_correlation_id": [j.correlation_id or str(i) for j, i in zip(new_jobs, ids, strict=True)],
-    }
+    job_id = uuid7()
+    return {"id": job_id, "idempotency_key": job.idempotency_key, "source": job.source,
+            "external_id": job.external_id, "content_sha256": job.content_sha256, "payload_ref": job.payload_ref,
+            "classifier_version": job.classifier_version, "correlation_id": job.correlation_id or str(job_id)}  # fmt: skip
 
 
 def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome], policy: RetryPolicy,
@@ -411,66 +403,56 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
     counts: dict[str, int] = {}
     touched: set[uuid.UUID] = set()
 
-    def run(statement: Any, items: list[Any], extra: dict[str, list[Any]]) -> Sequence[Any]:
-        params = {"token": token, "held_id": [o.job_id for o in items], "held_attempt": [o.attempt for o in items],
-                  **{f"held_{k}": v for k, v in extra.items()}}  # fmt: skip
-        rows = conn.execute(statement, T.pack(params)).all()
-        touched.update(r[0] for r in rows)
-        return rows
+    def run(statement: Any, kind: type, extra: Callable[[Any], dict[str, Any]] | None = None) -> Sequence[Any]:
+        """The fenced statement over the outcomes of ``kind``: one row each (id, attempt, and
+        what ``extra`` adds); the ids it touched are kept for the fence check."""
+        rows = T.rowset("held", ({"id": o.job_id, "attempt": o.attempt, **(extra(o) if extra else {})}
+                                 for o in by_kind[kind]))  # fmt: skip
+        moved = conn.execute(statement, {"token": token, **rows}).all()
+        touched.update(r[0] for r in moved)
+        return moved
+
+    def retry_row(o: RetryLater) -> dict[str, Any]:
+        delay = o.delay_seconds if o.delay_seconds is not None else policy.delay(o.attempt, rng)
+        return {"error_class": o.error_class, "error": o.error, "delay_seconds": delay}
 
     conn.execute(T.fenced_write_joins())
-    if items := by_kind.get(Complete):
-        counts["completed"] = len(run(T.complete(), items, {}))
-    if items := by_kind.get(Advance):
-        counts["advanced"] = len(run(T.advance(), items, {"next_step": [o.next_step for o in items]}))
-    if items := by_kind.get(RetryLater):
-        delays = [o.delay_seconds if o.delay_seconds is not None else policy.delay(o.attempt, rng) for o in items]
-        rows = run(T.retry_later(), items, {"error_class": [o.error_class for o in items],
-                                            "error": [o.error for o in items], "delay_seconds": delays})  # fmt: skip
-        exhausted = sum(1 for r in rows if r.status == JobStatus.MANUAL_REVIEW.value)
-        counts["exhausted"], counts["retrying"] = exhausted, len(rows) - exhausted
-    if items := by_kind.get(SendToReview):
-        rows = run(T.send_to_review(), items, {
-            "reason": [o.reason for o in items], "error_class": [o.error_class for o in items],
-            "error": [o.error for o in items], "context": [_json(o.context) for o in items]})  # fmt: skip
-        counts["to_review"] = len(rows)
-    if items := by_kind.get(Fail):
-        counts["failed"] = len(run(T.fail(), items, {
-            "reason": [o.reason for o in items], "error_class": [o.error_class for o in items],
-            "error": [o.error for o in items]}))  # fmt: skip
-    if items := by_kind.get(Release):
-        counts["released"] = len(run(T.release(), items, {}))
+    if Complete in by_kind:
+        counts["completed"] = len(run(T.complete(), Complete))
+    if Advance in by_kind:
+        counts["advanced"] = len(run(T.advance(), Advance, lambda o: {"next_step": o.next_step}))
+    if RetryLater in by_kind:
+        moved = run(T.retry_later(), RetryLater, retry_row)
+        exhausted = sum(1 for r in moved if r.status == JobStatus.MANUAL_REVIEW.value)
+        counts["exhausted"], counts["retrying"] = exhausted, len(moved) - exhausted
+    if SendToReview in by_kind:
+        counts["to_review"] = len(run(T.send_to_review(), SendToReview, lambda o: {
+            "reason": o.reason, "error_class": o.error_class, "error": o.error, "context": _json(o.context)}))  # fmt: skip
+    if Fail in by_kind:
+        counts["failed"] = len(run(T.fail(), Fail, lambda o: {
+            "reason": o.reason, "error_class": o.error_class, "error": o.error}))  # fmt: skip
+    if Release in by_kind:
+        counts["released"] = len(run(T.release(), Release))
     _check_fenced(conn, ids, touched, token, attempts)
     conn.execute(T.default_joins())
 
     classified = [o for o in outcomes if not isinstance(o, Release) and o.classification is not None]
     if classified:
-        conn.execute(T.record_classifications(), T.pack(_classification_arrays(classified)))
+        conn.execute(T.record_classifications(), T.rowset("given", map(_classification_row, classified)))
     if labelled := [o for o in by_kind.get(Complete, ()) if o.label is not None]:
-        conn.execute(
-            T.upsert_labels(),
-            T.pack({"given_id": [o.job_id for o in labelled], "given_label": [o.label.label for o in labelled],
-             "given_confidence": [o.label.confidence for o in labelled],
-             "given_classifier_version": [o.label.classifier_version for o in labelled]}),
-        )  # fmt: skip
+        conn.execute(T.upsert_labels(), T.rowset("given", (
+            {"id": o.job_id, "label": o.label.label, "confidence": o.label.confidence,
+             "classifier_version": o.label.classifier_version} for o in labelled)))  # fmt: skip
     return Recorded(**counts)
 
 
-def _classification_arrays(items: Sequence[Any]) -> dict[str, list[Any]]:
-    records: list[ClassificationRecord] = [o.classification for o in items]
-    return {
-        "given_job_id": [o.job_id for o in items],
-        "given_attempt": [o.attempt for o in items],
-        "given_label": [c.label for c in records],
-        "given_confidence": [c.confidence for c in records],
-        "given_outcome": [c.outcome for c in records],
-        "given_rejected_reason": [c.rejected_reason for c in records],
-        "given_classifier_version": [c.classifier_version for c in records],
-        "given_latency_ms": [c.latency_ms for c in records],
-        "given_prompt_tokens": [c.prompt_tokens for c in records],
-        "given_completion_tokens": [c.completion_tokens for c in records],
-        "given_cost_usd": [c.cost_usd for c in records],
-    }
+def _classification_row(outcome: Any) -> dict[str, Any]:
+    record: ClassificationRecord = outcome.classification
+    return {"job_id": outcome.job_id, "attempt": outcome.attempt, "label": record.label,
+            "confidence": record.confidence, "outcome": record.outcome, "rejected_reason": record.rejected_reason,
+            "classifier_version": record.classifier_version, "latency_ms": record.latency_ms,
+            "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
+            "cost_usd": record.cost_usd}  # fmt: skip
 
 
 def _check_fenced(conn: sa.Connection, wanted: Sequence[uuid.UUID], got: set[uuid.UUID], token: uuid.UUID,

@@ -1,8 +1,8 @@
 """Every way a job can move, as named SQLAlchemy Core statements.
 
 Each statement is one fenced, set-based write: ``UPDATE … WHERE <expected state and lease> …
-RETURNING``. Batches travel as arrays through ``unnest`` so a statement costs one round trip
-whatever its size. The trigger on ``triage.jobs`` checks each move against
+RETURNING``. Batches travel as one JSON document (:func:`rowset`, read by
+``json_to_recordset``), so a statement costs one round trip whatever its size. The trigger on ``triage.jobs`` checks each move against
 ``triage.job_transitions`` and logs it in ``triage.job_events``; these statements set
 ``status_reason``, which the trigger copies into the log.
 
@@ -14,6 +14,7 @@ constructs cost more than a round trip per call, measured).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any
 
@@ -30,11 +31,7 @@ UUID = pg.UUID(as_uuid=True)
 NOW = sa.func.now()
 
 
-RECORDSETS = ("new", "held", "given")
-"""Names of the row sets statements take; :func:`pack` turns their columns into one parameter."""
-
-
-def _unnest(name: str, **columns: Any) -> Any:
+def _recordset(name: str, **columns: Any) -> Any:
     """``json_to_recordset(:name_rows) AS name(a type, b type, …)``: a batch of rows in one
     parameter. One JSON document is a tenth of the client work of one array per column
     (psycopg dumps arrays element by element in Python) and faster for the server too, measured."""
@@ -49,22 +46,10 @@ def _json_default(value: Any) -> str:
     return str(value)  # UUIDs, datetimes, decimals
 
 
-def pack(params: dict[str, Any]) -> dict[str, Any]:
-    """Turn ``{"held_id": [...], "held_attempt": [...]}`` into ``{"held_rows": '[{"id": …, "attempt": …}, …]'}``
-    for every row set in :data:`RECORDSETS`; other parameters pass through."""
-    out: dict[str, Any] = {}
-    columns: dict[str, dict[str, list[Any]]] = {}
-    for key, value in params.items():
-        prefix, _, column = key.partition("_")
-        if prefix in RECORDSETS and column and isinstance(value, list):
-            columns.setdefault(prefix, {})[column] = value
-        else:
-            out[key] = value
-    for name, cols in columns.items():
-        names = list(cols)
-        rows = [dict(zip(names, values, strict=True)) for values in zip(*cols.values(), strict=True)]
-        out[f"{name}_rows"] = json.dumps(rows, default=_json_default, allow_nan=False)
-    return out
+def rowset(name: str, rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The parameter of a statement that reads ``json_to_recordset(:<name>_rows) AS name(…)``
+    (:func:`_recordset`): the batch's rows as one JSON document, keyed by column name."""
+    return {f"{name}_rows": json.dumps(list(rows), default=_json_default, allow_nan=False)}
 
 
 def seconds_param(param: str) -> ColumnElement[Any]:
@@ -112,7 +97,7 @@ def register_queued() -> Any:
     ``ON CONFLICT (idempotency_key) DO NOTHING``: a key seen before registers nothing, so
     re-running a date is free. Returns the ids of the new jobs only.
     """
-    new = _unnest("new", **NEW_JOB_COLUMNS)
+    new = _recordset("new", **NEW_JOB_COLUMNS)
     inserted = (
         pg.insert(jobs)
         .from_select(
@@ -138,7 +123,7 @@ def register_for_review() -> Any:
     """Register input that was malformed on arrival straight into ``manual_review``, with its
     review row and its outbox event: nothing is lost, and a human sees why."""
     columns = dict(NEW_JOB_COLUMNS, reason=sa.Text, error=sa.Text, context=sa.Text)
-    new = _unnest("new", **columns)
+    new = _recordset("new", **columns)
     inserted = (
         pg.insert(jobs)
         .from_select(
@@ -253,7 +238,7 @@ HELD = dict(id=UUID, attempt=sa.Integer)
 @cache
 def complete() -> Any:
     """``running -> completed`` with the ``job.completed`` outbox event, in one statement."""
-    held = _unnest("held", **HELD)
+    held = _recordset("held", **HELD)
     done = (
         sa.update(jobs)
         .where(*_held(held))
@@ -268,7 +253,7 @@ def complete() -> Any:
 def upsert_labels() -> Any:
     """Write the business output. A write from an older job (by ``job_created_at``, then id)
     never replaces a newer one, so a stale retry or an older classifier version loses."""
-    given = _unnest("given", id=UUID, label=sa.Text, confidence=sa.Float, classifier_version=sa.Text)
+    given = _recordset("given", id=UUID, label=sa.Text, confidence=sa.Float, classifier_version=sa.Text)
     newest = (
         sa.select(jobs.c.source, jobs.c.external_id, given.c.label, given.c.confidence,
                   given.c.classifier_version, jobs.c.content_sha256, jobs.c.id, jobs.c.created_at)
@@ -301,7 +286,7 @@ def upsert_labels() -> Any:
 @cache
 def advance() -> Any:
     """``running -> queued`` at the next step, with a fresh attempt budget."""
-    held = _unnest("held", **HELD, next_step=sa.Text)
+    held = _recordset("held", **HELD, next_step=sa.Text)
     return (
         sa.update(jobs)
         .where(*_held(held))
@@ -332,7 +317,7 @@ MOVED = (jobs.c.id, jobs.c.status, jobs.c.status_reason, jobs.c.attempt, jobs.c.
 def retry_later() -> Any:
     """A transient failure: ``retryable_failed`` until ``now + delay``, or, when the attempts
     are spent, ``manual_review`` with reason ``retries_exhausted`` and its review row."""
-    held = _unnest("held", **HELD, error_class=sa.Text, error=sa.Text, delay_seconds=sa.Float)
+    held = _recordset("held", **HELD, error_class=sa.Text, error=sa.Text, delay_seconds=sa.Float)
     spent = jobs.c.attempt >= jobs.c.max_attempts
     moved = (
         sa.update(jobs)
@@ -358,7 +343,7 @@ def retry_later() -> Any:
 @cache
 def send_to_review() -> Any:
     """``running -> manual_review`` with a reason and context, and its review row."""
-    held = _unnest("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text, context=sa.Text)
+    held = _recordset("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text, context=sa.Text)
     moved = (
         sa.update(jobs)
         .where(*_held(held))
@@ -375,7 +360,7 @@ def send_to_review() -> Any:
 @cache
 def fail() -> Any:
     """``running -> terminal_failed``: permanent, and no human needs to look."""
-    held = _unnest("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text)
+    held = _recordset("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text)
     return (
         sa.update(jobs)
         .where(*_held(held))
@@ -388,7 +373,7 @@ def fail() -> Any:
 @cache
 def release() -> Any:
     """``running -> queued`` for claimed work that never started: the attempt is given back."""
-    held = _unnest("held", **HELD)
+    held = _recordset("held", **HELD)
     return (
         sa.update(jobs)
         .where(*_held(held))
@@ -401,7 +386,7 @@ def release() -> Any:
 @cache
 def record_classifications() -> Any:
     """One row per job and attempt that produced a model outcome (idempotent per attempt)."""
-    given = _unnest(
+    given = _recordset(
         "given", job_id=UUID, attempt=sa.Integer, label=sa.Text, confidence=sa.Float, outcome=sa.Text,
         rejected_reason=sa.Text, classifier_version=sa.Text, latency_ms=sa.Float, prompt_tokens=sa.Integer,
         completion_tokens=sa.Integer, cost_usd=sa.Numeric(12, 6),
