@@ -11,7 +11,7 @@ each claims jobs with ``FOR UPDATE SKIP LOCKED`` under its own lease owner (the 
 part of it), so under the CeleryExecutor they classify on different workers at once and split
 the batch between them; under ``airflow dags test`` they run one after the other and the first
 usually finds all the work. ``retrieve`` is mapped over ``RETRIEVE_SHARDS`` shards of the
-source (by external id), so that payloads are stored by several processes. The counts are
+source (by external id), so that several processes read, pack and register documents. The counts are
 constants: the DAG file does no work when it is parsed.
 """
 
@@ -32,7 +32,7 @@ from triage.operators import (
 
 RETRIEVE_SHARDS = 2
 """Parallel ``retrieve`` task instances per run, each registering the documents of one shard
-(by external id): storing payloads, the slowest part of retrieval, runs in several processes."""
+(by external id): reading, hashing, packing and registering run in several processes."""
 
 CLASSIFY_WORKERS = 2
 """Parallel ``classify`` task instances per run (map indexes 0..N-1)."""

@@ -188,17 +188,13 @@ class PayloadStore:
             packs[-1][1].append(i)
         refs: list[str] = [""] * len(contents)
         for pack, members in packs:
-            if len(pack.where) == 1:  # the pack is the payload: its object is named by its own hash
-                self._write(digests[members[0]], pack.parts[0])
-                for i in members:
-                    refs[i] = self._object_ref(digests[i])
-                continue
+            alone = len(pack.where) == 1  # the pack is the payload: named by the payload's own hash
             body = b"".join(pack.parts)
-            name = self._object_ref(sha256_hex(body))
-            self._write(sha256_hex(body), body)
+            name = digests[members[0]] if alone else sha256_hex(body)
+            self._write(name, body)
             for i in members:
                 offset, length = pack.where[digests[i]]
-                refs[i] = f"{name}#offset={offset}&length={length}"
+                refs[i] = self._object_ref(name) + ("" if alone else f"#offset={offset}&length={length}")
         return list(zip(digests, refs, strict=True))
 
     def _write(self, digest: str, content: bytes) -> None:
@@ -287,21 +283,21 @@ class PayloadStore:
                 results[i] = _verified(ref, content, where.length, expected)
         return results
 
-    def _read_object(self, object_ref: str, members: list[tuple[int, Location]]) -> list[bytes | PayloadError]:
-        """The bytes of each member's range, or why they could not be read: no such object
-        (:class:`PayloadMissing`), or the store failed (:class:`PayloadUnavailable`, transient)."""
+    def _read_object(self, object_ref: str, members: list[tuple[int, Location]]) -> list[bytes | PayloadError | None]:
+        """The bytes of each member's range, ``None`` when there is no such object, or
+        :class:`PayloadUnavailable` (transient) when the store failed."""
         path = self._object_path(object_ref)
         ranges = [(w.offset, w.length) for _, w in members]
+        spans = [(o, o + n) for o, n in ranges if o is not None and n is not None]
         try:
-            if len(ranges) > 1 and all(o is not None and n is not None for o, n in ranges):
-                spans = [(o, o + n) for o, n in ranges if o is not None and n is not None]
+            if 1 < len(spans) == len(ranges):
                 start, end = min(a for a, _ in spans), max(b for _, b in spans)
                 if 2 * sum(b - a for a, b in spans) >= end - start:
                     block = _read(path, [(start, end - start)])[0]
                     return [block[a - start : b - start] for a, b in spans]
             return list(_read(path, ranges))
         except FileNotFoundError:
-            return [PayloadMissing(object_ref)] * len(ranges)
+            return [None] * len(ranges)
         except OSError as exc:
             error = PayloadUnavailable(f"{object_ref} could not be read: {type(exc).__name__}")
             return [error] * len(ranges)
@@ -314,9 +310,9 @@ def read_payload(ref: str, expected_sha256: str) -> bytes:
 
 
 def _verified(
-    ref: str, content: bytes | PayloadError, length: int | None, expected_sha256: str
+    ref: str, content: bytes | PayloadError | None, length: int | None, expected_sha256: str
 ) -> bytes | PayloadError:
-    if isinstance(content, PayloadMissing):
+    if content is None:
         return PayloadMissing(f"no payload at {ref}")
     if isinstance(content, PayloadError):
         return content
