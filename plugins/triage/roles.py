@@ -5,6 +5,8 @@ embedded server the DAGs log in as ``triage_worker``, a LOGIN member of it made 
 password: pgserver's ``pg_hba.conf`` trusts local connections, and the server listens only on
 a Unix socket inside ``$TRIAGE_HOME`` (so whoever can reach the socket can already read the
 data files). docker-compose uses ``triage_app`` itself as a LOGIN role with a password.
+Migration 0005 gives the jobs triggers to a third role, ``triage_ledger_owner``, that nobody
+logs in as.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ APP_ROLE = "triage_app"
 
 WORKER_ROLE = "triage_worker"
 """The LOGIN role the embedded deployment's DAGs use (a member of :data:`APP_ROLE`)."""
+
+LEDGER_OWNER_ROLE = "triage_ledger_owner"
+"""Owner of the ``SECURITY DEFINER`` jobs triggers (migration 0005): NOLOGIN, and allowed only to
+read ``job_transitions`` and insert into ``job_events``, so the triggers can do nothing else."""
 
 # Roles are cluster-wide and databases are migrated concurrently (tests clone one template per
 # session, sessions share a server): a CREATE racing another one fails with unique_violation.

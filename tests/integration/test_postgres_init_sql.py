@@ -118,19 +118,25 @@ def test_databases_are_closed_to_other_roles(server: str, user: str, dbname: str
         connect(server, user, dbname).close()
 
 
-def test_the_migrations_run_as_the_owner_and_narrow_the_app_role(server: str) -> None:
-    """What triage-migrate does: every migration as `triage` (no superuser, no CREATEROLE).
-    0003 finds the init script's triage_app and narrows its default privileges per table."""
+@pytest.fixture(scope="module")
+def migrated(server: str) -> str:
+    """What triage-migrate does: every migration as `triage` (no superuser, no CREATEROLE), on a
+    second job database laid out like `triage`. Returns its name."""
     from triage import migrations
     from triage.database import DatabaseUrl
 
-    with connect(server, "postgres", "postgres") as admin:  # a second job database, laid out like `triage`
+    with connect(server, "postgres", "postgres") as admin:
         admin.execute("CREATE DATABASE triage_migrated OWNER triage")
     with connect(server, "triage", "triage_migrated") as conn:
         conn.execute("CREATE SCHEMA triage AUTHORIZATION triage")
         conn.execute("GRANT USAGE ON SCHEMA triage TO triage_app")
     migrations.upgrade(DatabaseUrl.parse(make_conninfo(server, user="triage", dbname="triage_migrated")))
-    with connect(server, "triage_app", "triage_migrated") as conn:
+    return "triage_migrated"
+
+
+def test_the_migrations_run_as_the_owner_and_narrow_the_app_role(server: str, migrated: str) -> None:
+    """0003 finds the init script's triage_app and narrows its default privileges per table."""
+    with connect(server, "triage_app", migrated) as conn:
         assert conn.execute("SELECT count(*) FROM triage.job_events").fetchone() == (0,)
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute("DELETE FROM triage.job_events")
@@ -141,3 +147,85 @@ def test_the_migrations_run_as_the_owner_and_narrow_the_app_role(server: str) ->
             )
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute("DROP TABLE triage.jobs")
+
+
+def test_the_init_script_grants_no_temp_and_prepares_the_ledger_owner(server: str) -> None:
+    with connect(server, "postgres", "postgres") as admin:
+        row = admin.execute(
+            "SELECT has_database_privilege('triage_app', 'triage', 'TEMPORARY'),"
+            " has_database_privilege('public', 'triage', 'TEMPORARY'),"
+            " (SELECT rolcanlogin FROM pg_roles WHERE rolname = 'triage_ledger_owner'),"
+            " pg_has_role('triage', 'triage_ledger_owner', 'MEMBER'),"
+            " pg_has_role('triage_app', 'triage_ledger_owner', 'MEMBER')"
+        ).fetchone()
+    assert row == (False, False, False, True, False)
+
+
+def test_on_compose_the_triggers_belong_to_the_ledger_owner_and_still_log(server: str, migrated: str) -> None:
+    """0005 as `triage`, not a superuser: it hands the triggers over through its membership and
+    revokes TEMP as the database's owner; the app role's moves are logged under its login."""
+    with connect(server, "triage_app", migrated) as conn:
+        with pytest.raises(errors.InsufficientPrivilege, match="temporary"):
+            conn.execute("CREATE TEMP TABLE fake_jobs (id uuid)")
+        conn.execute(
+            "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
+            " classifier_version, correlation_id, batch_key, step, status, max_attempts)"
+            " VALUES ('k', 's', 'e', 'h', 'ref', 'v', 'c', 'b', 'classify', 'queued', 3)"
+        )
+        assert conn.execute("SELECT to_status::text, actor FROM triage.job_events").fetchall() == [
+            ("queued", "triage_app")
+        ]
+        owners = conn.execute(
+            "SELECT DISTINCT pg_get_userbyid(proowner), has_function_privilege(oid, 'EXECUTE') FROM pg_proc"
+            " WHERE oid IN ('triage.jobs_check_insert'::regproc, 'triage.jobs_check_update'::regproc)"
+        ).fetchall()
+    assert owners == [("triage_ledger_owner", False)]
+
+
+def test_on_compose_a_borrowed_trigger_runs_no_smuggled_cast(server: str, migrated: str) -> None:
+    """Even with TEMP and EXECUTE granted back, the body refuses the temp table first (on
+    compose the attack once emptied the log and moved a job queued -> completed)."""
+    from tests.integration.test_definer_triggers import ON_INSERT, SMUGGLED_CAST
+
+    with connect(server, "triage", migrated) as owner:
+        owner.execute(f"GRANT TEMPORARY ON DATABASE {migrated} TO triage_app")
+        owner.execute("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA triage TO triage_app")
+    try:
+        with connect(server, "triage_app", migrated) as conn:
+            for statement in SMUGGLED_CAST:
+                conn.execute(statement)
+            conn.execute(
+                "CREATE TEMP TABLE fake_jobs (id pg_temp.smuggled, status triage.job_status, step text,"
+                " attempt int, status_reason text, lease_owner text)"
+            )
+            conn.execute(ON_INSERT)
+            with pytest.raises(errors.InsufficientPrivilege, match=r"of triage\.jobs only"):
+                conn.execute("INSERT INTO fake_jobs VALUES ('x', 'queued', 'classify', 0, NULL, NULL)")
+    finally:
+        with connect(server, "triage", migrated) as owner:
+            owner.execute(f"REVOKE TEMPORARY ON DATABASE {migrated} FROM triage_app")
+            owner.execute(
+                "REVOKE EXECUTE ON FUNCTION triage.jobs_check_insert(), triage.jobs_check_update() FROM triage_app"
+            )
+
+
+def test_a_migrating_user_outside_the_ledger_role_is_told_what_to_run(server: str) -> None:
+    """An owner that is neither a superuser nor a member of triage_ledger_owner (a volume made by
+    an older init script) stops at 0005 with the one GRANT to run, and nothing of 0005 stays."""
+    import sqlalchemy as sa
+
+    from triage import migrations
+    from triage.database import DatabaseUrl
+
+    with connect(server, "postgres", "postgres") as admin:
+        admin.execute("CREATE ROLE triage_old_volume LOGIN")
+        admin.execute("CREATE DATABASE triage_old_volume OWNER triage_old_volume")
+    url = DatabaseUrl.parse(make_conninfo(server, user="triage_old_volume", dbname="triage_old_volume"))
+    with pytest.raises(sa.exc.ProgrammingError) as raised:
+        migrations.upgrade(url)
+    error = raised.value.orig
+    assert isinstance(error, errors.InsufficientPrivilege)
+    assert error.diag.message_hint == (
+        "run once as a superuser: GRANT triage_ledger_owner TO triage_old_volume; then run the migration again"
+    )
+    assert migrations.current_revision(url) == "0004"
