@@ -209,6 +209,32 @@ def test_on_compose_a_borrowed_trigger_runs_no_smuggled_cast(server: str, migrat
             )
 
 
+def test_0005_applied_again_over_itself_changes_nothing(server: str, migrated: str) -> None:
+    """Idempotent as the non-superuser owner: the owner takes the functions back from the ledger
+    role (as its member), replaces them and hands them over again; the privileges stay as they are."""
+    from alembic import command
+
+    from triage import migrations
+    from triage.database import DatabaseUrl
+
+    def privileges() -> list[tuple[object, ...]]:
+        with connect(server, "postgres", migrated) as conn:
+            return conn.execute(
+                "SELECT p.proname, pg_get_userbyid(p.proowner), p.proacl::text, p.proconfig::text FROM pg_proc p"
+                " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'triage'"
+                " UNION ALL SELECT datname, '', datacl::text, '' FROM pg_database WHERE datname = %s"
+                " UNION ALL SELECT relname, '', relacl::text, '' FROM pg_class WHERE relnamespace = 'triage'::regnamespace"
+                " ORDER BY 1",
+                (migrated,),
+            ).fetchall()
+
+    before = privileges()
+    url = DatabaseUrl.parse(make_conninfo(server, user="triage", dbname=migrated))
+    command.stamp(migrations.alembic_config(url), "0004")
+    migrations.upgrade(url)
+    assert privileges() == before
+
+
 def test_a_migrating_user_outside_the_ledger_role_is_told_what_to_run(server: str) -> None:
     """An owner that is neither a superuser nor a member of triage_ledger_owner (a volume made by
     an older init script) stops at 0005 with the one GRANT to run, and nothing of 0005 stays."""
