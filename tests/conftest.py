@@ -23,6 +23,10 @@ from triage.jobs.store import JobStore
 
 FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
+# A clone gets the default ACL, not its template's: take TEMPORARY away again, as migration 0005
+# did on the template, so that every test runs without it as a deployment does.
+REVOKE_TEMP = 'REVOKE TEMPORARY ON DATABASE "{}" FROM PUBLIC'
+
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[DatabaseUrl]:
@@ -74,6 +78,7 @@ def db_url(pg_server: DatabaseUrl, template_db: str) -> Iterator[DatabaseUrl]:
     name = f"triage_test_{uuid.uuid4().hex[:12]}"
     with _admin(pg_server) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
+        conn.execute(REVOKE_TEMP.format(name))
     yield pg_server.with_database(name)
     with _admin(pg_server) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -67,6 +67,8 @@ def deployment(pg_server, template_db, tmp_path_factory) -> Iterator[Deployment]
     with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{metadata_db}"')
         conn.execute(f'CREATE DATABASE "{jobs_db}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
+        # A clone gets the default ACL, not its template's: the DAGs run without TEMP, as deployed.
+        conn.execute(f'REVOKE TEMPORARY ON DATABASE "{jobs_db}" FROM PUBLIC')
     home = tmp_path_factory.mktemp("deployment")
     jobs_url = pg_server.with_database(jobs_db)
     env = airflow_test_env(
