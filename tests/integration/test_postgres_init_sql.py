@@ -255,3 +255,38 @@ def test_a_migrating_user_outside_the_ledger_role_is_told_what_to_run(server: st
         "run once as a superuser: GRANT triage_ledger_owner TO triage_old_volume; then run the migration again"
     )
     assert migrations.current_revision(url) == "0004"
+
+
+def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A cluster without the init script, migrated by a CREATEROLE owner: 0005 creates the role,
+    grants itself the membership it needs (a creator holds only ADMIN), and still goes down to
+    base and up again."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    from triage import migrations
+    from triage.database import DatabaseUrl
+
+    pg = pgserver.get_server(tmp_path_factory.mktemp("bare-postgres") / "pgdata", cleanup_mode="delete")
+    try:
+        info = pg.get_postmaster_info()
+        base = make_conninfo(host=str(info.socket_dir), port=str(info.port))
+        with connect(base, "postgres", "postgres") as admin:
+            admin.execute("CREATE ROLE creator LOGIN CREATEROLE")
+            admin.execute("CREATE DATABASE jobs OWNER creator")
+        url = DatabaseUrl.parse(make_conninfo(base, user="creator", dbname="jobs"))
+        migrations.upgrade(url)
+        with connect(base, "postgres", "jobs") as admin:
+            owners = admin.execute(
+                "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc WHERE proname LIKE 'jobs_check_%'"
+            ).fetchall()
+            temp = admin.execute("SELECT has_database_privilege('public', 'jobs', 'TEMPORARY')").fetchone()
+        assert owners == [("triage_ledger_owner",)]
+        assert temp == (False,)
+        migrations.downgrade(url, "base")
+        migrations.upgrade(url)
+    finally:
+        pg.cleanup()

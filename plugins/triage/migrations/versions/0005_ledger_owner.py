@@ -80,14 +80,23 @@ LEDGER_GRANTS = (
     f"GRANT EXECUTE ON FUNCTION {S}.current_actor(), {REFUSE_TRANSITION} TO {LEDGER}",
 )
 
-# A non-superuser may give an object away only to a role it can SET ROLE to, and only if that
-# role may CREATE in the schema: CREATE is granted for the ALTER and taken back at once (one
-# transaction, so no session ever sees it). A creator holding only ADMIN on the role (CREATEROLE)
-# first grants itself the membership.
+# A non-superuser may give an object away only to a role it can SET ROLE to (PostgreSQL 16;
+# a member before), and only if that role may CREATE in the schema: CREATE is granted for the
+# ALTER and taken back at once (one transaction, so no session ever sees it). Taking the
+# functions back later (the downgrade, a later body) needs the role's privileges (INHERIT). A
+# creator holding only ADMIN on the role (CREATEROLE, PostgreSQL 16) grants itself both first.
 HAND_OVER = f"""
 DO $$
+DECLARE
+    since_16 boolean := pg_catalog.current_setting('server_version_num')::pg_catalog.int4 >= 160000;
+    usable boolean := pg_catalog.pg_has_role(current_user, '{LEDGER}', 'USAGE');
 BEGIN
-    IF NOT pg_catalog.pg_has_role(current_user, '{LEDGER}', 'MEMBER') THEN
+    IF usable AND since_16 THEN
+        usable := pg_catalog.pg_has_role(current_user, '{LEDGER}', 'SET');
+    END IF;
+    IF NOT usable AND since_16 THEN
+        EXECUTE pg_catalog.format('GRANT {LEDGER} TO %I WITH INHERIT TRUE, SET TRUE', current_user);
+    ELSIF NOT usable THEN
         EXECUTE pg_catalog.format('GRANT {LEDGER} TO %I', current_user);
     END IF;
     GRANT CREATE ON SCHEMA {S} TO {LEDGER};
