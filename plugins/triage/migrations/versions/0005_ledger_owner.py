@@ -19,15 +19,18 @@ SECURITY DEFINER Functions Safely" asks, in layers that each stop both attacks a
    the bodies is schema-qualified and ``search_path`` is ``pg_catalog, triage, pg_temp``, with
    ``pg_temp`` last so a temp object can never shadow anything.
 3. The functions belong to ``triage_ledger_owner``: NOLOGIN, no superuser, and allowed only
-   to read ``job_transitions`` and insert into ``job_events``. Even a borrowed call can do
-   nothing more.
+   to read ``job_transitions`` and insert into ``job_events``. A borrowed call could write log
+   rows, or alter or drop these two functions (every owner may), and nothing else: no job
+   moves, no reads of documents, no rewrite of history, no new object.
 4. TEMP on this database is revoked from PUBLIC and ``triage_app``: the app role cannot create
    a temp table, type, cast or function at all (Triage never uses temp objects).
 
 The owner role is cluster-wide and created here if missing (needs CREATEROLE, like 0003's
-role). A migrating user that is not a superuser must be a member of it to hand it the
-functions; docker/postgres-init/01-triage.sql creates it and grants it to ``triage``.
-Otherwise the migration stops with the statements to run once as a superuser. The TEMP
+role). A migrating user that is not a superuser must be a member of it, with SET and INHERIT
+(a superuser's plain GRANT gives both), to hand it the functions and take them back;
+docker/postgres-init/01-triage.sql creates it and grants it to ``triage``, and a CREATEROLE
+creator grants itself the options. Otherwise the migration stops with the GRANT to run once
+as a superuser. The TEMP
 revocation needs the database's owner; another migrating user gets a warning instead.
 
 The downgrade gives the functions back to the migrating user with 0004's bodies (what 0004's
