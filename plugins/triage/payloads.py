@@ -347,7 +347,10 @@ def _read(path: Any, ranges: Sequence[tuple[int | None, int | None]]) -> list[by
     if isinstance(path, str):
         fd = os.open(path, os.O_RDONLY)
         try:
-            return [os.pread(fd, os.fstat(fd).st_size, 0) if o is None else os.pread(fd, n or 0, o) for o, n in ranges]
+            size = os.fstat(fd).st_size
+            # Never ask for more than the file holds: pread allocates what it is asked for, and a
+            # range's length is data from a row (2 GiB would be allocated for a 1 KiB pack).
+            return [os.pread(fd, size if o is None else max(0, min(n or 0, size - o)), o or 0) for o, n in ranges]
         finally:
             os.close(fd)
     parts = [b""] * len(ranges)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,6 +180,21 @@ def test_the_verified_bytes_are_exactly_the_bytes_returned_and_a_range_stays_in_
         payloads.get(f"{pack}#offset=5&length=5", sha(b"beta\x00"))
     with pytest.raises(PayloadCorrupt):  # the right bytes under the wrong hash
         payloads.get(ref_a, b)
+
+
+def test_a_long_range_costs_the_pack_s_size_not_the_range_s(tmp_path: Path) -> None:
+    """A reference's length is data from a row: reading it never allocates more than the pack."""
+    payloads = PayloadStore(tmp_path / "payloads")
+    (a, ref_a), _ = payloads.put_many([b"alpha", b"beta"])
+    pack = ref_a.split("#")[0]
+    tracemalloc.start()
+    try:
+        with pytest.raises(PayloadCorrupt, match="cut short"):
+            payloads.get(f"{pack}#offset=0&length={2**30}", a)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
 
 
 def test_read_payload_reads_only_from_the_base_it_is_given(tmp_path: Path) -> None:
