@@ -4,7 +4,9 @@
     python -m triage migrate [--to REV]     apply the job-table migrations (or downgrade)
     python -m triage status                 the ledger: jobs by state, open reviews by reason
     python -m triage env                    shell exports for running Airflow on this deployment
-    python -m triage payload JOB_ID         a job's document, read through its payload_ref and
+    python -m triage payload JOB_ID         a job's document, read through its payload_ref from
+                                            the payload base only (--payload-base, else
+                                            TRIAGE_PAYLOAD_BASE, else $TRIAGE_HOME/payloads) and
                                             verified by its hash (for reviewers; never logged)
 
 Every command honours ``TRIAGE_DATABASE_URL``; unset means the embedded PostgreSQL.
@@ -112,12 +114,16 @@ def status_report(url: DatabaseUrl) -> str:
     return "\n".join(lines)
 
 
-def job_payload(url: DatabaseUrl, job_id: str) -> bytes:
-    """The document of job ``job_id``, verified against its content hash.
+def job_payload(url: DatabaseUrl, job_id: str, payload_base: str | None = None) -> bytes:
+    """The document of job ``job_id``, read from the payload base (``payload_base``, else the
+    deployment's: :func:`triage.settings.payload_base`) and verified against its content hash.
+    A ``payload_ref`` outside that base is refused, never followed: the row is data.
 
     :raises LookupError: no such job.
-    :raises triage.payloads.PayloadError: the payload is missing or does not match its hash.
+    :raises triage.payloads.PayloadError: the reference is not the store's, or the payload is
+        missing or does not match its hash.
     """
+    from triage import settings
     from triage.jobs.schema import jobs
     from triage.payloads import read_payload
 
@@ -133,7 +139,7 @@ def job_payload(url: DatabaseUrl, job_id: str) -> bytes:
         engine.dispose()
     if row is None:
         raise LookupError(f"no job {job_id}")
-    return read_payload(row.payload_ref, row.content_sha256)
+    return read_payload(row.payload_ref, row.content_sha256, settings.payload_base(payload_base))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser("env", help="shell exports for Airflow on this deployment")
     payload = commands.add_parser("payload", help="print a job's document, verified by its hash")
     payload.add_argument("job_id")
+    payload.add_argument("--payload-base", help="the payload store (default: TRIAGE_PAYLOAD_BASE, "
+                         "else $TRIAGE_HOME/payloads); references outside it are refused")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("pgserver", "alembic.runtime.plugins", "alembic.runtime.migration"):
@@ -188,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from triage.payloads import PayloadError
 
         try:
-            document = job_payload(job_database(), args.job_id)
+            document = job_payload(job_database(), args.job_id, args.payload_base)
         except (LookupError, PayloadError) as exc:
             print(f"python -m triage payload: {exc}", file=sys.stderr)
             return 1

@@ -11,49 +11,46 @@ a fragment. One object per chunk instead of one per document: creating a file wa
 retrieval cost on local disks, and one PUT per document is what object stores charge for
 (docs/adr/0004-payload-packs.md). Every read verifies the payload's own hash, so a torn or
 corrupted pack is an error, never a wrong answer; a torn local write is repaired by the next
-write of the same pack.
+write of the same pack, which compares what is there with what it would write.
+
+A store reads only references of its own form under its own base: a ``payload_ref`` is data
+in a database row, and a row that names another file, ``..`` or another URL is refused
+(:class:`PayloadRefInvalid`) before anything is opened, so the hash-verified read cannot be
+turned into an oracle over files outside the base.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from triage.payload_refs import (
+    MAX_OFFSET,
+    MAX_RANGE,
+    Location,
+    PayloadBaseMissing,
+    PayloadCorrupt,
+    PayloadError,
+    PayloadMissing,
+    PayloadRefInvalid,
+    PayloadUnavailable,
+    parse_ref,
+    shown_ref,
+)
+
+__all__ = [  # the reference form and the errors live in triage.payload_refs; callers import them here
+    "MAX_OFFSET", "MAX_RANGE", "PACK_BYTES", "Location", "PayloadBaseMissing", "PayloadCorrupt", "PayloadError",
+    "PayloadMissing", "PayloadRefInvalid", "PayloadStore", "PayloadUnavailable", "parse_ref", "read_payload",
+    "sha256_hex",
+]  # fmt: skip
+
 PACK_BYTES = 8 * 1024 * 1024
 """A pack is cut before it would pass this size (a payload larger than it is a pack of its own)."""
-MAX_RANGE = 2**31 - 1
-"""The longest byte range a reference may name (a larger payload is an object of its own)."""
-
-
-class PayloadError(Exception):
-    """A payload cannot be read."""
-
-    error_class = "payload_error"
-
-
-class PayloadMissing(PayloadError):
-    """No payload at this reference."""
-
-    error_class = "missing_payload"
-
-
-class PayloadCorrupt(PayloadError):
-    """The payload's content does not match its hash."""
-
-    error_class = "payload_corrupt"
-
-
-class PayloadUnavailable(PayloadError):
-    """The store could not be read just now (permissions, I/O, network): worth another try."""
-
-    error_class = "payload_unavailable"
 
 
 def sha256_hex(content: bytes) -> str:
@@ -79,32 +76,6 @@ def _as_path(location: Any) -> Any:
     return Path(text)
 
 
-@dataclass(frozen=True, slots=True)
-class Location:
-    """Where a reference points: the object, and the payload's bytes in it (``None``: all of it)."""
-
-    object_ref: str
-    offset: int | None = None
-    length: int | None = None
-
-
-_FRAGMENT = re.compile(r"offset=(\d+)&length=(\d+)")
-
-
-def parse_ref(ref: str) -> Location:
-    """Split ``<object>#offset=O&length=L``; a reference without a fragment is a whole object.
-
-    :raises PayloadMissing: the fragment is not such a byte range.
-    """
-    base, sep, fragment = ref.partition("#")
-    if not sep:
-        return Location(ref)
-    match = _FRAGMENT.fullmatch(fragment)
-    if match is None or int(match[2]) > MAX_RANGE:
-        raise PayloadMissing(f"no payload at {ref}: the fragment is not offset=…&length=… (at most {MAX_RANGE})")
-    return Location(base, int(match[1]), int(match[2]))
-
-
 class _Pack:
     """The distinct payloads of one pack being built, in order, each once."""
 
@@ -125,6 +96,9 @@ class PayloadStore:
 
     One level of 256 folders, as git does: two levels made nearly every write create a folder.
     Local paths are handled as strings; pathlib cost more than the write itself (measured).
+    References are ``<prefix>/ab/<sha256>[#offset=O&length=L]``, the prefix being the base's
+    ``file://`` URI (local) or the base's own URL (``s3://conn_id@bucket/triage``); reads
+    accept nothing else (:func:`parse_ref`).
 
     :param pack_bytes: cut packs before they pass this size.
     """
@@ -135,8 +109,16 @@ class PayloadStore:
         self._local = isinstance(self.base, Path)
         self._made: set[str] = set()
         if self._local:
-            self._root = str(self.base.resolve())
-            self._root_uri = self.base.resolve().as_uri()
+            root = self.base.resolve()
+            self._root = str(root).rstrip("/")  # "/" as a base: objects at "/ab/…", not "//ab/…"
+            self.prefix = root.as_uri().rstrip("/")
+        else:
+            # The prefix as the path type spells it: an object's reference is str() of its path.
+            tail = f"/00/{'0' * 64}"
+            probe = str(self.base / "00" / ("0" * 64))
+            if not probe.endswith(tail):
+                raise ValueError(f"the payload base {self.base} does not spell its objects as <base>/ab/<sha256>")
+            self.prefix = probe[: -len(tail)]
 
     def path_for(self, sha256: str) -> Any:
         """The object named ``sha256``: a pack, or the one payload with that hash."""
@@ -145,28 +127,20 @@ class PayloadStore:
         return self.base / sha256[:2] / sha256
 
     def object_path(self, ref: str) -> Any:
-        """The object a reference points into (tools and tests: the pack to open or break)."""
-        path = self._object_path(parse_ref(ref).object_ref)
-        return Path(path) if isinstance(path, str) else path
+        """The object a reference points into (tools and tests: the pack to open or break).
 
-    def _object_path(self, object_ref: str) -> Any:
-        """A local path as a string; an object under this store's base as ``base / key``, so it
-        keeps the base's connection and options (``s3://conn_id@bucket/…`` read back as a
-        plain URL would lose both); any other URL as :func:`_as_path` makes it."""
-        local = self._local_path(object_ref)
-        if local is not None:
-            return local
-        if not self._local:
-            prefix = str(self.base).rstrip("/") + "/"
-            if object_ref.startswith(prefix):
-                return self.base.joinpath(*object_ref[len(prefix) :].split("/"))
-        path = _as_path(object_ref)
-        return str(path) if isinstance(path, Path) else path
+        :raises PayloadRefInvalid: not a reference of this store.
+        """
+        return self.path_for(parse_ref(ref, self.prefix).name)
+
+    def _object_path(self, name: str) -> Any:
+        """A local path as a string; an object of a remote base as ``base / ab / name``, so it
+        keeps the base's connection and options (``s3://conn_id@bucket/…`` read back as a plain
+        URL would lose both)."""
+        return f"{self._root}/{name[:2]}/{name}" if self._local else self.path_for(name)
 
     def _object_ref(self, sha256: str) -> str:
-        if self._local:
-            return f"{self._root_uri}/{sha256[:2]}/{sha256}"
-        return str(self.path_for(sha256))
+        return f"{self.prefix}/{sha256[:2]}/{sha256}"
 
     def put(self, content: bytes) -> tuple[str, str]:
         """Store one payload (a pack of one); returns ``(sha256, payload_ref)``."""
@@ -174,8 +148,9 @@ class PayloadStore:
 
     def put_many(self, contents: Sequence[bytes]) -> list[tuple[str, str]]:
         """Store ``contents`` in as few packs as ``pack_bytes`` allows, each distinct payload once
-        per pack; returns ``(sha256, payload_ref)`` of each content, in order. Packs that are
-        already stored (the same chunk again) are not written twice. Thread-safe."""
+        per pack; returns ``(sha256, payload_ref)`` of each content, in order. A pack that is
+        already stored whole (the same chunk again) is not written twice; one that is there but
+        differs (torn, corrupted) is replaced. Thread-safe."""
         digests = [sha256_hex(content) for content in contents]
         packs: list[tuple[_Pack, list[int]]] = []
         pack: _Pack | None = None
@@ -198,13 +173,19 @@ class PayloadStore:
         return list(zip(digests, refs, strict=True))
 
     def _write(self, digest: str, content: bytes) -> None:
-        """Store the object ``digest`` unless present."""
+        """Store the object ``digest`` unless it is there with exactly ``content``."""
         if self._local:
             self._put_local(digest, content)
             return
         path = self.path_for(digest)
-        if path.exists() and path.stat().st_size == len(content):
-            return
+        try:
+            # The object is named by its hash, so "there and the same bytes" is the whole test;
+            # a size alone would trust a corrupted object of the right size. One GET, on
+            # re-runs only (a new pack is a 404, then the PUT).
+            if path.read_bytes() == content:
+                return
+        except FileNotFoundError:
+            pass
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)  # an object store's PUT is durable once it returns
 
@@ -212,8 +193,9 @@ class PayloadStore:
         """Create the file exclusively, write it in place and fsync it and its folder before
         returning: the jobs that point into it are committed next, durably, so the pack must be
         on disk first (one fsync per pack, not per document). A crash mid-write leaves a short
-        file that no job references yet; the next write of the same pack sees the wrong size
-        and replaces it atomically, and every read verifies the payload's hash meanwhile."""
+        or torn file that no job references yet; the next write of the same pack compares it
+        with the pack (its name is the pack's hash: equal bytes are the whole check) and
+        replaces it atomically unless equal, and every read verifies the payload's hash meanwhile."""
         folder = f"{self._root}/{digest[:2]}"
         final = f"{folder}/{digest}"
         if folder not in self._made:
@@ -222,7 +204,11 @@ class PayloadStore:
         try:
             fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
-            if os.stat(final).st_size != len(content):
+            # Its name is the pack's hash, so equal bytes are the whole check (a size would trust
+            # a torn or corrupted file of the right length). Reading and comparing a pack costs
+            # ~0.4 ms; an fsync of it (durable already, unless a concurrent writer of the same
+            # chunk has not synced yet) ~3 ms on this machine's disk, so it is not done.
+            if not _holds(final, content):
                 self._replace(folder, final, digest, content)
             return
         try:
@@ -244,15 +230,13 @@ class PayloadStore:
         os.replace(tmp, final)
         _fsync_folder(folder)
 
-    def _local_path(self, ref: str) -> str | None:
-        if self._local and ref.startswith(self._root_uri + "/"):
-            return self._root + ref[len(self._root_uri) :]
-        return None
-
     def get(self, ref: str, expected_sha256: str) -> bytes:
         """The payload at ``ref``, verified against ``expected_sha256``.
 
-        :raises PayloadMissing: no object at ``ref``, or a reference that names no byte range.
+        :raises PayloadRefInvalid: ``ref`` is not a reference of this store (nothing is read).
+        :raises PayloadMissing: the store is there and the object is not.
+        :raises PayloadUnavailable: the store could not be read (its base or the pack's folder
+            absent, permissions, I/O).
         :raises PayloadCorrupt: the bytes do not hash to ``expected_sha256``, or fewer bytes
             than the reference names are there.
         """
@@ -266,27 +250,34 @@ class PayloadStore:
 
         The ranges wanted from one pack are read with one read of the span they cover when
         they fill at least half of it (a claimed batch usually holds a run of one pack's
-        payloads: one read instead of one open per payload), else one by one.
+        payloads: one read instead of one open per payload), else one by one. Only the bytes
+        a reference names are returned, and only once they hash to ``expected_sha256``.
         """
         results: list[bytes | PayloadError] = [PayloadError("unread")] * len(wanted)
         by_object: dict[str, list[tuple[int, Location]]] = {}
-        for i, (ref, _) in enumerate(wanted):
+        for i, (ref, expected) in enumerate(wanted):
             try:
-                where = parse_ref(ref)
-            except PayloadMissing as exc:
+                where = parse_ref(ref, self.prefix)
+            except PayloadRefInvalid as exc:
                 results[i] = exc
                 continue
-            by_object.setdefault(where.object_ref, []).append((i, where))
-        for object_ref, members in by_object.items():
-            for (i, where), content in zip(members, self._read_object(object_ref, members), strict=True):
+            if where.offset is None and where.name != expected:
+                # A whole object is one payload named by its own hash: anything else is not a
+                # reference this store made (a pack read as one document, a mismatched row).
+                results[i] = PayloadRefInvalid(f"payload_ref {shown_ref(ref)} names a whole object that is not "
+                                               "the job's payload (its name is not the job's content hash)")  # fmt: skip
+                continue
+            by_object.setdefault(where.name, []).append((i, where))
+        for name, members in by_object.items():
+            for (i, where), content in zip(members, self._read_object(name, members), strict=True):
                 ref, expected = wanted[i]
                 results[i] = _verified(ref, content, where.length, expected)
         return results
 
-    def _read_object(self, object_ref: str, members: list[tuple[int, Location]]) -> list[bytes | PayloadError | None]:
-        """The bytes of each member's range, ``None`` when there is no such object, or
-        :class:`PayloadUnavailable` (transient) when the store failed."""
-        path = self._object_path(object_ref)
+    def _read_object(self, name: str, members: list[tuple[int, Location]]) -> list[bytes | PayloadError]:
+        """The bytes of each member's range, or the one error of the whole object: why it is
+        not there (:meth:`_absent`), or :class:`PayloadUnavailable` when the store failed."""
+        path = self._object_path(name)
         ranges = [(w.offset, w.length) for _, w in members]
         spans = [(o, o + n) for o, n in ranges if o is not None and n is not None]
         try:
@@ -295,31 +286,56 @@ class PayloadStore:
                 if 2 * sum(b - a for a, b in spans) >= end - start:
                     block = _read(path, [(start, end - start)])[0]
                     return [block[a - start : b - start] for a, b in spans]
-            return list(_read(path, ranges))
+            return [*_read(path, ranges)]
         except FileNotFoundError:
-            return [None] * len(ranges)
+            error = self._absent(name)
         except OSError as exc:
-            error = PayloadUnavailable(f"{object_ref} could not be read: {type(exc).__name__}")
-            return [error] * len(ranges)
+            error = PayloadUnavailable(f"pack {name} could not be read: {type(exc).__name__}")
+        return [error] * len(ranges)
+
+    def _absent(self, name: str) -> PayloadError:
+        """Why the object ``name`` is not there. The base absent or empty (a volume not mounted
+        leaves an empty mount point) or the pack's folder absent: the store is unavailable, a
+        transient failure for the circuit breaker. Both there: the payload is gone."""
+        try:
+            if self._local:
+                try:
+                    with os.scandir(self._root or "/") as entries:
+                        base_empty = next(entries, None) is None
+                except (FileNotFoundError, NotADirectoryError):
+                    base_empty = True
+                folder_there = not base_empty and os.path.isdir(f"{self._root}/{name[:2]}")
+            else:
+                base_empty = not self.base.exists()
+                folder_there = not base_empty and (self.base / name[:2]).exists()
+        except OSError as exc:
+            return PayloadUnavailable(f"the payload base {self.prefix} could not be read: {type(exc).__name__}")
+        if base_empty:
+            return PayloadBaseMissing(f"the payload base {self.prefix} is absent or empty (is its volume mounted?)")
+        if not folder_there:
+            return PayloadUnavailable(f"the folder {name[:2]}/ of pack {name} is absent under {self.prefix}")
+        return PayloadMissing(f"pack {name} is not in the payload base {self.prefix}")
 
 
-def read_payload(ref: str, expected_sha256: str) -> bytes:
-    """The payload behind any reference, verified, without knowing the store's base (tools:
-    ``python -m triage payload``)."""
-    return PayloadStore(Path("/")).get(ref, expected_sha256)
+def read_payload(ref: str, expected_sha256: str, base: Any) -> bytes:
+    """The payload behind ``ref``, verified, from the store at ``base`` only (tools: ``python
+    -m triage payload``): a reference outside it is refused, never followed.
+
+    :raises PayloadError: as :meth:`PayloadStore.get`.
+    """
+    return PayloadStore(base).get(ref, expected_sha256)
 
 
 def _verified(
-    ref: str, content: bytes | PayloadError | None, length: int | None, expected_sha256: str
+    ref: str, content: bytes | PayloadError, length: int | None, expected_sha256: str
 ) -> bytes | PayloadError:
-    if content is None:
-        return PayloadMissing(f"no payload at {ref}")
     if isinstance(content, PayloadError):
         return content
     if length is not None and len(content) != length:
-        return PayloadCorrupt(f"payload at {ref} is cut short ({len(content)} of {length} bytes)")
+        return PayloadCorrupt(f"payload at {shown_ref(ref)} is cut short ({len(content)} of {length} bytes): the pack "
+                              "is shorter than the range")  # fmt: skip
     if sha256_hex(content) != expected_sha256:
-        return PayloadCorrupt(f"payload at {ref} does not match sha256 {expected_sha256}")
+        return PayloadCorrupt(f"payload at {shown_ref(ref)} does not match its sha256")
     return content
 
 
@@ -327,11 +343,14 @@ def _read(path: Any, ranges: Sequence[tuple[int | None, int | None]]) -> list[by
     """The bytes of each ``(offset, length)`` of one object (``offset`` None: all of it): a local
     path (a string) with ``pread``, a path object with one ranged request each, concurrently
     where its filesystem can (``cat_ranges``; a file object's readahead would fetch megabytes
-    per range)."""
+    per range). A range past the end gives fewer bytes, which the caller refuses."""
     if isinstance(path, str):
         fd = os.open(path, os.O_RDONLY)
         try:
-            return [os.pread(fd, os.fstat(fd).st_size, 0) if o is None else os.pread(fd, n or 0, o) for o, n in ranges]
+            size = os.fstat(fd).st_size
+            # Never ask for more than the file holds: pread allocates what it is asked for, and a
+            # range's length is data from a row (2 GiB would be allocated for a 1 KiB pack).
+            return [os.pread(fd, size if o is None else max(0, min(n or 0, size - o)), o or 0) for o, n in ranges]
         finally:
             os.close(fd)
     parts = [b""] * len(ranges)
@@ -345,6 +364,15 @@ def _read(path: Any, ranges: Sequence[tuple[int | None, int | None]]) -> list[by
         for i, content in zip(ranged, got, strict=True):
             parts[i] = content
     return parts
+
+
+def _holds(path: str, content: bytes) -> bool:
+    """Whether the file at ``path`` is exactly ``content`` (a file of another size is not read)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.fstat(fd).st_size == len(content) and os.pread(fd, len(content), 0) == content
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, content: bytes) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 import uuid
@@ -300,7 +301,9 @@ def test_jobs_retryable_soon_are_retried_in_the_same_run(fast_store: JobStore, p
 # -- failures of the payload --------------------------------------------------------------------
 
 
-def test_missing_payload_fails_terminally(store: JobStore, payloads: PayloadStore) -> None:
+def test_a_payload_gone_from_a_healthy_store_goes_to_review(store: JobStore, payloads: PayloadStore) -> None:
+    """The base and the pack's folder are there, the pack is not: the payload is gone for
+    good, and a person decides (a review row with the reason), not a silent terminal state."""
     ids = register(store, payloads, {"T-1": document("T-1"), "T-2": document("T-2")})
     pack = payloads.object_path(job(store, ids["T-1"]).payload_ref)
     assert pack == payloads.object_path(job(store, ids["T-2"]).payload_ref)  # one pack holds both
@@ -309,10 +312,101 @@ def test_missing_payload_fails_terminally(store: JobStore, payloads: PayloadStor
     classify(store, classifier, payloads)
     for i in ids.values():
         j = job(store, i)
-        assert (j.status, j.status_reason, j.last_error_class) == ("terminal_failed", "missing_payload",
+        assert (j.status, j.status_reason, j.last_error_class) == ("manual_review", "missing_payload",
                                                                    "missing_payload")  # fmt: skip
-        assert review_of(store, j.id) == []
+        assert [(r.reason, r.resolved_at) for r in review_of(store, j.id)] == [("missing_payload", None)]
     assert classifier.calls == []
+
+
+def _unmount(base: Path) -> None:
+    base.rename(base.with_name("away"))
+
+
+def _empty_mount_point(base: Path) -> None:
+    _unmount(base)
+    base.mkdir()
+
+
+@pytest.mark.parametrize("unmount", [pytest.param(_unmount, id="base-absent"),
+                                     pytest.param(_empty_mount_point, id="base-empty")])  # fmt: skip
+def test_a_missing_payload_mount_releases_the_batch_and_stops_the_step(
+    store: JobStore, payloads: PayloadStore, tmp_path: Path, unmount: Callable[[Path], None]
+) -> None:
+    """No payload of the store can be read: the store is down, not the documents. Nothing
+    fails, no attempt is spent, the step stops as for an open circuit (Airflow retries it), and
+    once the volume is back the same jobs complete."""
+    ids = register(store, payloads, {f"T-{n}": document(f"T-{n}") for n in range(30)})
+    base = tmp_path / "payloads"
+    unmount(base)
+    classifier = ScriptedClassifier(lambda _r: ok())
+    with pytest.raises(CircuitOpen, match="payload store is unavailable"):
+        classify(store, classifier, payloads, run=settings(batch_size=10))
+    assert rows(store, "SELECT status, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == [("queued", 0, 30)]
+    assert scalar(store, "SELECT count(*) FROM triage.manual_review") == 0
+    assert classifier.calls == []
+    if base.exists():
+        base.rmdir()
+    base.with_name("away").rename(base)  # the volume is back
+    classify(store, classifier, payloads)
+    assert {job(store, i).status for i in ids.values()} == {"completed"}
+
+
+def test_an_absent_pack_folder_is_retried_not_failed(store: JobStore, payloads: PayloadStore) -> None:
+    """The base is there but the pack's folder is not (a half-mounted or half-restored store):
+    transient, like an unreadable pack, bounded by the job's attempts."""
+    ids = register(store, payloads, {"T-1": document("T-1"), "T-2": document("T-2")})
+    elsewhere, _ = payloads.put(b"keeps the base non-empty")
+    pack = payloads.object_path(job(store, ids["T-1"]).payload_ref)
+    assert elsewhere[:2] != pack.name[:2]
+    pack.unlink()
+    pack.parent.rmdir()
+    classifier = ScriptedClassifier(lambda _r: ok())
+    with pytest.raises(WorkRemains):
+        classify(store, classifier, payloads, run=settings(retry_soon_seconds=0))
+    for i in ids.values():
+        j = job(store, i)
+        assert (j.status, j.attempt, j.last_error_class) == ("retryable_failed", 1, "payload_unavailable")
+    assert classifier.calls == []
+
+
+def test_a_payload_ref_outside_the_store_is_refused_and_never_read(store: JobStore, payloads: PayloadStore,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """``payload_ref`` is data in a row. One naming another file, ``..``, another store or a URL
+    goes to review (``payload_ref_invalid``) whatever hash it claims: a right guess of a
+    secret's byte and a wrong one end the same way, so the verified read is no oracle."""
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"s3cr3t")
+    other = PayloadStore(tmp_path / "other")
+    foreign_doc = document("T-foreign")
+    _, foreign = other.put(foreign_doc)
+    remote = PayloadStore(f"memory://triage-test-{uuid.uuid4().hex}")
+    remote_doc = document("T-remote")
+    _, remote_ref = remote.put(remote_doc)
+    own_digest, own_ref = payloads.put(document("T-own"))
+    hostile = {
+        "right-guess": (f"{secret.as_uri()}#offset=0&length=1", hashlib.sha256(b"s").hexdigest()),
+        "wrong-guess": (f"{secret.as_uri()}#offset=0&length=1", hashlib.sha256(b"x").hexdigest()),
+        "dot-dot": (f"{own_ref.rsplit('/', 2)[0]}/{own_digest[:2]}/../../secret.txt",
+                    hashlib.sha256(b"s3cr3t").hexdigest()),
+        "other-store": (foreign, hashlib.sha256(foreign_doc).hexdigest()),
+        "url": (remote_ref, hashlib.sha256(remote_doc).hexdigest()),
+        "plain-path": (str(other.object_path(foreign)), hashlib.sha256(foreign_doc).hexdigest()),
+    }  # fmt: skip
+    ids = {}
+    for name, (ref, digest) in hostile.items():
+        key = idempotency_key("test", name, digest, ScriptedClassifier.version)
+        result = store.register([NewJob(key, "test", name, digest, ref, ScriptedClassifier.version)],
+                                batch_key=BATCH, step="classify", max_attempts=3)  # fmt: skip
+        ids[name] = result.new_ids[0]
+    classifier = ScriptedClassifier(lambda _r: ok())
+    classify(store, classifier, payloads)
+    assert classifier.calls == []
+    for name, i in ids.items():
+        j = job(store, i)
+        assert (j.status, j.status_reason, j.last_error_class) == ("manual_review", "payload_ref_invalid",
+                                                                   "payload_ref_invalid"), name  # fmt: skip
+        assert [r.reason for r in review_of(store, i)] == ["payload_ref_invalid"], name
+        assert "s3cr3t" not in (j.last_error or "")
 
 
 def test_corrupt_payload_goes_to_review_and_its_pack_mates_do_not(store: JobStore, payloads: PayloadStore) -> None:

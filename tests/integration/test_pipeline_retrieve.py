@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from triage.contracts.documents import DocumentPayload
 from triage.jobs.store import JobStore
-from triage.payloads import PayloadCorrupt, PayloadMissing, PayloadStore
+from triage.payloads import PayloadCorrupt, PayloadRefInvalid, PayloadStore
 from triage.pipeline.retrieve import idempotency_key, retrieve
 from triage.sources.jsonl import JsonlSource
 from triage.sources.synthetic import SyntheticSource
@@ -127,7 +127,7 @@ def test_a_payload_alone_is_its_own_object_and_refs_are_checked(tmp_path: Path) 
     assert packed.endswith("#offset=1&length=1")
     for broken in (f"{ref}#offset=x&length=1", f"{ref}#offset=0", f"{ref}#offset=-1&length=1",
                    f"{ref}#offset=0&length={2**40}"):  # fmt: skip
-        with pytest.raises(PayloadMissing):
+        with pytest.raises(PayloadRefInvalid):
             payloads.get(broken, digest)
     with pytest.raises(PayloadCorrupt, match="cut short"):
         payloads.get(packed.replace("length=1", "length=5"), hashlib.sha256(b"b").hexdigest())

@@ -16,10 +16,16 @@ permanent for the document     ``manual_review``, reason ``permanent_error`` (a 
 (400, other 4xx, drill)        still label it)
 malformed payload              ``manual_review``, reason ``malformed_input``
 corrupt payload (hash)         ``manual_review``, reason ``payload_corrupt``
+payload_ref not of the store's ``manual_review``, reason ``payload_ref_invalid``; nothing is
+form under its base            read (:func:`triage.payloads.parse_ref`)
 unsupported schema version     ``terminal_failed``, reason ``unsupported_schema_version``
-missing payload                ``terminal_failed``, reason ``missing_payload``
+payload gone (the store is     ``manual_review``, reason ``missing_payload``
+there, the pack is not)
 payload store unreadable       ``retryable_failed``, reason ``payload_unavailable``; counts
-(permissions, I/O, network)    towards the circuit breaker
+(permissions, I/O, network,    towards the circuit breaker
+a pack's folder absent)
+payload base absent or empty   the store is down, not the job: the batch is released and the
+(volume not mounted)           step stops with :class:`CircuitOpen` (no attempt spent)
 401, 403, 404, 3xx from the    the call is not the document's fault: the job is released
 model                          and the step stops with :class:`DependencyMisconfigured`
 anything else the classifier   treated as transient (``unexpected_error``): bounded by
@@ -63,7 +69,14 @@ from triage.jobs.models import (
     SendToReview,
 )
 from triage.observability import job_fields
-from triage.payloads import PayloadError, PayloadMissing, PayloadStore, PayloadUnavailable
+from triage.payloads import (
+    PayloadBaseMissing,
+    PayloadError,
+    PayloadMissing,
+    PayloadRefInvalid,
+    PayloadStore,
+    PayloadUnavailable,
+)
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
 
 log = logging.getLogger(__name__)
@@ -118,6 +131,7 @@ class ClassifyHandler:
         self.classifier, self.payloads, self.settings = classifier, payloads, settings
         self.breaker = breaker or CircuitBreaker()
         self._misconfigured: str | None = None
+        self._store_down: str | None = None
         self._pool = ThreadPoolExecutor(settings.concurrency, "triage-classify") if settings.concurrency > 1 else None
 
     def close(self) -> None:
@@ -126,10 +140,17 @@ class ClassifyHandler:
         self.classifier.close()
 
     def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
-        if self.breaker.is_open or self._misconfigured:
+        if self.breaker.is_open or self._misconfigured or self._store_down:
             return [Release(job.id, job.attempt) for job in jobs]
         # The batch's payloads in one pass: a claimed batch is mostly a run of one pack.
         contents = self.payloads.get_many([(job.payload_ref, job.content_sha256) for job in jobs])
+        down = next((c for c in contents if isinstance(c, PayloadBaseMissing)), None)
+        if down is not None:
+            # No payload of the store can be read (its volume is not mounted): not one job's
+            # failure, so no job spends an attempt on it. The batch goes back to the queue and
+            # the step stops as for an open circuit: Airflow retries it later.
+            self._store_down = str(down)
+            return [Release(job.id, job.attempt) for job in jobs]
         if self._pool is None:
             return [self.one(job, content) for job, content in zip(jobs, contents, strict=True)]
         return list(self._pool.map(self.one, jobs, contents))
@@ -137,8 +158,10 @@ class ClassifyHandler:
     @staticmethod
     def read(job: ClaimedJob, content: bytes | PayloadError) -> DocumentPayload | Outcome:
         """The job's document, or the outcome that reading it failed with."""
-        if isinstance(content, PayloadMissing):
-            return Fail(job.id, job.attempt, "missing_payload", content.error_class, str(content))
+        if isinstance(content, PayloadRefInvalid):  # a row naming what the store never wrote
+            return SendToReview(job.id, job.attempt, "payload_ref_invalid", content.error_class, str(content))
+        if isinstance(content, PayloadMissing):  # the store is healthy and the pack is gone: a person decides
+            return SendToReview(job.id, job.attempt, "missing_payload", content.error_class, str(content))
         if isinstance(content, PayloadUnavailable):
             return RetryLater(job.id, job.attempt, content.error_class, str(content))
         if isinstance(content, PayloadError):
@@ -154,6 +177,8 @@ class ClassifyHandler:
     def stop_reason(self) -> StepError | None:
         if self._misconfigured:
             return DependencyMisconfigured(f"the classifier refuses every call ({self._misconfigured})")
+        if self._store_down:
+            return CircuitOpen(f"the payload store is unavailable: {self._store_down}")
         if self.breaker.is_open:
             return CircuitOpen("transient classifier failures dominate the recent calls")
         return None
@@ -181,7 +206,7 @@ class ClassifyHandler:
     def one(self, job: ClaimedJob, content: bytes | PayloadError) -> Outcome:
         """The outcome of one job's attempt, given its payload (or the error reading it); never
         raises for the job's own failures."""
-        if self.breaker.is_open or self._misconfigured:
+        if self.breaker.is_open or self._misconfigured or self._store_down:
             return Release(job.id, job.attempt)
         document = self.read(job, content)
         if not isinstance(document, DocumentPayload):
