@@ -57,10 +57,11 @@ class ServerHomes:
         return path
 
     def remove(self, path: Path) -> None:
-        """Stop the embedded PostgreSQL a test left running in ``path`` (``path/pgdata``), then
-        delete the folder (the server's files are another user's; root may delete them)."""
-        if (path / "pgdata" / "postmaster.pid").exists():
-            embedded.stop(path)
+        """Stop an embedded PostgreSQL a test left running in ``path`` (``pgdata`` in it or in a
+        folder of it, as a drill home under it), then delete the folder (the server's files are
+        another user's; root may delete them)."""
+        for pid_file in [*path.glob("pgdata/postmaster.pid"), *path.glob("*/pgdata/postmaster.pid")]:
+            embedded.stop(pid_file.parent.parent)
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.conftest import ServerHomes
 from triage import embedded
 
 SERVER_USER = "pgserver"  # pgserver's own choice under root (postgres_server.py)
@@ -47,3 +48,28 @@ def test_a_server_restarts_after_another_pytest_run_closes_the_tmp_root(
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert _reachable_by_server_user(server_home / "pgdata")
     assert not server_home.resolve().is_relative_to(tmp_root.resolve())
+
+
+@pytest.mark.parametrize("where", [pytest.param(".", id="in-the-home"), pytest.param("drill", id="in-a-drill-home")])
+def test_removing_a_home_stops_the_server_left_in_it(server_homes: ServerHomes, where: str) -> None:
+    home = server_homes.make("left-running")
+    server = (home / where).resolve()
+    embedded.start(server, databases=())
+
+    server_homes.remove(home)
+
+    assert not home.exists()
+    assert not _postmasters(server / "pgdata")
+
+
+def _postmasters(pgdata: Path) -> list[str]:
+    """Processes whose command line names ``pgdata`` (a server still running on deleted files)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(pgdata).encode() in argv:
+            found.append(cmdline.parent.name)
+    return found
