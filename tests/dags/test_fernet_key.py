@@ -44,7 +44,12 @@ class Metadata:
 
 
 def local(env: dict[str, str], home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "triage.local", *args], env={**env, "TRIAGE_HOME": str(home), **extra},
+    """``python -m triage.local ARGS`` (``make up``'s and ``./airflow.sh``'s first step is ``prepare``)."""
+    return python(env, home, "triage.local", *args, **extra)
+
+
+def python(env: dict[str, str], home: Path, module: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], env={**env, "TRIAGE_HOME": str(home), **extra},
                           cwd=ROOT, text=True, capture_output=True, check=False, timeout=600)  # fmt: skip
 
 
@@ -105,12 +110,13 @@ def test_a_malformed_key_is_refused_without_saying_it(metadata: Metadata) -> Non
 
 
 def test_a_new_key_on_old_metadata_stops_with_one_line_saying_what_to_do(metadata: Metadata, new_home: Path) -> None:
-    done = local(metadata.env, new_home, "prepare")
+    done = python(metadata.env, new_home, "triage.run", "--date", "2026-11-01")  # what make run runs
 
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert "InvalidToken" not in done.stderr
     [line] = [line for line in done.stderr.splitlines() if "Fernet" in line]
+    assert line.startswith("make run: the Airflow metadata database ")
     assert KEY_ENV in line
     assert f"`{RESET_COMMAND}`" in line
     assert "connection triage_llm" in line
