@@ -12,7 +12,7 @@ export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
 CONF   ?= {}
 
-.PHONY: help setup migrate run up stop test test-fast bench chaos distributed lint clean
+.PHONY: help setup migrate run up stop test test-fast bench chaos distributed lint clean reset-secrets
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}']  set up, migrate, run classify_documents then reconcile_jobs"
@@ -20,6 +20,7 @@ help:
 	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
 	@echo "make migrate | up | stop | bench | lint"
+	@echo "make reset-secrets                         delete Airflow connections/variables another Fernet key encrypted"
 
 # The virtualenv is rebuilt when a requirements file changes; constraints.txt locks the tree.
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt
@@ -41,6 +42,11 @@ up: $(STAMP)
 
 stop: $(STAMP)
 	$(PY) -m triage.local stop
+
+# After `make clean` with TRIAGE_DATABASE_URL set, the metadata keeps secrets encrypted with the
+# lost key of the old airflow.cfg: delete them (make run writes Triage's again).
+reset-secrets: $(STAMP)
+	$(PY) -m triage.local reset-secrets
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -1,4 +1,6 @@
-"""reconcile_jobs: the backstop. Every 15 minutes, and on demand with typed params.
+"""reconcile_jobs: the backstop. Every 15 minutes, and on demand with typed params; unpaused
+when Airflow first sees it (a backstop that waits for someone to unpause it is no backstop),
+even where ``dags_are_paused_at_creation`` pauses every other new DAG (docker-compose.yaml).
 
 Returns expired leases, finds work stuck in any state past its threshold, republishes old
 unsent outbox events, checks that jobs, labels, review rows and Airflow's own task states agree,
@@ -27,6 +29,7 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
+    is_paused_upon_creation=False,  # wins over [core] dags_are_paused_at_creation
     tags=["triage", "reconciliation"],
     params={name: Param(**schema) for name, schema in param_schemas().items()},
     default_args={

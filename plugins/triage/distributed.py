@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from triage.deploy.fernet import FernetKeyMismatch
 from triage.local import ComponentExited, Processes
 
 if TYPE_CHECKING:
@@ -437,7 +438,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     # SIGTERM unwinds like Ctrl-C, so the components started so far are stopped again.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    env = local.prepare()
+    try:
+        env = local.prepare()
+    except FernetKeyMismatch as exc:
+        _say(str(exc))
+        return 1
     pid = local.running_pid(env)
     if pid is not None:
         _say(f"make up's Airflow runs (pid {pid}) on the same metadata database; stop it first (make stop)")

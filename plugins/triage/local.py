@@ -5,6 +5,8 @@
     python -m triage.local stop                         stop what ``up`` started, then the embedded PostgreSQL
     python -m triage.local dags-test DAG DATE [CONF]    one in-process DAG run (``airflow dags test``)
     python -m triage.local airflow ARGS...              the Airflow CLI against this deployment
+    python -m triage.local reset-secrets                delete the connections and variables that
+                                                        another Fernet key encrypted (make clean)
 
 Everything runs with :func:`triage.cli.airflow_environment` (``TRIAGE_HOME``, ``AIRFLOW_HOME``, the
 metadata DB, ``AIRFLOW_CONN_TRIAGE_DB``). ``AIRFLOW__CORE__DAGS_FOLDER``, when exported, replaces
@@ -39,6 +41,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
+
+from triage.deploy import fernet
 
 log = logging.getLogger("triage.local")
 
@@ -168,6 +172,7 @@ def _settings_digest(env: Mapping[str, str], settings_file: Path) -> str:
         {
             "connections": connections_import_json(settings),
             "commands": apply_commands(settings, connections_file="c.json", airflow=("airflow",)),
+            "fernet_key": fernet.key_fingerprint(env),  # another key: check it opens the metadata first
         },
         sort_keys=True,
     )
@@ -194,7 +199,11 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
     1. start the embedded PostgreSQL (or use ``TRIAGE_DATABASE_URL``);
     2. apply the job-table migrations (and, embedded, create the DAGs' login role ``triage_worker``);
     3. ``airflow db migrate`` unless this Airflow version already migrated this metadata DB;
-    4. apply ``airflow_settings.yaml`` unless the same content was applied to this metadata DB.
+    4. apply ``airflow_settings.yaml`` unless the same content was applied to this metadata DB
+       with the same Fernet key, after checking that the key opens the secrets already there.
+
+    :raises triage.deploy.fernet.FernetKeyMismatch: the metadata DB holds secrets encrypted with
+        another key (its message is the one line to show).
     """
     from triage.cli import migrate_job_database
     from triage.database import DatabaseUrl
@@ -239,6 +248,8 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
     file = settings_file()
     digest = _settings_digest(env, file)
     if state.get("settings_digest") != digest:
+        # Before Airflow trips over secrets it cannot decrypt (raises FernetKeyMismatch).
+        fernet.check(env)
         _say(f"applying {file.name}")
         argv = [
             sys.executable,
@@ -260,6 +271,22 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
     if verbose or total > 5:
         _say("prepared in {:.1f}s ({})".format(total, ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())))
     return env
+
+
+def reset_secrets() -> int:
+    """Delete the connections and variables this deployment's Fernet key cannot open (another
+    checkout's, or from before ``make clean``); the next ``prepare`` writes Triage's again."""
+    env = environment()
+    forgotten = fernet.forget(env)
+    state_path = _airflow_home(env) / STATE_FILE
+    state = _read_state(state_path)
+    if state.pop("settings_digest", None) is not None:
+        state_path.write_text(json.dumps(state, indent=2), encoding="utf-8")
+    if forgotten:
+        print(f"deleted {forgotten.describe()}: another Fernet key had encrypted them")
+    else:
+        print("this deployment's Fernet key opens every connection and variable: nothing deleted")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,6 +583,14 @@ def dags_test(dag_id: str, logical_date: str, conf: Mapping[str, Any] | None = N
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _main(argv)
+    except fernet.FernetKeyMismatch as exc:
+        _say(str(exc))
+        return 1
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "airflow":  # everything after it belongs to Airflow, options included
         airflow_cli(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m triage.local", description=__doc__,
@@ -570,6 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     test.add_argument("logical_date", help="YYYY-MM-DD or an ISO timestamp")
     test.add_argument("conf", nargs="?", default="{}", help="the run conf as JSON")
     commands.add_parser("airflow", help="the Airflow CLI: python -m triage.local airflow ARGS...")
+    commands.add_parser("reset-secrets", help="delete the connections and variables another Fernet key encrypted")
     args = parser.parse_args(argv)
     for chatty in ("pgserver", "alembic.runtime.plugins", "alembic.runtime.migration"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
@@ -581,6 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return up()
     if args.command == "stop":
         return stop()
+    if args.command == "reset-secrets":
+        return reset_secrets()
     if args.command == "dags-test":
         try:
             conf = json.loads(args.conf or "{}")

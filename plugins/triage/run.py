@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from triage import local
 from triage.database import DatabaseUrl, create_engine
+from triage.deploy.fernet import FernetKeyMismatch
 from triage.embedded import project_root
 from triage.jobs.models import batch_key_for
 from triage.jobs.reads import batch_summary, format_summary
@@ -71,7 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     failed = []
-    env = local.prepare()
+    try:
+        env = local.prepare()
+    except FernetKeyMismatch as exc:
+        print(f"make run: {exc}", file=sys.stderr)
+        return 1
     started = datetime.now(UTC)
     code = local.dags_test("classify_documents", (day + timedelta(days=1)).isoformat(), conf, env=env)
     if code != 0:

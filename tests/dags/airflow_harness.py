@@ -2,7 +2,8 @@
 
 No tests here. Typical use::
 
-    env = airflow_test_env(tmp_path, metadata_url=url.airflow_metadata_url(), dags_folder=dags)
+    home = server_homes.make("airflow")         # not tmp_path: see tests/conftest.py
+    env = airflow_test_env(home, metadata_url=url.airflow_metadata_url(), dags_folder=dags)
     migrate_metadata(env)                       # a fresh metadata database: ~3.5 s
     with running_airflow(env, dags, wait_for_dags=["classify_documents"]) as af:
         airflow_cli(af.env, "dags", "unpause", "classify_documents")
@@ -64,7 +65,8 @@ def airflow_test_env(
 ) -> dict[str, str]:
     """A complete environment for Airflow processes of a test.
 
-    :param home: an empty directory for ``AIRFLOW_HOME`` (``tmp_path`` is fine).
+    :param home: an empty directory for ``AIRFLOW_HOME``, from the ``server_homes`` fixture
+        (never under ``tmp_path``: see tests/conftest.py).
     :param metadata_url: SQLAlchemy URL of the (fresh) metadata database, e.g.
         ``DatabaseUrl.airflow_metadata_url()``.
     :param extra: added last (``AIRFLOW_CONN_TRIAGE_DB``, ``TRIAGE_DATABASE_URL``, ...).

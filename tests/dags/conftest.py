@@ -57,9 +57,10 @@ def dags_connection(pg_server, jobs_url):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def deployment(pg_server, template_db, tmp_path_factory) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
+def deployment(pg_server, template_db, server_homes) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
     """A migrated Airflow metadata database and a job database (cloned from the migrated
-    template) on the test server, with TRIAGE_HOME (payloads, event log) in a temporary folder."""
+    template) on the test server, with TRIAGE_HOME (payloads, event log, Airflow home) in a
+    folder of ``server_homes`` (not pytest's tmp root: see tests/conftest.py)."""
     from tests.dags.airflow_harness import airflow_cli, airflow_test_env, migrate_metadata
 
     suffix = uuid.uuid4().hex[:10]
@@ -69,7 +70,7 @@ def deployment(pg_server, template_db, tmp_path_factory) -> Iterator[Deployment]
         conn.execute(f'CREATE DATABASE "{jobs_db}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
         # A clone gets the default ACL, not its template's: the DAGs run without TEMP, as deployed.
         conn.execute(f'REVOKE TEMPORARY ON DATABASE "{jobs_db}" FROM PUBLIC')
-    home = tmp_path_factory.mktemp("deployment")
+    home = server_homes.make("deployment")
     jobs_url = pg_server.with_database(jobs_db)
     env = airflow_test_env(
         home / "airflow",
@@ -89,3 +90,4 @@ def deployment(pg_server, template_db, tmp_path_factory) -> Iterator[Deployment]
     with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{metadata_db}" WITH (FORCE)')
         conn.execute(f'DROP DATABASE IF EXISTS "{jobs_db}" WITH (FORCE)')
+    server_homes.remove(home)

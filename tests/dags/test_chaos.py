@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_a_small_drill_keeps_every_invariant(tmp_path: Path) -> None:
-    home = tmp_path / "chaos"
+def test_a_small_drill_keeps_every_invariant(server_home: Path) -> None:
+    # Not under tmp_path: the drill restarts its PostgreSQL as the server's own user (conftest).
+    home = server_home / "chaos"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TRIAGE_DATABASE_URL"))}
     env["PYTHONPATH"] = str(ROOT / "plugins")
     argv = [sys.executable, "-m", "triage.drill.chaos", "--documents", "2000", "--dates", "2", "--claim-kills", "1",

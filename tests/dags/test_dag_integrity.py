@@ -107,6 +107,7 @@ def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagb
     assert dag.max_active_runs == 1
     assert "triage" in dag.tags
     assert dag.timetable.expression == "*/15 * * * *"
+    assert dag.is_paused_upon_creation is False  # DESIGN.md: unpaused on creation
     assert [t.task_id for t in dag.tasks] == ["reconcile"]
     task = dag.tasks[0]
     assert task.retries >= 1
@@ -120,6 +121,21 @@ def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagb
         param = params.get_param(name)
         assert param.description, name
         assert param.schema.get("section"), name
+
+
+def test_reconcile_jobs_is_created_unpaused_where_new_dags_start_paused(deployment) -> None:  # type: ignore[no-untyped-def]
+    """What Airflow writes when it first sees the DAGs, with docker-compose.yaml's
+    ``dags_are_paused_at_creation``: the backstop runs on its schedule without anyone unpausing
+    it, every other DAG waits to be unpaused."""
+    from tests.dags.airflow_harness import airflow_cli, json_output
+
+    env = {**deployment.env, "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}
+    airflow_cli(env, "dags", "reserialize", timeout=300)
+    listed = json_output(airflow_cli(env, "dags", "list", "-o", "json").stdout)
+    paused = {row["dag_id"]: str(row["is_paused"]).lower() == "true" for row in listed}
+    assert paused.pop("reconcile_jobs") is False
+    assert set(paused) >= EXPECTED - {"reconcile_jobs"}
+    assert paused == dict.fromkeys(paused, True)
 
 
 def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-untyped-def]

@@ -17,18 +17,21 @@ import pytest
 from psycopg import errors
 from psycopg.conninfo import make_conninfo
 
+from tests.conftest import ServerHomes
+
 INIT_SQL = Path(__file__).resolve().parents[2] / "docker" / "postgres-init" / "01-triage.sql"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(server_homes: ServerHomes) -> Iterator[str]:
     """A fresh cluster with the compose file's superuser database, after the init script ran."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import pgserver
         from pgserver.postgres_server import POSTGRES_BIN_PATH
 
-    pg = pgserver.get_server(tmp_path_factory.mktemp("compose-postgres") / "pgdata", cleanup_mode="delete")
+    home = server_homes.make("compose-postgres")
+    pg = pgserver.get_server(home / "pgdata", cleanup_mode="delete")
     try:
         info = pg.get_postmaster_info()
         params = {"host": str(info.socket_dir), "port": str(info.port)}
@@ -62,6 +65,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base
     finally:
         pg.cleanup()
+        server_homes.remove(home)
 
 
 def connect(server: str, user: str, dbname: str = "triage") -> psycopg.Connection:
