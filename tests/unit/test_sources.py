@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.strategies import OUT_OF_RANGE_TIMESTAMPS, timestamps
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
 from triage.sources import JsonlSource, SourceDocument, SourceError, SyntheticSource, build_source
@@ -241,6 +242,8 @@ def test_jsonl_channel_is_optional(tmp_path: Path) -> None:
         pytest.param(line(ticket(channel=3)), "invalid_field", id="channel-not-string"),
         pytest.param(b'{"id": "\\ud800", "subject": "", "body": "", "received_at": "2026-11-01T00:00:00Z"}',
                      "invalid_json", id="lone-surrogate"),
+        *[pytest.param(line(ticket(received_at=ts)), "received_at_out_of_range", id=f"out-of-range-{ts}")
+          for ts in OUT_OF_RANGE_TIMESTAMPS],
     ],
 )  # fmt: skip
 def test_jsonl_malformed_line_is_kept_with_a_reason(tmp_path: Path, raw: bytes, reason: str) -> None:
@@ -372,6 +375,7 @@ _line_bytes = st.one_of(
             st.none() | st.integers() | st.text(max_size=12) | st.sampled_from(["2026-11-01T00:00:00Z", ""]),
         ),
     ),
+    st.builds(lambda ts: line(ticket(received_at=ts)), timestamps),
 ).map(lambda b: b.replace(b"\n", b" "))
 
 

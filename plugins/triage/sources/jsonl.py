@@ -12,7 +12,9 @@ One line, one ticket::
 The reader never raises for a bad line: every non-blank line yields exactly one
 :class:`SourceDocument`. A line that is not a valid ticket keeps its raw bytes, gets the
 position-based id ``"{day}/{file}:{line}"`` and a short ``malformed_reason`` (one of
-:data:`LINE_REASONS`); the job ledger sends it to manual review. Only a missing inbox raises.
+:data:`LINE_REASONS`); the job ledger sends it to manual review. An entry named ``*.jsonl``
+that is not a file yields one such document too (``"{day}/{file}"``, ``not_a_file``). Only a
+missing inbox (or one that cannot be listed or read) raises.
 
 The inbox may be a :class:`pathlib.Path` or any object-storage path with the same surface
 (``universal_pathlib``'s ``UPath``, Airflow's ``ObjectStoragePath``): only ``/``, ``exists``,
@@ -50,9 +52,15 @@ LINE_REASONS: Final = frozenset(
         "invalid_field",
         "line_too_long",
         "nul_in_id",
+        "received_at_out_of_range",
+        "not_a_file",
     }
 )
 """Every ``malformed_reason`` this source gives."""
+
+_PARSER_LIMITS: Final = (ValueError, ArithmeticError, RecursionError)
+"""What a parser or validator may raise besides ``ValidationError`` (a nesting limit, a date
+that overflows): caught per line so that one line can never fail its whole file."""
 
 
 class InboxPath(Protocol):
@@ -118,7 +126,7 @@ def parse_line(line: bytes) -> DocumentPayload | str:
         record = _InboxLine.model_validate_json(text)
     except ValidationError as exc:
         return _reason_for(exc)
-    except (ValueError, RecursionError):  # pragma: no cover - defensive: parser limits
+    except _PARSER_LIMITS:  # pragma: no cover - defensive: parser limits
         return "invalid_json"
     if "\x00" in record.id:
         # PostgreSQL text cannot hold NUL: the id could be stored neither verbatim nor
@@ -133,9 +141,21 @@ def parse_line(line: bytes) -> DocumentPayload | str:
             channel=record.channel,
         )
     except ValidationError as exc:
-        # Same constraints as _InboxLine, plus DocumentPayload's own (a blank id).
-        reason = _reason_for(exc)
-        return "empty_id" if reason == "invalid_field" else reason
+        return _payload_reason(exc)
+    except _PARSER_LIMITS:  # pragma: no cover - defensive: a validator's arithmetic
+        return "invalid_field"
+
+
+def _payload_reason(exc: ValidationError) -> str:
+    """What :class:`DocumentPayload` refuses in a line :class:`_InboxLine` accepted: a blank id,
+    or a ``received_at`` that exists only with its offset (``0001-01-01T00:00:00+14:00`` is
+    before year 1 in UTC)."""
+    fields = {tuple(error["loc"])[:1] for error in exc.errors(include_url=False, include_input=False)}
+    if ("received_at",) in fields:
+        return "received_at_out_of_range"
+    if ("external_id",) in fields:
+        return "empty_id"
+    return "invalid_field"
 
 
 def _as_inbox(inbox: InboxPath | str | os.PathLike[str]) -> InboxPath:
@@ -145,6 +165,16 @@ def _as_inbox(inbox: InboxPath | str | os.PathLike[str]) -> InboxPath:
 
         return UPath(os.fspath(inbox))  # a local path gives a pathlib-compatible PosixUPath
     return inbox
+
+
+def _printable(name: str) -> str:
+    """A file name as text PostgreSQL can store: bytes that are not UTF-8 (kept by Python as lone
+    surrogates, which no encoder accepts) are written ``\\xff``, so the position-based ids of the
+    file's lines stay distinct and storable."""
+    try:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+    except UnicodeError:  # not a name from this file system (object storage): keep what can be kept
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _day_of(name: str) -> date | None:
@@ -195,8 +225,14 @@ class JsonlSource:
                 key=lambda entry: entry.name,
             )
             for file in files:
+                location = f"{day.isoformat()}/{_printable(file.name)}"
+                if not file.is_file():
+                    # A folder (or a FIFO, which would block the read) named *.jsonl: one review
+                    # row for the entry, instead of an error that fails the day on every retry.
+                    yield SourceDocument(self.name, location, b"", "not_a_file")
+                    continue
                 with file.open("rb") as stream:
-                    yield from self.read_lines(f"{day.isoformat()}/{file.name}", stream)
+                    yield from self.read_lines(location, stream)
 
     def read_lines(self, location: str, lines: Any) -> Iterator[SourceDocument]:
         """Turn the lines of one file into documents; ``location`` names malformed ones."""
