@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 from datetime import UTC, datetime, timedelta, timezone
@@ -384,7 +385,7 @@ _line_bytes = st.one_of(
 def test_jsonl_never_raises_and_never_loses_a_line(tmp_path: Path, lines: list[bytes]) -> None:
     source = JsonlSource(tmp_path)
 
-    documents = list(source.read_lines("2026-11-01/f.jsonl", iter(b + b"\n" for b in lines)))
+    documents = list(source.read_lines("2026-11-01/f.jsonl", io.BytesIO(b"".join(b + b"\n" for b in lines))))
 
     expected = [number for number, raw in enumerate(lines, start=1) if raw.rstrip(b"\r").strip()]
     assert len(documents) == len(expected)

@@ -59,7 +59,7 @@ def new_job(doc: SourceDocument, digest: str, ref: str, classifier_version: str)
     return NewJob(
         key, doc.source, doc.external_id, digest, ref, classifier_version,
         status=JobStatus.MANUAL_REVIEW, reason="malformed_input", error=doc.malformed_reason,
-        review_context={"external_id": doc.external_id, "malformed_reason": doc.malformed_reason},
+        review_context={"external_id": doc.external_id, "malformed_reason": doc.malformed_reason, **dict(doc.detail)},
     )  # fmt: skip
 
 

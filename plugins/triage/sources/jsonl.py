@@ -24,7 +24,9 @@ per run rather than probed day by day.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time
 from typing import Any, Final, Protocol
@@ -33,11 +35,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from triage.contracts.documents import MAX_EXTERNAL_ID_LENGTH, DocumentPayload
 from triage.sources.base import SourceDocument, SourceError, require_aware
+from triage.sources.lines import bounded_lines
 
 __all__ = ["LINE_REASONS", "MAX_LINE_BYTES", "InboxPath", "JsonlSource", "parse_line"]
 
 MAX_LINE_BYTES: Final = 1 << 20
-"""Longest accepted line; a longer one is malformed (``line_too_long``) and kept truncated."""
+"""Longest accepted line by default; a longer one is malformed (``line_too_long``): only its first
+``MAX_LINE_BYTES`` are ever held in memory, and they are what its payload keeps."""
 
 LINE_REASONS: Final = frozenset(
     {
@@ -114,9 +118,9 @@ def _reason_for(exc: ValidationError) -> str:
     return "invalid_field"
 
 
-def parse_line(line: bytes) -> DocumentPayload | str:
+def parse_line(line: bytes, max_bytes: int = MAX_LINE_BYTES) -> DocumentPayload | str:
     """Parse one (non-blank) line: the payload, or the reason it is malformed. Never raises."""
-    if len(line) > MAX_LINE_BYTES:
+    if len(line) > max_bytes:
         return "line_too_long"
     try:
         text = line.decode("utf-8")
@@ -192,8 +196,11 @@ class JsonlSource:
 
     name = "jsonl"
 
-    def __init__(self, inbox: InboxPath | str | os.PathLike[str]) -> None:
+    def __init__(self, inbox: InboxPath | str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        if max_line_bytes < 1:
+            raise ValueError("max_line_bytes must be positive")
         self.inbox = _as_inbox(inbox)
+        self.max_line_bytes = max_line_bytes
 
     def days(self, start: datetime, end: datetime) -> list[tuple[date, Any]]:
         """The day folders of ``[start, end)``, oldest first.
@@ -234,15 +241,46 @@ class JsonlSource:
                 with file.open("rb") as stream:
                     yield from self.read_lines(location, stream)
 
-    def read_lines(self, location: str, lines: Any) -> Iterator[SourceDocument]:
-        """Turn the lines of one file into documents; ``location`` names malformed ones."""
-        for number, raw in enumerate(lines, start=1):
-            line = raw[:-1] if raw.endswith(b"\n") else raw
-            line = line[:-1] if line.endswith(b"\r") else line  # CRLF exports
-            if not line.strip():
+    def read_lines(self, location: str, stream: Any) -> Iterator[SourceDocument]:
+        """Turn the lines of one file (a binary stream) into documents; ``location`` names
+        malformed ones. Reads with a bound (:func:`~triage.sources.lines.bounded_lines`): a line
+        over ``max_line_bytes`` is never held whole, and the lines after it are read as usual."""
+        for line in bounded_lines(stream, self.max_line_bytes):
+            if line.blank:
                 continue
-            parsed = parse_line(line)
+            where = f"{location}:{line.number}"
+            if line.oversized:
+                detail: tuple[tuple[str, str | int], ...] = (("line", line.number), ("line_bytes", line.size))
+                claimed = _claimed_id(line.content)
+                if claimed is not None:
+                    detail += (("claimed_id", claimed),)
+                yield SourceDocument(self.name, where, line.content, "line_too_long", detail)
+                continue
+            parsed = parse_line(line.content, self.max_line_bytes)
             if isinstance(parsed, DocumentPayload):
                 yield SourceDocument(self.name, parsed.external_id, parsed.to_bytes())
             else:
-                yield SourceDocument(self.name, f"{location}:{number}", line[:MAX_LINE_BYTES], parsed)
+                yield SourceDocument(self.name, where, line.content, parsed)
+
+
+_LEADING_ID = re.compile(rb'\A\s*\{\s*"id"\s*:\s*("(?:[^"\\\x00-\x1f]|\\.){1,%d}")' % (6 * MAX_EXTERNAL_ID_LENGTH))
+
+
+def _claimed_id(head: bytes) -> str | None:
+    """The ``id`` an oversized line starts with, when it is the line's first key (as in every
+    export seen so far), so that a reviewer can find the ticket; None otherwise. Only the head
+    of the line is looked at: what the reader holds anyway."""
+    match = _LEADING_ID.match(head)
+    if match is None:
+        return None
+    try:
+        value = json.loads(match[1])
+    except ValueError:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_EXTERNAL_ID_LENGTH or "\x00" in value:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate written as an escape
+        return None
+    return value
