@@ -53,3 +53,27 @@ def test_a_huge_line_is_a_review_row_and_the_day_goes_on(engine: sa.Engine, tmp_
     assert review.context == {"external_id": "2026-11-01/day.jsonl:2", "malformed_reason": "line_too_long",
                               "line": 2, "line_bytes": HUGE_LINE_BYTES, "claimed_id": 'T-"huge"'}  # fmt: skip
     assert "xxxx" not in (review.last_error or "")
+
+
+def test_many_long_lines_are_registered_in_chunks_bounded_by_bytes(engine: sa.Engine, tmp_path: Path) -> None:
+    # A chunk of 5,000 lines near the 1 MiB limit would hold about 5 GB: chunks are also cut by
+    # their bytes. Here 240 lines of 48 KiB (11 MiB) with a 1 MiB budget.
+    folder = tmp_path / "inbox" / "2026-11-01"
+    folder.mkdir(parents=True)
+    body = "x" * (48 << 10)
+    with (folder / "long.jsonl").open("w") as out:
+        for n in range(240):
+            out.write(f'{{"id": "L-{n}", "subject": "s", "body": "{body}", "received_at": "2026-11-01T08:00:00Z"}}\n')
+    store = JobStore(engine)
+    batch = f"long-{uuid.uuid4().hex}"
+    tracemalloc.start()
+    try:
+        result = retrieve(store, JsonlSource(tmp_path / "inbox"), PayloadStore(tmp_path / "payloads"), start=DAY,
+                          end=DAY + timedelta(days=1), batch_key=batch, classifier_version="v1", max_attempts=3,
+                          chunk_bytes=1 << 20)  # fmt: skip
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert (result.read, result.registered) == (240, 240)
+    assert peak < 6 << 20, f"retrieve of 11 MiB of lines peaked at {peak / (1 << 20):.1f} MiB"
