@@ -14,12 +14,14 @@ The reader never raises for a bad line: every non-blank line yields exactly one
 position-based id ``"{day}/{file}:{line}"`` and a short ``malformed_reason`` (one of
 :data:`LINE_REASONS`); the job ledger sends it to manual review. An entry named ``*.jsonl``
 that is not a file yields one such document too (``"{day}/{file}"``, ``not_a_file``). Only a
-missing inbox (or one that cannot be listed or read) raises.
+missing inbox (or one that cannot be listed or read) raises. Lines are read with a bound
+(:mod:`triage.sources.lines`): a line over ``max_line_bytes`` is never held whole.
 
 The inbox may be a :class:`pathlib.Path` or any object-storage path with the same surface
 (``universal_pathlib``'s ``UPath``, Airflow's ``ObjectStoragePath``): only ``/``, ``exists``,
-``is_dir``, ``iterdir``, ``name`` and ``open("rb")`` are used, and the inbox is listed once
-per run rather than probed day by day.
+``is_dir``, ``is_file``, ``iterdir``, ``name`` and ``open("rb")`` are used, and the inbox is
+listed once per run rather than probed day by day. Which inbox a run may read is decided before
+(:mod:`triage.sources.inbox_roots`).
 """
 
 from __future__ import annotations
