@@ -67,6 +67,7 @@ def _say(message: str) -> None:
 def environment() -> dict[str, str]:
     """``os.environ`` plus this deployment's Airflow settings; starts the embedded PostgreSQL."""
     from triage.cli import airflow_environment
+    from triage.settings import ENV_ALLOW_DRILL
 
     dags_override = os.environ.get("AIRFLOW__CORE__DAGS_FOLDER")
     env = dict(os.environ)
@@ -79,6 +80,9 @@ def environment() -> dict[str, str]:
     if bin_dir not in path.split(os.pathsep):
         env["PATH"] = os.pathsep.join(p for p in (bin_dir, path) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # The local deployment is where drills run (`make run CONF='{"drill": …}'`, `make chaos`);
+    # an exported TRIAGE_ALLOW_DRILL=0 still turns them off. docker-compose leaves them off.
+    env.setdefault(ENV_ALLOW_DRILL, "1")
     return env
 
 

@@ -90,6 +90,8 @@ def airflow_test_env(
             "PYTHONPATH": os.pathsep.join(p for p in (plugins, os.environ.get("PYTHONPATH", "")) if p),
             "PYTHONUNBUFFERED": "1",
             "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
+            # The DAG tests drill (fault rates in the run conf), as `make run` and `make chaos` do.
+            "TRIAGE_ALLOW_DRILL": "1",
         }
     )
     env.update(extra or {})

@@ -8,6 +8,7 @@ class: never a crash, a stuck lease or a lost document."""
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label
+from tests.strategies import OUT_OF_RANGE_TIMESTAMPS, timestamps
 from triage.classifiers import Taxonomy, build_classifier
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.contracts.documents import DocumentPayload
@@ -32,7 +34,8 @@ from triage.sources.jsonl import JsonlSource
 DAY = datetime(2026, 11, 1, tzinfo=UTC)
 FIELDS = ["id", "subject", "body", "received_at", "channel", "schema_version", "other"]
 VALUES = (st.none() | st.booleans() | st.integers() | st.text(max_size=40)
-          | st.sampled_from(["2026-11-01T08:00:00Z", "2026-11-01T08:00:00", "", "refund please", 1]))  # fmt: skip
+          | st.sampled_from(["2026-11-01T08:00:00Z", "2026-11-01T08:00:00", "", "refund please", 1])
+          | timestamps)  # fmt: skip
 
 lines = st.one_of(
     st.binary(max_size=60),
@@ -44,6 +47,11 @@ lines = st.one_of(
         ).encode(),
         st.text(min_size=1, max_size=20),
         st.text(max_size=80),
+    ),
+    st.builds(
+        lambda i, received_at: json.dumps({"id": i, "subject": "s", "body": "b", "received_at": received_at}).encode(),
+        st.text(min_size=1, max_size=20),
+        timestamps,
     ),
 ).map(lambda b: b.replace(b"\n", b" ").replace(b"\r", b" "))
 
@@ -84,6 +92,90 @@ def test_every_line_of_any_inbox_ends_settled_with_a_reason(engine: sa.Engine, t
             assert job.reason, job
         if job.status != "completed":
             assert job.status_reason, job
+
+
+def test_a_day_with_impossible_dates_still_becomes_jobs(engine: sa.Engine, tmp_path: Path) -> None:
+    # One 0001-01-01T00:00:00+14:00 used to raise OverflowError out of the line parser: every
+    # retrieve shard failed on every retry and no line of the day became a job.
+    store = JobStore(engine)
+    batch = f"dates-{uuid.uuid4().hex}"
+    ids = [f"{batch}-ok-1", *(f"{batch}-{n}" for n in range(len(OUT_OF_RANGE_TIMESTAMPS))), f"{batch}-ok-2"]
+    dates = ["2026-11-01T08:00:00Z", *OUT_OF_RANGE_TIMESTAMPS, "2026-11-01T09:00:00+14:00"]
+    (tmp_path / "2026-11-01").mkdir()
+    (tmp_path / "2026-11-01" / "day.jsonl").write_text("".join(
+        json.dumps({"id": i, "subject": "s", "body": "b", "received_at": d}) + "\n" for i, d in zip(ids, dates, strict=True)
+    ))  # fmt: skip
+    classifier = build_classifier("keyword", taxonomy=Taxonomy.load())
+    result = retrieve(store, JsonlSource(tmp_path), PayloadStore(tmp_path / "payloads"), start=DAY,
+                      end=DAY + timedelta(days=1), batch_key=batch, classifier_version=classifier.version,
+                      max_attempts=3)  # fmt: skip
+
+    assert (result.read, result.registered, result.malformed) == (len(ids), len(ids), len(OUT_OF_RANGE_TIMESTAMPS))
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT j.external_id, j.status::text AS status, r.reason, r.context->>'malformed_reason' AS why"
+            " FROM triage.jobs j LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b"
+            " ORDER BY j.external_id"), {"b": batch}).all()  # fmt: skip
+    queued = sorted(r.external_id for r in rows if r.status == "queued")
+    assert queued == [f"{batch}-ok-1", f"{batch}-ok-2"]
+    reviews = [r for r in rows if r.status == "manual_review"]
+    assert [(r.external_id, r.reason, r.why) for r in reviews] == [
+        (f"2026-11-01/day.jsonl:{n}", "malformed_input", "received_at_out_of_range")
+        for n in range(2, 2 + len(OUT_OF_RANGE_TIMESTAMPS))
+    ]
+
+
+def test_odd_inbox_entries_become_review_rows_not_errors(engine: sa.Engine, tmp_path: Path) -> None:
+    # A file name that is not UTF-8 gave its malformed lines ids with lone surrogates, which the
+    # registration could not encode; a folder named *.jsonl raised IsADirectoryError. Either
+    # failed the whole day on every retry.
+    store = JobStore(engine)
+    batch = f"entries-{uuid.uuid4().hex}"
+    day = tmp_path / "2026-11-01"
+    day.mkdir()
+    (day / os.fsdecode(b"caf\xe9.jsonl")).write_bytes(b"{broken\n" + json.dumps(
+        {"id": f"{batch}-ok", "subject": "s", "body": "b", "received_at": "2026-11-01T08:00:00Z"}).encode() + b"\n")  # fmt: skip
+    (day / "nested.jsonl").mkdir()
+    classifier = build_classifier("keyword", taxonomy=Taxonomy.load())
+    result = retrieve(store, JsonlSource(tmp_path), PayloadStore(tmp_path / "payloads"), start=DAY,
+                      end=DAY + timedelta(days=1), batch_key=batch, classifier_version=classifier.version,
+                      max_attempts=3)  # fmt: skip
+
+    assert (result.read, result.registered, result.malformed) == (3, 3, 2)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT j.external_id, j.status::text, r.context->>'malformed_reason' FROM triage.jobs j"
+            " LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b ORDER BY 1"),
+            {"b": batch}).all()  # fmt: skip
+    assert [tuple(r) for r in rows] == [
+        ("2026-11-01/caf\\xe9.jsonl:1", "manual_review", "invalid_json"),
+        ("2026-11-01/nested.jsonl", "manual_review", "not_a_file"),
+        (f"{batch}-ok", "queued", None),
+    ]
+
+
+def test_a_stored_payload_with_an_impossible_date_goes_to_review(engine: sa.Engine, tmp_path: Path) -> None:
+    # The classify step reads payloads back with DocumentPayload.from_bytes, which raised
+    # OverflowError for the same dates (a payload written by another writer, or an older release).
+    store = JobStore(engine)
+    batch = f"stored-dates-{uuid.uuid4().hex}"
+    payloads = PayloadStore(tmp_path / "payloads")
+    classifier = build_classifier("keyword", taxonomy=Taxonomy.load())
+    good = DocumentPayload(external_id=f"{batch}-ok", subject="refund", body="b", received_at=DAY).to_bytes()
+    bad = good.replace(b"2026-11-01T00:00:00Z", OUT_OF_RANGE_TIMESTAMPS[0].encode()).replace(b"-ok", b"-bad")
+    docs = [SourceDocument("fuzz", f"{batch}-ok", good), SourceDocument("fuzz", f"{batch}-bad", bad)]
+    store.register(to_new_jobs(docs, payloads, classifier.version), batch_key=batch, step="classify", max_attempts=3)
+    handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.0, 1, False))
+    try:
+        run_step(store, handler, batch_key=batch, settings=RunSettings(owner="dates", retry_soon_seconds=5))
+    finally:
+        handler.close()
+
+    with engine.connect() as conn:
+        rows = dict(conn.execute(sa.text(
+            "SELECT j.external_id, coalesce(r.reason || '/' || j.last_error_class, j.status::text) FROM triage.jobs j"
+            " LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b"), {"b": batch}).all())  # fmt: skip
+    assert rows == {f"{batch}-ok": "completed", f"{batch}-bad": "malformed_input/schema_mismatch"}
 
 
 # -- model replies -------------------------------------------------------------------------------

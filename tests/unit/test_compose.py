@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import os
 import re
 import shlex
 import shutil
@@ -268,6 +269,35 @@ def test_triage_llm_connection(common_env: dict[str, str]) -> None:
 
 def test_triage_home_is_on_the_data_volume(common_env: dict[str, str]) -> None:
     assert common_env["TRIAGE_HOME"] == "/opt/airflow/data"
+
+
+@pytest.mark.parametrize("name", COMMON_SERVICES)
+def test_the_failure_drill_is_off_and_documented(name: str, services: dict[str, Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from triage import settings
+
+    env = {k: with_defaults(str(v)) for k, v in services[name]["environment"].items()}
+    assert settings.ENV_ALLOW_DRILL not in env
+    for key in list(os.environ):
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert settings.drill_allowed() is False
+    # Off, and the way to turn it on is written next to it (commented out).
+    assert re.search(r"^\s*# TRIAGE_ALLOW_DRILL: '1'$", COMPOSE_FILE.read_text(), re.M)
+
+
+@pytest.mark.parametrize("name", COMMON_SERVICES)
+def test_inbox_roots_are_mounted_folders(name: str, common: dict[str, Any], services: dict[str, Any],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from triage import settings
+
+    monkeypatch.setenv(settings.ENV_INBOX_ROOTS, services[name]["environment"][settings.ENV_INBOX_ROOTS])
+    roots = settings.inbox_roots()
+    mounts = [with_defaults(volume).split(":")[1] for volume in common["volumes"]]
+    assert roots == ("/opt/airflow/data/inbox", "/opt/airflow/include/sample_inbox")
+    for root in roots:
+        assert any(root.startswith(f"{mount}/") for mount in mounts), root
 
 
 def test_init_sql_creates_the_triage_database_and_roles(services: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import triage
+from tests.strategies import OUT_OF_RANGE_TIMESTAMPS, timestamps
 from triage.contracts.documents import MALFORMED_REASONS, DocumentPayload, MalformedDocument
 from triage.contracts.drill import DrillSettings, drill_fraction
 
@@ -111,6 +112,39 @@ def test_from_bytes_refuses_with_a_reason(data: bytes, reason: str) -> None:
     assert isinstance(caught.value, ValueError)
 
 
+@pytest.mark.parametrize("received_at", OUT_OF_RANGE_TIMESTAMPS)
+def test_a_received_at_outside_the_utc_calendar_is_a_schema_mismatch(received_at: str) -> None:
+    # 0001-01-01T00:00:00+14:00 used to raise OverflowError, which from_bytes promises never to do.
+    with pytest.raises(MalformedDocument) as caught:
+        DocumentPayload.from_bytes(json.dumps(valid_json(received_at=received_at)).encode())
+
+    assert caught.value.reason == "schema_mismatch"
+
+
+@pytest.mark.parametrize(
+    "received_at",
+    [
+        pytest.param(datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14))), id="before-year-1"),
+        pytest.param(datetime(9999, 12, 31, 23, 59, tzinfo=timezone(-timedelta(hours=14))), id="after-year-9999"),
+    ],
+)
+def test_a_python_built_payload_outside_the_utc_calendar_is_a_validation_error(received_at: datetime) -> None:
+    with pytest.raises(ValidationError, match="outside the years 1-9999"):
+        payload(received_at=received_at)
+
+
+@settings(max_examples=300)
+@given(received_at=timestamps)
+def test_from_bytes_on_any_timestamp_decodes_or_refuses_with_a_reason(received_at: str) -> None:
+    result = decode_or_reason(json.dumps(valid_json(received_at=received_at)).encode())
+
+    if isinstance(result, str):
+        assert result == "schema_mismatch"
+    else:
+        assert result.received_at.utcoffset() == timedelta(0)
+        assert DocumentPayload.from_bytes(result.to_bytes()) == result
+
+
 def test_external_id_limits_are_inclusive() -> None:
     assert payload(external_id="x" * 512).external_id == "x" * 512
     with pytest.raises(ValidationError):
@@ -161,7 +195,9 @@ _json_values = st.recursive(
             "external_id": st.text(max_size=20) | _json_values,
             "subject": st.text(max_size=20) | _json_values,
             "body": st.text(max_size=20) | _json_values,
-            "received_at": st.sampled_from(["2026-11-01T00:00:00Z", "2026-11-01T00:00:00", "x"]) | _json_values,
+            "received_at": st.sampled_from(["2026-11-01T00:00:00Z", "2026-11-01T00:00:00", "x"])
+            | timestamps
+            | _json_values,
             "channel": _json_values,
             "other": _json_values,
         },

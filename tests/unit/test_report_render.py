@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_markdown import HOSTILE, PARSER, rendered
+from triage import markdown as md
 from triage.reconciliation.charts import bar_chart, column_chart, duration
 from triage.reconciliation.render import charts, html, markdown
 
@@ -93,3 +95,39 @@ def test_the_html_page_from_a_summary() -> None:
     assert "Dry run: findings only, nothing was changed." in page
     assert ">label_outside_taxonomy<" in page
     assert "<script" not in page
+
+
+def hostile_summary(value: str) -> dict[str, Any]:
+    """The summary above with ``value`` in every text a row can carry (run ids and error texts
+    from Airflow, reasons, batch keys, job samples)."""
+    s = summary()
+    s["run"]["finished_at"] = value
+    s["totals"]["skipped"] = {"airflow_view": value}
+    s["rules"][0]["findings"][0].update(detail=value, check=value, repair=value)
+    s["conflicts"][0].update(detail=value, check=value, job_ids=[value, value])
+    s["repairs"] = [{"rule": value, "action": value, "count": 1, "detail": value}]
+    s["by_state_and_step"][0].update(status=value, step=value)
+    s["retry_reasons"][0]["reason"] = value
+    s["review_queue"]["rows"][0].update(job_id=value, batch_key=value, reason=value, last_error_class=value)
+    s["rejected_outputs"][0]["reason"] = value
+    return s
+
+
+@pytest.mark.parametrize("value", [v for v in HOSTILE if v])  # an empty repair reads "report only"
+def test_hostile_values_stay_in_their_cells_of_the_markdown_report(value: str) -> None:
+    plain_text = markdown(hostile_summary("harmless"))
+    text = markdown(hostile_summary(value))
+    tokens = PARSER.parse(text)
+
+    # The same blocks as the report of a harmless summary: nothing forged, ended or swallowed.
+    def shape(parsed: list[Any]) -> list[str]:
+        return [t.type for t in parsed if t.type not in ("inline",)]
+
+    assert shape(tokens) == shape(PARSER.parse(plain_text))
+    kinds = {child.type for t in tokens for child in (t.children or [])}
+    assert kinds <= {"text", "code_inline", "em_open", "em_close"}, kinds  # _none_ is the only emphasis
+    # Each of the 16 cells holding the value alone shows it, exactly.
+    cells = [rendered(t.children or []) for t in tokens if t.type == "inline"]
+    harmless = [rendered(t.children or []) for t in PARSER.parse(plain_text) if t.type == "inline"]
+    assert harmless.count("harmless") == 16
+    assert [c for c, h in zip(cells, harmless, strict=True) if h == "harmless"] == [md.visible(value).strip()] * 16

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 from datetime import UTC, datetime, timedelta, timezone
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.strategies import OUT_OF_RANGE_TIMESTAMPS, timestamps
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
 from triage.sources import JsonlSource, SourceDocument, SourceError, SyntheticSource, build_source
@@ -241,6 +243,8 @@ def test_jsonl_channel_is_optional(tmp_path: Path) -> None:
         pytest.param(line(ticket(channel=3)), "invalid_field", id="channel-not-string"),
         pytest.param(b'{"id": "\\ud800", "subject": "", "body": "", "received_at": "2026-11-01T00:00:00Z"}',
                      "invalid_json", id="lone-surrogate"),
+        *[pytest.param(line(ticket(received_at=ts)), "received_at_out_of_range", id=f"out-of-range-{ts}")
+          for ts in OUT_OF_RANGE_TIMESTAMPS],
     ],
 )  # fmt: skip
 def test_jsonl_malformed_line_is_kept_with_a_reason(tmp_path: Path, raw: bytes, reason: str) -> None:
@@ -372,6 +376,7 @@ _line_bytes = st.one_of(
             st.none() | st.integers() | st.text(max_size=12) | st.sampled_from(["2026-11-01T00:00:00Z", ""]),
         ),
     ),
+    st.builds(lambda ts: line(ticket(received_at=ts)), timestamps),
 ).map(lambda b: b.replace(b"\n", b" "))
 
 
@@ -380,7 +385,7 @@ _line_bytes = st.one_of(
 def test_jsonl_never_raises_and_never_loses_a_line(tmp_path: Path, lines: list[bytes]) -> None:
     source = JsonlSource(tmp_path)
 
-    documents = list(source.read_lines("2026-11-01/f.jsonl", iter(b + b"\n" for b in lines)))
+    documents = list(source.read_lines("2026-11-01/f.jsonl", io.BytesIO(b"".join(b + b"\n" for b in lines))))
 
     expected = [number for number, raw in enumerate(lines, start=1) if raw.rstrip(b"\r").strip()]
     assert len(documents) == len(expected)

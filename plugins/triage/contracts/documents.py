@@ -88,7 +88,13 @@ class DocumentPayload(BaseModel):
     def _in_utc(cls, value: datetime) -> datetime:
         # One instant, one encoding: offsets would make equal documents hash differently, and
         # historical offsets with seconds (LMT) do not survive ISO 8601 serialisation at all.
-        return value.astimezone(UTC)
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            # 0001-01-01T00:00+14:00 is a valid ISO 8601 string but no instant Python can hold
+            # in UTC. Pydantic lets OverflowError through a validator; ValueError it turns into
+            # a ValidationError, so the document is refused like any other invalid field.
+            raise ValueError("received_at lies outside the years 1-9999 once converted to UTC") from None
 
     @field_validator("external_id", "subject", "body", "channel")
     @classmethod
@@ -126,7 +132,7 @@ class DocumentPayload(BaseModel):
             return cls.model_validate_json(text)
         except ValidationError as exc:
             raise MalformedDocument(_reason_for(exc)) from None
-        except (ValueError, RecursionError):  # pragma: no cover - defensive: parser limits
+        except (ValueError, ArithmeticError, RecursionError):  # pragma: no cover - defensive: parser limits
             raise MalformedDocument("invalid_json") from None
 
 

@@ -45,6 +45,12 @@ class DrillSettings(BaseModel):
         return self
 
     @property
+    def requested(self) -> bool:
+        """Whether this is a drill at all: any rate above zero. The seed alone injects nothing
+        (the synthetic source also draws its documents from it)."""
+        return self.injects_faults or self.duplicate_rate > 0.0
+
+    @property
     def injects_faults(self) -> bool:
         """Whether any classification fault is injected (duplicates concern sources only)."""
         return (self.transient_error_rate + self.permanent_error_rate + self.inconclusive_rate) > 0.0

@@ -20,6 +20,18 @@ class InvalidRunConfig(InvalidParams):
     """The run's params do not describe a valid run."""
 
 
+class RunNotAllowed(InvalidRunConfig):
+    """Valid params that this deployment does not allow; retrying cannot help."""
+
+
+class DrillNotAllowed(RunNotAllowed):
+    """The run asks for a failure drill where the deployment does not allow drills."""
+
+
+class InboxNotAllowed(RunNotAllowed):
+    """The run's inbox is not inside one of the deployment's inbox roots."""
+
+
 class ClassifyRunConfig(DagParams):
     """What one ``classify_documents`` run does."""
 
@@ -39,7 +51,8 @@ class ClassifyRunConfig(DagParams):
     inbox: str = Field(
         default="include/sample_inbox", title="Inbox",
         description="Folder or object-storage URL of the jsonl inbox, one sub-folder per day (YYYY-MM-DD); "
-        "relative paths are taken from the project folder (source = jsonl).",
+        "relative paths are taken from the project folder; it must lie inside one of the deployment's inbox "
+        "roots (TRIAGE_INBOX_ROOTS) (source = jsonl).",
         json_schema_extra={"section": "Retrieval"},
     )  # fmt: skip
     classifier: Literal["keyword", "llm"] = Field(
@@ -71,9 +84,22 @@ class ClassifyRunConfig(DagParams):
     drill: DrillSettings = Field(
         default_factory=DrillSettings, title="Failure drill",
         description="Injected fault rates (transient_error_rate, permanent_error_rate, inconclusive_rate, "
-        "duplicate_rate in [0, 1]) and their seed; all zero is no drill.",
+        "duplicate_rate in [0, 1]) and their seed; all zero is no drill. A drill runs only where the deployment "
+        "allows it (TRIAGE_ALLOW_DRILL=1: make run, make chaos); elsewhere the run fails at once.",
         json_schema_extra={"section": "Failure drill"},
     )  # fmt: skip
+
+
+def check_drill(config: ClassifyRunConfig, *, allowed: bool) -> None:
+    """Refuse a drill where drills are off, rather than run it or quietly drop it.
+
+    :raises DrillNotAllowed: the run asks for a drill and ``allowed`` is false.
+    """
+    if config.drill.requested and not allowed:
+        raise DrillNotAllowed(
+            "this deployment does not run failure drills (TRIAGE_ALLOW_DRILL is not set), and the drill param asks "
+            "for one; trigger the run again with every drill rate at 0"
+        )
 
 
 def param_schemas() -> dict[str, dict[str, Any]]:

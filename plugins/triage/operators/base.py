@@ -129,12 +129,18 @@ class TriageOperator(BaseOperator):
         return JobStore(self.engine)
 
     def run_config(self, context: Context) -> ClassifyRunConfig:
-        from triage.contracts.run_config import ClassifyRunConfig, InvalidRunConfig
+        """The run's params, checked against the model and against what this deployment allows
+        (a drill only where ``TRIAGE_ALLOW_DRILL`` is on). Invalid or not allowed: the task
+        fails without retry, since a retry would get the same params."""
+        from triage import settings
+        from triage.contracts.run_config import ClassifyRunConfig, InvalidRunConfig, check_drill
 
         try:
-            return ClassifyRunConfig.from_params(context["params"])
+            config = ClassifyRunConfig.from_params(context["params"])
+            check_drill(config, allowed=settings.drill_allowed())
         except InvalidRunConfig as exc:
             raise AirflowFailException(str(exc)) from None
+        return config
 
     def dispose(self) -> None:
         if "engine" in self.__dict__:

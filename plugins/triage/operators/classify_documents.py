@@ -87,6 +87,19 @@ def _payloads(explicit: str | None) -> Any:
     return PayloadStore(ObjectStoragePath(base) if "://" in base else base)
 
 
+def confined_inbox(inbox: str) -> Any:
+    """The run's inbox, if it lies inside this deployment's inbox roots (resolved: symlinks and
+    ``..`` cannot lead out); otherwise the task fails without retry, naming the roots."""
+    from triage import settings
+    from triage.embedded import project_root
+    from triage.sources.inbox_roots import InboxNotAllowed, confine_inbox
+
+    try:
+        return confine_inbox(inbox, settings.inbox_roots(), base=project_root())
+    except InboxNotAllowed as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
 class RetrieveDocumentsOperator(TriageOperator):
     """Read the run's data interval from the configured source and register one job per document.
 
@@ -107,7 +120,6 @@ class RetrieveDocumentsOperator(TriageOperator):
         self.shard, self.shards = shard, shards
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from triage.embedded import project_root
         from triage.pipeline.retrieve import retrieve
         from triage.sources import Shard, build_source
 
@@ -120,9 +132,7 @@ class RetrieveDocumentsOperator(TriageOperator):
             source = build_source("synthetic", documents=config.documents, seed=config.drill.seed,
                                   duplicate_rate=config.drill.duplicate_rate)  # fmt: skip
         else:
-            inbox = config.inbox if "://" in config.inbox or config.inbox.startswith("/") else \
-                str(project_root() / config.inbox)  # fmt: skip
-            source = build_source("jsonl", inbox=inbox)
+            source = build_source("jsonl", inbox=confined_inbox(config.inbox))
         source = Shard(source, self.shard, self.shards)
         classifier = build_run_classifier(config, self.llm_conn_id)
         try:

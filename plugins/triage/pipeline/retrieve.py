@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 CLASSIFY_STEP = "classify"
 
+CHUNK_BYTES = 64 << 20
+"""Payload bytes one chunk may hold before it is stored and registered (with the next chunk
+read meanwhile, at most about twice this is in memory)."""
+
 
 def idempotency_key(source: str, external_id: str, content_sha256: str, classifier_version: str) -> str:
     """``source/len:external_id/sha256/version``: the length prefix keeps it unambiguous
@@ -59,15 +63,15 @@ def new_job(doc: SourceDocument, digest: str, ref: str, classifier_version: str)
     return NewJob(
         key, doc.source, doc.external_id, digest, ref, classifier_version,
         status=JobStatus.MANUAL_REVIEW, reason="malformed_input", error=doc.malformed_reason,
-        review_context={"external_id": doc.external_id, "malformed_reason": doc.malformed_reason},
+        review_context={"external_id": doc.external_id, "malformed_reason": doc.malformed_reason, **dict(doc.detail)},
     )  # fmt: skip
 
 
 def retrieve(store: JobStore, source: Source, payloads: PayloadStore, *, start: datetime, end: datetime,
              batch_key: str, classifier_version: str, max_attempts: int, chunk: int = 5000,
-             actor: str = "retrieve") -> RetrieveResult:  # fmt: skip
-    """Register the documents of ``[start, end)``: each chunk is one pack of payloads, then one
-    transaction."""
+             chunk_bytes: int = CHUNK_BYTES, actor: str = "retrieve") -> RetrieveResult:  # fmt: skip
+    """Register the documents of ``[start, end)``: each chunk (``chunk`` documents, or fewer
+    holding ``chunk_bytes``) is stored as packs of payloads, then registered in one transaction."""
     began = time.perf_counter()
     read = malformed = 0
     totals = {"registered": 0, "existing": 0}
@@ -91,13 +95,17 @@ def retrieve(store: JobStore, source: Source, payloads: PayloadStore, *, start: 
 
     try:
         docs: list[SourceDocument] = []
+        held = 0
         for doc in source.read(start, end):
             read += 1
             malformed += doc.malformed_reason is not None
             docs.append(doc)
-            if len(docs) >= chunk:
+            held += len(doc.content)
+            # A chunk is cut by count and by bytes: 5,000 lines near the line limit would
+            # otherwise be gigabytes in memory at once.
+            if len(docs) >= chunk or held >= chunk_bytes:
                 flush(to_new_jobs(docs, payloads, classifier_version))
-                docs = []
+                docs, held = [], 0
         flush(to_new_jobs(docs, payloads, classifier_version))
         flush([])
     finally:

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from triage import markdown as md
 from triage.reconciliation.charts import bar_chart, column_chart, duration, plain
 
 log = logging.getLogger(__name__)
@@ -30,20 +31,21 @@ def template_dir() -> Path:
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join("" if v is None else str(v).replace("|", "\\|") for v in row) + " |" for row in rows]
-    return lines if len(lines) > 2 else ["_none_"]
+    # Every cell is escaped (triage.markdown): job samples, run ids and error texts come from
+    # the ledger and from Airflow, and must not end a cell, a row or the table.
+    return md.table(headers, rows)
 
 
 def markdown(summary: dict[str, Any]) -> str:
     """The Markdown summary (sections in the order of the HTML page)."""
     run, totals = summary["run"], summary["totals"]
     mode = "dry run: nothing was changed" if run["dry_run"] else "repairs applied"
-    out = [f"# Reconciliation run {run['id']} ({mode})", "",
+    out = [f"# Reconciliation run {md.text(run['id'])} ({mode})", "",
            f"{totals['jobs']} jobs · {totals['repaired']} repaired · {totals['conflicts']} in conflict · "
-           f"{totals['open_reviews']} open reviews · finished {run['finished_at']}", ""]  # fmt: skip
+           f"{totals['open_reviews']} open reviews · finished {md.text(run['finished_at'])}", ""]  # fmt: skip
     if totals["skipped"]:
-        out += ["Skipped: " + "; ".join(f"{rule}: {why}" for rule, why in totals["skipped"].items()), ""]
+        out += ["Skipped: " + "; ".join(f"{md.text(rule)}: {md.text(why)}" for rule, why in totals["skipped"].items()),
+                ""]  # fmt: skip
     sections: list[tuple[str, list[str]]] = [
         ("Jobs by state and step", _table(["state", "step", "jobs"],
                                           ((r["status"], r["step"], r["count"]) for r in summary["by_state_and_step"]))),
@@ -75,7 +77,7 @@ def markdown(summary: dict[str, Any]) -> str:
         ("Outbox", [f"{summary['outbox']['unsent']} unsent; oldest {duration(summary['outbox']['oldest_seconds'])}"]),
     ]  # fmt: skip
     for title, body in sections:
-        out += [f"## {title}", "", *body, ""]
+        out += [f"## {md.text(title)}", "", *body, ""]
     return "\n".join(out)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from triage import markdown as md
 from triage.jobs.models import ReviewCase
 
 LABEL_OPTION = "Label: "
@@ -36,31 +37,35 @@ def _short(value: Any, limit: int = 300) -> str:
 
 
 def describe(case: ReviewCase) -> dict[str, str]:
-    """``{"job_id", "subject", "body"}`` (Markdown body) of a case, JSON-ready for XCom."""
+    """``{"job_id", "subject", "body"}`` (Markdown body) of a case, JSON-ready for XCom.
+
+    Every value is escaped (:mod:`triage.markdown`): the external id, the review context and a
+    model's label come from outside, and must stay inside their cell of the question.
+    """
     if case.model_label is not None:
         confidence = f"{case.model_confidence:.2f}" if case.model_confidence is not None else "?"
-        model = f"`{case.model_label}` (confidence {confidence}, outcome {case.model_outcome})"
+        model = f"{md.code(case.model_label)} (confidence {confidence}, outcome {md.text(case.model_outcome)})"
     else:
-        model = f"no label (outcome {case.model_outcome})" if case.model_outcome else "no answer recorded"
+        model = f"no label (outcome {md.text(case.model_outcome)})" if case.model_outcome else "no answer recorded"
     rows = [
-        ("job", f"`{case.job_id}`"),
-        ("document", f"`{case.source}` / `{case.external_id}`"),
-        ("payload", f"`{case.payload_ref}`"),
-        ("correlation id", f"`{case.correlation_id}`"),
-        ("batch, step", f"`{case.batch_key}`, `{case.step}`"),
+        ("job", md.code(case.job_id)),
+        ("document", f"{md.code(case.source)} / {md.code(case.external_id)}"),
+        ("payload", md.code(case.payload_ref)),
+        ("correlation id", md.code(case.correlation_id)),
+        ("batch, step", f"{md.code(case.batch_key)}, {md.code(case.step)}"),
         ("in review since", f"{case.opened_at:%Y-%m-%d %H:%M:%S %Z}"),
-        ("reason", f"`{case.reason}`" + (f" ({case.error_class})" if case.error_class else "")),
+        ("reason", md.code(case.reason) + (f" ({md.text(case.error_class)})" if case.error_class else "")),
         ("attempts", f"{case.attempt} of {case.max_attempts}; requeued {case.replays} times before"),
         ("model said", model),
     ]
     if case.last_error:
-        rows.append(("last error", _short(case.last_error)))
+        rows.append(("last error", md.text(_short(case.last_error))))
     if case.context:
-        rows.append(("context", f"`{_short(dict(case.context))}`"))
+        rows.append(("context", md.code(_short(dict(case.context)))))
     body = "\n".join(
-        ["| | |", "|---|---|", *[f"| {k} | {v.replace('|', '/')} |" for k, v in rows], "",
+        ["| | |", "|---|---|", *[f"| {k} | {md.in_table(v)} |" for k, v in rows], "",
          "Choose a label to complete the job, **Requeue** to classify it again (attempts reset), or "
          "**Reject** to fail it for good. Your Airflow user is recorded as the reviewer."]
     )  # fmt: skip
-    subject = f"Review job {case.job_id}: {case.reason}"
+    subject = f"Review job {case.job_id}: {md.visible(case.reason)}"
     return {"job_id": str(case.job_id), "subject": subject, "body": body}

@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from triage import markdown as md
 from triage.jobs.errors import LedgerError
 from triage.jobs.models import ReviewResult
 from triage.jobs.store import JobStore
@@ -52,17 +53,20 @@ class ReviewReport:
                 "jobs": [asdict(j) for j in self.jobs]}  # fmt: skip
 
     def to_markdown(self) -> str:
-        """A table for the task log: ids, outcomes and reasons only (never document text)."""
-        what = f"{self.decision} {self.label}" if self.label else self.decision
+        """A table for the task log: ids, outcomes and reasons only (never document text).
+
+        The job ids are what the run was given (a refused one may be any text), the label and
+        the reviewer's name come from the form and Airflow: all escaped (:mod:`triage.markdown`).
+        """
+        what = md.text(self.decision) + (f" {md.code(self.label)}" if self.label else "")
         lines = [
-            f"### review_jobs: {what} by {self.reviewer}",
+            f"### review_jobs: {what} by {md.text(self.reviewer)}",
             f"applied {self.count('applied')} · already applied {self.count('already_applied')} · "
             f"refused {self.count('refused')}",
             "",
-            "| job | outcome | status | detail |",
-            "|---|---|---|---|",
-        ]
-        lines += [f"| {j.job_id} | {j.outcome} | {j.status or '-'} | {j.detail.replace('|', '/')} |" for j in self.jobs]
+            *md.table(["job", "outcome", "status", "detail"],
+                      [(j.job_id, j.outcome, j.status or "-", j.detail) for j in self.jobs], code_columns=frozenset({0})),
+        ]  # fmt: skip
         return "\n".join(lines)
 
 

@@ -35,6 +35,9 @@ class SourceDocument:
     external_id: str
     content: bytes
     malformed_reason: str | None = None
+    detail: tuple[tuple[str, str | int], ...] = ()
+    """What else the reviewer of a malformed record should know (a skipped line's size); ids
+    and numbers, never document text."""
 
 
 @runtime_checkable
