@@ -56,6 +56,12 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     created_at: datetime
+    attempt_base: int = 0  # where the current attempt budget began (see jobs.schema)
+
+    @property
+    def attempt_in_budget(self) -> int:
+        """1 for the first attempt since registration, the last advance or the last requeue."""
+        return self.attempt - self.attempt_base
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,3 +235,4 @@ class ReviewCase:
     model_label: str | None
     model_confidence: float | None
     model_outcome: str | None
+    attempt_base: int = 0  # where the current attempt budget began (see jobs.schema)

@@ -130,7 +130,7 @@ class JobStore:
         expires = min((r.lease_expires_at for r in rows), default=None)
         # RETURNING lists ClaimedJob's fields in order; positional construction keeps a claim of
         # thousands of jobs cheap.
-        claimed = tuple(ClaimedJob(*row[:12]) for row in rows)
+        claimed = tuple(ClaimedJob(*row[:13]) for row in rows)
         return Claim(token=token, owner=owner, expires_at=expires or datetime.min, jobs=claimed)
 
     def heartbeat(self, claim: Claim, lease_seconds: float, job_ids: Sequence[uuid.UUID] | None = None) -> datetime:
@@ -146,10 +146,15 @@ class JobStore:
         return min((r.lease_expires_at for r in rows), default=claim.expires_at)
 
     def record(self, claim: Claim | uuid.UUID, outcomes: Sequence[Outcome], actor: str | None = None) -> Recorded:
-        """Record a batch of outcomes of jobs held under ``claim``, in one transaction."""
-        token = claim.token if isinstance(claim, Claim) else claim
+        """Record a batch of outcomes of jobs held under ``claim``, in one transaction.
+
+        Given the :class:`Claim`, a retry's backoff grows with the attempt within the job's
+        current budget; given only its token, with the job's attempt (never a shorter wait).
+        """
+        token, bases = (claim.token, {j.id: j.attempt_base for j in claim.jobs}) if isinstance(claim, Claim) \
+            else (claim, None)  # fmt: skip
         with self.transaction(actor) as conn:  # None: the trigger names the lease owner
-            return record_txn(conn, token, outcomes, self.retry_policy, self._rng)
+            return record_txn(conn, token, outcomes, self.retry_policy, self._rng, bases)
 
     # -- recovery -------------------------------------------------------------------------
 
@@ -229,9 +234,11 @@ class JobStore:
 
     def resolve_with_requeue(self, job_id: uuid.UUID, *, actor: str, note: str | None = None,
                              max_replays: int = 3) -> ReviewResult:  # fmt: skip
-        """Review decision: try again. ``manual_review -> queued`` with its attempts reset, a
-        replay counted up to ``max_replays``, the review row resolved ``requeued`` and a
-        ``job.requeued`` event (the reviewer is the actor).
+        """Review decision: try again. ``manual_review -> queued`` as a fresh job: a new budget
+        of as many attempts as it had (numbered on from its last one, so every attempt keeps
+        its classification and events), no lease rescues or last error; a replay counted up to
+        ``max_replays``, the review row resolved ``requeued`` and a ``job.requeued`` event (the
+        reviewer is the actor).
 
         :raises ReplayLimitReached: the job is in review and was requeued ``max_replays`` times.
         """
@@ -389,9 +396,13 @@ def _new_job_row(job: NewJob) -> dict[str, Any]:
 
 
 def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome], policy: RetryPolicy,
-               rng: random.Random) -> Recorded:  # fmt: skip
+               rng: random.Random, bases: Mapping[uuid.UUID, int] | None = None) -> Recorded:  # fmt: skip
     """Record outcomes set-based: one statement per kind, all fenced on (job, attempt, token);
-    then, once the fence held for every job, the classifications and the labels."""
+    then, once the fence held for every job, the classifications and the labels.
+
+    :param bases: each job's ``attempt_base`` (from its claim): the backoff of a retry counts
+        the attempts of the current budget only, so a requeued job starts from the short waits.
+    """
     ids = [o.job_id for o in outcomes]
     if len(set(ids)) != len(ids):
         raise LedgerError("one outcome per job in a batch")
@@ -413,7 +424,8 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
         return moved
 
     def retry_row(o: RetryLater) -> dict[str, Any]:
-        delay = o.delay_seconds if o.delay_seconds is not None else policy.delay(o.attempt, rng)
+        base = bases.get(o.job_id, 0) if bases else 0
+        delay = o.delay_seconds if o.delay_seconds is not None else policy.delay(o.attempt - base, rng)
         return {"error_class": o.error_class, "error": o.error, "delay_seconds": delay}
 
     conn.execute(T.fenced_write_joins())

@@ -200,7 +200,7 @@ def claim_batch() -> Any:
         .returning(
             jobs.c.id, jobs.c.idempotency_key, jobs.c.source, jobs.c.external_id, jobs.c.content_sha256,
             jobs.c.payload_ref, jobs.c.classifier_version, jobs.c.correlation_id, jobs.c.step,
-            jobs.c.attempt, jobs.c.max_attempts, jobs.c.created_at, jobs.c.lease_expires_at,
+            jobs.c.attempt, jobs.c.max_attempts, jobs.c.created_at, jobs.c.attempt_base, jobs.c.lease_expires_at,
         )
     )  # fmt: skip
 
@@ -283,6 +283,16 @@ def upsert_labels() -> Any:
     )
 
 
+def fresh_budget() -> dict[str, Any]:
+    """A new attempt budget of the same size, starting at the job's current attempt. The
+    attempt itself is never reset: each one keeps its own number, so its classification and
+    its events stay apart from every earlier attempt's."""
+    return {
+        "attempt_base": jobs.c.attempt,
+        "max_attempts": jobs.c.attempt + (jobs.c.max_attempts - jobs.c.attempt_base),
+    }
+
+
 @cache
 def advance() -> Any:
     """``running -> queued`` at the next step, with a fresh attempt budget."""
@@ -290,8 +300,8 @@ def advance() -> Any:
     return (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=status_literal(S.QUEUED), status_reason="advanced", step=held.c.next_step, attempt=0,
-                updated_at=NOW, **NO_LEASE)
+        .values(status=status_literal(S.QUEUED), status_reason="advanced", step=held.c.next_step, updated_at=NOW,
+                **fresh_budget(), **NO_LEASE)
         .returning(jobs.c.id)
     )  # fmt: skip
 
@@ -500,14 +510,15 @@ def send_batch_to_review() -> Any:
 
 @cache
 def requeue_from_review() -> Any:
-    """Review decision "requeue": ``manual_review -> queued`` with attempts reset, a replay
+    """Review decision "requeue": ``manual_review -> queued`` as a fresh job (a new attempt
+    budget, no lease rescues, no last error: the review row and the log keep those), a replay
     counted (bounded by ``:max_replays``), the review row resolved and a ``job.requeued`` event."""
     moved = (
         sa.update(jobs)
         .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == status_literal(S.MANUAL_REVIEW),
                jobs.c.replays < sa.bindparam("max_replays", type_=sa.Integer))
-        .values(status=status_literal(S.QUEUED), status_reason="requeued", attempt=0, replays=jobs.c.replays + 1,
-                updated_at=NOW)
+        .values(status=status_literal(S.QUEUED), status_reason="requeued", replays=jobs.c.replays + 1,
+                lease_rescues=0, last_error_class=None, last_error=None, updated_at=NOW, **fresh_budget())
         .returning(*EVENT_COLUMNS)
         .cte("moved")
     )  # fmt: skip
@@ -724,7 +735,7 @@ def open_review_cases() -> Any:
         sa.select(
             jobs.c.id.label("job_id"), jobs.c.correlation_id, jobs.c.source, jobs.c.external_id, jobs.c.payload_ref,
             jobs.c.classifier_version, jobs.c.batch_key, jobs.c.step, jobs.c.attempt, jobs.c.max_attempts,
-            jobs.c.replays, manual_review.c.reason, manual_review.c.error_class, manual_review.c.last_error,
+            jobs.c.replays, jobs.c.attempt_base, manual_review.c.reason, manual_review.c.error_class, manual_review.c.last_error,
             manual_review.c.context, manual_review.c.created_at.label("opened_at"),
             model.c.label.label("model_label"), model.c.confidence.label("model_confidence"),
             model.c.outcome.label("model_outcome"),
