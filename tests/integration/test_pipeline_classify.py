@@ -438,8 +438,8 @@ def test_separate_persist_advances_then_completes_with_the_classified_label(stor
                "T-3": lambda _r: ok("billing", 0.1)}  # fmt: skip
     classify(store, ScriptedClassifier(by_external_id(answers)), payloads, separate_persist=True)
     assert {ext: (job(store, i).status, job(store, i).step, job(store, i).attempt) for ext, i in ids.items()} == {
-        "T-1": ("queued", "persist", 0),
-        "T-2": ("queued", "persist", 0),
+        "T-1": ("queued", "persist", 1),  # attempts are numbered on; persist's budget starts after 1
+        "T-2": ("queued", "persist", 1),
         "T-3": ("manual_review", "classify", 1),
     }
     assert scalar(store, "SELECT count(*) FROM triage.document_labels") == 0
