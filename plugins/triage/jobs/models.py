@@ -88,6 +88,7 @@ class ClassificationRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost_usd: float | None = None
+    usage_discarded: str | None = None  # figures reported out of bounds, comma-separated (triage.jobs.usage)
 
 
 @dataclass(frozen=True, slots=True)

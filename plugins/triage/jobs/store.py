@@ -26,6 +26,7 @@ from uuid6 import uuid7
 
 from triage.contracts.events import WorkEvent
 from triage.jobs import transitions as T
+from triage.jobs import usage as usage_bounds
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import (
     JobNotFound,
@@ -459,12 +460,17 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
 
 
 def _classification_row(outcome: Any) -> dict[str, Any]:
+    """The row of an outcome's classification. Usage figures are bounded here too, whoever made
+    the record: one the columns cannot hold would fail the whole batch (:mod:`triage.jobs.usage`)."""
     record: ClassificationRecord = outcome.classification
+    usage, discarded = usage_bounds.bounded(latency_ms=record.latency_ms, prompt_tokens=record.prompt_tokens,
+                                            completion_tokens=record.completion_tokens, cost_usd=record.cost_usd)  # fmt: skip
+    named = [n for n in (record.usage_discarded or "").split(",") if n]
+    named += [n for n in discarded if n not in named]
     return {"job_id": outcome.job_id, "attempt": outcome.attempt, "label": record.label,
             "confidence": record.confidence, "outcome": record.outcome, "rejected_reason": record.rejected_reason,
-            "classifier_version": record.classifier_version, "latency_ms": record.latency_ms,
-            "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
-            "cost_usd": record.cost_usd}  # fmt: skip
+            "classifier_version": record.classifier_version, **usage,
+            "usage_discarded": ",".join(named) or None}  # fmt: skip
 
 
 def _check_fenced(conn: sa.Connection, wanted: Sequence[uuid.UUID], got: set[uuid.UUID], token: uuid.UUID,

@@ -399,7 +399,7 @@ def record_classifications() -> Any:
     given = _recordset(
         "given", job_id=UUID, attempt=sa.Integer, label=sa.Text, confidence=sa.Float, outcome=sa.Text,
         rejected_reason=sa.Text, classifier_version=sa.Text, latency_ms=sa.Float, prompt_tokens=sa.Integer,
-        completion_tokens=sa.Integer, cost_usd=sa.Numeric(12, 6),
+        completion_tokens=sa.Integer, cost_usd=sa.Numeric(12, 6), usage_discarded=sa.Text,
     )  # fmt: skip
     names = [c.name for c in given.c]
     return (
