@@ -152,8 +152,8 @@ def test_accepted_completes_with_label_classification_and_event_in_one_transacti
     store: JobStore, payloads: PayloadStore
 ) -> None:
     text = "I was charged twice on my invoice and the payment failed, please check my billing"
-    ids = register(store, payloads, {"T-1": document("T-1", text, "Invoice")}, version="kw")
     classifier = KeywordClassifier(TAXONOMY)
+    ids = register(store, payloads, {"T-1": document("T-1", text, "Invoice")}, version=classifier.version)
     report = classify(store, classifier, payloads, confidence_threshold=0.5)
     assert report.outcomes["Complete"] == 1
     j = job(store, ids["T-1"])
@@ -178,7 +178,7 @@ def test_accepted_completes_with_label_classification_and_event_in_one_transacti
 
 def test_inconclusive_goes_to_review(store: JobStore, payloads: PayloadStore) -> None:
     ids = register(store, payloads, {"T-1": document("T-1", "I contacted you last week and I am still waiting.")},
-                   version="kw")  # fmt: skip
+                   version=KeywordClassifier(TAXONOMY).version)  # fmt: skip
     classify(store, KeywordClassifier(TAXONOMY), payloads)
     j = job(store, ids["T-1"])
     assert (j.status, j.status_reason) == ("manual_review", "inconclusive")

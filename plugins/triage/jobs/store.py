@@ -117,16 +117,20 @@ class JobStore:
     # -- a worker's lease -----------------------------------------------------------------
 
     def claim(self, *, batch_key: str, step: str, limit: int, lease_seconds: float, owner: str,
-              actor: str | None = None) -> Claim:  # fmt: skip
-        """Claim up to ``limit`` claimable jobs of a batch and step under one fresh lease token."""
+              actor: str | None = None, classifier_version: str | None = None) -> Claim:  # fmt: skip
+        """Claim up to ``limit`` claimable jobs of a batch and step under one fresh lease token.
+
+        :param classifier_version: only jobs registered for this version (the classify step
+            passes its classifier's); None takes any version (a step that runs no classifier).
+        """
         if limit < 1 or lease_seconds <= 0:
             raise ValueError("claim needs limit >= 1 and lease_seconds > 0")
         token = uuid.uuid4()
         with self.transaction(actor) as conn:  # None: the trigger names the new lease owner
             rows = conn.execute(
-                T.claim_batch(),
+                T.claim_batch(versioned=classifier_version is not None),
                 {"p_batch_key": batch_key, "p_step": step, "limit": limit, "lease_seconds": lease_seconds,
-                 "owner": owner, "token": token},
+                 "owner": owner, "token": token, "p_classifier_version": classifier_version},
             ).all()  # fmt: skip
         expires = min((r.lease_expires_at for r in rows), default=None)
         # RETURNING lists ClaimedJob's fields in order; positional construction keeps a claim of
@@ -286,15 +290,20 @@ class JobStore:
             counts = {JobStatus(status): n for status, n in conn.execute(query)}
         return {s: counts.get(s, 0) for s in JobStatus}
 
-    def next_due(self, batch_key: str, step: str) -> tuple[datetime | None, datetime]:
-        """(earliest ``next_attempt_at`` of the step's retryable jobs or None, the database's now)."""
+    def next_due(
+        self, batch_key: str, step: str, classifier_version: str | None = None
+    ) -> tuple[datetime | None, datetime]:
+        """(earliest ``next_attempt_at`` of the step's retryable jobs or None, the database's now);
+        with ``classifier_version``, of that version's jobs only (those a claim of it may take)."""
+        params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version}
         with self.engine.connect() as conn:
-            due, now = conn.execute(T.next_due(), {"p_batch_key": batch_key, "p_step": step}).one()
+            due, now = conn.execute(T.next_due(), params).one()
         return due, now
 
-    def open_in_step(self, batch_key: str, step: str) -> int:
+    def open_in_step(self, batch_key: str, step: str, classifier_version: str | None = None) -> int:
+        params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version}
         with self.engine.connect() as conn:
-            return int(conn.execute(T.open_in_step(), {"p_batch_key": batch_key, "p_step": step}).scalar_one())
+            return int(conn.execute(T.open_in_step(), params).scalar_one())
 
     def accepted_labels(self, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, LabelWrite]:
         """The label each job's latest accepted classification gave it."""

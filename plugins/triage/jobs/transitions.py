@@ -157,14 +157,26 @@ def register_for_review() -> Any:
     return outbox_insert(inserted, "job.registered").returning(outbox.c.job_id).add_cte(reviews)
 
 
+def in_version() -> ColumnElement[bool]:
+    """The job was registered for the classifier version ``:p_classifier_version`` (NULL: any)."""
+    version = sa.bindparam("p_classifier_version", type_=sa.Text)
+    return sa.or_(version.is_(None), jobs.c.classifier_version == version)
+
+
 @cache
-def claim_batch() -> Any:
+def claim_batch(versioned: bool = False) -> Any:
     """Claim up to ``:limit`` claimable jobs of a batch and step under a fresh lease.
 
     ``FOR UPDATE SKIP LOCKED`` lets many workers claim from one batch without waiting on or
     double-taking each other; the attempt is counted here, at claim time, so a worker that dies
     mid-attempt still used one. Served by ``jobs_claimable_idx``.
+
+    ``versioned``: only jobs registered for the classifier version ``:p_classifier_version``
+    (the classify step: a job is labelled only by the classifier its idempotency key names).
+    The others stay as they are for a run of their own version. A filter on the rows the index
+    yields: the jobs of one batch and step are nearly always of one version.
     """
+    version = [jobs.c.classifier_version == sa.bindparam("p_classifier_version", type_=sa.Text)] if versioned else []
     picked = (
         sa.select(jobs.c.id)
         .where(
@@ -175,6 +187,7 @@ def claim_batch() -> Any:
                 sa.and_(jobs.c.status == status_literal(S.RETRYABLE_FAILED), jobs.c.next_attempt_at <= NOW),
             ),
             jobs.c.attempt < jobs.c.max_attempts,
+            *version,
         )
         .order_by(jobs.c.next_attempt_at)
         .limit(sa.bindparam("limit", type_=sa.Integer))
@@ -597,22 +610,26 @@ def mark_published() -> Any:
 
 @cache
 def next_due() -> Any:
-    """When the earliest retryable job of a batch and step may be claimed again."""
+    """When the earliest retryable job of a batch and step (of ``:p_classifier_version``, when
+    given: the jobs this step may claim) may be claimed again."""
     return sa.select(sa.func.min(jobs.c.next_attempt_at), sa.func.now()).where(
         jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
         jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
         jobs.c.status == status_literal(S.RETRYABLE_FAILED),
         jobs.c.attempt < jobs.c.max_attempts,
+        in_version(),
     )
 
 
 @cache
 def open_in_step() -> Any:
-    """How many jobs of a batch and step an automatic step still owes work to."""
+    """How many jobs of a batch and step (of ``:p_classifier_version``, when given) an
+    automatic step still owes work to."""
     return sa.select(sa.func.count()).where(
         jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
         jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
         jobs.c.status.in_([status_literal(s) for s in sorted(UNFINISHED)]),
+        in_version(),
     )
 
 

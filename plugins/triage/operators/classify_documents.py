@@ -68,6 +68,25 @@ def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
     return settings
 
 
+def configured_classifier_versions(llm_conn_id: str = "triage_llm") -> frozenset[str]:
+    """The version of each classifier a run of this deployment could use now: ``keyword``, and
+    ``llm`` when its connection exists. A queued job of any other version is claimed by no run."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from triage.classifiers import CLASSIFIERS, Taxonomy, build_classifier
+
+    taxonomy, versions = Taxonomy.load(), set()
+    for name in sorted(CLASSIFIERS):
+        try:
+            settings = llm_settings(llm_conn_id) if name == "llm" else None
+        except AirflowNotFoundException:
+            continue
+        classifier = build_classifier(name, taxonomy=taxonomy, llm_settings=settings)
+        versions.add(classifier.version)
+        classifier.close()
+    return frozenset(versions)
+
+
 def build_run_classifier(config: ClassifyRunConfig, llm_conn_id: str) -> Classifier:
     from triage.classifiers import Taxonomy, build_classifier
 

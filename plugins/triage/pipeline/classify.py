@@ -121,6 +121,11 @@ class ClassifyHandler:
         self._misconfigured: str | None = None
         self._pool = ThreadPoolExecutor(settings.concurrency, "triage-classify") if settings.concurrency > 1 else None
 
+    @property
+    def classifier_version(self) -> str:
+        """Claims take only the jobs registered for this classifier's version."""
+        return self.classifier.version
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
