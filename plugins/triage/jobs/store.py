@@ -181,12 +181,17 @@ class JobStore:
 
     def send_batch_to_review(self, batch_key: str, *, reason: str, error: str | None, owner_prefix: str,
                              context: Mapping[str, Any] | None = None, actor: str = "failure_callback",
-                             take_unleased: bool = True) -> int:  # fmt: skip
+                             take_unleased: bool = True, run_prefix: str | None = None,
+                             step: str | None = None) -> int:  # fmt: skip
         """Move the batch's unfinished jobs to ``manual_review``; returns how many moved.
 
         :param take_unleased: also the jobs nobody holds (queued, retryable, waiting); False
             takes only the leases of ``owner_prefix`` and expired ones (a failed map index
             leaves the rest to its siblings).
+        :param run_prefix: only the work of this DAG run (``dag/run/``): expired leases of its
+            tasks, and unleased jobs whose latest move it made. None: every run's (for a batch
+            whose runs are all over).
+        :param step: only the jobs at this step. None: every step.
 
         Idempotent: a second call finds nothing left to move.
         """
@@ -194,7 +199,8 @@ class JobStore:
             rows = conn.execute(
                 T.send_batch_to_review(),
                 {"p_batch_key": batch_key, "reason": reason, "error": error, "owner_prefix": owner_prefix,
-                 "context": _json(context or {}), "take_unleased": take_unleased},
+                 "context": _json(context or {}), "take_unleased": take_unleased, "run_prefix": run_prefix,
+                 "p_step": step},
             ).all()  # fmt: skip
         return len(rows)
 

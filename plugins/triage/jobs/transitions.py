@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
-from triage.jobs.schema import classifications, document_labels, job_status, jobs, manual_review, outbox
+from triage.jobs.schema import classifications, document_labels, job_events, job_status, jobs, manual_review, outbox
 from triage.jobs.states import UNFINISHED
 from triage.jobs.states import JobStatus as S
 
@@ -482,26 +482,49 @@ def release_expired_leases() -> Any:
     return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
 
 
+def _last_actor() -> Any:
+    """Who made the job's latest move (``job_events``, newest first by its index)."""
+    return (
+        sa.select(job_events.c.actor)
+        .where(job_events.c.job_id == jobs.c.id)
+        .order_by(job_events.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
 @cache
 def send_batch_to_review() -> Any:
-    """Move a batch's unfinished jobs to ``manual_review`` (the failure callback).
+    """Move a batch's unfinished jobs to ``manual_review`` (the failure callback; reconciliation
+    for a batch whose runs are all over).
 
     Takes running jobs whose lease belongs to ``:owner_prefix`` (the task that failed) or has
     expired, and, with ``:take_unleased``, the jobs nobody holds; a live lease of another
     worker is left alone. A failed map index of a mapped task passes ``take_unleased=false``:
     the unleased jobs are its siblings' work while any of them still runs.
+
+    ``:run_prefix`` (``dag/run/``; NULL: any run) confines it to one DAG run's work, since
+    several runs of one date share a batch: an expired lease only of that run, an unleased job
+    only if that run made its latest move (registered, released, retried or advanced it). A job
+    another run touched last, or a reviewer requeued, is not this run's to give up.
+    ``:p_step`` (NULL: every step) keeps it to the step of the task that failed.
     """
     open_states = [status_literal(s) for s in (S.RECEIVED, S.QUEUED, S.RETRYABLE_FAILED, S.WAITING)]
+    run_prefix = sa.bindparam("run_prefix", type_=sa.Text)
+    step = sa.bindparam("p_step", type_=sa.Text)
     target = (
         sa.select(jobs.c.id)
         .where(
             jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+            sa.or_(step.is_(None), jobs.c.step == step),
             sa.or_(
-                sa.and_(sa.bindparam("take_unleased", type_=sa.Boolean), jobs.c.status.in_(open_states)),
+                sa.and_(sa.bindparam("take_unleased", type_=sa.Boolean), jobs.c.status.in_(open_states),
+                        sa.or_(run_prefix.is_(None), sa.func.starts_with(_last_actor(), run_prefix))),
                 sa.and_(
                     jobs.c.status == status_literal(S.RUNNING),
                     sa.or_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
-                           jobs.c.lease_expires_at < NOW),
+                           sa.and_(jobs.c.lease_expires_at < NOW,
+                                   sa.or_(run_prefix.is_(None), sa.func.starts_with(jobs.c.lease_owner, run_prefix)))),
                 ),
             ),
         )

@@ -116,6 +116,8 @@ class RetrieveDocumentsOperator(TriageOperator):
         (by external id; :class:`~triage.sources.base.Shard`): the DAG maps it over every shard.
     """
 
+    ledger_step = "classify"  # the jobs it registers wait there
+
     template_fields = ("payload_base",)
 
     def __init__(self, *, payload_base: str | None = None, llm_conn_id: str = "triage_llm", shard: int = 0,
@@ -175,6 +177,8 @@ class ClassifyDocumentsOperator(TriageOperator):
         carries the map index.
     """
 
+    ledger_step = "classify"
+
     template_fields = ("payload_base",)
 
     def __init__(self, *, payload_base: str | None = None, llm_conn_id: str = "triage_llm", batch_size: int = 1000,
@@ -233,6 +237,8 @@ class PersistLabelsOperator(TriageOperator):
         when the connection does not exist.
     """
 
+    ledger_step = "persist"
+
     def __init__(self, *, action_conn_id: str | None = LABEL_ACTION_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action_conn_id = action_conn_id
@@ -276,6 +282,8 @@ class PublishEventsOperator(TriageOperator):
         ``$TRIAGE_EVENT_LOG``, then ``$TRIAGE_HOME/events/outbox.jsonl``).
     :param webhook_conn_id: when set, POST events to this HTTP connection's URL instead.
     """
+
+    ledger_step = None  # relays the outbox: no job is held or left unfinished by it
 
     template_fields = ("event_log",)
 
