@@ -142,3 +142,22 @@ def test_the_store_bounds_usage_whoever_made_the_record(
     assert (row.prompt_tokens, row.completion_tokens, row.cost_usd, row.latency_ms) == kept
     assert row.usage_discarded == discarded
     assert (got[fine.id].prompt_tokens, got[fine.id].usage_discarded) == (7, None)
+
+
+@pytest.mark.parametrize("price", [pytest.param("0.5", id="a-string"), pytest.param(-1.0, id="negative")])
+def test_a_price_that_is_not_a_number_spoils_only_the_cost(store: JobStore, tmp_path: Path, price: Any) -> None:
+    """The prices come from the connection's extra, as written there."""
+    payloads = PayloadStore(tmp_path / "payloads")
+    with FakeOpenAIServer(responder=lambda _body: GOOD) as server:
+        classifier = OpenAICompatibleClassifier(base_url=server.base_url, api_key=None, model="m", taxonomy=TAXONOMY,
+                                                price_per_1k_prompt=price)  # fmt: skip
+        register(store, payloads, classifier.version)
+        handler = ClassifyHandler(classifier, payloads, ClassifySettings())
+        try:
+            run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w", batch_size=100))
+        finally:
+            handler.close()
+    with store.engine.connect() as conn:
+        got = conn.execute(sa.text("SELECT outcome, prompt_tokens, cost_usd, usage_discarded, count(*)"
+                                   " FROM triage.classifications GROUP BY 1, 2, 3, 4")).all()  # fmt: skip
+    assert [tuple(r) for r in got] == [("accepted", 120, None, "cost_usd", DOCUMENTS)]

@@ -32,7 +32,7 @@ from triage.classifiers.base import (
     TransientClassifierError,
 )
 from triage.classifiers.taxonomy import Taxonomy
-from triage.jobs.usage import bounded
+from triage.jobs.usage import bounded, non_negative
 
 __all__ = [
     "LlmVerdict",
@@ -88,13 +88,16 @@ def _usage(usage: Any, price_per_1k_prompt: float | None,
     figures, discarded = bounded(prompt_tokens=usage.get("prompt_tokens"),
                                  completion_tokens=usage.get("completion_tokens"))  # fmt: skip
     prompt, completion = figures["prompt_tokens"], figures["completion_tokens"]
-    cost = None
+    cost: object = None
     if (price_per_1k_prompt is not None or price_per_1k_completion is not None) and (
         prompt is not None or completion is not None
     ):
-        cost = (prompt or 0) / 1000.0 * (price_per_1k_prompt or 0.0) + (completion or 0) / 1000.0 * (
-            price_per_1k_completion or 0.0
-        )
+        # Prices come from the connection's extra: one that is not a number spoils the cost only.
+        prices = [non_negative(p) if p is not None else 0.0 for p in (price_per_1k_prompt, price_per_1k_completion)]
+        if None not in prices:
+            cost = (prompt or 0) / 1000.0 * (prices[0] or 0.0) + (completion or 0) / 1000.0 * (prices[1] or 0.0)
+        else:
+            cost = float("nan")  # named below as discarded
     priced, over = bounded(cost_usd=cost)
     return {**figures, **priced}, discarded + over
 

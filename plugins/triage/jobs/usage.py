@@ -19,7 +19,7 @@ MAX_COST_USD: Final = 999_999.999_999
 """The largest ``numeric(12, 6)``."""
 
 
-def _number(value: object) -> float | None:
+def non_negative(value: object) -> float | None:
     """A finite, non-negative real number, or None (booleans and strings are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
         return None
@@ -32,7 +32,7 @@ def _number(value: object) -> float | None:
 
 def tokens(value: object) -> int | None:
     """A token count the column holds: a whole number in [0, 2^31)."""
-    number = _number(value)
+    number = non_negative(value)
     if number is None or number != int(number) or number > MAX_TOKENS:
         return None
     return int(value) if isinstance(value, int) else int(number)
@@ -40,13 +40,13 @@ def tokens(value: object) -> int | None:
 
 def cost_usd(value: object) -> float | None:
     """A cost the column holds: in [0, 10^6)."""
-    number = _number(value)
+    number = non_negative(value)
     return number if number is not None and number <= MAX_COST_USD else None
 
 
 def latency_ms(value: object) -> float | None:
     """A latency: finite and non-negative."""
-    return _number(value)
+    return non_negative(value)
 
 
 BOUNDS = {"prompt_tokens": tokens, "completion_tokens": tokens, "cost_usd": cost_usd, "latency_ms": latency_ms}
