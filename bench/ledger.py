@@ -19,6 +19,8 @@ REGISTER_N = 100_000
 CLAIM_N = 30_000
 CHUNK = 5_000
 CLAIM_BATCH = 1_000
+VERSION = new_jobs(1)[0].classifier_version
+"""The version the jobs are registered for: the ledger's claims are fenced on it, as classify's are."""
 
 PLAIN_INSERT = sa.text("""
 INSERT INTO plain.jobs (id, idempotency_key, source, external_id, content_sha256, payload_ref, classifier_version,
@@ -111,7 +113,7 @@ def bench_claim_complete(rounds: int = 2) -> Figure:
             done = 0
             while True:
                 claim = store.claim(batch_key=batch, step="classify", limit=CLAIM_BATCH, lease_seconds=60,
-                                    owner="bench")  # fmt: skip
+                                    owner="bench", classifier_version=VERSION)  # fmt: skip
                 if not claim.jobs:
                     return done
                 store.record(claim, [Complete(j.id, j.attempt) for j in claim.jobs])

@@ -4,7 +4,8 @@ Scheduled daily with real data intervals (a run covers [00:00, 24:00) UTC of its
 off, backfillable from the CLI. Trigger it from the UI with the typed params form. Per-document
 failures never fail a task; a task fails when a dependency is down or retryable work remains,
 and Airflow retries it with exponential backoff. When Airflow gives up, the failure callback
-moves the batch's unfinished jobs to manual review.
+moves the unfinished jobs this run holds or moved last at the task's step to manual review
+(never another run's of the same date).
 
 ``classify`` is mapped over ``CLASSIFY_WORKERS`` parallel task instances of the same batch:
 each claims jobs with ``FOR UPDATE SKIP LOCKED`` under its own lease owner (the map index is

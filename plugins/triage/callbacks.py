@@ -30,22 +30,52 @@ def siblings_active(context: Any) -> bool | None:
     return any(state not in FINISHED_STATES for state in siblings.values())
 
 
+_UNKNOWN = "?"
+
+
+def ledger_step(task: Any) -> str | None:
+    """The step whose jobs the task works on (``TriageOperator.ledger_step``; a mapped task
+    that is not unmapped yet names it on its operator class); :data:`_UNKNOWN` for another task."""
+    for holder in (task, getattr(task, "operator_class", None)):
+        if holder is not None and hasattr(holder, "ledger_step"):
+            return holder.ledger_step
+    return _UNKNOWN
+
+
 def on_task_failure(context: Any) -> None:
-    """When Airflow gives up on a task: move its batch's unfinished jobs to ``manual_review``
-    with reason ``airflow_task_failed`` and the task's error.
+    """When Airflow gives up on a task: move its unfinished work to ``manual_review`` with
+    reason ``airflow_task_failed`` and the task's error.
+
+    Its work, not its batch's: several runs of one date (a scheduled run, a manual one, a
+    backfill) share a batch, so the callback takes only jobs at the task's step
+    (``ledger_step``) that this DAG run holds or moved last (its leases, expired ones of its
+    tasks, and unleased jobs whose latest move it made); another run's jobs, and jobs a reviewer
+    requeued, are left to their owners, and ``reconcile_jobs`` moves a failed batch's rest once
+    none of its runs is active. A task that holds no jobs (``publish_events``: its unsent events
+    stay in the outbox for the next relay) moves nothing; a task of unknown kind only its own
+    leases.
 
     Jobs leased by other live tasks are left alone. A map index of a mapped task (``classify``)
-    takes the batch's unleased jobs only when no sibling map index can still claim them (asked
-    through the Task SDK's ``get_task_states``); otherwise it moves only what it held and
-    expired leases, and if the whole run fails ``reconcile_jobs`` moves the rest (its Airflow
-    view). The one broad ``except`` of the execution path: a callback that raised would hide
-    the task's own error and change nothing.
+    takes the unleased jobs only when no sibling map index can still claim them (asked through
+    the Task SDK's ``get_task_states``); otherwise it moves only what it held and its run's
+    expired leases. The one broad ``except`` of the execution path: a callback that raised
+    would hide the task's own error and change nothing.
     """
     try:
         from triage.jobs.store import JobStore
-        from triage.operators.base import batch_key, database_url_from_connection, map_index, owner_prefix
+        from triage.operators.base import (
+            batch_key,
+            database_url_from_connection,
+            map_index,
+            owner_prefix,
+            run_prefix,
+        )
 
         task = context.get("task")
+        step = ledger_step(task)
+        if step is None:
+            log.info("failure callback: %s holds no jobs; nothing to move", getattr(task, "task_id", "the task"))
+            return
         conn_id = getattr(task, "triage_conn_id", "triage_db")
         error = context.get("exception")
         message = f"{type(error).__name__}: {error}"[:2000] if error is not None else "task failed"
@@ -57,8 +87,9 @@ def on_task_failure(context: Any) -> None:
             moved = JobStore(engine).send_batch_to_review(
                 batch, reason=TASK_FAILED, error=message, owner_prefix=prefix,
                 context={"task_id": ti.task_id, "run_id": ti.run_id, "try_number": ti.try_number},
-                actor=f"{prefix}failure_callback",
-                take_unleased=map_index(context) < 0 or siblings_active(context) is False,
+                actor=f"{prefix}failure_callback", run_prefix=run_prefix(context),
+                step=None if step == _UNKNOWN else step,
+                take_unleased=step != _UNKNOWN and (map_index(context) < 0 or siblings_active(context) is False),
             )  # fmt: skip
         finally:
             engine.dispose()

@@ -46,6 +46,7 @@ class Reply:
     delay_ms: float = 0.0
     prompt_tokens: int = 120
     completion_tokens: int = 12
+    usage: Any = None  # replaces the whole usage object as given (anything JSON, NaN included)
 
     @classmethod
     def ok(cls, label: str, confidence: float = 0.9, **kwargs: Any) -> Reply:
@@ -91,7 +92,9 @@ class Reply:
                         "finish_reason": "stop",
                     }
                 ],
-                "usage": {
+                "usage": self.usage
+                if self.usage is not None
+                else {
                     "prompt_tokens": self.prompt_tokens,
                     "completion_tokens": self.completion_tokens,
                     "total_tokens": self.prompt_tokens + self.completion_tokens,

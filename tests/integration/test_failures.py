@@ -173,7 +173,8 @@ def test_5_an_unsupported_schema_version_is_routed_not_misread(fast: JobStore, p
     future = DocumentPayload(external_id="doc-v2", subject="s", body="b", received_at=DAY).to_bytes()
     future = future.replace(b'"schema_version":1', b'"schema_version":2')
     digest, ref = payloads.put(future)
-    fast.register([NewJob(f"jsonl/6:doc-v2/{digest}/v", "jsonl", "doc-v2", digest, ref, "v")], batch_key=BATCH,
+    version = build_classifier("keyword", taxonomy=Taxonomy.load()).version  # the version classify() claims
+    fast.register([NewJob(f"jsonl/6:doc-v2/{digest}/v", "jsonl", "doc-v2", digest, ref, version)], batch_key=BATCH,
                   step="classify", max_attempts=3)  # fmt: skip
     classify(fast, payloads)
     assert q(fast, "SELECT status::text || ':' || status_reason FROM triage.jobs") == (

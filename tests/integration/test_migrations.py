@@ -72,3 +72,25 @@ def test_downgrade_to_base_and_up_again(fresh_database: DatabaseUrl) -> None:
     assert left == set()
     migrations.upgrade(fresh_database)
     assert _diff(fresh_database) == []
+
+
+def test_0006_upgrades_a_database_of_0005_with_jobs_mid_life(fresh_database: DatabaseUrl) -> None:
+    """Jobs written before attempt budgets: each started its budget at 0 (requeues and advances
+    reset the attempt), so after the upgrade a requeue numbers on from the attempt it reached."""
+    from triage.jobs.store import JobStore
+
+    migrations.upgrade(fresh_database, "0005")
+    engine = create_engine(fresh_database, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        job_id = conn.execute(sa.text(
+            "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
+            " classifier_version, correlation_id, batch_key, step, status, status_reason, attempt, max_attempts)"
+            " VALUES ('k', 's', 'e', 'h', 'ref', 'v', 'c', 'b', 'classify', 'manual_review', 'inconclusive', 2, 3)"
+            " RETURNING id")).scalar_one()  # fmt: skip
+    migrations.upgrade(fresh_database)
+    assert _diff(fresh_database) == []
+    JobStore(engine).resolve_with_requeue(job_id, actor="alice")
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT status::text, attempt, attempt_base, max_attempts FROM triage.jobs")).one()
+    engine.dispose()
+    assert tuple(row) == ("queued", 2, 2, 5)

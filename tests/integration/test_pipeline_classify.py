@@ -153,8 +153,8 @@ def test_accepted_completes_with_label_classification_and_event_in_one_transacti
     store: JobStore, payloads: PayloadStore
 ) -> None:
     text = "I was charged twice on my invoice and the payment failed, please check my billing"
-    ids = register(store, payloads, {"T-1": document("T-1", text, "Invoice")}, version="kw")
     classifier = KeywordClassifier(TAXONOMY)
+    ids = register(store, payloads, {"T-1": document("T-1", text, "Invoice")}, version=classifier.version)
     report = classify(store, classifier, payloads, confidence_threshold=0.5)
     assert report.outcomes["Complete"] == 1
     j = job(store, ids["T-1"])
@@ -179,7 +179,7 @@ def test_accepted_completes_with_label_classification_and_event_in_one_transacti
 
 def test_inconclusive_goes_to_review(store: JobStore, payloads: PayloadStore) -> None:
     ids = register(store, payloads, {"T-1": document("T-1", "I contacted you last week and I am still waiting.")},
-                   version="kw")  # fmt: skip
+                   version=KeywordClassifier(TAXONOMY).version)  # fmt: skip
     classify(store, KeywordClassifier(TAXONOMY), payloads)
     j = job(store, ids["T-1"])
     assert (j.status, j.status_reason) == ("manual_review", "inconclusive")
@@ -532,8 +532,8 @@ def test_separate_persist_advances_then_completes_with_the_classified_label(stor
                "T-3": lambda _r: ok("billing", 0.1)}  # fmt: skip
     classify(store, ScriptedClassifier(by_external_id(answers)), payloads, separate_persist=True)
     assert {ext: (job(store, i).status, job(store, i).step, job(store, i).attempt) for ext, i in ids.items()} == {
-        "T-1": ("queued", "persist", 0),
-        "T-2": ("queued", "persist", 0),
+        "T-1": ("queued", "persist", 1),  # attempts are numbered on; persist's budget starts after 1
+        "T-2": ("queued", "persist", 1),
         "T-3": ("manual_review", "classify", 1),
     }
     assert scalar(store, "SELECT count(*) FROM triage.document_labels") == 0

@@ -106,12 +106,13 @@ def test_a_reject_fails_the_job_for_good(store: JobStore) -> None:
     assert rows(store, "SELECT count(*) FROM triage.document_labels") == [(0,)]
 
 
-def test_a_requeue_resets_attempts_and_counts_a_replay(store: JobStore) -> None:
+def test_a_requeue_gives_a_fresh_budget_and_counts_a_replay(store: JobStore) -> None:
     (job_id,) = to_review(store)
     result = store.resolve_with_requeue(job_id, actor="carol", note="model was down", max_replays=2)
     assert (result.already_applied, result.status, result.resolved_by) == (False, JobStatus.QUEUED, "carol")
     assert last_event(store, job_id) == ("manual_review", "queued", "carol", "requeued")
-    assert rows(store, "SELECT attempt, replays FROM triage.jobs") == [(0, 1)]
+    # attempt 1 stays attempt 1; the next budget (3 attempts, as before) runs from 2 to 4
+    assert rows(store, "SELECT attempt, attempt_base, max_attempts, replays FROM triage.jobs") == [(1, 1, 4, 1)]
     assert rows(store, "SELECT event_type FROM triage.outbox WHERE event_type = 'job.requeued'") == [("job.requeued",)]
 
 
@@ -193,7 +194,7 @@ def test_requeues_are_bounded_and_a_spent_job_stays_in_review(store: JobStore) -
     (job_id,) = to_review(store)
     store.resolve_with_requeue(job_id, actor="alice", max_replays=1)
     claim = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="worker-2")
-    store.record(claim, [SendToReview(job_id, 1, "inconclusive")])
+    store.record(claim, [SendToReview(job_id, claim.jobs[0].attempt, "inconclusive")])
     before = snapshot(store)
     with pytest.raises(ReplayLimitReached, match="requeued 1 times"):
         store.resolve_with_requeue(job_id, actor="alice", max_replays=1)
@@ -206,7 +207,7 @@ def test_a_job_back_in_review_after_a_requeue_can_be_decided_again(store: JobSto
     (job_id,) = to_review(store)
     store.resolve_with_requeue(job_id, actor="alice")
     claim = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="worker-2")
-    store.record(claim, [SendToReview(job_id, 1, "inconclusive")])
+    store.record(claim, [SendToReview(job_id, claim.jobs[0].attempt, "inconclusive")])
     assert label(store, job_id).already_applied is False
     assert rows(store, "SELECT resolution FROM triage.manual_review ORDER BY id") == [("requeued",), ("labelled",)]
 

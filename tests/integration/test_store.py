@@ -236,9 +236,11 @@ def test_review_fail_advance_and_release(store: JobStore) -> None:
         Release(d.id, d.attempt),
     ])  # fmt: skip
     assert (result.to_review, result.failed, result.advanced, result.released) == (1, 1, 1, 1)
-    states = dict(rows(store, "SELECT id, status::text || ':' || step || ':' || attempt FROM triage.jobs"))
-    assert states == {a.id: "manual_review:classify:1", b.id: "terminal_failed:classify:1",
-                      c.id: "queued:persist:0", d.id: "queued:classify:0"}  # fmt: skip
+    states = dict(rows(store, "SELECT id, status::text || ':' || step || ':' || attempt || '/' || attempt_base"
+                              " || '-' || max_attempts FROM triage.jobs"))  # fmt: skip
+    # The advanced job keeps its attempt number and starts a fresh budget of 3 after it.
+    assert states == {a.id: "manual_review:classify:1/0-3", b.id: "terminal_failed:classify:1/0-3",
+                      c.id: "queued:persist:1/1-4", d.id: "queued:classify:0/0-3"}  # fmt: skip
     assert scalar(store, "SELECT context->>'confidence' FROM triage.manual_review") == "0.2"
 
 
@@ -298,14 +300,15 @@ def test_requeue_from_review_is_audited_and_bounded(store: JobStore) -> None:
     assert store.get_status(job_id) == JobStatus.QUEUED
     review = rows(store, "SELECT resolution, resolved_by, note FROM triage.manual_review")
     assert [tuple(r) for r in review] == [("requeued", "alice", "looks fine")]
-    assert scalar(store, "SELECT attempt FROM triage.jobs") == 0
+    assert scalar(store, "SELECT attempt FROM triage.jobs") == 1  # attempts are never renumbered
     assert (
         scalar(store, "SELECT actor FROM triage.job_events WHERE to_status = 'queued' ORDER BY id DESC LIMIT 1")
         == "alice"
     )
     assert store.resolve_with_requeue(job_id, actor="alice").already_applied  # a repeat changes nothing
     again = claim(store)
-    store.record(again, [SendToReview(job_id, 1, "inconclusive")])
+    assert again.jobs[0].attempt == 2
+    store.record(again, [SendToReview(job_id, 2, "inconclusive")])
     with pytest.raises(ReplayLimitReached):
         store.resolve_with_requeue(job_id, actor="alice", max_replays=1)
     with pytest.raises(JobNotFound):

@@ -63,6 +63,8 @@ class ModelOutput:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost_usd: float | None = None
+    usage_discarded: tuple[str, ...] = ()
+    """Usage figures the model reported out of bounds (:mod:`triage.jobs.usage`), left out above."""
 
     def __post_init__(self) -> None:
         # A NaN or out-of-range confidence would compare false against every threshold and

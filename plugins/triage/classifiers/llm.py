@@ -16,6 +16,7 @@ Neither prompts, document text nor the API key are ever logged or put in an erro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -31,6 +32,7 @@ from triage.classifiers.base import (
     TransientClassifierError,
 )
 from triage.classifiers.taxonomy import Taxonomy
+from triage.jobs.usage import bounded, non_negative
 
 __all__ = [
     "LlmVerdict",
@@ -66,18 +68,38 @@ class _Choice(BaseModel):
     message: _Message
 
 
-class _Usage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    prompt_tokens: int | None = Field(default=None, ge=0)
-    completion_tokens: int | None = Field(default=None, ge=0)
-
-
 class _ChatCompletion(BaseModel):
-    """The part of the OpenAI chat-completion response Triage reads."""
+    """The part of the OpenAI chat-completion response Triage reads. ``usage`` is taken as
+    sent and bounded by :func:`_usage`: a strange figure there never rejects the answer."""
 
     model_config = ConfigDict(extra="ignore")
     choices: list[_Choice] = Field(min_length=1)
-    usage: _Usage | None = None
+    usage: Any = None
+
+
+def _usage(usage: Any, price_per_1k_prompt: float | None,
+           price_per_1k_completion: float | None) -> tuple[dict[str, Any], tuple[str, ...]]:  # fmt: skip
+    """``prompt_tokens``, ``completion_tokens`` and ``cost_usd`` within the columns' bounds
+    (:mod:`triage.jobs.usage`), and the names of the figures left out because they were not."""
+    if usage is None:
+        return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ()
+    if not isinstance(usage, dict):
+        return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ("usage",)
+    figures, discarded = bounded(prompt_tokens=usage.get("prompt_tokens"),
+                                 completion_tokens=usage.get("completion_tokens"))  # fmt: skip
+    prompt, completion = figures["prompt_tokens"], figures["completion_tokens"]
+    cost: object = None
+    if (price_per_1k_prompt is not None or price_per_1k_completion is not None) and (
+        prompt is not None or completion is not None
+    ):
+        # Prices come from the connection's extra: one that is not a number spoils the cost only.
+        prices = [non_negative(p) if p is not None else 0.0 for p in (price_per_1k_prompt, price_per_1k_completion)]
+        if None not in prices:
+            cost = (prompt or 0) / 1000.0 * (prices[0] or 0.0) + (completion or 0) / 1000.0 * (prices[1] or 0.0)
+        else:
+            cost = float("nan")  # named below as discarded
+    priced, over = bounded(cost_usd=cost)
+    return {**figures, **priced}, discarded + over
 
 
 def system_prompt(taxonomy: Taxonomy) -> str:
@@ -156,24 +178,9 @@ def parse_chat_response(
         completion = _ChatCompletion.model_validate_json(body)
     except (ValidationError, ValueError, RecursionError):
         return ModelOutput(None, 0.0, "invalid_response", latency_ms)
-    usage = completion.usage
-    prompt_tokens = usage.prompt_tokens if usage else None
-    completion_tokens = usage.completion_tokens if usage else None
-    cost = None
-    if (price_per_1k_prompt is not None or price_per_1k_completion is not None) and (
-        prompt_tokens is not None or completion_tokens is not None
-    ):
-        cost = (prompt_tokens or 0) / 1000.0 * (price_per_1k_prompt or 0.0) + (completion_tokens or 0) / 1000.0 * (
-            price_per_1k_completion or 0.0
-        )
-    return parse_model_content(
-        completion.choices[0].message.content,
-        names,
-        latency_ms=latency_ms,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cost_usd=cost,
-    )
+    usage, discarded = _usage(completion.usage, price_per_1k_prompt, price_per_1k_completion)
+    output = parse_model_content(completion.choices[0].message.content, names, latency_ms=latency_ms, **usage)
+    return dataclasses.replace(output, usage_discarded=discarded) if discarded else output
 
 
 def _error_detail(response: httpx.Response) -> str:

@@ -56,6 +56,12 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     created_at: datetime
+    attempt_base: int = 0  # where the current attempt budget began (see jobs.schema)
+
+    @property
+    def attempt_in_budget(self) -> int:
+        """1 for the first attempt since registration, the last advance or the last requeue."""
+        return self.attempt - self.attempt_base
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,7 @@ class ClassificationRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost_usd: float | None = None
+    usage_discarded: str | None = None  # figures reported out of bounds, comma-separated (triage.jobs.usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,3 +236,4 @@ class ReviewCase:
     model_label: str | None
     model_confidence: float | None
     model_outcome: str | None
+    attempt_base: int = 0  # where the current attempt budget began (see jobs.schema)

@@ -50,8 +50,12 @@ jobs = sa.Table(
     sa.Column("step", sa.Text, nullable=False),
     sa.Column("status", job_status, nullable=False),
     sa.Column("status_reason", sa.Text),  # why the job entered its status; copied into job_events
+    # Attempts only grow over a job's life (a classification is keyed by its attempt). Each
+    # budget runs from attempt_base (0, or the attempt of the latest advance or requeue) up to
+    # max_attempts: a claim needs attempt < max_attempts; the budget's size is their difference.
     sa.Column("attempt", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("attempt_base", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.Column("replays", sa.Integer, nullable=False, server_default=sa.text("0")),  # requeues from review
     sa.Column("lease_rescues", sa.Integer, nullable=False, server_default=sa.text("0")),  # expired leases returned
     sa.Column("next_attempt_at", sa.DateTime(timezone=True)),
@@ -62,7 +66,9 @@ jobs = sa.Table(
     sa.Column("last_error", sa.Text),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
-    sa.CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt_bounds"),
+    sa.CheckConstraint(
+        "attempt_base >= 0 AND attempt >= attempt_base AND attempt <= max_attempts", name="attempt_bounds"
+    ),
     sa.CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
     sa.CheckConstraint(
         "(status = 'running' AND lease_owner IS NOT NULL AND lease_token IS NOT NULL"
@@ -132,6 +138,8 @@ classifications = sa.Table(
     sa.Column("prompt_tokens", sa.Integer),
     sa.Column("completion_tokens", sa.Integer),
     sa.Column("cost_usd", sa.Numeric(12, 6)),
+    # The usage figures the model reported out of range (comma-separated names), stored as NULL.
+    sa.Column("usage_discarded", sa.Text),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
     sa.UniqueConstraint("job_id", "attempt"),
     sa.CheckConstraint("outcome IN ('accepted', 'inconclusive', 'rejected')", name="outcome_known"),

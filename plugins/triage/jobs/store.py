@@ -26,6 +26,7 @@ from uuid6 import uuid7
 
 from triage.contracts.events import WorkEvent
 from triage.jobs import transitions as T
+from triage.jobs import usage as usage_bounds
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import (
     JobNotFound,
@@ -116,21 +117,25 @@ class JobStore:
     # -- a worker's lease -----------------------------------------------------------------
 
     def claim(self, *, batch_key: str, step: str, limit: int, lease_seconds: float, owner: str,
-              actor: str | None = None) -> Claim:  # fmt: skip
-        """Claim up to ``limit`` claimable jobs of a batch and step under one fresh lease token."""
+              actor: str | None = None, classifier_version: str | None = None) -> Claim:  # fmt: skip
+        """Claim up to ``limit`` claimable jobs of a batch and step under one fresh lease token.
+
+        :param classifier_version: only jobs registered for this version (the classify step
+            passes its classifier's); None takes any version (a step that runs no classifier).
+        """
         if limit < 1 or lease_seconds <= 0:
             raise ValueError("claim needs limit >= 1 and lease_seconds > 0")
         token = uuid.uuid4()
         with self.transaction(actor) as conn:  # None: the trigger names the new lease owner
             rows = conn.execute(
-                T.claim_batch(),
+                T.claim_batch(versioned=classifier_version is not None),
                 {"p_batch_key": batch_key, "p_step": step, "limit": limit, "lease_seconds": lease_seconds,
-                 "owner": owner, "token": token},
+                 "owner": owner, "token": token, "p_classifier_version": classifier_version},
             ).all()  # fmt: skip
         expires = min((r.lease_expires_at for r in rows), default=None)
         # RETURNING lists ClaimedJob's fields in order; positional construction keeps a claim of
         # thousands of jobs cheap.
-        claimed = tuple(ClaimedJob(*row[:12]) for row in rows)
+        claimed = tuple(ClaimedJob(*row[:13]) for row in rows)
         return Claim(token=token, owner=owner, expires_at=expires or datetime.min, jobs=claimed)
 
     def heartbeat(self, claim: Claim, lease_seconds: float, job_ids: Sequence[uuid.UUID] | None = None) -> datetime:
@@ -146,10 +151,15 @@ class JobStore:
         return min((r.lease_expires_at for r in rows), default=claim.expires_at)
 
     def record(self, claim: Claim | uuid.UUID, outcomes: Sequence[Outcome], actor: str | None = None) -> Recorded:
-        """Record a batch of outcomes of jobs held under ``claim``, in one transaction."""
-        token = claim.token if isinstance(claim, Claim) else claim
+        """Record a batch of outcomes of jobs held under ``claim``, in one transaction.
+
+        Given the :class:`Claim`, a retry's backoff grows with the attempt within the job's
+        current budget; given only its token, with the job's attempt (never a shorter wait).
+        """
+        token, bases = (claim.token, {j.id: j.attempt_base for j in claim.jobs}) if isinstance(claim, Claim) \
+            else (claim, None)  # fmt: skip
         with self.transaction(actor) as conn:  # None: the trigger names the lease owner
-            return record_txn(conn, token, outcomes, self.retry_policy, self._rng)
+            return record_txn(conn, token, outcomes, self.retry_policy, self._rng, bases)
 
     # -- recovery -------------------------------------------------------------------------
 
@@ -171,12 +181,17 @@ class JobStore:
 
     def send_batch_to_review(self, batch_key: str, *, reason: str, error: str | None, owner_prefix: str,
                              context: Mapping[str, Any] | None = None, actor: str = "failure_callback",
-                             take_unleased: bool = True) -> int:  # fmt: skip
+                             take_unleased: bool = True, run_prefix: str | None = None,
+                             step: str | None = None) -> int:  # fmt: skip
         """Move the batch's unfinished jobs to ``manual_review``; returns how many moved.
 
         :param take_unleased: also the jobs nobody holds (queued, retryable, waiting); False
             takes only the leases of ``owner_prefix`` and expired ones (a failed map index
             leaves the rest to its siblings).
+        :param run_prefix: only the work of this DAG run (``dag/run/``): expired leases of its
+            tasks, and unleased jobs whose latest move it made. None: every run's (for a batch
+            whose runs are all over).
+        :param step: only the jobs at this step. None: every step.
 
         Idempotent: a second call finds nothing left to move.
         """
@@ -184,7 +199,8 @@ class JobStore:
             rows = conn.execute(
                 T.send_batch_to_review(),
                 {"p_batch_key": batch_key, "reason": reason, "error": error, "owner_prefix": owner_prefix,
-                 "context": _json(context or {}), "take_unleased": take_unleased},
+                 "context": _json(context or {}), "take_unleased": take_unleased, "run_prefix": run_prefix,
+                 "p_step": step},
             ).all()  # fmt: skip
         return len(rows)
 
@@ -229,9 +245,11 @@ class JobStore:
 
     def resolve_with_requeue(self, job_id: uuid.UUID, *, actor: str, note: str | None = None,
                              max_replays: int = 3) -> ReviewResult:  # fmt: skip
-        """Review decision: try again. ``manual_review -> queued`` with its attempts reset, a
-        replay counted up to ``max_replays``, the review row resolved ``requeued`` and a
-        ``job.requeued`` event (the reviewer is the actor).
+        """Review decision: try again. ``manual_review -> queued`` as a fresh job: a new budget
+        of as many attempts as it had (numbered on from its last one, so every attempt keeps
+        its classification and events), no lease rescues or last error; a replay counted up to
+        ``max_replays``, the review row resolved ``requeued`` and a ``job.requeued`` event (the
+        reviewer is the actor).
 
         :raises ReplayLimitReached: the job is in review and was requeued ``max_replays`` times.
         """
@@ -278,15 +296,20 @@ class JobStore:
             counts = {JobStatus(status): n for status, n in conn.execute(query)}
         return {s: counts.get(s, 0) for s in JobStatus}
 
-    def next_due(self, batch_key: str, step: str) -> tuple[datetime | None, datetime]:
-        """(earliest ``next_attempt_at`` of the step's retryable jobs or None, the database's now)."""
+    def next_due(
+        self, batch_key: str, step: str, classifier_version: str | None = None
+    ) -> tuple[datetime | None, datetime]:
+        """(earliest ``next_attempt_at`` of the step's retryable jobs or None, the database's now);
+        with ``classifier_version``, of that version's jobs only (those a claim of it may take)."""
+        params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version}
         with self.engine.connect() as conn:
-            due, now = conn.execute(T.next_due(), {"p_batch_key": batch_key, "p_step": step}).one()
+            due, now = conn.execute(T.next_due(), params).one()
         return due, now
 
-    def open_in_step(self, batch_key: str, step: str) -> int:
+    def open_in_step(self, batch_key: str, step: str, classifier_version: str | None = None) -> int:
+        params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version}
         with self.engine.connect() as conn:
-            return int(conn.execute(T.open_in_step(), {"p_batch_key": batch_key, "p_step": step}).scalar_one())
+            return int(conn.execute(T.open_in_step(), params).scalar_one())
 
     def accepted_labels(self, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, LabelWrite]:
         """The label each job's latest accepted classification gave it."""
@@ -389,9 +412,13 @@ def _new_job_row(job: NewJob) -> dict[str, Any]:
 
 
 def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome], policy: RetryPolicy,
-               rng: random.Random) -> Recorded:  # fmt: skip
+               rng: random.Random, bases: Mapping[uuid.UUID, int] | None = None) -> Recorded:  # fmt: skip
     """Record outcomes set-based: one statement per kind, all fenced on (job, attempt, token);
-    then, once the fence held for every job, the classifications and the labels."""
+    then, once the fence held for every job, the classifications and the labels.
+
+    :param bases: each job's ``attempt_base`` (from its claim): the backoff of a retry counts
+        the attempts of the current budget only, so a requeued job starts from the short waits.
+    """
     ids = [o.job_id for o in outcomes]
     if len(set(ids)) != len(ids):
         raise LedgerError("one outcome per job in a batch")
@@ -413,7 +440,8 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
         return moved
 
     def retry_row(o: RetryLater) -> dict[str, Any]:
-        delay = o.delay_seconds if o.delay_seconds is not None else policy.delay(o.attempt, rng)
+        base = bases.get(o.job_id, 0) if bases else 0
+        delay = o.delay_seconds if o.delay_seconds is not None else policy.delay(o.attempt - base, rng)
         return {"error_class": o.error_class, "error": o.error, "delay_seconds": delay}
 
     conn.execute(T.fenced_write_joins())
@@ -447,12 +475,17 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
 
 
 def _classification_row(outcome: Any) -> dict[str, Any]:
+    """The row of an outcome's classification. Usage figures are bounded here too, whoever made
+    the record: one the columns cannot hold would fail the whole batch (:mod:`triage.jobs.usage`)."""
     record: ClassificationRecord = outcome.classification
+    usage, discarded = usage_bounds.bounded(latency_ms=record.latency_ms, prompt_tokens=record.prompt_tokens,
+                                            completion_tokens=record.completion_tokens, cost_usd=record.cost_usd)  # fmt: skip
+    named = [n for n in (record.usage_discarded or "").split(",") if n]
+    named += [n for n in discarded if n not in named]
     return {"job_id": outcome.job_id, "attempt": outcome.attempt, "label": record.label,
             "confidence": record.confidence, "outcome": record.outcome, "rejected_reason": record.rejected_reason,
-            "classifier_version": record.classifier_version, "latency_ms": record.latency_ms,
-            "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
-            "cost_usd": record.cost_usd}  # fmt: skip
+            "classifier_version": record.classifier_version, **usage,
+            "usage_discarded": ",".join(named) or None}  # fmt: skip
 
 
 def _check_fenced(conn: sa.Connection, wanted: Sequence[uuid.UUID], got: set[uuid.UUID], token: uuid.UUID,

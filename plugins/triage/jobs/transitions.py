@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
-from triage.jobs.schema import classifications, document_labels, job_status, jobs, manual_review, outbox
+from triage.jobs.schema import classifications, document_labels, job_events, job_status, jobs, manual_review, outbox
 from triage.jobs.states import UNFINISHED
 from triage.jobs.states import JobStatus as S
 
@@ -157,14 +157,26 @@ def register_for_review() -> Any:
     return outbox_insert(inserted, "job.registered").returning(outbox.c.job_id).add_cte(reviews)
 
 
+def in_version() -> ColumnElement[bool]:
+    """The job was registered for the classifier version ``:p_classifier_version`` (NULL: any)."""
+    version = sa.bindparam("p_classifier_version", type_=sa.Text)
+    return sa.or_(version.is_(None), jobs.c.classifier_version == version)
+
+
 @cache
-def claim_batch() -> Any:
+def claim_batch(versioned: bool = False) -> Any:
     """Claim up to ``:limit`` claimable jobs of a batch and step under a fresh lease.
 
     ``FOR UPDATE SKIP LOCKED`` lets many workers claim from one batch without waiting on or
     double-taking each other; the attempt is counted here, at claim time, so a worker that dies
     mid-attempt still used one. Served by ``jobs_claimable_idx``.
+
+    ``versioned``: only jobs registered for the classifier version ``:p_classifier_version``
+    (the classify step: a job is labelled only by the classifier its idempotency key names).
+    The others stay as they are for a run of their own version. A filter on the rows the index
+    yields: the jobs of one batch and step are nearly always of one version.
     """
+    version = [jobs.c.classifier_version == sa.bindparam("p_classifier_version", type_=sa.Text)] if versioned else []
     picked = (
         sa.select(jobs.c.id)
         .where(
@@ -175,6 +187,7 @@ def claim_batch() -> Any:
                 sa.and_(jobs.c.status == status_literal(S.RETRYABLE_FAILED), jobs.c.next_attempt_at <= NOW),
             ),
             jobs.c.attempt < jobs.c.max_attempts,
+            *version,
         )
         .order_by(jobs.c.next_attempt_at)
         .limit(sa.bindparam("limit", type_=sa.Integer))
@@ -200,7 +213,7 @@ def claim_batch() -> Any:
         .returning(
             jobs.c.id, jobs.c.idempotency_key, jobs.c.source, jobs.c.external_id, jobs.c.content_sha256,
             jobs.c.payload_ref, jobs.c.classifier_version, jobs.c.correlation_id, jobs.c.step,
-            jobs.c.attempt, jobs.c.max_attempts, jobs.c.created_at, jobs.c.lease_expires_at,
+            jobs.c.attempt, jobs.c.max_attempts, jobs.c.created_at, jobs.c.attempt_base, jobs.c.lease_expires_at,
         )
     )  # fmt: skip
 
@@ -283,6 +296,16 @@ def upsert_labels() -> Any:
     )
 
 
+def fresh_budget() -> dict[str, Any]:
+    """A new attempt budget of the same size, starting at the job's current attempt. The
+    attempt itself is never reset: each one keeps its own number, so its classification and
+    its events stay apart from every earlier attempt's."""
+    return {
+        "attempt_base": jobs.c.attempt,
+        "max_attempts": jobs.c.attempt + (jobs.c.max_attempts - jobs.c.attempt_base),
+    }
+
+
 @cache
 def advance() -> Any:
     """``running -> queued`` at the next step, with a fresh attempt budget."""
@@ -290,8 +313,8 @@ def advance() -> Any:
     return (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=status_literal(S.QUEUED), status_reason="advanced", step=held.c.next_step, attempt=0,
-                updated_at=NOW, **NO_LEASE)
+        .values(status=status_literal(S.QUEUED), status_reason="advanced", step=held.c.next_step, updated_at=NOW,
+                **fresh_budget(), **NO_LEASE)
         .returning(jobs.c.id)
     )  # fmt: skip
 
@@ -389,7 +412,7 @@ def record_classifications() -> Any:
     given = _recordset(
         "given", job_id=UUID, attempt=sa.Integer, label=sa.Text, confidence=sa.Float, outcome=sa.Text,
         rejected_reason=sa.Text, classifier_version=sa.Text, latency_ms=sa.Float, prompt_tokens=sa.Integer,
-        completion_tokens=sa.Integer, cost_usd=sa.Numeric(12, 6),
+        completion_tokens=sa.Integer, cost_usd=sa.Numeric(12, 6), usage_discarded=sa.Text,
     )  # fmt: skip
     names = [c.name for c in given.c]
     return (
@@ -459,26 +482,49 @@ def release_expired_leases() -> Any:
     return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
 
 
+def _last_actor() -> Any:
+    """Who made the job's latest move (``job_events``, newest first by its index)."""
+    return (
+        sa.select(job_events.c.actor)
+        .where(job_events.c.job_id == jobs.c.id)
+        .order_by(job_events.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
 @cache
 def send_batch_to_review() -> Any:
-    """Move a batch's unfinished jobs to ``manual_review`` (the failure callback).
+    """Move a batch's unfinished jobs to ``manual_review`` (the failure callback; reconciliation
+    for a batch whose runs are all over).
 
     Takes running jobs whose lease belongs to ``:owner_prefix`` (the task that failed) or has
     expired, and, with ``:take_unleased``, the jobs nobody holds; a live lease of another
     worker is left alone. A failed map index of a mapped task passes ``take_unleased=false``:
     the unleased jobs are its siblings' work while any of them still runs.
+
+    ``:run_prefix`` (``dag/run/``; NULL: any run) confines it to one DAG run's work, since
+    several runs of one date share a batch: an expired lease only of that run, an unleased job
+    only if that run made its latest move (registered, released, retried or advanced it). A job
+    another run touched last, or a reviewer requeued, is not this run's to give up.
+    ``:p_step`` (NULL: every step) keeps it to the step of the task that failed.
     """
     open_states = [status_literal(s) for s in (S.RECEIVED, S.QUEUED, S.RETRYABLE_FAILED, S.WAITING)]
+    run_prefix = sa.bindparam("run_prefix", type_=sa.Text)
+    step = sa.bindparam("p_step", type_=sa.Text)
     target = (
         sa.select(jobs.c.id)
         .where(
             jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+            sa.or_(step.is_(None), jobs.c.step == step),
             sa.or_(
-                sa.and_(sa.bindparam("take_unleased", type_=sa.Boolean), jobs.c.status.in_(open_states)),
+                sa.and_(sa.bindparam("take_unleased", type_=sa.Boolean), jobs.c.status.in_(open_states),
+                        sa.or_(run_prefix.is_(None), sa.func.starts_with(_last_actor(), run_prefix))),
                 sa.and_(
                     jobs.c.status == status_literal(S.RUNNING),
                     sa.or_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
-                           jobs.c.lease_expires_at < NOW),
+                           sa.and_(jobs.c.lease_expires_at < NOW,
+                                   sa.or_(run_prefix.is_(None), sa.func.starts_with(jobs.c.lease_owner, run_prefix)))),
                 ),
             ),
         )
@@ -500,14 +546,15 @@ def send_batch_to_review() -> Any:
 
 @cache
 def requeue_from_review() -> Any:
-    """Review decision "requeue": ``manual_review -> queued`` with attempts reset, a replay
+    """Review decision "requeue": ``manual_review -> queued`` as a fresh job (a new attempt
+    budget, no lease rescues, no last error: the review row and the log keep those), a replay
     counted (bounded by ``:max_replays``), the review row resolved and a ``job.requeued`` event."""
     moved = (
         sa.update(jobs)
         .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == status_literal(S.MANUAL_REVIEW),
                jobs.c.replays < sa.bindparam("max_replays", type_=sa.Integer))
-        .values(status=status_literal(S.QUEUED), status_reason="requeued", attempt=0, replays=jobs.c.replays + 1,
-                updated_at=NOW)
+        .values(status=status_literal(S.QUEUED), status_reason="requeued", replays=jobs.c.replays + 1,
+                lease_rescues=0, last_error_class=None, last_error=None, updated_at=NOW, **fresh_budget())
         .returning(*EVENT_COLUMNS)
         .cte("moved")
     )  # fmt: skip
@@ -586,22 +633,26 @@ def mark_published() -> Any:
 
 @cache
 def next_due() -> Any:
-    """When the earliest retryable job of a batch and step may be claimed again."""
+    """When the earliest retryable job of a batch and step (of ``:p_classifier_version``, when
+    given: the jobs this step may claim) may be claimed again."""
     return sa.select(sa.func.min(jobs.c.next_attempt_at), sa.func.now()).where(
         jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
         jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
         jobs.c.status == status_literal(S.RETRYABLE_FAILED),
         jobs.c.attempt < jobs.c.max_attempts,
+        in_version(),
     )
 
 
 @cache
 def open_in_step() -> Any:
-    """How many jobs of a batch and step an automatic step still owes work to."""
+    """How many jobs of a batch and step (of ``:p_classifier_version``, when given) an
+    automatic step still owes work to."""
     return sa.select(sa.func.count()).where(
         jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
         jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
         jobs.c.status.in_([status_literal(s) for s in sorted(UNFINISHED)]),
+        in_version(),
     )
 
 
@@ -724,7 +775,7 @@ def open_review_cases() -> Any:
         sa.select(
             jobs.c.id.label("job_id"), jobs.c.correlation_id, jobs.c.source, jobs.c.external_id, jobs.c.payload_ref,
             jobs.c.classifier_version, jobs.c.batch_key, jobs.c.step, jobs.c.attempt, jobs.c.max_attempts,
-            jobs.c.replays, manual_review.c.reason, manual_review.c.error_class, manual_review.c.last_error,
+            jobs.c.replays, jobs.c.attempt_base, manual_review.c.reason, manual_review.c.error_class, manual_review.c.last_error,
             manual_review.c.context, manual_review.c.created_at.label("opened_at"),
             model.c.label.label("model_label"), model.c.confidence.label("model_confidence"),
             model.c.outcome.label("model_outcome"),

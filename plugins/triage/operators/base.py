@@ -4,7 +4,7 @@ key and config, and the lease owner name of this task try."""
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseHook, BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowFailException
@@ -70,14 +70,19 @@ def map_index(context: Context) -> int:
     return -1 if index is None else int(index)
 
 
+def run_prefix(context: Context) -> str:
+    """``dag/run/``: the leases, and the logged moves, of every task of this DAG run start with it."""
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.run_id}/"
+
+
 def owner_prefix(context: Context) -> str:
     """``dag/run/task/map_index/``: leases of every try of this task start with it.
 
     Unambiguous as long as run ids hold no ``/`` (Airflow's default ``allowed_run_id_pattern``
     refuses it); the trailing ``/`` keeps map index 1 apart from 10.
     """
-    ti = context["ti"]
-    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{map_index(context)}/"
+    return f"{run_prefix(context)}{context['ti'].task_id}/{map_index(context)}/"
 
 
 def lease_owner(context: Context) -> str:
@@ -107,6 +112,10 @@ class TriageOperator(BaseOperator):
 
     :param triage_conn_id: the Airflow connection to the job database.
     """
+
+    ledger_step: ClassVar[str | None] = None
+    """The step whose jobs this task works on (claims, or registers into): what the failure
+    callback gives up when Airflow gives up on the task. None: it holds no jobs."""
 
     def __init__(self, *, triage_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)

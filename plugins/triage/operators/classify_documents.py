@@ -68,6 +68,25 @@ def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
     return settings
 
 
+def configured_classifier_versions(llm_conn_id: str = "triage_llm") -> frozenset[str]:
+    """The version of each classifier a run of this deployment could use now: ``keyword``, and
+    ``llm`` when its connection exists. A queued job of any other version is claimed by no run."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from triage.classifiers import CLASSIFIERS, Taxonomy, build_classifier
+
+    taxonomy, versions = Taxonomy.load(), set()
+    for name in sorted(CLASSIFIERS):
+        try:
+            settings = llm_settings(llm_conn_id) if name == "llm" else None
+        except AirflowNotFoundException:
+            continue
+        classifier = build_classifier(name, taxonomy=taxonomy, llm_settings=settings)
+        versions.add(classifier.version)
+        classifier.close()
+    return frozenset(versions)
+
+
 def build_run_classifier(config: ClassifyRunConfig, llm_conn_id: str) -> Classifier:
     from triage.classifiers import Taxonomy, build_classifier
 
@@ -109,6 +128,8 @@ class RetrieveDocumentsOperator(TriageOperator):
     :param shard: with ``shards``, this task registers only the documents of shard ``shard``
         (by external id; :class:`~triage.sources.base.Shard`): the DAG maps it over every shard.
     """
+
+    ledger_step = "classify"  # the jobs it registers wait there
 
     template_fields = ("payload_base",)
 
@@ -165,6 +186,8 @@ class ClassifyDocumentsOperator(TriageOperator):
         work without a partition and one that dies leaves nothing unreachable; its lease owner
         carries the map index.
     """
+
+    ledger_step = "classify"
 
     template_fields = ("payload_base",)
 
@@ -224,6 +247,8 @@ class PersistLabelsOperator(TriageOperator):
         when the connection does not exist.
     """
 
+    ledger_step = "persist"
+
     def __init__(self, *, action_conn_id: str | None = LABEL_ACTION_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action_conn_id = action_conn_id
@@ -267,6 +292,8 @@ class PublishEventsOperator(TriageOperator):
         ``$TRIAGE_EVENT_LOG``, then ``$TRIAGE_HOME/events/outbox.jsonl``).
     :param webhook_conn_id: when set, POST events to this HTTP connection's URL instead.
     """
+
+    ledger_step = None  # relays the outbox: no job is held or left unfinished by it
 
     template_fields = ("event_log",)
 

@@ -56,15 +56,18 @@ class ReconcileJobsOperator(TriageOperator):
         and its login and password go to ``POST /auth/token``. Without it: ``[api] base_url``
         (default ``http://localhost:8080``) and ``GET /auth/token`` (simple auth manager with
         all admins).
+    :param llm_conn_id: the model connection: its settings are part of the ``llm`` classifier's
+        version, and queued jobs of a version no classifier has are reported.
     """
 
     template_fields = ("reports_dir", "event_log")
 
     def __init__(self, *, reports_dir: str | None = None, event_log: str | None = None,
-                 webhook_conn_id: str | None = None, api_conn_id: str = "airflow_api", **kwargs: Any) -> None:  # fmt: skip
+                 webhook_conn_id: str | None = None, api_conn_id: str = "airflow_api",
+                 llm_conn_id: str = "triage_llm", **kwargs: Any) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.reports_dir, self.event_log = reports_dir, event_log
-        self.webhook_conn_id, self.api_conn_id = webhook_conn_id, api_conn_id
+        self.webhook_conn_id, self.api_conn_id, self.llm_conn_id = webhook_conn_id, api_conn_id, llm_conn_id
 
     def get_airflow_api(self) -> AirflowApi:
         """The seam tests override: a client of Airflow's public REST API."""
@@ -84,6 +87,7 @@ class ReconcileJobsOperator(TriageOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from triage import settings
+        from triage.operators.classify_documents import configured_classifier_versions
         from triage.reconciliation.params import InvalidReconcileParams, ReconcileParams
         from triage.reconciliation.runner import reconcile
 
@@ -95,7 +99,8 @@ class ReconcileJobsOperator(TriageOperator):
         api = self.get_airflow_api()
         reports = settings.reports_dir(self.reports_dir or variable("triage_reports_dir"))
         try:
-            outcome = reconcile(self.store, params, publish=sink.publish, api=api, reports_dir=reports)
+            outcome = reconcile(self.store, params, publish=sink.publish, api=api, reports_dir=reports,
+                                classifier_versions=configured_classifier_versions(self.llm_conn_id))  # fmt: skip
         finally:
             api.close()
             sink.close()

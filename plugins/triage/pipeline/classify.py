@@ -118,6 +118,7 @@ def _record(output: ModelOutput, outcome: str, version: str) -> ClassificationRe
         label=output.label, confidence=output.confidence, outcome=outcome,  # type: ignore[arg-type]
         classifier_version=version, rejected_reason=output.rejected_reason, latency_ms=output.latency_ms,
         prompt_tokens=output.prompt_tokens, completion_tokens=output.completion_tokens, cost_usd=output.cost_usd,
+        usage_discarded=",".join(output.usage_discarded) or None,
     )  # fmt: skip
 
 
@@ -133,6 +134,11 @@ class ClassifyHandler:
         self._misconfigured: str | None = None
         self._store_down: str | None = None
         self._pool = ThreadPoolExecutor(settings.concurrency, "triage-classify") if settings.concurrency > 1 else None
+
+    @property
+    def classifier_version(self) -> str:
+        """Claims take only the jobs registered for this classifier's version."""
+        return self.classifier.version
 
     def close(self) -> None:
         if self._pool is not None:
@@ -223,6 +229,9 @@ class ClassifyHandler:
         except Exception as exc:  # noqa: BLE001 - the named degraded path: see _unexpected
             return self._unexpected(job, exc)
         self.breaker.record(False)
+        if output.usage_discarded:  # recorded with the classification; the outcome stands
+            log.warning("model reported usage out of bounds %s discarded=%s", job_fields(job),
+                        ",".join(output.usage_discarded))  # fmt: skip
         if output.label is not None and "\x00" in output.label:
             # PostgreSQL text cannot hold NUL: the label could never be stored, so the output
             # is unusable, like any other malformed model output (manual review, not a crash).

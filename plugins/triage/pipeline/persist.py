@@ -19,6 +19,7 @@ class PersistHandler:
     """:class:`~triage.pipeline.steps.StepHandler` of the ``persist`` step."""
 
     step = "persist"
+    classifier_version = None  # runs no classifier: the label is the classification already recorded
 
     def __init__(self, store: JobStore, action: ExternalAction | None = None) -> None:
         self.store, self.action = store, action

@@ -51,6 +51,12 @@ class DependencyMisconfigured(StepError):
 class StepHandler(Protocol):
     step: str
 
+    @property
+    def classifier_version(self) -> str | None:
+        """The version a classifying step claims jobs of (each job is labelled only by the
+        classifier version it was registered for); None: any version (no classifier runs)."""
+        ...
+
     def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
         """One outcome per job; per-job failures are outcomes, never exceptions."""
         ...
@@ -142,7 +148,8 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
         if rescued.job_ids:
             log.info("step=%s batch=%s took back %d jobs from expired leases or earlier tries (%d to review)",
                      handler.step, batch_key, rescued.retrying + rescued.to_review, rescued.to_review)  # fmt: skip
-    total = store.open_in_step(batch_key, handler.step)
+    version = handler.classifier_version
+    total = store.open_in_step(batch_key, handler.step, version)
     began = last_progress = time.perf_counter()
     log.info("step=%s batch=%s starting with %d open jobs", handler.step, batch_key, total)
     writer = ThreadPoolExecutor(1, "triage-record")
@@ -161,11 +168,12 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
     try:
         while True:
             claim = store.claim(batch_key=batch_key, step=handler.step, limit=settings.batch_size,
-                                lease_seconds=settings.lease_seconds, owner=settings.owner)  # fmt: skip
+                                lease_seconds=settings.lease_seconds, owner=settings.owner,
+                                classifier_version=version)  # fmt: skip
             if not claim.jobs:
                 if settle():
                     continue  # the batch just written may have released or requeued jobs
-                due, now = store.next_due(batch_key, handler.step)
+                due, now = store.next_due(batch_key, handler.step, version)
                 if due is None:
                     break
                 wait = (due - now).total_seconds()

@@ -140,6 +140,24 @@ def unclaimable_retryable() -> sa.Select[Any]:
     return summarise(rows)
 
 
+CLASSIFY_STEP = "classify"
+"""The step whose claims take only the jobs of their classifier's version."""
+
+
+@cache
+def unclaimable_version() -> sa.Select[Any]:
+    """Jobs waiting for a classify claim whose classifier version is none of ``:versions`` (the
+    versions the deployment's classifiers have now): a claim takes only the jobs of its own
+    classifier's version, so no run of this deployment will ever take them."""
+    rows = (
+        sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
+        .where(in_state(S.QUEUED, S.RETRYABLE_FAILED), jobs.c.step == CLASSIFY_STEP, settled(),
+               jobs.c.classifier_version != sa.all_(sa.bindparam("versions", type_=pg.ARRAY(sa.Text))))
+        .subquery()
+    )  # fmt: skip
+    return summarise(rows)
+
+
 @cache
 def outbox_lag() -> sa.Select[Any]:
     """Unsent events: how many, the oldest one's age, and how many are older than ``:threshold``."""

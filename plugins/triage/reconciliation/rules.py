@@ -9,7 +9,7 @@ behind each decision.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import httpx
@@ -67,7 +67,8 @@ STUCK_STATES = (JobStatus.RECEIVED, JobStatus.QUEUED, JobStatus.RETRYABLE_FAILED
                 JobStatus.RUNNING)  # fmt: skip
 
 
-def stuck_work(store: JobStore, params: ReconcileParams) -> RuleResult:
+def stuck_work(store: JobStore, params: ReconcileParams, classifier_versions: Collection[str] | None = None,
+               ) -> RuleResult:  # fmt: skip
     """Jobs in a state longer than its threshold. Only two have a certain repair:
 
     - ``received`` → ``queued`` with its ``job.registered`` event: ``queued`` means exactly
@@ -78,6 +79,13 @@ def stuck_work(store: JobStore, params: ReconcileParams) -> RuleResult:
     The rest (``queued``, ``waiting``, due ``retryable_failed``, long ``running`` under a live
     lease) are reported: they wait for a run of their batch or an external system, and moving
     them would take work from whoever may still hold it.
+
+    With ``classifier_versions`` (the versions of the deployment's classifiers now), jobs
+    waiting for a classify claim under any other version are reported as ``version_mismatch``:
+    a claim takes only its own classifier's version, so only a run with theirs (the taxonomy,
+    model or prompt they were registered under) will take them. Not repaired: whether that
+    version comes back or the jobs are obsolete (a re-run of the date registers new ones under
+    the new version) is a human's call.
     """
     findings: list[Finding] = []
     for status in STUCK_STATES:  # every check first: a repair must not feed the next check
@@ -90,6 +98,11 @@ def stuck_work(store: JobStore, params: ReconcileParams) -> RuleResult:
     if row.n:
         findings.append(_finding("retryable_unclaimable", row, "retryable_failed with every attempt spent",
                                  "exhaust_unclaimable"))  # fmt: skip
+    if classifier_versions is not None:
+        row = _check(store, Q.unclaimable_version(), grace=params.grace_seconds, versions=sorted(classifier_versions))
+        if row.n:
+            findings.append(_finding("version_mismatch", row, "waiting for a classifier version none of "
+                                     f"{', '.join(sorted(classifier_versions))} is"))  # fmt: skip
     repairs: list[Repair] = []
     planned = {f.repair for f in findings}
     if not params.dry_run and "queue_received" in planned:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -80,12 +80,13 @@ def _now(store: JobStore) -> datetime:
 
 
 def run_rules(store: JobStore, params: ReconcileParams, *, publish: rules.Publish | None,
-              api: airflow_view.AirflowApi | None) -> tuple[RuleResult, ...]:  # fmt: skip
+              api: airflow_view.AirflowApi | None,
+              classifier_versions: Collection[str] | None = None) -> tuple[RuleResult, ...]:  # fmt: skip
     """Every rule, in an order where each sees the previous ones' repairs: leases first (a
     rescued job is no longer "running"), Airflow's view last (it counts what is left)."""
     results = [
         rules.expired_leases(store, params),
-        rules.stuck_work(store, params),
+        rules.stuck_work(store, params, classifier_versions),
         rules.outbox(store, params, publish),
         rules.consistency(store, params),
         airflow_view.airflow_view(store, params, api),
@@ -97,14 +98,18 @@ def run_rules(store: JobStore, params: ReconcileParams, *, publish: rules.Publis
 
 
 def reconcile(store: JobStore, params: ReconcileParams, *, publish: rules.Publish | None = None,
-              api: airflow_view.AirflowApi | None = None,
-              reports_dir: str | os.PathLike[str] | None = None) -> RunOutcome:  # fmt: skip
-    """Run every rule (repairing unless ``params.dry_run``), write the report, record the run."""
+              api: airflow_view.AirflowApi | None = None, reports_dir: str | os.PathLike[str] | None = None,
+              classifier_versions: Collection[str] | None = None) -> RunOutcome:  # fmt: skip
+    """Run every rule (repairing unless ``params.dry_run``), write the report, record the run.
+
+    :param classifier_versions: the versions of the deployment's classifiers; jobs waiting for
+        any other are reported (``version_mismatch``). None: not checked.
+    """
     with store.transaction(None) as conn:
         run_id, started_at = conn.execute(
             start_run(), {"dry_run": params.dry_run, "params": params.model_dump(mode="json")}
         ).one()
-    results = run_rules(store, params, publish=publish, api=api)
+    results = run_rules(store, params, publish=publish, api=api, classifier_versions=classifier_versions)
     with store.engine.connect() as conn:
         ledger = reporting.ledger_view(conn, params)
     finished_at = _now(store)

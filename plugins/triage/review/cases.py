@@ -55,7 +55,11 @@ def describe(case: ReviewCase) -> dict[str, str]:
         ("batch, step", f"{md.code(case.batch_key)}, {md.code(case.step)}"),
         ("in review since", f"{case.opened_at:%Y-%m-%d %H:%M:%S %Z}"),
         ("reason", md.code(case.reason) + (f" ({md.text(case.error_class)})" if case.error_class else "")),
-        ("attempts", f"{case.attempt} of {case.max_attempts}; requeued {case.replays} times before"),
+        (
+            "attempts",
+            f"{case.attempt - case.attempt_base} of {case.max_attempts - case.attempt_base} "
+            f"({case.attempt} in all); requeued {case.replays} times before",
+        ),
         ("model said", model),
     ]
     if case.last_error:
@@ -64,7 +68,7 @@ def describe(case: ReviewCase) -> dict[str, str]:
         rows.append(("context", md.code(_short(dict(case.context)))))
     body = "\n".join(
         ["| | |", "|---|---|", *[f"| {k} | {md.in_table(v)} |" for k, v in rows], "",
-         "Choose a label to complete the job, **Requeue** to classify it again (attempts reset), or "
+         "Choose a label to complete the job, **Requeue** to run its step again (a fresh attempt budget), or "
          "**Reject** to fail it for good. Your Airflow user is recorded as the reviewer."]
     )  # fmt: skip
     subject = f"Review job {case.job_id}: {md.visible(case.reason)}"

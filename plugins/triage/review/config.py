@@ -39,8 +39,8 @@ class ReviewRunConfig(DagParams):
     )  # fmt: skip
     decision: Literal["label", "requeue", "reject"] = Field(
         title="Decision",
-        description="label: the job is done with the label below; requeue: classify it again (attempts reset, "
-        "bounded by max replays); reject: no attempt will ever succeed (terminal_failed).",
+        description="label: the job is done with the label below; requeue: run its step again as a fresh job "
+        "(a new attempt budget, bounded by max replays); reject: no attempt will ever succeed (terminal_failed).",
         json_schema_extra={"section": "Decision"},
     )  # fmt: skip
     label: str | None = Field(

@@ -1,0 +1,64 @@
+"""Bounds of what a classifier reports about its own call: tokens, cost and latency.
+
+A model's usage block is not trusted. One figure its column cannot hold (2^31 tokens or more in
+an ``integer``, a cost of 10^6 or more in ``numeric(12, 6)``), a negative one, or one that is
+not a finite number would fail the INSERT of the whole batch of outcomes it is recorded with,
+and the batch's retry would pay the model again for every one of them. Such a figure is
+recorded as NULL and its name kept in ``classifications.usage_discarded``; the outcome stands.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Final
+
+MAX_TOKENS: Final = 2**31 - 1
+"""The largest ``integer``."""
+MAX_COST_USD: Final = 999_999.999_999
+"""The largest ``numeric(12, 6)``."""
+
+
+def non_negative(value: object) -> float | None:
+    """A finite, non-negative real number, or None (booleans and strings are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def tokens(value: object) -> int | None:
+    """A token count the column holds: a whole number in [0, 2^31)."""
+    number = non_negative(value)
+    if number is None or number != int(number) or number > MAX_TOKENS:
+        return None
+    return int(value) if isinstance(value, int) else int(number)
+
+
+def cost_usd(value: object) -> float | None:
+    """A cost the column holds: in [0, 10^6)."""
+    number = non_negative(value)
+    return number if number is not None and number <= MAX_COST_USD else None
+
+
+def latency_ms(value: object) -> float | None:
+    """A latency: finite and non-negative."""
+    return non_negative(value)
+
+
+BOUNDS = {"prompt_tokens": tokens, "completion_tokens": tokens, "cost_usd": cost_usd, "latency_ms": latency_ms}
+
+
+def bounded(**figures: object) -> tuple[dict[str, float | int | None], tuple[str, ...]]:
+    """Each figure (named as in :data:`BOUNDS`) within its bounds or None, and the names of
+    those that were given but out of bounds."""
+    kept: dict[str, float | int | None] = {}
+    discarded: list[str] = []
+    for name, value in figures.items():
+        kept[name] = BOUNDS[name](value) if value is not None else None
+        if value is not None and kept[name] is None:
+            discarded.append(name)
+    return kept, tuple(discarded)
