@@ -304,30 +304,42 @@ def _owners(url: DatabaseUrl) -> set[str]:
 
 
 def test_upgrade_from_0004_keeps_jobs_in_flight_moving_and_logged(at_0004: DatabaseUrl) -> None:
-    """Jobs registered and claimed at 0004 finish after the upgrade, each move logged once."""
-    import random
+    """Jobs registered and claimed at 0004 finish after the upgrade, each move logged once.
 
-    from tests.integration.helpers import new_jobs
-    from triage.database import create_engine
-    from triage.jobs.models import Complete, SendToReview
-    from triage.jobs.store import JobStore
-
-    engine = create_engine(worker_url(at_0004), pool_size=2)
-    try:
-        store = JobStore(engine, rng=random.Random(1))
-        store.register(new_jobs(2, prefix="inflight"), batch_key="b", step="classify", max_attempts=3)
-        claim = store.claim(batch_key="b", step="classify", limit=2, lease_seconds=60, owner="w-before")
-        migrations.upgrade(at_0004)
-        assert _owners(at_0004) == {LEDGER_OWNER_ROLE}
-        done, review = claim.jobs
-        recorded = store.record(
-            claim, [Complete(done.id, done.attempt), SendToReview(review.id, review.attempt, "unsure")]
+    The moves are plain SQL of the app role, as a 0004-era worker wrote them: today's store
+    speaks the head schema (later revisions add columns), so it cannot run against 0004.
+    """
+    worker = worker_url(at_0004)
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    with connect(worker) as conn, conn.transaction():
+        conn.execute("SELECT set_config('triage.actor', 'triage', true)")
+        for n, job_id in enumerate(ids):
+            conn.execute(
+                "INSERT INTO triage.jobs (id, idempotency_key, source, external_id, content_sha256, payload_ref,"
+                " classifier_version, correlation_id, batch_key, step, status, max_attempts)"
+                " VALUES (%s, %s, 's', %s, 'h', 'ref', 'v', 'c', 'b', 'classify', 'queued', 3)",
+                (job_id, f"inflight-{n}", f"inflight-{n}"),
+            )
+    with connect(worker) as conn:  # the claim: no actor set, so the lease owner is the actor
+        conn.execute(
+            "UPDATE triage.jobs SET status = 'running', attempt = 1, lease_owner = 'w-before',"
+            " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '60 seconds'"
+            " WHERE id = ANY(%s)",
+            (ids,),
         )
-    finally:
-        engine.dispose()
-    assert (recorded.completed, recorded.to_review) == (1, 1)
-    for job, last in ((done, "completed"), (review, "manual_review")):
-        moves = [(f, t, a) for f, t, a, _ in _events(at_0004, job.id)]
+    migrations.upgrade(at_0004)
+    assert _owners(at_0004) == {LEDGER_OWNER_ROLE}
+    done, review = ids
+    with connect(worker) as conn:
+        for job_id, last in ((done, "completed"), (review, "manual_review")):
+            moved = conn.execute(
+                "UPDATE triage.jobs SET status = %s::triage.job_status, lease_owner = NULL, lease_token = NULL,"
+                " lease_expires_at = NULL WHERE id = %s AND status = 'running'",
+                (last, job_id),
+            ).rowcount
+            assert moved == 1
+    for job_id, last in ((done, "completed"), (review, "manual_review")):
+        moves = [(f, t, a) for f, t, a, _ in _events(at_0004, job_id)]
         assert moves == [(None, "queued", "triage"), ("queued", "running", "w-before"), ("running", last, "w-before")]
     with pytest.raises(errors.InsufficientPrivilege):  # and the upgraded database is closed
         _attack(worker_url(at_0004), FORGE_CREATED_EVENT)

@@ -235,7 +235,8 @@ def test_0005_applied_again_over_itself_changes_nothing(server: str, migrated: s
     before = privileges()
     url = DatabaseUrl.parse(make_conninfo(server, user="triage", dbname=migrated))
     command.stamp(migrations.alembic_config(url), "0004")
-    migrations.upgrade(url)
+    migrations.upgrade(url, "0005")
+    command.stamp(migrations.alembic_config(url), "head")
     assert privileges() == before
 
 
@@ -261,23 +262,16 @@ def test_a_migrating_user_outside_the_ledger_role_is_told_what_to_run(server: st
     assert migrations.current_revision(url) == "0004"
 
 
-def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
+def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(server_home: Path) -> None:
     """A cluster without the init script, migrated by a CREATEROLE owner: 0005 creates the role,
     grants itself the membership it needs (a creator holds only ADMIN), and still goes down to
     base and up again."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pgserver
-
-    from triage import migrations
+    from triage import embedded, migrations
     from triage.database import DatabaseUrl
 
-    pg = pgserver.get_server(tmp_path_factory.mktemp("bare-postgres") / "pgdata", cleanup_mode="delete")
+    bare = embedded.start(server_home, databases=())
     try:
-        info = pg.get_postmaster_info()
-        base = make_conninfo(host=str(info.socket_dir), port=str(info.port))
+        base = bare.with_database("postgres").libpq()
         with connect(base, "postgres", "postgres") as admin:
             admin.execute("CREATE ROLE creator LOGIN CREATEROLE")
             admin.execute("CREATE DATABASE jobs OWNER creator")
@@ -293,4 +287,4 @@ def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(
         migrations.downgrade(url, "base")
         migrations.upgrade(url)
     finally:
-        pg.cleanup()
+        embedded.stop(server_home)
