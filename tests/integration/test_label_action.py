@@ -4,21 +4,31 @@ edited document's labels, and a reviewer's label through the same action."""
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tests.fakes.provider import FakeProvider
-from triage.jobs.models import Advance, ClaimedJob, ClassificationRecord, NewJob
+from tests.integration.test_review_operators import context, seamed
+from triage.contracts.events import parse_event
+from triage.jobs.models import Advance, ClaimedJob, ClassificationRecord, NewJob, SendToReview
 from triage.jobs.store import JobStore
+from triage.operators.review import ReviewJobsOperator
 from triage.pipeline.actions import WebhookLabelAction, label_order
 from triage.pipeline.persist import PersistHandler
+from triage.pipeline.publish import JsonlEventSink, publish_all
+from triage.review.config import ReviewRunConfig
+from triage.review.decisions import apply_review
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 VERSION = "keyword-v1"
+TAXONOMY = frozenset({"billing", "shipping"})  # as the seamed review operator's
 
 
 def version_of(store: JobStore, external_id: str, content: str) -> uuid.UUID:
@@ -108,3 +118,111 @@ def test_the_order_sorts_as_the_ledger_orders_label_writes(store: JobStore) -> N
         orders = {r.id: label_order(r.created_at, r.id) for r in conn.execute(
             sa.text("SELECT id, created_at FROM triage.jobs WHERE id = ANY(:ids)"), {"ids": ids})}  # fmt: skip
     assert sorted(ids, key=orders.__getitem__) == ledger
+
+
+# -- item 12: a reviewer's label reaches the provider and the consumers ------------------------
+
+
+def to_review(store: JobStore, external_id: str, content: str = "hard to tell") -> uuid.UUID:
+    """A job the model could not decide: in review, its model label never sent."""
+    job_id = version_of(store, external_id, content)
+    claim = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="classify")
+    model = ClassificationRecord("billing", 0.41, "inconclusive", VERSION)
+    store.record(claim, [SendToReview(job_id, claim.jobs[0].attempt, "inconclusive", classification=model)])
+    return job_id
+
+
+def label_decision(job_ids: list[uuid.UUID], label: str = "shipping") -> ReviewRunConfig:
+    return ReviewRunConfig.from_params({"job_ids": [str(j) for j in job_ids], "decision": "label", "label": label,
+                                        "note": "checked by hand"})  # fmt: skip
+
+
+def review_key(store: JobStore, job_id: uuid.UUID) -> str:
+    (key,) = rows(store, "SELECT j.idempotency_key || '/review/' || r.id FROM triage.jobs j"
+                         " JOIN triage.manual_review r ON r.job_id = j.id WHERE j.id = :j", j=job_id)[0]  # fmt: skip
+    return str(key)
+
+
+def test_a_reviewers_label_reaches_the_provider_once(store: JobStore, provider: FakeProvider,
+                                                    action: WebhookLabelAction) -> None:  # fmt: skip
+    job_id = to_review(store, "T-20")
+    first = apply_review(store, [str(job_id)], label_decision([job_id]), reviewer="alice",
+                         taxonomy_names=TAXONOMY, send_label=action.send)  # fmt: skip
+    again = apply_review(store, [str(job_id)], label_decision([job_id]), reviewer="bob",  # a retry of the run
+                         taxonomy_names=TAXONOMY, send_label=action.send)  # fmt: skip
+    assert [(j.outcome, j.action) for j in first.jobs + again.jobs] == [("applied", "sent"),
+                                                                         ("already_applied", "sent")]  # fmt: skip
+    key = review_key(store, job_id)
+    assert provider.requests == {key: 2}  # asked twice, under one key ...
+    assert list(provider.effects) == [key]  # ... applied once
+    body = provider.effects[key]
+    (created_at,) = rows(store, "SELECT created_at FROM triage.jobs WHERE id = :j", j=job_id)[0]
+    assert (body["job_id"], body["external_id"], body["label"], body["classifier_version"], body["label_order"]) == (
+        str(job_id), "T-20", "shipping", "human:alice", label_order(created_at, job_id))  # fmt: skip
+    assert provider.labels == {("tickets", "T-20"): (label_order(created_at, job_id), "shipping")}
+
+
+def test_a_reviewers_label_on_an_older_job_is_not_sent_over_a_newer_label(
+    store: JobStore, provider: FakeProvider, action: WebhookLabelAction
+) -> None:
+    older = to_review(store, "T-21", "first text")
+    newer = version_of(store, "T-21", "edited text")
+    token, jobs = classified(store, {newer: "billing"})
+    persist(store, action, token, [jobs[newer]])
+    report = apply_review(store, [str(older)], label_decision([older]), reviewer="alice", taxonomy_names=TAXONOMY,
+                          send_label=action.send)  # fmt: skip
+    assert report.jobs[0].action == "skipped: a newer job's label stands for this document"
+    assert list(provider.effects) == [jobs[newer].idempotency_key]
+    assert rows(store, "SELECT label, job_id FROM triage.document_labels") == [("billing", newer)]
+
+
+def test_a_label_the_provider_refused_keeps_its_decision_and_the_retry_sends_it(
+    store: JobStore, provider: FakeProvider, action: WebhookLabelAction
+) -> None:
+    job_id = to_review(store, "T-22")
+    provider.fail_next = 1  # the provider is briefly down: 503
+    first = apply_review(store, [str(job_id)], label_decision([job_id]), reviewer="alice", taxonomy_names=TAXONOMY,
+                         send_label=action.send)  # fmt: skip
+    assert (first.jobs[0].outcome, first.jobs[0].status) == ("applied", "completed")  # the decision stands
+    assert first.jobs[0].action == "failed: ActionFailed: HTTP 503 from the action endpoint"
+    assert [j.job_id for j in first.unsent] == [str(job_id)]
+    assert provider.effects == {}
+    retry = apply_review(store, [str(job_id)], label_decision([job_id]), reviewer="alice", taxonomy_names=TAXONOMY,
+                         send_label=action.send)  # fmt: skip
+    assert (retry.jobs[0].outcome, retry.jobs[0].action, retry.unsent) == ("already_applied", "sent", ())
+    assert list(provider.effects) == [review_key(store, job_id)]
+
+
+def test_the_review_operator_sends_through_the_label_action_connection_and_retries_an_unsent_label(
+    store: JobStore, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator finds the provider through ``triage_label_action``, as persist does; a label
+    the provider did not confirm fails the task for Airflow's retry (not without retry)."""
+    monkeypatch.setenv("AIRFLOW_CONN_TRIAGE_LABEL_ACTION", json.dumps({"conn_type": "http", "host": provider.url,
+                                                                        "extra": {"timeout": 5}}))  # fmt: skip
+    ids = [to_review(store, "T-23"), to_review(store, "T-24")]
+    params = {"job_ids": [str(i) for i in ids], "decision": "label", "label": "shipping", "note": None,
+              "max_replays": 3}  # fmt: skip
+    provider.fail_next = 1
+    with pytest.raises(AirflowException, match="1 reviewer labels not confirmed") as failed:
+        seamed(ReviewJobsOperator, store.engine).execute(context(params))
+    assert not isinstance(failed.value, AirflowFailException)  # retried by Airflow
+    result = seamed(ReviewJobsOperator, store.engine).execute(context(params))  # the retry
+    assert (result["already_applied"], result["labels_unsent"]) == (2, 0)
+    assert sorted(provider.effects) == sorted(review_key(store, i) for i in ids)
+
+
+def test_published_review_events_carry_the_label_and_the_reviewer(store: JobStore, tmp_path: Path) -> None:
+    labelled, rejected = to_review(store, "T-25"), to_review(store, "T-26")
+    store.resolve_with_label(labelled, "shipping", actor="alice", taxonomy_names=TAXONOMY)
+    store.reject(rejected, actor="bob", note="spam")
+    path = tmp_path / "events.jsonl"
+    publish_all(store, JsonlEventSink(path))
+    events = [parse_event(line) for line in path.read_bytes().splitlines()]
+    decided = {(e.job_id, e.event_type): e.payload for e in events if e.event_type != "job.registered"}
+    assert decided == {
+        (labelled, "job.completed"): {"resolution": "labelled", "label": "shipping", "resolved_by": "alice"},
+        (rejected, "job.reviewed"): {"resolution": "rejected", "resolved_by": "bob"},
+    }
+    registered = [line for line in path.read_bytes().splitlines() if b'"job.registered"' in line]
+    assert all(b'"payload"' not in line for line in registered)  # no payload: the bytes of version 1
