@@ -273,9 +273,9 @@ class JobStore:
                                                    "lease_seconds": claim_seconds}).all()  # fmt: skip
         if not rows:
             return 0
-        events = [event_from_row(r) for r in rows]
         fence = {"token": token}
         try:
+            events = [event_from_row(r) for r in rows]
             publish(events)
         except BaseException:
             try:
@@ -286,7 +286,7 @@ class JobStore:
                             actor, token, type(exc).__name__)  # fmt: skip
             raise
         with self.transaction(None) as conn:
-            marked = len(conn.execute(O.mark_published(), fence).all())
+            marked = conn.execute(O.mark_published(), fence).rowcount
         if marked < len(events):
             log.warning("%s: %d of %d events sent under claim %s were claimed again after it ran out; "
                         "they will be sent again", actor, len(events) - marked, len(events), token)  # fmt: skip
@@ -327,11 +327,14 @@ class JobStore:
 
 
 def event_from_row(row: Any) -> WorkEvent:
-    """The event of an outbox row; an empty ``payload`` is none (see :meth:`WorkEvent.to_json`)."""
+    """The event of an outbox row (its ``payload`` as JSON text or already decoded); an empty
+    payload is none (see :meth:`WorkEvent.to_json`)."""
+    payload = row.payload
+    if isinstance(payload, str):
+        payload = None if payload == "{}" else json.loads(payload)
     return WorkEvent(event_id=row.event_id, job_id=row.job_id, event_type=row.event_type,
                      schema_version=row.schema_version, attempt=row.attempt, occurred_at=row.occurred_at,
-                     correlation_id=row.correlation_id, payload_ref=row.payload_ref,
-                     payload=row.payload or None)  # fmt: skip
+                     correlation_id=row.correlation_id, payload_ref=row.payload_ref, payload=payload or None)  # fmt: skip
 
 
 def parse_status(value: str) -> JobStatus:
