@@ -275,3 +275,17 @@ def test_events_left_unsent_before_the_upgrade_are_relayed_after_it(fresh_databa
         assert sorted(file_ids(path)) == sorted(outbox_ids(old))
     finally:
         engine.dispose()
+
+
+def test_a_file_that_does_not_end_in_an_event_line_is_refused_not_cut(store: JobStore, tmp_path: Path) -> None:
+    """Pointed at a file that is not an event log (no newline in its last MiB), the sink
+    refuses (an OSError: the relay gives its claim back, reconciliation reports the sink down)
+    instead of cutting the file to nothing, as the torn-tail repair once would have."""
+    register(store, 3)
+    path = tmp_path / "not-an-event-log.bin"
+    path.write_bytes(b"x" * (P.MAX_TORN_BYTES + 10))
+    with pytest.raises(P.EventLogDamaged, match="does not end in an event line"):
+        publish_all(store, JsonlEventSink(path))
+    assert path.stat().st_size == P.MAX_TORN_BYTES + 10
+    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 3
+    assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0  # released at once

@@ -29,6 +29,13 @@ TAIL_BYTES = 4 << 20
 of 1,000 events is about 350 KB)."""
 RECENT_IDS = 50_000
 """How many ids of recent lines a sink remembers."""
+MAX_TORN_BYTES = 1 << 20
+"""A torn last line is part of one event's line, far shorter than this: a file whose last
+newline is further back is not an event log this sink wrote, and is never cut."""
+
+
+class EventLogDamaged(OSError):
+    """The event log's end is not the torn line of a crashed append: refused, nothing written."""
 
 
 class EventSink(Protocol):
@@ -73,18 +80,24 @@ class JsonlEventSink:
         size = os.fstat(fd).st_size
         if size == 0 or self._read(fd, 1, size - 1) == b"\n":
             return size
+        start = max(0, size - MAX_TORN_BYTES)
         position = size
-        while position > 0:
-            step = min(65536, position)
+        while position > start:
+            step = min(65536, position - start)
             newline = self._read(fd, step, position - step).rfind(b"\n")
             if newline >= 0:
-                position = position - step + newline + 1
+                cut = position - step + newline + 1
                 break
             position -= step
-        os.ftruncate(fd, position)
-        log.warning("cut a torn last line of %d bytes from %s; its events are written again", size - position,
+        else:
+            if start > 0:
+                raise EventLogDamaged(f"{self.path} does not end in an event line (no newline in its last "
+                                      f"{MAX_TORN_BYTES} bytes); nothing written: move the file aside")  # fmt: skip
+            cut = 0  # the whole file is one torn line
+        os.ftruncate(fd, cut)
+        log.warning("cut a torn last line of %d bytes from %s; its events are written again", size - cut,
                     self.path)  # fmt: skip
-        return position
+        return cut
 
     def _remember(self, ids: Sequence[str]) -> None:
         recent = self._recent

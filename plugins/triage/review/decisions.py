@@ -24,12 +24,13 @@ from triage.jobs.errors import LedgerError
 from triage.jobs.label_actions import reviewed_label
 from triage.jobs.models import ReviewResult
 from triage.jobs.store import JobStore
-from triage.pipeline.actions import LabelRequest
+from triage.pipeline.actions import ActionFailed, LabelRequest
 from triage.review.config import ReviewRunConfig
 
 JobOutcome = Literal["applied", "already_applied", "refused"]
 SendLabel = Callable[[LabelRequest], None]
-"""The label action's ``send`` (:meth:`triage.pipeline.actions.WebhookLabelAction.send`)."""
+"""The label action's ``send`` (:meth:`triage.pipeline.actions.WebhookLabelAction.send`):
+raises :class:`~triage.pipeline.actions.ActionFailed` when the provider did not confirm."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ def send_reviewed_label(store: JobStore, job_id: uuid.UUID, send_label: SendLabe
                            f"human:{reviewed.reviewer}")  # fmt: skip
     try:
         send_label(request)
-    except Exception as exc:  # noqa: BLE001 - reported per job; the operator fails the task for a retry
+    except ActionFailed as exc:  # reported per job; the operator fails the task for its retry
         return f"failed: {type(exc).__name__}: {exc}"
     return "sent"
 
