@@ -266,6 +266,8 @@ class JobStore:
         them again: delivery is at least once, and the event id lets the receiver refuse a
         duplicate. ``actor`` names the relay in its log lines (the outbox has no event log).
         """
+        if limit < 1 or claim_seconds <= 0:
+            raise ValueError("relay needs limit >= 1 and claim_seconds > 0")
         token = uuid.uuid4()
         with self.transaction(None) as conn:  # no job moves here: no actor to set
             conn.execute(O.claim_lock())
