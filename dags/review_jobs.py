@@ -8,7 +8,9 @@ for a "label" decision, a note) or the CLI::
 The Airflow user who triggered the run is recorded as the reviewer in the review row and the
 transition log. Each job is decided on its own, in its own transaction; the same decision twice
 changes nothing. The task fails (without retry) if any job was refused, after applying the
-others, and its log lists every job: applied, already applied, or refused and why.
+others, and its log lists every job: applied, already applied, or refused and why. A label is
+then sent to the label provider (``triage_label_action``) when one is configured; one the
+provider did not confirm fails the task for its retry, which sends it again under the same key.
 """
 
 from __future__ import annotations

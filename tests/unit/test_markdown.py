@@ -173,7 +173,7 @@ def test_the_review_report_keeps_any_job_id_reviewer_and_label_in_place(job_ids:
     _header, *rows = table_rows(tokens)
     assert len(rows) == len(job_ids)
     for row, raw in zip(rows, job_ids, strict=True):
-        assert len(row) == 4
+        assert len(row) == 5  # job, outcome, status, detail, label action
         assert [c.type for c in row[0]] == ["code_inline"]
         assert row[0][0].content == (md.visible(raw) or " ")
         assert rendered(row[3]) == f"NotAJobId: {md.visible(raw)}".strip()

@@ -3,7 +3,12 @@
 Events are claim checks: they carry ``payload_ref``, never the document. A reader meets
 ``schema_version`` first: a version it does not know raises :class:`UnsupportedSchemaVersion`
 rather than being misread. The JSON schema of each version is kept in ``include/schemas/``
-and a test fails when the model changes without a new version.
+(``python -m triage.contracts.events`` prints it) and a test fails when the file and the model
+differ.
+
+``payload`` is optional: the event type's extra data, e.g. a review decision's label and
+reviewer. An event without one is serialised without the key (:meth:`WorkEvent.to_json`), byte
+for byte what version 1 always was, so a reader that predates the field still reads it.
 """
 
 from __future__ import annotations
@@ -45,6 +50,15 @@ class WorkEvent(BaseModel):
     occurred_at: AwareDatetime
     correlation_id: str = Field(min_length=1)
     payload_ref: str = Field(min_length=1)
+    payload: dict[str, Any] | None = Field(
+        default=None,
+        description="What the event type adds, never document text: for a review decision "
+        "'resolution', 'resolved_by' (the reviewer) and, for a label, 'label'.",
+    )
+
+    def to_json(self) -> bytes:
+        """The event as sent: compact JSON, without ``payload`` when there is none."""
+        return self.model_dump_json(exclude_none=True).encode()
 
 
 def parse_event(raw: bytes | str | dict[str, Any]) -> WorkEvent:
@@ -68,3 +82,7 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> WorkEvent:
 
 def json_schema() -> dict[str, Any]:
     return WorkEvent.model_json_schema()
+
+
+if __name__ == "__main__":  # regenerate include/schemas/work_event.v1.json
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))

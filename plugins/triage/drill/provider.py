@@ -6,6 +6,8 @@ The external system of the failure drill (``make chaos``) and of the failure tes
 invariant "the sink saw each idempotency key's effect at most once" is read off :attr:`effects`
 and :attr:`requests`. ``on_effect`` runs after an effect is applied and before the answer, which
 is where the drill kills the caller: the effect exists, the caller never learns of it.
+It also keeps each document's label by the request's ``X-Label-Order`` (:attr:`labels`): an
+older job's label arriving after a newer one's does not replace it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class FakeProvider:
         # applies the first; a second, different one under the same key would be an effect the
         # caller believes happened and never did, so the drill requires one per key.
         self.asked: dict[str, set[str]] = {}
+        # The label each document ends with: a request applies only if its ``X-Label-Order``
+        # is not older than the document's current one (a real provider's ordering rule).
+        self.labels: dict[tuple[str, str], tuple[str, str]] = {}  # (source, external_id) -> (order, label)
+        self.stale = 0  # effects not applied to the document because a newer label stood
         self.delay_after_effect_s = 0.0  # > client timeout: the effect happens, the answer is late
         self.fail_next = 0  # answer 503 to the next N requests without applying them
         self.late_rate, self.late_by_s, self.seed, self.on_effect = late_rate, late_by_s, seed, on_effect
@@ -57,6 +63,7 @@ class FakeProvider:
                         new_effect = key not in provider.effects
                         if new_effect:
                             provider.effects[key] = body
+                            provider._apply_label(self.headers.get("X-Label-Order", ""), body)
                         provider.asked.setdefault(key, set()).add(json.dumps(body, sort_keys=True))
                         status = 200
                         delay = provider.delay_after_effect_s
@@ -81,6 +88,15 @@ class FakeProvider:
         self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _apply_label(self, order: str, body: dict[str, Any]) -> None:
+        """Under the lock: the document keeps the label of the highest order it was sent."""
+        document = (str(body.get("source")), str(body.get("external_id")))
+        current = self.labels.get(document)
+        if current is not None and order < current[0]:
+            self.stale += 1
+            return
+        self.labels[document] = (order, str(body.get("label")))
 
     @property
     def url(self) -> str:

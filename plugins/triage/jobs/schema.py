@@ -211,6 +211,20 @@ outbox = sa.Table(
     sa.Index("outbox_job_id_idx", "job_id"),
 )
 
+# A relay's claim on a batch of unsent events while it sends them outside any transaction
+# (migration 0007): other relays leave the events alone until ``claimed_until``; marking them
+# published deletes the claim. One row per batch: a claim costs one insert, not a row update
+# per event.
+outbox_claims = sa.Table(
+    "outbox_claims",
+    metadata,
+    sa.Column("token", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("claimed_until", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("event_ids", pg.ARRAY(pg.UUID(as_uuid=True)), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    comment="A relay's claim on a batch of unsent outbox events while it sends them",
+)
+
 reconciliation_runs = sa.Table(
     "reconciliation_runs",
     metadata,

@@ -14,6 +14,7 @@ nothing is silently overwritten.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -25,6 +26,7 @@ import sqlalchemy as sa
 from uuid6 import uuid7
 
 from triage.contracts.events import WorkEvent
+from triage.jobs import outbox as O
 from triage.jobs import transitions as T
 from triage.jobs import usage as usage_bounds
 from triage.jobs.backoff import RetryPolicy
@@ -65,6 +67,8 @@ from triage.jobs.schema import jobs
 from triage.jobs.states import JobStatus
 
 DEFAULT_ACTOR = "triage"
+
+log = logging.getLogger(__name__)
 
 
 def _json(value: Mapping[str, Any]) -> str:
@@ -269,21 +273,43 @@ class JobStore:
     # -- the outbox -----------------------------------------------------------------------
 
     def relay(self, publish: Callable[[list[WorkEvent]], None], *, limit: int = 1000,
-              actor: str = "outbox_relay") -> int:  # fmt: skip
+              actor: str = "outbox_relay", claim_seconds: float = 300.0) -> int:  # fmt: skip
         """Send up to ``limit`` unsent events through ``publish`` and mark them sent.
 
-        One transaction: the events stay locked (``SKIP LOCKED`` for other relays) while
-        ``publish`` runs. If it raises, nothing is marked and the events go out next time; if
-        the process dies after publishing but before the commit, they go out again: delivery is
-        at least once, and the event id lets the receiver refuse a duplicate.
+        Three short transactions, none open while ``publish`` runs (a webhook batch may take
+        long): claim the events (:func:`triage.jobs.outbox.claim_events`; other relays skip
+        them for ``claim_seconds``), send them, mark them published (fenced on the claim). If
+        ``publish`` raises, the claim is released and the events go out next time. If the
+        process dies between sending and marking, the claim runs out and another relay sends
+        them again: delivery is at least once, and the event id lets the receiver refuse a
+        duplicate. ``actor`` names the relay in its log lines (the outbox has no event log).
         """
-        with self.transaction(actor) as conn:
-            rows = conn.execute(T.unpublished_events(), {"limit": limit}).all()
-            if not rows:
-                return 0
+        if limit < 1 or claim_seconds <= 0:
+            raise ValueError("relay needs limit >= 1 and claim_seconds > 0")
+        token = uuid.uuid4()
+        with self.transaction(None) as conn:  # no job moves here: no actor to set
+            conn.execute(O.claim_lock())
+            rows = conn.execute(O.claim_events(), {"limit": limit, "token": token,
+                                                   "lease_seconds": claim_seconds}).all()  # fmt: skip
+        if not rows:
+            return 0
+        fence = {"token": token}
+        try:
             events = [event_from_row(r) for r in rows]
             publish(events)
-            conn.execute(T.mark_published(), {"ids": [e.event_id for e in events]})
+        except BaseException:
+            try:
+                with self.transaction(None) as conn:
+                    conn.execute(O.release_events(), fence)
+            except Exception as exc:  # noqa: BLE001 - the sink's error is the one to raise; the claim runs out
+                log.warning("%s: claim %s not released (%s); its events wait until it runs out",
+                            actor, token, type(exc).__name__)  # fmt: skip
+            raise
+        with self.transaction(None) as conn:
+            marked = conn.execute(O.mark_published(), fence).rowcount
+        if marked < len(events):
+            log.warning("%s: %d of %d events sent under claim %s were claimed again after it ran out; "
+                        "they will be sent again", actor, len(events) - marked, len(events), token)  # fmt: skip
         return len(events)
 
     # -- reading --------------------------------------------------------------------------
@@ -326,9 +352,14 @@ class JobStore:
 
 
 def event_from_row(row: Any) -> WorkEvent:
+    """The event of an outbox row (its ``payload`` as JSON text or already decoded); an empty
+    payload is none (see :meth:`WorkEvent.to_json`)."""
+    payload = row.payload
+    if isinstance(payload, str):
+        payload = None if payload == "{}" else json.loads(payload)
     return WorkEvent(event_id=row.event_id, job_id=row.job_id, event_type=row.event_type,
                      schema_version=row.schema_version, attempt=row.attempt, occurred_at=row.occurred_at,
-                     correlation_id=row.correlation_id, payload_ref=row.payload_ref)  # fmt: skip
+                     correlation_id=row.correlation_id, payload_ref=row.payload_ref, payload=payload or None)  # fmt: skip
 
 
 def parse_status(value: str) -> JobStatus:

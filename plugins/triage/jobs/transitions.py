@@ -68,8 +68,8 @@ NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_exp
 def outbox_insert(rows: Any, event_type: str) -> Any:
     """INSERT one outbox event per row of ``rows`` (a CTE returning the job's id and attempt).
 
-    The envelope goes into columns; :func:`unpublished_events` joins the job's correlation id
-    and payload reference when the relay reads it.
+    The envelope goes into columns; :func:`triage.jobs.outbox.claim_events` joins the job's
+    correlation id and payload reference when the relay claims it.
     """
     return sa.insert(outbox).from_select(
         ["job_id", "event_type", "schema_version", "attempt"],
@@ -604,31 +604,6 @@ def default_joins() -> Any:
 def set_actor() -> Any:
     """Who moves jobs in this transaction; the trigger writes it into ``job_events.actor``."""
     return sa.select(sa.func.set_config("triage.actor", sa.bindparam("actor", type_=sa.Text), True))
-
-
-@cache
-def unpublished_events() -> Any:
-    """The oldest unsent events with the envelope of a ``WorkEvent`` (served by
-    ``outbox_unpublished_idx``); ``FOR UPDATE SKIP LOCKED`` so two relays never send one twice."""
-    return (
-        sa.select(outbox.c.event_id, outbox.c.job_id, outbox.c.event_type, outbox.c.schema_version,
-                  outbox.c.attempt, outbox.c.created_at.label("occurred_at"), jobs.c.correlation_id,
-                  jobs.c.payload_ref, outbox.c.payload)
-        .join_from(outbox, jobs, jobs.c.id == outbox.c.job_id)
-        .where(outbox.c.published_at.is_(None))
-        .order_by(outbox.c.created_at)
-        .limit(sa.bindparam("limit", type_=sa.Integer))
-        .with_for_update(of=outbox, skip_locked=True)
-    )  # fmt: skip
-
-
-@cache
-def mark_published() -> Any:
-    return (
-        sa.update(outbox)
-        .where(outbox.c.event_id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))), outbox.c.published_at.is_(None))
-        .values(published_at=NOW)
-    )
 
 
 @cache

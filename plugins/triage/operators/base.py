@@ -15,9 +15,15 @@ if TYPE_CHECKING:
 
     from triage.contracts.run_config import ClassifyRunConfig
     from triage.jobs.store import JobStore
+    from triage.pipeline.actions import WebhookLabelAction
     from triage.pipeline.publish import EventSink
 
 DEFAULT_CONN_ID = "triage_db"
+
+LABEL_ACTION_CONN_ID = "triage_label_action"
+"""An HTTP connection whose host is the URL each label is POSTed to (with its idempotency key
+and order): a model's accepted label before its job completes, a reviewer's after the decision.
+Unset means no external action."""
 
 
 def database_url_from_connection(conn_id: str) -> Any:
@@ -105,6 +111,35 @@ def event_sink(webhook_conn_id: str | None, event_log: str | None) -> EventSink:
         conn = BaseHook.get_connection(webhook_conn_id)
         return WebhookEventSink(http_url(conn), headers=(conn.extra_dejson or {}).get("headers"))
     return JsonlEventSink(settings.event_log(event_log or variable("triage_event_sink")))
+
+
+def label_action_connection(conn_id: str | None) -> Any:
+    """The label action's connection, or None when it is not configured."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    if not conn_id:
+        return None
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+
+
+def build_label_action(conn_id: str | None) -> WebhookLabelAction | None:
+    """The label action of the connection (extra ``timeout`` in seconds, ``headers``), or None
+    when it is not configured. A timeout that is not a number fails the task without retry."""
+    from triage.pipeline.actions import WebhookLabelAction
+
+    conn = label_action_connection(conn_id)
+    if conn is None:
+        return None
+    extra = conn.extra_dejson or {}
+    try:
+        timeout = float(extra.get("timeout", 10.0))
+    except (TypeError, ValueError):
+        raise AirflowFailException(f"the {conn_id} connection's extra timeout is not a number; "
+                                   "fix it, then clear this task") from None  # fmt: skip
+    return WebhookLabelAction(http_url(conn), timeout_s=timeout, headers=extra.get("headers"))
 
 
 class TriageOperator(BaseOperator):

@@ -16,10 +16,13 @@ from airflow.sdk import Asset, BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from triage.operators.base import (
+    LABEL_ACTION_CONN_ID,
     TriageOperator,
     batch_key,
+    build_label_action,
     event_sink,
     http_url,
+    label_action_connection,
     lease_owner,
     owner_prefix,
     variable,
@@ -35,22 +38,6 @@ log = logging.getLogger(__name__)
 
 DOCUMENT_LABELS = Asset(name="triage_document_labels", uri="triage://document_labels")
 """Updated whenever a run publishes: downstream DAGs can be scheduled on it."""
-
-LABEL_ACTION_CONN_ID = "triage_label_action"
-"""An HTTP connection whose host is the URL each accepted label is POSTed to (with the job's
-idempotency key) before the job completes; unset means no external action."""
-
-
-def label_action_connection(conn_id: str | None) -> Any:
-    """The label action's connection, or None when it is not configured."""
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    if not conn_id:
-        return None
-    try:
-        return BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        return None
 
 
 def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
@@ -255,23 +242,13 @@ class PersistLabelsOperator(TriageOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.operators.metrics import AirflowStatsMetrics
-        from triage.pipeline.actions import WebhookLabelAction
         from triage.pipeline.persist import PersistHandler
         from triage.pipeline.steps import RunSettings, WorkRemains, run_step
 
         config = self.run_config(context)
         settings = RunSettings(owner=lease_owner(context), lease_seconds=config.lease_seconds,
                                earlier_tries_of=owner_prefix(context))  # fmt: skip
-        action = None
-        conn = label_action_connection(self.action_conn_id)
-        if conn is not None:
-            extra = conn.extra_dejson or {}
-            try:
-                timeout = float(extra.get("timeout", 10.0))
-            except (TypeError, ValueError):
-                raise AirflowFailException(f"the {self.action_conn_id} connection's extra timeout is not a number; "
-                                           "fix it, then clear this task") from None  # fmt: skip
-            action = WebhookLabelAction(http_url(conn), timeout_s=timeout, headers=extra.get("headers"))
+        action = build_label_action(self.action_conn_id)
         try:
             report = run_step(self.store, PersistHandler(self.store, action), batch_key=batch_key(context),
                               settings=settings, metrics=AirflowStatsMetrics())  # fmt: skip

@@ -11,6 +11,11 @@ Review decisions are not retried blindly: an invalid run (bad params, taxonomy u
 refused job fail with ``AirflowFailException`` (no retry) after the valid jobs were applied.
 Anything else (the database is down) raises and Airflow retries; a retry is safe because a
 decision applied twice changes nothing.
+
+A reviewer's label is sent through the ``triage_label_action`` connection, when it exists,
+after its decision committed (:func:`triage.review.decisions.send_reviewed_label`). A label the
+provider did not confirm fails the task with ``AirflowException``: Airflow's retry applies the
+same decisions again (``already_applied``) and sends the labels again under the same keys.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from triage.operators.base import TriageOperator
+from triage.operators.base import LABEL_ACTION_CONN_ID, TriageOperator, build_label_action
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from triage.pipeline.actions import WebhookLabelAction
     from triage.review.config import ReviewRunConfig
     from triage.review.decisions import ReviewReport
 
@@ -41,7 +47,20 @@ def reviewer(context: Context) -> str:
 
 
 class _ReviewOperator(TriageOperator):
-    """Shared: the taxonomy, applying a config, and the report (log, XCom, refusal)."""
+    """Shared: the taxonomy, the label action, applying a config, and the report (log, XCom,
+    refusal).
+
+    :param action_conn_id: the label action's HTTP connection (as ``persist``'s); no action
+        when it does not exist.
+    """
+
+    def __init__(self, *, action_conn_id: str | None = LABEL_ACTION_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.action_conn_id = action_conn_id
+
+    def label_action(self) -> WebhookLabelAction | None:
+        """The seam tests may override: where a reviewer's label is sent."""
+        return build_label_action(self.action_conn_id)
 
     def taxonomy_names(self) -> frozenset[str]:
         """The seam tests override: the labels a reviewer may give."""
@@ -56,9 +75,13 @@ class _ReviewOperator(TriageOperator):
         from triage.review.decisions import apply_review
 
         names = self.taxonomy_names()
+        action = self.label_action() if config.decision == "label" else None
         try:
-            report = apply_review(self.store, config.job_ids, config, reviewer=who, taxonomy_names=names)
+            report = apply_review(self.store, config.job_ids, config, reviewer=who, taxonomy_names=names,
+                                  send_label=action.send if action is not None else None)  # fmt: skip
         finally:
+            if action is not None:
+                action.close()
             self.dispose()
         return _reported(context, report)
 
@@ -67,6 +90,13 @@ def _reported(context: Context, report: ReviewReport) -> dict[str, Any]:
     """Log the report, keep it in XCom, and fail (without retry) if any job was refused."""
     log.info("%s", report.to_markdown())
     summary = report.to_dict()
+    if report.unsent:  # the decisions stand; a retry applies them again and sends the labels again
+        context["ti"].xcom_push(key=REPORT_KEY, value=summary)
+        reasons = "; ".join(f"{j.job_id}: {j.action}" for j in report.unsent)
+        raise AirflowException(
+            f"{len(report.unsent)} reviewer labels not confirmed by the label provider (their decisions stand; "
+            f"the retry sends them again under the same keys; refused: {len(report.refused)}): {reasons}"
+        )
     if report.refused:
         context["ti"].xcom_push(key=REPORT_KEY, value=summary)
         reasons = "; ".join(f"{j.job_id}: {j.detail}" for j in report.refused)

@@ -1,15 +1,60 @@
 """External actions of the persist step: effects outside the ledger (a webhook, a ticket).
 
 An action runs before its job's outcome is recorded, so a worker that dies in between runs it
-again on retry. Every request therefore carries the job's idempotency key, and a provider that
-honours ``Idempotency-Key`` applies the effect once however often it is asked.
+again on retry. Every request therefore carries an idempotency key (the job's, or for a
+reviewer's label the job's with its review), and a provider that honours ``Idempotency-Key``
+applies the effect once however often it is asked.
+
+Every request also carries the label's order: the creation time and id of the job it belongs
+to, the same order in which ``document_labels`` lets a newer job's label replace an older one.
+An edited document is a newer job; when two of its jobs' actions are in flight at once, a
+provider that keeps the label of the highest order ends with the newest, as the ledger does.
+(The persist step does not send an older job's label at all once a newer one is recorded:
+:func:`triage.jobs.label_actions.superseded`.)
 """
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
 import httpx
 
 from triage.jobs.models import ClaimedJob, LabelWrite
+
+ORDER_HEADER = "X-Label-Order"
+
+
+def label_order(job_created_at: datetime, job_id: uuid.UUID) -> str:
+    """``<job created_at, UTC, microseconds>Z/<job id>``: sorts as text exactly as the ledger
+    orders label writes (by ``job_created_at``, then ``job_id``)."""
+    return f"{job_created_at.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%fZ}/{job_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRequest:
+    """One label to apply at the provider, under ``idempotency_key``."""
+
+    idempotency_key: str
+    job_id: uuid.UUID
+    job_created_at: datetime
+    source: str
+    external_id: str
+    correlation_id: str
+    label: str
+    confidence: float | None
+    classifier_version: str
+
+    @classmethod
+    def for_job(cls, job: ClaimedJob, label: LabelWrite) -> LabelRequest:
+        """The model's label of a claimed job, under the job's idempotency key."""
+        return cls(job.idempotency_key, job.id, job.created_at, job.source, job.external_id, job.correlation_id,
+                   label.label, label.confidence, label.classifier_version)  # fmt: skip
+
+    @property
+    def order(self) -> str:
+        return label_order(self.job_created_at, self.job_id)
 
 
 class ActionFailed(Exception):
@@ -17,16 +62,24 @@ class ActionFailed(Exception):
 
 
 class WebhookLabelAction:
-    """POSTs ``{"job_id", "external_id", "label", "confidence"}`` with ``Idempotency-Key``."""
+    """POSTs ``{"job_id", "source", "external_id", "label", "confidence", "classifier_version",
+    "job_created_at", "label_order"}`` with ``Idempotency-Key`` and ``X-Label-Order``."""
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> None:
         self.url = url
         self._client = httpx.Client(timeout=timeout_s, headers=headers or {})
 
     def __call__(self, job: ClaimedJob, label: LabelWrite) -> None:
-        body = {"job_id": str(job.id), "source": job.source, "external_id": job.external_id, "label": label.label,
-                "confidence": label.confidence, "classifier_version": label.classifier_version}  # fmt: skip
-        headers = {"Idempotency-Key": job.idempotency_key, "X-Correlation-ID": job.correlation_id}
+        self.send(LabelRequest.for_job(job, label))
+
+    def send(self, request: LabelRequest) -> None:
+        order = request.order
+        body = {"job_id": str(request.job_id), "source": request.source, "external_id": request.external_id,
+                "label": request.label, "confidence": request.confidence,
+                "classifier_version": request.classifier_version,
+                "job_created_at": request.job_created_at.astimezone(UTC).isoformat(), "label_order": order}  # fmt: skip
+        headers = {"Idempotency-Key": request.idempotency_key, "X-Correlation-ID": request.correlation_id,
+                   ORDER_HEADER: order}  # fmt: skip
         try:
             response = self._client.post(self.url, json=body, headers=headers)
         except httpx.HTTPError as exc:

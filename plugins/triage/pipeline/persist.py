@@ -1,18 +1,26 @@
 """The persist step: write the label, complete the job and append its event, in one transaction.
 
 An external action (a webhook, a ticket) runs here, before the outcome is recorded, and carries
-the job's idempotency key so that the provider refuses a duplicate when a retry repeats it.
+the job's idempotency key so that the provider refuses a duplicate when a retry repeats it, and
+the label's order (:mod:`triage.pipeline.actions`). A job whose document already has a newer
+job's label completes without its action: the older label must not reach the provider after
+the newer one (the ledger keeps the newer either way).
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Callable, Sequence
 
+from triage.jobs.label_actions import superseded
 from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, RetryLater
 from triage.jobs.store import JobStore
 from triage.pipeline.steps import StepError
 
 ExternalAction = Callable[[ClaimedJob, LabelWrite], None]
+
+log = logging.getLogger(__name__)
 
 
 class PersistHandler:
@@ -26,6 +34,10 @@ class PersistHandler:
 
     def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
         labels = self.store.accepted_labels([j.id for j in jobs])
+        stale: set[uuid.UUID] = set()
+        if self.action is not None:
+            with self.store.engine.connect() as conn:
+                stale = superseded(conn, [j.id for j in jobs if j.id in labels])
         outcomes: list[Outcome] = []
         for job in jobs:
             label = labels.get(job.id)
@@ -33,7 +45,10 @@ class PersistHandler:
                 outcomes.append(Fail(job.id, job.attempt, "missing_classification", "missing_classification",
                                      "no accepted classification recorded for this job"))  # fmt: skip
                 continue
-            if self.action is not None:
+            if job.id in stale:
+                log.info("job %s correlation_id=%s: label action skipped, a newer job's label stands for its "
+                         "document", job.id, job.correlation_id)  # fmt: skip
+            elif self.action is not None:
                 try:
                     self.action(job, label)
                 except Exception as exc:  # noqa: BLE001 - a failed action is retried, bounded, never a stuck batch

@@ -1,12 +1,17 @@
 """Publish events: relay unsent outbox events to a sink and mark them sent.
 
-Delivery is at least once (a crash between sending and marking sends again), so every sink
-receives the event id as its idempotency key: the JSON-lines sink skips ids it has written, and
-the webhook sends ``Idempotency-Key`` for the receiver to refuse a duplicate.
+Delivery is at least once: a relay that dies between sending and marking leaves a claim that
+runs out, and another relay sends those events again (:meth:`JobStore.relay`). Every sink
+therefore receives the event id as its idempotency key: the webhook sends ``Idempotency-Key``
+for the receiver to refuse a duplicate, and readers of the JSON-lines file keep the first line
+of each ``event_id``. The JSON-lines sink also skips ids it finds among the lines it wrote or
+the recent tail of the file, which covers the usual case (the relay's own last batch) without
+ever reading the file's history.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -19,10 +24,23 @@ from triage.jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 
+TAIL_BYTES = 4 << 20
+"""How much of the file's end a new sink reads once, for ids it may be offered again (a batch
+of 1,000 events is about 350 KB)."""
+RECENT_IDS = 50_000
+"""How many ids of recent lines a sink remembers."""
+MAX_TORN_BYTES = 1 << 20
+"""A torn last line is part of one event's line, far shorter than this: a file whose last
+newline is further back is not an event log this sink wrote, and is never cut."""
+
+
+class EventLogDamaged(OSError):
+    """The event log's end is not the torn line of a crashed append: refused, nothing written."""
+
 
 class EventSink(Protocol):
     def publish(self, events: Sequence[WorkEvent]) -> None:
-        """Deliver ``events`` or raise; never deliver an event id twice to the same place."""
+        """Deliver ``events`` or raise; an event id offered again may be delivered again."""
         ...
 
     def close(self) -> None:
@@ -31,63 +49,99 @@ class EventSink(Protocol):
 
 
 class JsonlEventSink:
-    """Appends events to a JSON-lines file, one line per event id (fsynced before returning)."""
+    """Appends events to a JSON-lines file, one line per event, fsynced before returning.
+
+    Many relays (threads, processes, ``reconcile_jobs`` and ``publish_events`` at once) may
+    append to one file: each append, and the repair of a torn last line before it, happens
+    under an exclusive ``flock`` of the file, so no relay ever cuts or interleaves another's
+    lines. The lock is advisory and local: every writer must be this sink, on a local
+    filesystem (not NFS).
+
+    A publish reads only the end of the file: the torn last line a crash left (to cut it) and,
+    once per sink, the last :data:`TAIL_BYTES`. ``bytes_read`` counts both.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._seen: set[str] | None = None
+        self.bytes_read = 0
+        self._recent: dict[str, None] = {}  # insertion-ordered: the oldest is dropped first
+        self._seeded = False
 
-    def _load_seen(self) -> set[str]:
-        seen: set[str] = set()
-        if self.path.exists():
-            with self.path.open("rb") as handle:
-                for line in handle:
-                    try:
-                        seen.add(json.loads(line)["event_id"])
-                    except (ValueError, KeyError, TypeError):  # a torn last line from a crash
-                        continue
-        return seen
+    def _read(self, fd: int, size: int, offset: int) -> bytes:
+        data = os.pread(fd, size, offset)
+        self.bytes_read += len(data)
+        return data
 
-    def _cut_torn_tail(self) -> None:
+    def _cut_torn_tail(self, fd: int) -> int:
         """A crash mid-write leaves a last line without its newline, whose events were never
-        marked published: cut it off so they are written again, each on a line of its own."""
-        if not self.path.exists():
-            return
-        with self.path.open("rb+") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            if size == 0:
-                return
-            handle.seek(size - 1)
-            if handle.read(1) == b"\n":
-                return
-            position = size
-            while position > 0:
-                step = min(65536, position)
-                handle.seek(position - step)
-                chunk = handle.read(step)
-                newline = chunk.rfind(b"\n")
-                if newline >= 0:
-                    handle.truncate(position - step + newline + 1)
-                    return
-                position -= step
-            handle.truncate(0)
+        marked published: cut it off so they are written again, each on a line of its own.
+        Only under the lock: unlocked, this would cut another relay's line mid-append.
+        Returns the file's size after the cut."""
+        size = os.fstat(fd).st_size
+        if size == 0 or self._read(fd, 1, size - 1) == b"\n":
+            return size
+        start = max(0, size - MAX_TORN_BYTES)
+        position = size
+        while position > start:
+            step = min(65536, position - start)
+            newline = self._read(fd, step, position - step).rfind(b"\n")
+            if newline >= 0:
+                cut = position - step + newline + 1
+                break
+            position -= step
+        else:
+            if start > 0:
+                raise EventLogDamaged(f"{self.path} does not end in an event line (no newline in its last "
+                                      f"{MAX_TORN_BYTES} bytes); nothing written: move the file aside")  # fmt: skip
+            cut = 0  # the whole file is one torn line
+        os.ftruncate(fd, cut)
+        log.warning("cut a torn last line of %d bytes from %s; its events are written again", size - cut,
+                    self.path)  # fmt: skip
+        return cut
+
+    def _remember(self, ids: Sequence[str]) -> None:
+        recent = self._recent
+        recent.update(dict.fromkeys(ids))
+        for _ in range(len(recent) - RECENT_IDS):
+            del recent[next(iter(recent))]
+
+    def _seed(self, fd: int, size: int) -> None:
+        """Remember the ids of the file's last lines: the batch of a relay that wrote and died
+        before marking is usually there when it is offered again."""
+        start = max(0, size - TAIL_BYTES)
+        lines = self._read(fd, size - start, start).split(b"\n")
+        ids = []
+        for line in lines[1:] if start else lines:  # the first line of a window is cut
+            try:
+                ids.append(str(json.loads(line)["event_id"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        self._remember(ids)
+        self._seeded = True
 
     def publish(self, events: Sequence[WorkEvent]) -> None:
-        if self._seen is None:
-            self._seen = self._load_seen()
-        fresh = [e for e in events if str(e.event_id) not in self._seen]
-        if not fresh:
+        if not events:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._cut_torn_tail()
-        with self.path.open("ab") as handle:
-            handle.write(b"".join(e.model_dump_json().encode() + b"\n" for e in fresh))
-            handle.flush()
-            os.fsync(handle.fileno())
-        self._seen.update(str(e.event_id) for e in fresh)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when the file is closed
+            size = self._cut_torn_tail(fd)
+            if not self._seeded:
+                self._seed(fd, size)
+            fresh = [e for e in events if str(e.event_id) not in self._recent]
+            if not fresh:
+                return
+            data = memoryview(b"".join(e.to_json() + b"\n" for e in fresh))
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._remember([str(e.event_id) for e in fresh])
 
     def close(self) -> None:
-        """Nothing to release: every publish opens and fsyncs the file itself."""
+        """Nothing to release: every publish opens, locks and fsyncs the file itself."""
 
 
 class WebhookEventSink:
@@ -101,7 +155,7 @@ class WebhookEventSink:
 
     def publish(self, events: Sequence[WorkEvent]) -> None:
         for event in events:
-            response = self._client.post(self.url, content=event.model_dump_json(),
+            response = self._client.post(self.url, content=event.to_json(),
                                          headers={"Idempotency-Key": str(event.event_id),
                                                   "Content-Type": "application/json"})  # fmt: skip
             response.raise_for_status()
