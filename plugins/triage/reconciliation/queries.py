@@ -23,8 +23,9 @@ from triage.jobs.transitions import seconds_param as seconds
 from triage.reconciliation.findings import SAMPLE
 
 UUIDS = pg.ARRAY(pg.UUID(as_uuid=True))
-COMPLETION_EVENTS = ("job.completed", "job.reviewed")
-"""Either tells consumers a completed job is done (``job.reviewed`` when a reviewer labelled it)."""
+COMPLETION_EVENTS = ("job.completed",)
+"""What tells consumers a completed job is done, a reviewer's label included (its payload names
+the label and the reviewer); ``job.reviewed`` is a rejection's, whose job ends terminal_failed."""
 TERMINAL_STATES = (S.COMPLETED, S.TERMINAL_FAILED)
 
 
@@ -124,7 +125,7 @@ def in_review_without_row() -> list[ColumnElement[bool]]:
 
 
 def completed_without_completion_event() -> list[ColumnElement[bool]]:
-    """Completed jobs without a ``job.completed`` (or ``job.reviewed``) event in the outbox."""
+    """Completed jobs without a ``job.completed`` event in the outbox."""
     return [in_state(S.COMPLETED), settled(), ~has_completion_event()]
 
 
