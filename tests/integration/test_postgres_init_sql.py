@@ -1,14 +1,14 @@
 """docker/postgres-init/01-triage.sql on a real PostgreSQL, run the way the postgres image runs it.
 
-The script creates cluster-wide roles, so it gets a private throwaway server (``pgserver``), not
-the shared test server. Authentication is ``trust`` there: these tests check privileges, not
+The script creates cluster-wide roles, so it gets a private throwaway server (the embedded
+PostgreSQL under a temporary home), not the shared test server. Authentication is ``trust`` there: these tests check privileges, not
 passwords (test_compose.py checks that the passwords match the compose file).
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,28 +17,25 @@ import pytest
 from psycopg import errors
 from psycopg.conninfo import make_conninfo
 
+from triage import embedded
+
 INIT_SQL = Path(__file__).resolve().parents[2] / "docker" / "postgres-init" / "01-triage.sql"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A fresh cluster with the compose file's superuser database, after the init script ran."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pgserver
-        from pgserver.postgres_server import POSTGRES_BIN_PATH
-
-    pg = pgserver.get_server(tmp_path_factory.mktemp("compose-postgres") / "pgdata", cleanup_mode="delete")
+    home = tmp_path_factory.mktemp("compose-postgres")
+    url = embedded.start(home, databases=())
     try:
-        info = pg.get_postmaster_info()
-        params = {"host": str(info.socket_dir), "port": str(info.port)}
+        params = {"host": url.host, "port": str(url.port)}
         base = make_conninfo(**params)
         with connect(base, "postgres", "postgres") as conn:
             conn.execute("CREATE DATABASE airflow")  # POSTGRES_DB of docker-compose.yaml
         # The postgres image's docker_process_sql: psql, stop at the first error, no psqlrc.
         subprocess.run(
             [
-                str(POSTGRES_BIN_PATH / "psql"),
+                str(embedded.bin_dir() / "psql"),
                 "-v",
                 "ON_ERROR_STOP=1",
                 "--no-psqlrc",
@@ -61,7 +58,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             conn.execute("CREATE TABLE triage.jobs (id bigserial PRIMARY KEY, status text NOT NULL)")
         yield base
     finally:
-        pg.cleanup()
+        embedded.stop(home)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def connect(server: str, user: str, dbname: str = "triage") -> psycopg.Connection:
@@ -263,17 +261,13 @@ def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(
     """A cluster without the init script, migrated by a CREATEROLE owner: 0005 creates the role,
     grants itself the membership it needs (a creator holds only ADMIN), and still goes down to
     base and up again."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pgserver
-
     from triage import migrations
     from triage.database import DatabaseUrl
 
-    pg = pgserver.get_server(tmp_path_factory.mktemp("bare-postgres") / "pgdata", cleanup_mode="delete")
+    home = tmp_path_factory.mktemp("bare-postgres")
+    server = embedded.start(home, databases=())
     try:
-        info = pg.get_postmaster_info()
-        base = make_conninfo(host=str(info.socket_dir), port=str(info.port))
+        base = make_conninfo(host=server.host, port=str(server.port))
         with connect(base, "postgres", "postgres") as admin:
             admin.execute("CREATE ROLE creator LOGIN CREATEROLE")
             admin.execute("CREATE DATABASE jobs OWNER creator")
@@ -289,4 +283,5 @@ def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(
         migrations.downgrade(url, "base")
         migrations.upgrade(url)
     finally:
-        pg.cleanup()
+        embedded.stop(home)
+        shutil.rmtree(home, ignore_errors=True)
