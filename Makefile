@@ -12,13 +12,14 @@ export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
 CONF   ?= {}
 
-.PHONY: help setup migrate run up stop test test-fast bench chaos distributed lint clean reset-secrets
+.PHONY: help setup lock migrate run up stop test test-fast bench chaos distributed lint clean reset-secrets
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}']  set up, migrate, run classify_documents then reconcile_jobs"
 	@echo "make test                                  the whole test suite"
 	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
+	@echo "make lock                                  refresh docker/airflow-constraints.txt and constraints.txt"
 	@echo "make migrate | up | stop | bench | lint"
 	@echo "make reset-secrets                         delete Airflow connections/variables another Fernet key encrypted"
 
@@ -30,6 +31,12 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	touch $@
 
 setup: $(STAMP)
+
+# Airflow's constraints for the image (docker/airflow-constraints.txt: the official file, or a
+# stand-in that says so where it cannot be downloaded), then the local lock under them, for every
+# supported Python (tools/lock.py; a few minutes: pip resolves without installing).
+lock: $(STAMP)
+	$(PY) tools/lock.py
 
 migrate: $(STAMP)
 	$(PY) -m triage migrate

@@ -79,18 +79,19 @@ def server_cpu_seconds() -> float | None:
     and the backends that have exited (``None`` with ``TRIAGE_DATABASE_URL``: not measurable here)."""
     if configured_url() is not None:
         return None
-    from pgserver.utils import PostmasterInfo
+    import psutil
 
-    info = PostmasterInfo.read_from_pgdata(embedded.pgdata_dir())
-    if info is None or info.process is None:
+    pid = embedded.server_pid()
+    if pid is None:
         return None
+    postmaster = psutil.Process(pid)
     total = 0.0
-    for proc in (info.process, *info.process.children()):
+    for proc in (postmaster, *postmaster.children()):
         try:
             times = proc.cpu_times()
         except Exception:  # noqa: BLE001 - a backend that exited meanwhile is counted by the postmaster
             continue
-        total += times.user + times.system + (times.children_user + times.children_system if proc is info.process
+        total += times.user + times.system + (times.children_user + times.children_system if proc is postmaster
                                               else 0.0)  # fmt: skip
     return total
 

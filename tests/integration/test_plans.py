@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
 from tests.integration.helpers import new_jobs
 from triage.jobs import transitions as T
@@ -31,7 +30,7 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _explain(conn: sa.Connection, statement: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-    compiled = statement.compile(dialect=postgresql.dialect())
+    compiled = statement.compile(dialect=conn.dialect)  # the engine's (psycopg: typed binds), on any SQLAlchemy
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + str(compiled), compiled.construct_params(params))
     document = cursor.fetchone()[0]

@@ -1,14 +1,13 @@
 """docker/postgres-init/01-triage.sql on a real PostgreSQL, run the way the postgres image runs it.
 
-The script creates cluster-wide roles, so it gets a private throwaway server (``pgserver``), not
-the shared test server. Authentication is ``trust`` there: these tests check privileges, not
+The script creates cluster-wide roles, so it gets a private throwaway server (the embedded
+PostgreSQL under a temporary home), not the shared test server. Authentication is ``trust`` there: these tests check privileges, not
 passwords (test_compose.py checks that the passwords match the compose file).
 """
 
 from __future__ import annotations
 
 import subprocess
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from psycopg import errors
 from psycopg.conninfo import make_conninfo
 
 from tests.conftest import ServerHomes
+from triage import embedded
 
 INIT_SQL = Path(__file__).resolve().parents[2] / "docker" / "postgres-init" / "01-triage.sql"
 
@@ -25,23 +25,17 @@ INIT_SQL = Path(__file__).resolve().parents[2] / "docker" / "postgres-init" / "0
 @pytest.fixture(scope="module")
 def server(server_homes: ServerHomes) -> Iterator[str]:
     """A fresh cluster with the compose file's superuser database, after the init script ran."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pgserver
-        from pgserver.postgres_server import POSTGRES_BIN_PATH
-
     home = server_homes.make("compose-postgres")
-    pg = pgserver.get_server(home / "pgdata", cleanup_mode="delete")
+    url = embedded.start(home, databases=())
     try:
-        info = pg.get_postmaster_info()
-        params = {"host": str(info.socket_dir), "port": str(info.port)}
+        params = {"host": url.host, "port": str(url.port)}
         base = make_conninfo(**params)
         with connect(base, "postgres", "postgres") as conn:
             conn.execute("CREATE DATABASE airflow")  # POSTGRES_DB of docker-compose.yaml
         # The postgres image's docker_process_sql: psql, stop at the first error, no psqlrc.
         subprocess.run(
             [
-                str(POSTGRES_BIN_PATH / "psql"),
+                str(embedded.bin_dir() / "psql"),
                 "-v",
                 "ON_ERROR_STOP=1",
                 "--no-psqlrc",
@@ -64,7 +58,7 @@ def server(server_homes: ServerHomes) -> Iterator[str]:
             conn.execute("CREATE TABLE triage.jobs (id bigserial PRIMARY KEY, status text NOT NULL)")
         yield base
     finally:
-        pg.cleanup()
+        embedded.stop(home)
         server_homes.remove(home)
 
 
@@ -266,12 +260,12 @@ def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(server_ho
     """A cluster without the init script, migrated by a CREATEROLE owner: 0005 creates the role,
     grants itself the membership it needs (a creator holds only ADMIN), and still goes down to
     base and up again."""
-    from triage import embedded, migrations
+    from triage import migrations
     from triage.database import DatabaseUrl
 
-    bare = embedded.start(server_home, databases=())
+    server = embedded.start(server_home, databases=())
     try:
-        base = bare.with_database("postgres").libpq()
+        base = make_conninfo(host=server.host, port=str(server.port))
         with connect(base, "postgres", "postgres") as admin:
             admin.execute("CREATE ROLE creator LOGIN CREATEROLE")
             admin.execute("CREATE DATABASE jobs OWNER creator")

@@ -42,13 +42,13 @@ def batch_summary(conn: sa.Connection, batch_key: str, since: datetime | None = 
     transitions at or after ``since`` (one run's work, not the batch's whole history)."""
     in_batch = sa.select(jobs.c.id).where(jobs.c.batch_key == batch_key)
     counts: dict[str, int] = dict(conn.execute(sa.select(jobs.c.status, sa.func.count()).where(jobs.c.batch_key == batch_key)
-                               .group_by(jobs.c.status)).all())  # fmt: skip
+                               .group_by(jobs.c.status)).tuples().all())  # fmt: skip
     reasons: dict[str, int] = dict(conn.execute(
         sa.select(manual_review.c.reason, sa.func.count())
         .join(jobs, jobs.c.id == manual_review.c.job_id)
         .where(jobs.c.batch_key == batch_key, manual_review.c.resolved_at.is_(None))
         .group_by(manual_review.c.reason).order_by(sa.func.count().desc())
-    ).all())  # fmt: skip
+    ).tuples().all())  # fmt: skip
     settled = sorted(s.value for s in SETTLED)
     first, last, registered_now = conn.execute(
         sa.select(

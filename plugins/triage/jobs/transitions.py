@@ -271,7 +271,7 @@ def upsert_labels() -> Any:
         sa.select(jobs.c.source, jobs.c.external_id, given.c.label, given.c.confidence,
                   given.c.classifier_version, jobs.c.content_sha256, jobs.c.id, jobs.c.created_at)
         .join_from(given, jobs, jobs.c.id == given.c.id)
-        .ext(pg.distinct_on(jobs.c.source, jobs.c.external_id))
+        .distinct(jobs.c.source, jobs.c.external_id)  # DISTINCT ON; SQLAlchemy 2.0 (Airflow's pin)
         .order_by(jobs.c.source, jobs.c.external_id, jobs.c.created_at.desc(), jobs.c.id.desc())
     )  # fmt: skip
     stmt = pg.insert(document_labels).from_select(
@@ -639,7 +639,7 @@ def accepted_classifications() -> Any:
                   classifications.c.classifier_version)
         .where(classifications.c.job_id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))),
                classifications.c.outcome == "accepted")
-        .ext(pg.distinct_on(classifications.c.job_id))
+        .distinct(classifications.c.job_id)  # DISTINCT ON; SQLAlchemy 2.0 has no .ext(distinct_on)
         .order_by(classifications.c.job_id, classifications.c.attempt.desc())
     )  # fmt: skip
 

@@ -48,7 +48,9 @@ def _summary(ids: ColumnElement[Any], since: ColumnElement[Any]) -> list[ColumnE
         sa.func.count().label("n"),
         sa.func.coalesce(sa.func.max(age_seconds(since)), 0).label("oldest_seconds"),
         sa.func.coalesce(
-            sa.type_coerce(Grouping(sa.func.array_agg(ids).aggregate_order_by(since)), UUIDS)[1:SAMPLE],
+            # pg.aggregate_order_by, not 2.1's FunctionElement.aggregate_order_by: the image runs
+            # SQLAlchemy 2.0 (Airflow's constraints).
+            sa.type_coerce(Grouping(sa.func.array_agg(pg.aggregate_order_by(ids, since))), UUIDS)[1:SAMPLE],
             sa.cast(pg.array([]), UUIDS),
         ).label("job_ids"),
     ]
