@@ -32,21 +32,21 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 setup: $(STAMP)
 
 migrate: $(STAMP)
-	$(PY) -m triage migrate
+	$(PY) -m triage_tools migrate
 
 run: $(STAMP)
-	$(PY) -m triage.run --date '$(DATE)' --conf '$(CONF)'
+	$(PY) -m triage_tools.run --date '$(DATE)' --conf '$(CONF)'
 
 up: $(STAMP)
-	$(PY) -m triage.local up
+	$(PY) -m triage_tools.local up
 
 stop: $(STAMP)
-	$(PY) -m triage.local stop
+	$(PY) -m triage_tools.local stop
 
 # After `make clean` with TRIAGE_DATABASE_URL set, the metadata keeps secrets encrypted with the
 # lost key of the old airflow.cfg: delete them (make run writes Triage's again).
 reset-secrets: $(STAMP)
-	$(PY) -m triage.local reset-secrets
+	$(PY) -m triage_tools.local reset-secrets
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -57,19 +57,19 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
-# The failure drill on a deployment of its own under $(TRIAGE_HOME)/chaos (python -m triage.drill.chaos -h).
+# The failure drill on a deployment of its own under $(TRIAGE_HOME)/chaos (python -m triage_tools.drill.chaos -h).
 CHAOS ?=
 chaos: $(STAMP)
-	$(PY) -m triage.drill.chaos $(CHAOS)
+	$(PY) -m triage_tools.drill.chaos $(CHAOS)
 
 # classify_documents for DATE under CeleryExecutor on this machine: Redis (apt's redis-server,
 # installed when missing and root), two Celery workers, all stopped again (docs/distributed.md).
 distributed: $(STAMP)
-	$(PY) -m triage.distributed --date '$(DATE)' --conf '$(CONF)'
+	$(PY) -m triage_tools.distributed --date '$(DATE)' --conf '$(CONF)'
 
 lint: $(STAMP)
-	$(BIN)/ruff check plugins dags tests bench
-	$(BIN)/ruff format --check plugins dags tests bench
+	$(BIN)/ruff check plugins dags tests bench triage_tools
+	$(BIN)/ruff format --check plugins dags tests bench triage_tools
 	$(BIN)/mypy
 
 clean: stop

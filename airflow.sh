@@ -20,4 +20,4 @@ if [ ! -x "$python" ]; then
 fi
 export PYTHONPATH="$root/plugins${PYTHONPATH:+:$PYTHONPATH}"
 export TRIAGE_HOME="${TRIAGE_HOME:-$root/.triage}"
-exec "$python" -m triage.local airflow "$@"
+exec "$python" -m triage_tools.local airflow "$@"

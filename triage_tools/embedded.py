@@ -21,24 +21,12 @@ import psycopg
 import psycopg.sql
 
 from triage.database import AIRFLOW_DATABASE, TRIAGE_DATABASE, DatabaseUrl
+from triage.settings import triage_home
 
 log = logging.getLogger(__name__)
 # pgserver narrates every start and exit at INFO (also from atexit, after pytest closed its
 # streams); its warnings and errors are what matter.
 logging.getLogger("pgserver").setLevel(logging.WARNING)
-
-ENV_HOME = "TRIAGE_HOME"
-
-
-def project_root() -> Path:
-    """The checkout: ``plugins/triage/embedded.py`` -> two levels up from the package."""
-    return Path(__file__).resolve().parents[2]
-
-
-def triage_home() -> Path:
-    """Local state: database files, Airflow home, payloads, reports, event log."""
-    home = os.environ.get(ENV_HOME)
-    return Path(home).resolve() if home else project_root() / ".triage"
 
 
 def pgdata_dir(home: Path | None = None) -> Path:

@@ -1,14 +1,14 @@
 """The local deployment: Airflow standalone on the embedded PostgreSQL, driven by the make targets.
 
-    python -m triage.local prepare                      job migrations, Airflow metadata DB, settings
-    python -m triage.local up                           prepare, then ``airflow standalone`` in the background
-    python -m triage.local stop                         stop what ``up`` started, then the embedded PostgreSQL
-    python -m triage.local dags-test DAG DATE [CONF]    one in-process DAG run (``airflow dags test``)
-    python -m triage.local airflow ARGS...              the Airflow CLI against this deployment
-    python -m triage.local reset-secrets                delete the connections and variables that
+    python -m triage_tools.local prepare                      job migrations, Airflow metadata DB, settings
+    python -m triage_tools.local up                           prepare, then ``airflow standalone`` in the background
+    python -m triage_tools.local stop                         stop what ``up`` started, then the embedded PostgreSQL
+    python -m triage_tools.local dags-test DAG DATE [CONF]    one in-process DAG run (``airflow dags test``)
+    python -m triage_tools.local airflow ARGS...              the Airflow CLI against this deployment
+    python -m triage_tools.local reset-secrets                delete the connections and variables that
                                                         another Fernet key encrypted (make clean)
 
-Everything runs with :func:`triage.cli.airflow_environment` (``TRIAGE_HOME``, ``AIRFLOW_HOME``, the
+Everything runs with :func:`triage_tools.deployment.airflow_environment` (``TRIAGE_HOME``, ``AIRFLOW_HOME``, the
 metadata DB, ``AIRFLOW_CONN_TRIAGE_DB``). ``AIRFLOW__CORE__DAGS_FOLDER``, when exported, replaces
 the checkout's ``dags/`` (tests and experiments point Airflow at other DAGs that way).
 
@@ -42,9 +42,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
-from triage.deploy import fernet
+from triage_tools.deploy import fernet
 
-log = logging.getLogger("triage.local")
+log = logging.getLogger("triage_tools.local")
 
 API_PORT = 8080
 HEALTH_PATH = "/api/v2/monitor/health"
@@ -57,7 +57,7 @@ STOP_TIMEOUT = 30.0
 
 def _say(message: str) -> None:
     """Progress goes to stderr, so that ``./airflow.sh ... -o json`` stays parseable."""
-    print(f"triage.local: {message}", file=sys.stderr, flush=True)
+    print(f"triage: {message}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,8 +66,8 @@ def _say(message: str) -> None:
 
 def environment() -> dict[str, str]:
     """``os.environ`` plus this deployment's Airflow settings; starts the embedded PostgreSQL."""
-    from triage.cli import airflow_environment
     from triage.settings import ENV_ALLOW_DRILL
+    from triage_tools.deployment import airflow_environment
 
     dags_override = os.environ.get("AIRFLOW__CORE__DAGS_FOLDER")
     env = dict(os.environ)
@@ -164,7 +164,7 @@ def _metadata_identity(env: Mapping[str, str]) -> dict[str, Any]:
 
 def _settings_digest(env: Mapping[str, str], settings_file: Path) -> str:
     """A digest of what applying ``settings_file`` would write (after placeholders and shadowing)."""
-    from triage.deploy.airflow_settings import (
+    from triage_tools.deploy.airflow_settings import (
         apply_commands,
         connections_import_json,
         load_airflow_settings,
@@ -192,7 +192,7 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def settings_file() -> Path:
-    from triage.embedded import project_root
+    from triage.settings import project_root
 
     return Path(os.environ.get("TRIAGE_AIRFLOW_SETTINGS", project_root() / "airflow_settings.yaml"))
 
@@ -206,11 +206,11 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
     4. apply ``airflow_settings.yaml`` unless the same content was applied to this metadata DB
        with the same Fernet key, after checking that the key opens the secrets already there.
 
-    :raises triage.deploy.fernet.FernetKeyMismatch: the metadata DB holds secrets encrypted with
+    :raises triage_tools.deploy.fernet.FernetKeyMismatch: the metadata DB holds secrets encrypted with
         another key (its message is the one line to show).
     """
-    from triage.cli import migrate_job_database
     from triage.database import DatabaseUrl
+    from triage_tools.deployment import is_embedded, migrate
 
     timings: dict[str, float] = {}
     started = time.monotonic()
@@ -218,7 +218,7 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
     timings["database"] = time.monotonic() - started
 
     step = time.monotonic()
-    migrate_job_database(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]))
+    migrate(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]), embedded=is_embedded())
     timings["job migrations"] = time.monotonic() - step
 
     home = _airflow_home(env)
@@ -258,12 +258,14 @@ def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
         argv = [
             sys.executable,
             "-m",
-            "triage.deploy.airflow_settings",
-            str(file),
+            "triage_tools.deploy.airflow_settings",
+            str(file.resolve()),
             "--airflow",
             shlex.join(airflow_command()),
         ]
-        result = subprocess.run(argv, env=env, text=True, capture_output=True, check=False)
+        # From the folder holding triage_tools: `-m` finds this checkout's tools, installed or not.
+        tools_root = Path(__file__).resolve().parents[1]
+        result = subprocess.run(argv, env=env, cwd=tools_root, text=True, capture_output=True, check=False)
         if result.returncode != 0:
             sys.stderr.write(result.stdout + result.stderr)
             raise subprocess.CalledProcessError(result.returncode, argv)
@@ -524,11 +526,12 @@ def stop() -> int:
     """Stop what ``up`` started (its whole process group), then the embedded PostgreSQL."""
     import warnings
 
-    from triage import embedded
     from triage.database import configured_url
+    from triage.settings import triage_home
+    from triage_tools import embedded
 
     warnings.filterwarnings("ignore", module="platformdirs")  # XDG_RUNTIME_DIR unset, from pgserver
-    home = embedded.triage_home()
+    home = triage_home()
     pid_file = home / PID_FILE
     try:
         pid: int | None = int(pid_file.read_text().strip())
@@ -584,32 +587,64 @@ def dags_test(dag_id: str, logical_date: str, conf: Mapping[str, Any] | None = N
     return subprocess.run([*airflow_command(), *args], env=env, check=False).returncode
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+DESCRIPTION = """\
+The local deployment: Airflow standalone on the embedded PostgreSQL (or on
+TRIAGE_DATABASE_URL), with its home under .triage/airflow (or $TRIAGE_HOME/airflow).
+
+prepare applies the job migrations, migrates Airflow's metadata DB and applies
+airflow_settings.yaml, each only when it changed since the last time.
+"""
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.local") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return _main(argv)
+        return _main(argv, prog)
     except fernet.FernetKeyMismatch as exc:
         _say(str(exc))
         return 1
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], prog: str) -> int:
     if argv and argv[0] == "airflow":  # everything after it belongs to Airflow, options included
         airflow_cli(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m triage.local", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    commands = parser.add_subparsers(dest="command", required=True)
-    prep = commands.add_parser("prepare", help="job migrations, Airflow metadata DB, airflow_settings.yaml")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    raw = argparse.RawDescriptionHelpFormatter
+    prep = commands.add_parser(
+        "prepare", help="job migrations, Airflow metadata DB, airflow_settings.yaml", formatter_class=raw,
+        description="Apply the job migrations, migrate Airflow's metadata DB and apply\n"
+                    "airflow_settings.yaml, each only if it changed since the last time.",
+    )  # fmt: skip
     prep.add_argument("--force", action="store_true", help="migrate and apply settings even if recorded as done")
-    commands.add_parser("up", help="airflow standalone in the background (UI on localhost:8080)")
-    commands.add_parser("stop", help="stop what up started, then the embedded PostgreSQL")
-    test = commands.add_parser("dags-test", help="one in-process DAG run; exit code 1 if it failed")
-    test.add_argument("dag_id")
-    test.add_argument("logical_date", help="YYYY-MM-DD or an ISO timestamp")
-    test.add_argument("conf", nargs="?", default="{}", help="the run conf as JSON")
-    commands.add_parser("airflow", help="the Airflow CLI: python -m triage.local airflow ARGS...")
-    commands.add_parser("reset-secrets", help="delete the connections and variables another Fernet key encrypted")
+    commands.add_parser(
+        "up", help="airflow standalone in the background (UI on localhost:8080)", formatter_class=raw,
+        description="Prepare, then start airflow standalone in the background and wait until\n"
+                    "it is healthy; prints the UI's address, the login and the log file.",
+    )  # fmt: skip
+    commands.add_parser(
+        "stop", help="stop what up started, then the embedded PostgreSQL", formatter_class=raw,
+        description="Stop what up started (its whole process group), then the embedded PostgreSQL\n"
+                    "(a server of TRIAGE_DATABASE_URL is left alone).",
+    )  # fmt: skip
+    test = commands.add_parser(
+        "dags-test", help="one in-process DAG run; exit code 1 if it failed", formatter_class=raw,
+        description="One in-process DAG run (airflow dags test) on this deployment; exit code 1\n"
+                    "if the run failed.",
+    )  # fmt: skip
+    test.add_argument("dag_id", metavar="DAG_ID")
+    test.add_argument("logical_date", metavar="DATE", help="YYYY-MM-DD or an ISO timestamp")
+    test.add_argument("conf", metavar="CONF", nargs="?", default="{}", help="the run conf as JSON")
+    commands.add_parser("airflow", help=f"the Airflow CLI: {prog} airflow ARGS...")
+    commands.add_parser(
+        "reset-secrets", help="delete the connections and variables another Fernet key encrypted",
+        formatter_class=raw,
+        description="Delete the connections and variables that this deployment's Fernet key\n"
+                    "cannot open (another checkout's, or from before make clean); the next\n"
+                    "prepare writes Triage's own again.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     for chatty in ("pgserver", "alembic.runtime.plugins", "alembic.runtime.migration"):
         logging.getLogger(chatty).setLevel(logging.WARNING)

@@ -1,7 +1,7 @@
 """``make run``: one day through ``classify_documents`` on the local deployment, then
 ``reconcile_jobs``, then a summary; exits non-zero if a run failed.
 
-    python -m triage.run [--date YYYY-MM-DD] [--conf '{"documents": 5000}']
+    python -m triage_tools.run [--date YYYY-MM-DD] [--conf '{"documents": 5000}']
 
 ``--date`` names the day whose documents are processed (default: yesterday, UTC). Airflow's
 ``dags test`` runs a manual run whose data interval ends at its logical date, so the run is
@@ -20,13 +20,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage import local
 from triage.database import DatabaseUrl, create_engine
-from triage.deploy.fernet import FernetKeyMismatch
-from triage.embedded import project_root
 from triage.jobs.models import batch_key_for
 from triage.jobs.reads import batch_summary, format_summary
 from triage.reconciliation.runner import latest_run
+from triage.settings import project_root
+from triage_tools import local
+from triage_tools.deploy.fernet import FernetKeyMismatch
 
 
 def day_interval(day: date) -> tuple[datetime, datetime]:
@@ -58,8 +58,16 @@ def day_and_conf(day_arg: str, conf_arg: str) -> tuple[date, dict[str, Any]]:
     return day, conf
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m triage.run", description=__doc__,
+DESCRIPTION = """\
+One day through classify_documents on the local deployment, then reconcile_jobs,
+then a summary; the exit code is 1 if a run failed (make run).
+
+DATE's documents are the data interval [DATE, DATE + 1 day), UTC.
+"""
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.run") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--date", default="", help="the day to process (default: yesterday, UTC)")
     parser.add_argument("--conf", default="{}", help="the run conf of classify_documents, as JSON")

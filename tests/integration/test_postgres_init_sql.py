@@ -266,8 +266,9 @@ def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(server_ho
     """A cluster without the init script, migrated by a CREATEROLE owner: 0005 creates the role,
     grants itself the membership it needs (a creator holds only ADMIN), and still goes down to
     base and up again."""
-    from triage import embedded, migrations
+    from triage import migrations
     from triage.database import DatabaseUrl
+    from triage_tools import embedded
 
     bare = embedded.start(server_home, databases=())
     try:
