@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 from triage_tools.deploy import fernet
 
@@ -571,6 +571,27 @@ def json_output(stdout: str) -> Any:
     raise ValueError(f"no JSON document in the Airflow output: {stdout[-500:]!r}")
 
 
+def start_dags_test(
+    dag_id: str,
+    logical_date: str,
+    conf: Mapping[str, Any] | None,
+    env: Mapping[str, str],
+    output: IO[bytes] | None = None,
+) -> subprocess.Popen[bytes]:
+    """``airflow dags test`` in a child of its own; its output to ``output`` (a file) or, by
+    default, to this process's. The caller waits for it."""
+    args = ["dags", "test", dag_id, logical_date]
+    if conf:
+        args += ["-c", json.dumps(dict(conf))]
+    if output is None:
+        _say("airflow " + shlex.join(args))
+        return subprocess.Popen([*airflow_command(), *args], env=dict(env))
+    output.write(f"==> airflow {shlex.join(args)} <==\n".encode())
+    output.flush()
+    argv = [*airflow_command(), *args]
+    return subprocess.Popen(argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT)
+
+
 def dags_test(dag_id: str, logical_date: str, conf: Mapping[str, Any] | None = None,
               env: Mapping[str, str] | None = None) -> int:  # fmt: skip
     """One DAG run in this process's child (``airflow dags test``); its exit code.
@@ -579,12 +600,7 @@ def dags_test(dag_id: str, logical_date: str, conf: Mapping[str, Any] | None = N
 
     :param env: from :func:`prepare` (default: prepare now).
     """
-    env = dict(env) if env is not None else prepare()
-    args = ["dags", "test", dag_id, logical_date]
-    if conf:
-        args += ["-c", json.dumps(dict(conf))]
-    _say("airflow " + shlex.join(args))
-    return subprocess.run([*airflow_command(), *args], env=env, check=False).returncode
+    return start_dags_test(dag_id, logical_date, conf, dict(env) if env is not None else prepare()).wait()
 
 
 DESCRIPTION = """\
