@@ -42,8 +42,9 @@ PostgreSQL under .triage/.
 PRODUCT_COMMANDS = frozenset({"status", "db", "payload", "migrate"})
 """What this module runs; :mod:`triage_tools.cli` hands these over unchanged."""
 
-DEVELOPER_COMMANDS = frozenset({"run", "up", "stop", "env", "airflow", "chaos", "distributed", "prepare",
-                                "dags-test", "reset-secrets"})  # fmt: skip
+DEVELOPER_COMMANDS = frozenset(
+    {"run", "up", "stop", "env", "airflow", "chaos", "distributed", "prepare", "dags-test", "reset-secrets"}
+)
 """The verbs of a checkout's ``triage`` command, named here only to say where they are."""
 
 
@@ -153,8 +154,9 @@ def job_payload(url: DatabaseUrl, job_id: str, payload_base: str | None = None) 
 
 def parser(prog: str = PROG, description: str = DESCRIPTION, epilog: str = EPILOG) -> argparse.ArgumentParser:
     """The top-level parser, with ``--version``; add the commands with :func:`add_commands`."""
-    top = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    top = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     top.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     return top
 
@@ -163,28 +165,50 @@ def add_commands(commands: Any) -> Any:
     """Add the product's commands to ``commands`` (``ArgumentParser.add_subparsers()``).
     Returns the sub-commands of ``db``, where the tools add ``start`` and ``stop``."""
     raw = argparse.RawDescriptionHelpFormatter
-    commands.add_parser("status", help="jobs by state and open reviews by reason", formatter_class=raw,
-                        description="Jobs by state and open manual reviews by reason, for the whole ledger.")  # fmt: skip
-    db = commands.add_parser("db", help="where the job database is", formatter_class=raw,
-                             description="Where the job database is.")  # fmt: skip
+    commands.add_parser(
+        "status",
+        help="jobs by state and open reviews by reason",
+        formatter_class=raw,
+        description="Jobs by state and open manual reviews by reason, for the whole ledger.",
+    )
+    db = commands.add_parser(
+        "db", help="where the job database is", formatter_class=raw, description="Where the job database is."
+    )
     db_actions = db.add_subparsers(dest="db_action", required=True, metavar="ACTION")
-    url = db_actions.add_parser("url", help="print its URL", formatter_class=raw,
-                                description="Print the job database's URL, in the form a tool needs.")  # fmt: skip
-    url.add_argument("--form", choices=["libpq", "sqlalchemy", "airflow-conn"], default="libpq",
-                     help="libpq (psql, TRIAGE_DATABASE_URL; the default), sqlalchemy "
-                          "(AIRFLOW__DATABASE__SQL_ALCHEMY_CONN) or airflow-conn (AIRFLOW_CONN_TRIAGE_DB, JSON)")  # fmt: skip
+    url = db_actions.add_parser(
+        "url",
+        help="print its URL",
+        formatter_class=raw,
+        description="Print the job database's URL, in the form a tool needs.",
+    )
+    url.add_argument(
+        "--form",
+        choices=["libpq", "sqlalchemy", "airflow-conn"],
+        default="libpq",
+        help="libpq (psql, TRIAGE_DATABASE_URL; the default), sqlalchemy "
+        "(AIRFLOW__DATABASE__SQL_ALCHEMY_CONN) or airflow-conn (AIRFLOW_CONN_TRIAGE_DB, JSON)",
+    )
     payload = commands.add_parser(
-        "payload", help="print a job's document, verified by its hash", formatter_class=raw,
+        "payload",
+        help="print a job's document, verified by its hash",
+        formatter_class=raw,
         description="Print the document of job JOB_ID (for reviewers; it is never logged).\n\n"
-                    "It is read through the job's payload_ref from the payload base only, and\n"
-                    "checked against the job's content hash; a reference outside the base is refused.",
-    )  # fmt: skip
+        "It is read through the job's payload_ref from the payload base only, and\n"
+        "checked against the job's content hash; a reference outside the base is refused.",
+    )
     payload.add_argument("job_id", metavar="JOB_ID", help="the job's id (a UUID)")
-    payload.add_argument("--payload-base", metavar="DIR_OR_URL", help="the payload store (default: "
-                         "TRIAGE_PAYLOAD_BASE, else $TRIAGE_HOME/payloads)")  # fmt: skip
-    migrate = commands.add_parser("migrate", help="apply the job-table migrations", formatter_class=raw,
-                                  description="Move the job tables to a revision: upgrade to it, or downgrade\n"
-                                              "when it is older than the current one.")  # fmt: skip
+    payload.add_argument(
+        "--payload-base",
+        metavar="DIR_OR_URL",
+        help="the payload store (default: TRIAGE_PAYLOAD_BASE, else $TRIAGE_HOME/payloads)",
+    )
+    migrate = commands.add_parser(
+        "migrate",
+        help="apply the job-table migrations",
+        formatter_class=raw,
+        description="Move the job tables to a revision: upgrade to it, or downgrade\n"
+        "when it is older than the current one.",
+    )
     migrate.add_argument("--to", default="head", metavar="REVISION", help="head (the default), base, or a revision id")
     return db_actions
 
@@ -200,8 +224,11 @@ def run_command(args: argparse.Namespace, prog: str = PROG) -> int:
         print(f"{prog} {args.command}: {exc}", file=sys.stderr)
         return 2
     if args.command == "db":
-        form = {"libpq": url.libpq, "sqlalchemy": url.airflow_metadata_url,
-                "airflow-conn": url.airflow_connection_json}[args.form]  # fmt: skip
+        form = {
+            "libpq": url.libpq,
+            "sqlalchemy": url.airflow_metadata_url,
+            "airflow-conn": url.airflow_connection_json,
+        }[args.form]
         print(form())
         return 0
     if args.command == "migrate":
@@ -230,9 +257,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "python -m triage"
     if argv and argv[0] in DEVELOPER_COMMANDS:
-        print(f"{prog}: {argv[0]!r} is a developer command of a checkout: run it as .venv/bin/triage "
-              f"{argv[0]} there (make setup installs it). Here: {', '.join(sorted(PRODUCT_COMMANDS))}.",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{prog}: {argv[0]!r} is a developer command of a checkout: run it as .venv/bin/triage "
+            f"{argv[0]} there (make setup installs it). Here: {', '.join(sorted(PRODUCT_COMMANDS))}.",
+            file=sys.stderr,
+        )
         return 2
     top = parser(prog)
     add_commands(top.add_subparsers(dest="command", required=True, metavar="COMMAND"))

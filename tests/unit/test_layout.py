@@ -1,0 +1,114 @@
+"""Product and tooling live apart (issue #12, item 3): what Airflow workers import (``plugins/``,
+``dags/``) never imports the developer tools (``triage_tools``) or the embedded database's
+package, the image does not copy the tools, and the product's modules and command work where
+the tools cannot be imported at all."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = "triage_tools"
+PRODUCT_TREES = (ROOT / "plugins", ROOT / "dags")
+
+
+def imported_modules(path: Path, source: str | None = None) -> set[str]:
+    """Every module ``path`` (or ``source`` as if it were ``path``) imports: import statements,
+    ``from`` imports (relative ones resolved against the package), and
+    ``importlib.import_module`` / ``__import__`` of a literal name."""
+    tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source, filename=str(path))
+    package = ".".join(path.relative_to(ROOT / "plugins").parent.parts) if ROOT / "plugins" in path.parents else ""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.add(".".join([*base, node.module] if node.module else base))
+            elif node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                found.add(node.args[0].value)
+    return found
+
+
+def embedded_server_packages() -> set[str]:
+    """The third-party packages ``triage_tools/embedded.py`` starts PostgreSQL with (whichever it
+    is: the test follows the module, not a name)."""
+    ours = {"triage", TOOLS, "psycopg", "__future__"}
+    tops = {name.split(".")[0] for name in imported_modules(ROOT / TOOLS / "embedded.py")}
+    return tops - ours - set(sys.stdlib_module_names)
+
+
+def product_files() -> list[Path]:
+    return sorted(p for tree in PRODUCT_TREES for p in tree.rglob("*.py"))
+
+
+def test_the_scan_sees_imports_of_every_form() -> None:
+    source = (
+        "import triage_tools.local\n"
+        "from triage_tools import embedded\n"
+        "from ... import triage_tools as t\n"
+        "import importlib\n"
+        "importlib.import_module('triage_tools.run')\n"
+        "__import__('pgserver')\n"
+    )
+    found = imported_modules(ROOT / "plugins" / "triage" / "jobs" / "probe.py", source)
+    assert {"triage_tools.local", "triage_tools", "triage_tools.run", "pgserver"} <= found
+    assert embedded_server_packages(), "triage_tools/embedded.py imports no server package?"
+
+
+@pytest.mark.parametrize("path", product_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_product_code_imports_no_tooling(path: Path) -> None:
+    banned = {TOOLS, *embedded_server_packages()}
+    offending = {m for m in imported_modules(path) if m.split(".")[0] in banned}
+    assert not offending, f"{path.relative_to(ROOT)} imports {sorted(offending)}: the product must not need the tools"
+
+
+def test_the_image_copies_no_tooling() -> None:
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    copies = [line.split()[1:] for line in text.splitlines() if re.match(r"^\s*(COPY|ADD)\s", line)]
+    assert copies
+    for words in copies:
+        sources = [w for w in words if not w.startswith("--")][:-1]  # the last word is the target
+        for source in sources:
+            top = source.strip("/").split("/")[0]
+            assert top not in (TOOLS, "tools", "bench", "tests", ".", "*"), f"the image copies {source}"
+
+
+PRODUCT_WITHOUT_TOOLS = """
+import importlib, json, pkgutil, sys
+sys.modules["triage_tools"] = None  # any import of the tools raises ImportError from here on
+import triage
+names = [m.name for m in pkgutil.walk_packages(triage.__path__, "triage.") if not m.name.startswith("triage.migrations.")]
+for name in names:
+    importlib.import_module(name)
+from triage.cli import main
+print(json.dumps({"modules": len(names), "run": main(["run"]), "status": main(["status"])}))
+"""
+
+
+def test_the_product_and_its_command_work_without_the_tools() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRIAGE_DATABASE_URL"}
+    env["PYTHONPATH"] = str(ROOT / "plugins")
+    argv = [sys.executable, "-c", PRODUCT_WITHOUT_TOOLS]
+    done = subprocess.run(argv, env=env, cwd=ROOT / "plugins", capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["modules"] > 50
+    assert result == {"modules": result["modules"], "run": 2, "status": 2}
+    assert "'run' is a developer command of a checkout" in done.stderr
+    assert "TRIAGE_DATABASE_URL is not set" in done.stderr
+    assert "Traceback" not in done.stderr
