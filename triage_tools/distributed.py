@@ -19,7 +19,7 @@ task instances' tries in the REST API), how many claims each ``classify`` map in
 the drill's invariants (:mod:`triage_tools.drill.invariants`). Exit 1 when the run failed or an
 invariant broke. The embedded PostgreSQL is left running, as ``make run`` leaves it.
 
-The metadata database is the deployment's own (``triage_tools.local.prepare``): ``make up`` must not
+The metadata database is the deployment's own (``triage_tools.deployment.prepare``): ``make up`` must not
 run at the same time (two schedulers on one metadata DB would both schedule the run).
 """
 
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from triage_tools.deploy.fernet import FernetKeyMismatch
-from triage_tools.local import ComponentExited, Processes
+from triage_tools.processes import ComponentExited, Processes
 
 if TYPE_CHECKING:
     from triage.reconciliation.airflow_view import AirflowApi
@@ -143,7 +143,7 @@ class CeleryDeployment:
 def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: int, concurrency: int) -> dict[str, str]:
     """``base`` (Airflow home, metadata DB, ``triage_db``) with the CeleryExecutor settings."""
     from triage.database import DatabaseUrl
-    from triage_tools.local import side_by_side_env
+    from triage_tools.processes import side_by_side_env
 
     env = dict(base)
     # Celery's database backend takes a SQLAlchemy URL behind "db+"; the psycopg driver and the
@@ -180,8 +180,8 @@ def celery_deployment(base_env: Mapping[str, str], *, workers: int = 2, concurre
                       timeout: float = READY_TIMEOUT) -> Iterator[CeleryDeployment]:  # fmt: skip
     """Redis, the API server, scheduler, DAG processor and ``workers`` Celery workers; stops them all."""
     from triage.reconciliation.airflow_view import AirflowApiUnavailable
-    from triage_tools.local import airflow_command
-    from triage_tools.local import free_port as local_free_port
+    from triage_tools.deployment import airflow_command
+    from triage_tools.processes import free_port as local_free_port
 
     home = Path(base_env["TRIAGE_HOME"])
     log_dir = home / "logs" / "distributed"
@@ -370,7 +370,7 @@ def run_distributed(base_env: Mapping[str, str], day: date, conf: Mapping[str, A
     """One run of ``classify_documents`` for ``day`` on a Celery deployment started for it.
 
     :param base_env: an Airflow environment with a migrated metadata DB and ``triage_db``
-        (``triage_tools.local.prepare()``, or a test's).
+        (``triage_tools.deployment.prepare()``, or a test's).
     """
     timings: dict[str, float] = {}
     began = time.monotonic()
@@ -435,7 +435,7 @@ make up must not run at the same time: both would schedule on one metadata DB.
 def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.distributed") -> int:
     import logging
 
-    from triage_tools import local
+    from triage_tools import deployment, local
 
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -455,7 +455,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
     # SIGTERM unwinds like Ctrl-C, so the components started so far are stopped again.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        env = local.prepare()
+        env = deployment.prepare()
     except FernetKeyMismatch as exc:
         _say(str(exc))
         return 1

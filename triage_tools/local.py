@@ -1,58 +1,48 @@
-"""The local deployment: Airflow standalone on the embedded PostgreSQL, driven by the make targets.
+"""The local deployment: Airflow standalone on the embedded PostgreSQL, driven by the make targets
+and the ``triage`` command.
 
-    python -m triage_tools.local prepare                      job migrations, Airflow metadata DB, settings
-    python -m triage_tools.local up                           prepare, then ``airflow standalone`` in the background
-    python -m triage_tools.local stop                         stop what ``up`` started, then the embedded PostgreSQL
-    python -m triage_tools.local dags-test DAG DATE [CONF]    one in-process DAG run (``airflow dags test``)
-    python -m triage_tools.local airflow ARGS...              the Airflow CLI against this deployment
-    python -m triage_tools.local reset-secrets                delete the connections and variables that
-                                                        another Fernet key encrypted (make clean)
+    triage prepare                      job migrations, Airflow metadata DB, settings (if changed)
+    triage up                           prepare, then ``airflow standalone`` in the background
+    triage stop                         stop what ``up`` started, then the embedded PostgreSQL
+    triage dags-test DAG DATE [CONF]    one in-process DAG run (``airflow dags test``)
+    triage airflow ARGS...              the Airflow CLI against this deployment (``./airflow.sh``)
+    triage reset-secrets                delete the connections and variables that another Fernet
+                                        key encrypted (make clean)
 
-Everything runs with :func:`triage_tools.deployment.airflow_environment` (``TRIAGE_HOME``, ``AIRFLOW_HOME``, the
-metadata DB, ``AIRFLOW_CONN_TRIAGE_DB``). ``AIRFLOW__CORE__DAGS_FOLDER``, when exported, replaces
-the checkout's ``dags/`` (tests and experiments point Airflow at other DAGs that way).
-
-``prepare`` is cheap when nothing changed: a state file under ``AIRFLOW_HOME`` records which
-Airflow version migrated which metadata database (by its PostgreSQL oid and alembic revision) and
-a digest of the applied ``airflow_settings.yaml``; ``airflow db migrate`` and the settings are
-applied again only when one of those differs.
-
-No Airflow import here: Airflow reads its configuration at import time, so everything Airflow
-does runs in a child ``python -m airflow`` with the environment set.
+Everything runs with :func:`triage_tools.deployment.environment` (``TRIAGE_HOME``, ``AIRFLOW_HOME``,
+the metadata DB, ``AIRFLOW_CONN_TRIAGE_DB``), after :func:`triage_tools.deployment.prepare`.
+``AIRFLOW__CORE__DAGS_FOLDER``, when exported, replaces the checkout's ``dags/`` (tests and
+experiments point Airflow at other DAGs that way).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from triage_tools.deploy import fernet
+from triage_tools.deployment import airflow_command, prepare, reset_secrets
+from triage_tools.processes import alive, kill_group, port_in_use
 
 log = logging.getLogger("triage_tools.local")
 
 API_PORT = 8080
 HEALTH_PATH = "/api/v2/monitor/health"
-STATE_FILE = "triage-prepare.json"
 PID_FILE = "standalone.pid"
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # SimpleAuthManager's default
 UP_TIMEOUT = 180.0
-STOP_TIMEOUT = 30.0
 
 
 def _say(message: str) -> None:
@@ -64,235 +54,8 @@ def _say(message: str) -> None:
 # environment
 
 
-def environment() -> dict[str, str]:
-    """``os.environ`` plus this deployment's Airflow settings; starts the embedded PostgreSQL."""
-    from triage.settings import ENV_ALLOW_DRILL
-    from triage_tools.deployment import airflow_environment
-
-    dags_override = os.environ.get("AIRFLOW__CORE__DAGS_FOLDER")
-    env = dict(os.environ)
-    env.update(airflow_environment())
-    if dags_override:
-        env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dags_override).resolve())
-    # `airflow standalone` starts its components as `airflow ...` found on PATH.
-    bin_dir = str(Path(sys.executable).parent)
-    path = env.get("PATH", "")
-    if bin_dir not in path.split(os.pathsep):
-        env["PATH"] = os.pathsep.join(p for p in (bin_dir, path) if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    # The local deployment is where drills run (`make run CONF='{"drill": …}'`, `make chaos`);
-    # an exported TRIAGE_ALLOW_DRILL=0 still turns them off. docker-compose leaves them off.
-    env.setdefault(ENV_ALLOW_DRILL, "1")
-    return env
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def side_by_side_env(api_port: int | None = None) -> dict[str, str]:
-    """Ports for an Airflow that runs beside another on this machine (``make up`` on 8080/8793):
-    the API server on loopback, the Execution API URL its task processes call, and free ports
-    for the worker and triggerer log servers."""
-    port = api_port or free_port()
-    base = f"http://127.0.0.1:{port}"
-    return {
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__BASE_URL": base,
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-    }
-
-
-def airflow_command() -> list[str]:
-    """The Airflow CLI of this interpreter."""
-    return [sys.executable, "-m", "airflow"]
-
-
-def _airflow_home(env: Mapping[str, str]) -> Path:
-    return Path(env["AIRFLOW_HOME"])
-
-
 def _triage_home(env: Mapping[str, str]) -> Path:
     return Path(env["TRIAGE_HOME"])
-
-
-def _run_airflow(env: Mapping[str, str], args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """Run ``airflow ARGS`` quietly; raise with its output if it fails."""
-    argv = [*airflow_command(), *args]
-    result = subprocess.run(argv, env=dict(env), text=True, capture_output=True, check=False)
-    if result.returncode != 0:
-        sys.stderr.write(result.stdout + result.stderr)
-        raise subprocess.CalledProcessError(result.returncode, ["airflow", *args])
-    return result
-
-
-# ---------------------------------------------------------------------------------------------
-# prepare
-
-
-def _metadata_identity(env: Mapping[str, str]) -> dict[str, Any]:
-    """Which metadata database this is (oid changes when it is recreated) and its alembic revision."""
-    import psycopg
-
-    from triage.database import DatabaseUrl
-
-    url = DatabaseUrl.parse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
-    with psycopg.connect(url.libpq(), autocommit=True, connect_timeout=10) as conn:
-        row = conn.execute(
-            "SELECT d.oid::bigint, current_database() FROM pg_database d WHERE d.datname = current_database()"
-        ).fetchone()
-        revision = None
-        if conn.execute("SELECT to_regclass('public.alembic_version')").fetchone()[0] is not None:  # type: ignore[index]
-            found = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-            revision = found[0] if found else None
-    assert row is not None
-    return {
-        "database_oid": row[0],
-        "database": row[1],
-        "server": f"{url.host or 'localhost'}:{url.port or 5432}",
-        "revision": revision,
-    }
-
-
-def _settings_digest(env: Mapping[str, str], settings_file: Path) -> str:
-    """A digest of what applying ``settings_file`` would write (after placeholders and shadowing)."""
-    from triage_tools.deploy.airflow_settings import (
-        apply_commands,
-        connections_import_json,
-        load_airflow_settings,
-        without_environment_overrides,
-    )
-
-    settings = without_environment_overrides(load_airflow_settings(settings_file, environ=env), env)
-    material = json.dumps(
-        {
-            "connections": connections_import_json(settings),
-            "commands": apply_commands(settings, connections_file="c.json", airflow=("airflow",)),
-            "fernet_key": fernet.key_fingerprint(env),  # another key: check it opens the metadata first
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(material.encode()).hexdigest()
-
-
-def _read_state(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def settings_file() -> Path:
-    from triage.settings import project_root
-
-    return Path(os.environ.get("TRIAGE_AIRFLOW_SETTINGS", project_root() / "airflow_settings.yaml"))
-
-
-def prepare(*, force: bool = False, verbose: bool = False) -> dict[str, str]:
-    """Make the local deployment ready to run Airflow; returns its environment.
-
-    1. start the embedded PostgreSQL (or use ``TRIAGE_DATABASE_URL``);
-    2. apply the job-table migrations (and, embedded, create the DAGs' login role ``triage_worker``);
-    3. ``airflow db migrate`` unless this Airflow version already migrated this metadata DB;
-    4. apply ``airflow_settings.yaml`` unless the same content was applied to this metadata DB
-       with the same Fernet key, after checking that the key opens the secrets already there.
-
-    :raises triage_tools.deploy.fernet.FernetKeyMismatch: the metadata DB holds secrets encrypted with
-        another key (its message is the one line to show).
-    """
-    from triage.database import DatabaseUrl
-    from triage_tools.deployment import is_embedded, migrate
-
-    timings: dict[str, float] = {}
-    started = time.monotonic()
-    env = environment()  # starts the embedded server; its job database is in the environment
-    timings["database"] = time.monotonic() - started
-
-    step = time.monotonic()
-    migrate(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]), embedded=is_embedded())
-    timings["job migrations"] = time.monotonic() - step
-
-    home = _airflow_home(env)
-    home.mkdir(parents=True, exist_ok=True)
-    state_path = home / STATE_FILE
-    state = {} if force else _read_state(state_path)
-    airflow_version = metadata.version("apache-airflow")
-
-    step = time.monotonic()
-    identity = _metadata_identity(env)
-    migrated = (
-        state.get("airflow_version") == airflow_version
-        and state.get("metadata") == {k: identity[k] for k in ("database_oid", "database", "server")}
-        and state.get("revision") is not None
-        and state.get("revision") == identity["revision"]
-        and (home / "airflow.cfg").exists()
-    )
-    if not migrated:
-        _say(f"airflow db migrate (Airflow {airflow_version})")
-        _run_airflow(env, ["db", "migrate"])
-        identity = _metadata_identity(env)
-        state = {
-            "airflow_version": airflow_version,
-            "metadata": {k: identity[k] for k in ("database_oid", "database", "server")},
-            "revision": identity["revision"],
-        }
-        state_path.write_text(json.dumps(state, indent=2), encoding="utf-8")
-    timings["airflow db migrate" if not migrated else "airflow db check"] = time.monotonic() - step
-
-    step = time.monotonic()
-    file = settings_file()
-    digest = _settings_digest(env, file)
-    if state.get("settings_digest") != digest:
-        # Before Airflow trips over secrets it cannot decrypt (raises FernetKeyMismatch).
-        fernet.check(env)
-        _say(f"applying {file.name}")
-        argv = [
-            sys.executable,
-            "-m",
-            "triage_tools.deploy.airflow_settings",
-            str(file.resolve()),
-            "--airflow",
-            shlex.join(airflow_command()),
-        ]
-        # From the folder holding triage_tools: `-m` finds this checkout's tools, installed or not.
-        tools_root = Path(__file__).resolve().parents[1]
-        result = subprocess.run(argv, env=env, cwd=tools_root, text=True, capture_output=True, check=False)
-        if result.returncode != 0:
-            sys.stderr.write(result.stdout + result.stderr)
-            raise subprocess.CalledProcessError(result.returncode, argv)
-        state["settings_digest"] = digest
-        state_path.write_text(json.dumps(state, indent=2), encoding="utf-8")
-    timings["airflow settings"] = time.monotonic() - step
-
-    total = time.monotonic() - started
-    if verbose or total > 5:
-        _say("prepared in {:.1f}s ({})".format(total, ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())))
-    return env
-
-
-def reset_secrets() -> int:
-    """Delete the connections and variables this deployment's Fernet key cannot open (another
-    checkout's, or from before ``make clean``); the next ``prepare`` writes Triage's again."""
-    env = environment()
-    forgotten = fernet.forget(env)
-    state_path = _airflow_home(env) / STATE_FILE
-    state = _read_state(state_path)
-    if state.pop("settings_digest", None) is not None:
-        state_path.write_text(json.dumps(state, indent=2), encoding="utf-8")
-    if forgotten:
-        print(f"deleted {forgotten.describe()}: another Fernet key had encrypted them")
-    else:
-        print("this deployment's Fernet key opens every connection and variable: nothing deleted")
-    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,41 +66,18 @@ def _pid_file(env: Mapping[str, str]) -> Path:
     return _triage_home(env) / PID_FILE
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our own child that exited) still answers kill(0).
-    with contextlib.suppress(OSError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        if fields and fields[0] == "Z":
-            return False
-    return True
-
-
 def running_pid(env: Mapping[str, str]) -> int | None:
     """The pid of the standalone process ``up`` started, if it still runs."""
     try:
         pid = int(_pid_file(env).read_text().strip())
     except (OSError, ValueError):
         return None
-    if not _alive(pid):
+    if not alive(pid):
         return None
     with contextlib.suppress(OSError):  # a pid reused by something else after a reboot
         if b"standalone" not in Path(f"/proc/{pid}/cmdline").read_bytes():
             return None
     return pid
-
-
-def _port_in_use(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def health(base_url: str, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -358,7 +98,7 @@ def _healthy(doc: dict[str, Any] | None, components: Sequence[str]) -> bool:
 
 def _passwords_file(env: Mapping[str, str]) -> Path:
     configured = env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE")
-    return Path(configured) if configured else _airflow_home(env) / PASSWORDS_FILE
+    return Path(configured) if configured else Path(env["AIRFLOW_HOME"]) / PASSWORDS_FILE
 
 
 def login(env: Mapping[str, str]) -> dict[str, str]:
@@ -395,7 +135,7 @@ def up(timeout: float = UP_TIMEOUT) -> int:
         _print_access(env)
         return 0
     port = int(env.get("AIRFLOW__API__PORT", API_PORT))
-    if _port_in_use(port):
+    if port_in_use(port):
         _say(f"port {port} is taken by another process (another Airflow?); stop it first")
         return 1
     logs = _triage_home(env) / "logs"
@@ -423,7 +163,7 @@ def up(timeout: float = UP_TIMEOUT) -> int:
             break
         if time.monotonic() - started > timeout:
             _say(f"Airflow did not become healthy within {timeout:.0f}s; stopping it; see {log_path}")
-            _kill_group(process.pid)
+            kill_group(process.pid)
             process.wait()
             _pid_file(env).unlink(missing_ok=True)
             return 1
@@ -431,95 +171,6 @@ def up(timeout: float = UP_TIMEOUT) -> int:
     _say(f"Airflow is up after {time.monotonic() - started:.1f}s")
     _print_access(env)
     return 0
-
-
-class ComponentExited(RuntimeError):
-    """A component a caller started and waits on has exited."""
-
-
-@dataclass
-class Processes:
-    """Child processes (Airflow components, Redis, Celery workers), each the leader of its own
-    process group, with its output in ``<log_dir>/<name>.log``."""
-
-    log_dir: Path
-    running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    started: list[str] = field(default_factory=list)
-
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        with open(self.log_dir / f"{name}.log", "ab") as out:
-            proc = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        self.running[name] = proc
-        if name not in self.started:
-            self.started.append(name)
-        return proc
-
-    def check(self) -> None:
-        for name, proc in self.running.items():
-            if proc.poll() is not None:
-                raise ComponentExited(f"{name} exited with {proc.returncode}\n{self.logs()}")
-
-    def logs(self, tail: int = 30) -> str:
-        """The last ``tail`` lines of every component started, running or stopped."""
-        parts = []
-        for name in self.started:
-            lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-tail:]
-            parts.append(f"==> {self.log_dir / name}.log <==\n" + "\n".join(lines))
-        return "\n".join(parts)
-
-    def stop(self, names: Sequence[str], timeout: float = 30.0) -> None:
-        """SIGTERM the groups of ``names`` together, SIGKILL what is left after ``timeout``."""
-        procs = [self.running.pop(n) for n in names if n in self.running]
-        kill_groups([p.pid for p in procs], timeout)
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-
-
-def _kill_group(pid: int, timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
-    kill_groups([pid], timeout)
-
-
-def kill_groups(pids: Sequence[int], timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM the process groups led by ``pids`` at once, then SIGKILL what is left after ``timeout``.
-
-    Group leaders started by the caller must still be reaped by it (``Popen.wait``). A zombie
-    leader keeps its group id alive, so such a group counts as gone once no other member lives.
-    """
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    left = list(pids)
-    while left and time.monotonic() < deadline:
-        left = [pid for pid in left if _group_alive(pid)]
-        if left:
-            time.sleep(0.2)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-
-
-def _group_alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if _alive(pid):
-        return True
-    # The leader is gone or a zombie: the group lives on only if another member does.
-    with contextlib.suppress(OSError):
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pid and fields[0] != "Z":
-                    return True
-        return False
-    return True
 
 
 def stop() -> int:
@@ -537,8 +188,8 @@ def stop() -> int:
         pid: int | None = int(pid_file.read_text().strip())
     except (OSError, ValueError):
         pid = None
-    if pid is not None and _alive(pid):
-        _kill_group(pid)
+    if pid is not None and alive(pid):
+        kill_group(pid)
         print(f"Airflow standalone stopped (pid {pid})")
     else:
         print("Airflow standalone was not running")

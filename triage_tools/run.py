@@ -34,6 +34,7 @@ from triage.reconciliation.runner import latest_run
 from triage.settings import project_root
 from triage_tools import local
 from triage_tools.deploy.fernet import FernetKeyMismatch
+from triage_tools.deployment import prepare
 from triage_tools.progress import Counts, Progress
 
 
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
         return 2
 
     try:
-        env = local.prepare()
+        env = prepare()
     except FernetKeyMismatch as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1

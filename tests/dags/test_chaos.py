@@ -52,8 +52,9 @@ def test_a_small_drill_keeps_every_invariant(server_home: Path) -> None:
 def _stop_leftovers(home: Path) -> None:
     """What a killed drill leaves: its standalone's process group and its PostgreSQL."""
     from triage_tools import embedded, local
+    from triage_tools.processes import kill_groups
 
     pid = local.running_pid({"TRIAGE_HOME": str(home)})
     if pid is not None:
-        local.kill_groups([pid])
+        kill_groups([pid])
     embedded.stop(home)

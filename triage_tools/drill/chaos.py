@@ -275,6 +275,7 @@ class Drill:
         does not start it again. When the API server has reported the scheduler unhealthy for
         ``grace`` seconds, restart the deployment's Airflow (its running tasks die with it)."""
         from triage_tools import local
+        from triage_tools.processes import kill_groups
 
         grace, unhealthy_since = 45.0, None
         while not self._stop.wait(3.0):
@@ -288,7 +289,7 @@ class Drill:
                 continue
             pid = local.running_pid(self.env)
             if pid is not None:
-                local.kill_groups([pid])
+                kill_groups([pid])
             if local.up() != 0:
                 self._fault("airflow_restart_failed", "airflow standalone", "could not start it again")
                 return
@@ -439,13 +440,14 @@ def _prepare_home(home: Path) -> None:
     """A fresh drill home: stop what a previous drill left running, then wipe it. Refuses a
     non-empty folder that no drill made (``--home .`` must not delete a checkout)."""
     from triage_tools import embedded, local
+    from triage_tools.processes import kill_groups
 
     if home.exists() and any(home.iterdir()):
         if not (home / MARKER).exists():
             raise SystemExit(f"chaos: {home} is not empty and not a drill home (no {MARKER}); choose another --home")
         pid = local.running_pid({"TRIAGE_HOME": str(home)})
         if pid is not None:
-            local.kill_groups([pid])
+            kill_groups([pid])
         embedded.stop(home)
         shutil.rmtree(home)
     home.mkdir(parents=True, exist_ok=True)
@@ -455,14 +457,15 @@ def _prepare_home(home: Path) -> None:
 def run(options: DrillOptions, home: Path) -> DrillReport:
     """The whole drill; the caller prints :meth:`DrillReport.table`."""
     from triage.reconciliation.airflow_view import AirflowApi
-    from triage_tools import embedded, local
+    from triage_tools import deployment, embedded, local
     from triage_tools.drill.provider import FakeProvider
+    from triage_tools.processes import kill_groups, side_by_side_env
 
     began = time.monotonic()
     _prepare_home(home)
     os.environ["TRIAGE_HOME"] = str(home)
     os.environ.pop("TRIAGE_DATABASE_URL", None)  # the drill restarts its own server, never yours
-    os.environ.update(local.side_by_side_env())
+    os.environ.update(side_by_side_env())
     # A supervisor that died with the database restart is declared dead after a minute, not five.
     os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "60"
     drill: Drill | None = None
@@ -475,7 +478,7 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
         try:
             if local.up() != 0:
                 raise RuntimeError("airflow standalone did not start")
-            env = local.environment()
+            env = deployment.environment()
             users = local.login(env)
             user, password = next(iter(users.items()))
             api = AirflowApi(local.base_url(env), username=user, password=password, timeout_s=30)
@@ -511,7 +514,7 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
                 drill.engine.dispose()
             pid = local.running_pid({"TRIAGE_HOME": str(home)})
             if pid is not None:
-                local.kill_groups([pid])
+                kill_groups([pid])
             embedded.stop(home)
     report.seconds = time.monotonic() - began
     (home / "report.json").write_text(json.dumps(report.as_dict(), indent=2, default=str), encoding="utf-8")
