@@ -112,3 +112,29 @@ def test_the_product_and_its_command_work_without_the_tools() -> None:
     assert "'run' is a developer command of a checkout" in done.stderr
     assert "TRIAGE_DATABASE_URL is not set" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("make_args", "expected"),
+    [
+        pytest.param(["migrate"], ".venv/bin/triage migrate", id="migrate"),
+        pytest.param(["run", "DATE=2026-11-01"], ".venv/bin/triage run --date '2026-11-01' --conf '{}'", id="run"),
+        pytest.param(["run", "VERBOSE=1"], ".venv/bin/triage run --date '' --conf '{}' --verbose", id="run-verbose"),
+        pytest.param(["run", "VERBOSE=0"], ".venv/bin/triage run --date '' --conf '{}'", id="run-verbose-0"),
+        pytest.param(["up"], ".venv/bin/triage up", id="up"),
+        pytest.param(["stop"], ".venv/bin/triage stop", id="stop"),
+        pytest.param(["reset-secrets"], ".venv/bin/triage reset-secrets", id="reset-secrets"),
+        pytest.param(["chaos", "CHAOS=--dates 2"], ".venv/bin/triage chaos --dates 2", id="chaos"),
+        pytest.param(["distributed"], ".venv/bin/triage distributed --date '' --conf '{}'", id="distributed"),
+    ],
+)
+def test_make_targets_call_the_triage_command(make_args: list[str], expected: str) -> None:
+    done = subprocess.run(["make", "-n", *make_args], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout.splitlines(), done.stdout
+
+
+def test_make_setup_installs_the_checkout_with_its_command() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\t\$\(PY\) -m pip install --quiet --no-deps -e \.$", makefile, re.M)
+    assert re.search(r"^\$\(STAMP\):.*\bpyproject\.toml\b", makefile, re.M)  # reinstalled when it changes
