@@ -11,9 +11,12 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+
+import triage
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = "triage_tools"
@@ -138,3 +141,8 @@ def test_make_setup_installs_the_checkout_with_its_command() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^\t\$\(PY\) -m pip install --quiet --no-deps -e \.$", makefile, re.M)
     assert re.search(r"^\$\(STAMP\):.*\bpyproject\.toml\b", makefile, re.M)  # reinstalled when it changes
+
+
+def test_the_version_without_an_install_is_the_package_s() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["version"] == triage.__version__  # what `triage --version` says when not installed
