@@ -146,3 +146,25 @@ def test_make_setup_installs_the_checkout_with_its_command() -> None:
 def test_the_version_without_an_install_is_the_package_s() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["version"] == triage.__version__  # what `triage --version` says when not installed
+
+
+def test_the_triage_command_names_a_missing_embedded_server_package(tmp_path: Path) -> None:
+    """Where the dev requirements are not installed, `triage status` without TRIAGE_DATABASE_URL
+    says what is missing and the two ways out, instead of a traceback."""
+    [package, *_] = sorted(embedded_server_packages())
+    script = (
+        f"import sys; sys.modules[{package!r}] = None\n"  # as if it were not installed
+        "from triage_tools.cli import main\n"
+        "sys.exit(main(['status']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRIAGE_DATABASE_URL"}
+    env.update(PYTHONPATH=str(ROOT / "plugins"), TRIAGE_HOME=str(tmp_path / "home"))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"the Python package {package} is missing here" in done.stderr
+    assert "make setup" in done.stderr
+    assert "TRIAGE_DATABASE_URL" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "home").exists()  # nothing was started
