@@ -24,5 +24,6 @@ COPY --chown=airflow:root include/ /opt/airflow/include/
 COPY --chown=airflow:root airflow_settings.yaml /opt/airflow/airflow_settings.yaml
 
 # Airflow puts the plugins folder on sys.path itself; plain `python -m triage ...` (the
-# triage-migrate service, airflow-init's settings step) needs it spelled out.
+# triage-migrate service) needs it spelled out. The developer tools (triage_tools/) are never
+# copied: airflow-init mounts them from the checkout for its settings step (tests/unit/test_layout.py).
 ENV PYTHONPATH="/opt/airflow/plugins"

@@ -15,7 +15,7 @@ CONF   ?= {}
 .PHONY: help setup lock migrate run up stop test test-fast bench chaos distributed lint clean reset-secrets
 
 help:
-	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}']  set up, migrate, run classify_documents then reconcile_jobs"
+	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}'] [VERBOSE=1]  set up, migrate, run classify_documents then reconcile_jobs"
 	@echo "make test                                  the whole test suite"
 	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
@@ -24,36 +24,40 @@ help:
 	@echo "make reset-secrets                         delete Airflow connections/variables another Fernet key encrypted"
 
 # The virtualenv is rebuilt when a requirements file changes; constraints.txt locks the tree.
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt
+# Then the checkout itself, editable and without dependencies (pyproject.toml): the `triage`
+# command, the product `triage` and the developer tools `triage_tools`.
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
 setup: $(STAMP)
 
 # Airflow's constraints for the image (docker/airflow-constraints.txt: the official file, or a
 # stand-in that says so where it cannot be downloaded), then the local lock under them, for every
-# supported Python (tools/lock.py; a few minutes: pip resolves without installing).
+# supported Python (triage_tools/lock.py; a few minutes: pip resolves without installing).
 lock: $(STAMP)
-	$(PY) tools/lock.py
+	$(PY) -m triage_tools.lock
 
 migrate: $(STAMP)
-	$(PY) -m triage migrate
+	$(BIN)/triage migrate
 
+# VERBOSE=1: Airflow's own output on screen, instead of in the log file whose path is printed.
 run: $(STAMP)
-	$(PY) -m triage.run --date '$(DATE)' --conf '$(CONF)'
+	$(BIN)/triage run --date '$(DATE)' --conf '$(CONF)'$(if $(filter-out 0,$(VERBOSE)), --verbose)
 
 up: $(STAMP)
-	$(PY) -m triage.local up
+	$(BIN)/triage up
 
 stop: $(STAMP)
-	$(PY) -m triage.local stop
+	$(BIN)/triage stop
 
 # After `make clean` with TRIAGE_DATABASE_URL set, the metadata keeps secrets encrypted with the
 # lost key of the old airflow.cfg: delete them (make run writes Triage's again).
 reset-secrets: $(STAMP)
-	$(PY) -m triage.local reset-secrets
+	$(BIN)/triage reset-secrets
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -64,19 +68,19 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
-# The failure drill on a deployment of its own under $(TRIAGE_HOME)/chaos (python -m triage.drill.chaos -h).
+# The failure drill on a deployment of its own under $(TRIAGE_HOME)/chaos (.venv/bin/triage chaos -h).
 CHAOS ?=
 chaos: $(STAMP)
-	$(PY) -m triage.drill.chaos $(CHAOS)
+	$(BIN)/triage chaos $(CHAOS)
 
 # classify_documents for DATE under CeleryExecutor on this machine: Redis (apt's redis-server,
 # installed when missing and root), two Celery workers, all stopped again (docs/distributed.md).
 distributed: $(STAMP)
-	$(PY) -m triage.distributed --date '$(DATE)' --conf '$(CONF)'
+	$(BIN)/triage distributed --date '$(DATE)' --conf '$(CONF)'
 
 lint: $(STAMP)
-	$(BIN)/ruff check plugins dags tests bench
-	$(BIN)/ruff format --check plugins dags tests bench
+	$(BIN)/ruff check plugins dags tests bench triage_tools
+	$(BIN)/ruff format --check plugins dags tests bench triage_tools
 	$(BIN)/mypy
 
 clean: stop

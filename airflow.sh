@@ -20,4 +20,7 @@ if [ ! -x "$python" ]; then
 fi
 export PYTHONPATH="$root/plugins${PYTHONPATH:+:$PYTHONPATH}"
 export TRIAGE_HOME="${TRIAGE_HOME:-$root/.triage}"
-exec "$python" -m triage.local airflow "$@"
+# `triage airflow ARGS` (triage_tools.local) from this checkout, whether or not the interpreter
+# has it installed; the checkout goes on this process's sys.path only, not on Airflow's.
+exec "$python" -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from triage_tools.cli import main; sys.exit(main())' \
+  "$root" airflow "$@"

@@ -16,8 +16,9 @@ from typing import Any
 
 import psycopg
 
-from triage import embedded, migrations
+from triage import migrations
 from triage.database import DatabaseUrl, configured_url
+from triage_tools import embedded
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
 

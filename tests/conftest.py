@@ -25,9 +25,10 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from triage import embedded, migrations
+from triage import migrations
 from triage.database import DatabaseUrl, create_engine
 from triage.jobs.store import JobStore
+from triage_tools import embedded
 
 FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 

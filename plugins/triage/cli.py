@@ -1,89 +1,95 @@
-"""``python -m triage``: the job database from the shell, without Airflow.
+"""The product's commands: the job ledger from a shell, without Airflow and without the tools.
 
-    python -m triage db start|stop|url      the embedded PostgreSQL (or TRIAGE_DATABASE_URL)
-    python -m triage migrate [--to REV]     apply the job-table migrations (or downgrade)
-    python -m triage status                 the ledger: jobs by state, open reviews by reason
-    python -m triage env                    shell exports for running Airflow on this deployment
-    python -m triage payload JOB_ID         a job's document, read through its payload_ref from
-                                            the payload base only (--payload-base, else
-                                            TRIAGE_PAYLOAD_BASE, else $TRIAGE_HOME/payloads) and
-                                            verified by its hash (for reviewers; never logged)
-
-Every command honours ``TRIAGE_DATABASE_URL``; unset means the embedded PostgreSQL.
+``python -m triage`` runs them wherever the package is (the image included); in a checkout, the
+``triage`` command (:mod:`triage_tools.cli`, installed by ``make setup``) runs the same ones after
+it has resolved the embedded database, plus the developer verbs. This module never starts a
+database: the job database is ``TRIAGE_DATABASE_URL``, nothing else.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 import sys
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
-from triage import embedded
-from triage.database import AIRFLOW_DATABASE, TRIAGE_DATABASE, DatabaseUrl, configured_url, create_engine
+from triage.database import DatabaseUrl, configured_url, create_engine
 
 log = logging.getLogger("triage.cli")
 
+PROG = "triage"
+DISTRIBUTION = "triage"
+
+DESCRIPTION = """\
+The Triage job ledger from a shell: where its database is, what state its jobs are
+in, a job's document, and the job-table migrations.
+
+The job database is TRIAGE_DATABASE_URL, a libpq URL such as
+  postgresql://user:password@host:5432/triage
+  postgresql://postgres@/triage?host=/path/to/socket/dir
+"""
+
+EPILOG = """\
+In a checkout, make setup installs the triage command with the developer verbs too
+(run, up, stop, chaos, ...); there an unset TRIAGE_DATABASE_URL means the embedded
+PostgreSQL under .triage/.
+"""
+
+PRODUCT_COMMANDS = frozenset({"status", "db", "payload", "migrate"})
+"""What this module runs; :mod:`triage_tools.cli` hands these over unchanged."""
+
+DEVELOPER_COMMANDS = frozenset(
+    {"run", "up", "stop", "env", "airflow", "chaos", "distributed", "prepare", "dags-test", "reset-secrets"}
+)
+"""The verbs of a checkout's ``triage`` command, named here only to say where they are."""
+
+
+class NoJobDatabase(RuntimeError):
+    """TRIAGE_DATABASE_URL is not set, and this command never starts a database itself."""
+
+
+def version() -> str:
+    """The installed distribution's version; the package's own when it is not installed (the
+    image puts ``plugins/`` on ``PYTHONPATH`` instead of installing it)."""
+    from importlib import metadata
+
+    from triage import __version__
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return __version__
+
 
 def job_database() -> DatabaseUrl:
-    """The job database: ``TRIAGE_DATABASE_URL`` as given, else the embedded server's ``triage``."""
+    """The job database: ``TRIAGE_DATABASE_URL``.
+
+    :raises NoJobDatabase: it is not set.
+    """
     configured = configured_url()
-    if configured is not None:
-        return configured
-    return embedded.start().with_database(TRIAGE_DATABASE)
+    if configured is None:
+        raise NoJobDatabase(
+            "TRIAGE_DATABASE_URL is not set: export the job database's URL "
+            "(in a checkout, .venv/bin/triage starts the embedded PostgreSQL instead)"
+        )
+    return configured
 
 
-def migrate_job_database(url: DatabaseUrl, to: str = "head") -> None:
-    """Apply the job-table migrations; on the embedded server also make the DAGs' login role."""
+def migrate_job_database(url: DatabaseUrl, to: str = "head") -> tuple[str | None, str | None]:
+    """Move the job tables to revision ``to`` (``head``, ``base`` or an id): upgrade, or
+    downgrade when ``to`` is older than the current one. Returns (before, after)."""
     from triage import migrations
 
-    migrations.upgrade(url, to)
-    if configured_url() is None:
-        from triage.roles import ensure_worker_role
-
-        ensure_worker_role(url)
-
-
-def airflow_environment() -> dict[str, str]:
-    """What Airflow needs to run on this deployment: its home, its metadata DB, ``triage_db``.
-
-    With ``TRIAGE_DATABASE_URL`` set, Airflow's metadata DB is taken from
-    ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` if given, else the ``airflow`` database on the same
-    server; otherwise both live in the embedded server.
-    """
-    import os
-
-    from triage.roles import worker_url
-
-    home = embedded.triage_home()
-    jobs_db = job_database()
-    # Embedded: the DAGs connect as the least-privilege role (rows only; see triage.roles).
-    # With TRIAGE_DATABASE_URL the connection is taken as given: point AIRFLOW_CONN_TRIAGE_DB
-    # at a member of triage_app yourself (docker-compose does).
-    dags_db = worker_url(jobs_db) if configured_url() is None else jobs_db
-    env = {
-        "TRIAGE_HOME": str(home),
-        "AIRFLOW_HOME": str(home / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(embedded.project_root() / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(embedded.project_root() / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW_CONN_TRIAGE_DB": dags_db.airflow_connection_json(),
-        "TRIAGE_DATABASE_URL": jobs_db.libpq(),
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(embedded.project_root() / "plugins"), os.environ.get("PYTHONPATH", "")) if p
-        ),
-    }
-    metadata = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
-    if not metadata:
-        if configured_url() is not None:  # the embedded server made the airflow database already
-            embedded.ensure_databases(jobs_db.with_database("postgres"), (AIRFLOW_DATABASE,))
-        metadata = jobs_db.with_database(AIRFLOW_DATABASE).airflow_metadata_url()
-    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = metadata
-    return env
+    before = migrations.current_revision(url)
+    if to == "base" or (before is not None and to not in ("head", before) and to < before):
+        migrations.downgrade(url, to)
+    else:
+        migrations.upgrade(url, to)
+    return before, migrations.current_revision(url)
 
 
 def status_report(url: DatabaseUrl) -> str:
@@ -142,68 +148,124 @@ def job_payload(url: DatabaseUrl, job_id: str, payload_base: str | None = None) 
     return read_payload(row.payload_ref, row.content_sha256, settings.payload_base(payload_base))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m triage", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    commands = parser.add_subparsers(dest="command", required=True)
-    db = commands.add_parser("db", help="the embedded PostgreSQL")
-    db.add_argument("action", choices=["start", "stop", "url"])
-    db.add_argument("--form", choices=["libpq", "sqlalchemy", "airflow-conn"], default="libpq")
-    migrate = commands.add_parser("migrate", help="apply the job-table migrations")
-    migrate.add_argument("--to", default="head", help="target revision (head, base, or an id)")
-    commands.add_parser("status", help="jobs by state and open reviews")
-    commands.add_parser("env", help="shell exports for Airflow on this deployment")
-    payload = commands.add_parser("payload", help="print a job's document, verified by its hash")
-    payload.add_argument("job_id")
-    payload.add_argument("--payload-base", help="the payload store (default: TRIAGE_PAYLOAD_BASE, "
-                         "else $TRIAGE_HOME/payloads); references outside it are refused")  # fmt: skip
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for chatty in ("pgserver", "alembic.runtime.plugins", "alembic.runtime.migration"):
-        logging.getLogger(chatty).setLevel(logging.WARNING)
+# ---------------------------------------------------------------------------------------------
+# the command line
 
-    if args.command == "db":
-        if args.action == "stop":
-            if configured_url() is not None:
-                print("TRIAGE_DATABASE_URL is set: nothing embedded to stop")
-                return 0
-            print("embedded PostgreSQL stopped" if embedded.stop() else "embedded PostgreSQL was not running")
-            return 0
+
+def parser(prog: str = PROG, description: str = DESCRIPTION, epilog: str = EPILOG) -> argparse.ArgumentParser:
+    """The top-level parser, with ``--version``; add the commands with :func:`add_commands`."""
+    top = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    top.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    return top
+
+
+def add_commands(commands: Any) -> Any:
+    """Add the product's commands to ``commands`` (``ArgumentParser.add_subparsers()``).
+    Returns the sub-commands of ``db``, where the tools add ``start`` and ``stop``."""
+    raw = argparse.RawDescriptionHelpFormatter
+    commands.add_parser(
+        "status",
+        help="jobs by state and open reviews by reason",
+        formatter_class=raw,
+        description="Jobs by state and open manual reviews by reason, for the whole ledger.",
+    )
+    db = commands.add_parser(
+        "db", help="where the job database is", formatter_class=raw, description="Where the job database is."
+    )
+    db_actions = db.add_subparsers(dest="db_action", required=True, metavar="ACTION")
+    url = db_actions.add_parser(
+        "url",
+        help="print its URL",
+        formatter_class=raw,
+        description="Print the job database's URL, in the form a tool needs.",
+    )
+    url.add_argument(
+        "--form",
+        choices=["libpq", "sqlalchemy", "airflow-conn"],
+        default="libpq",
+        help="libpq (psql, TRIAGE_DATABASE_URL; the default), sqlalchemy "
+        "(AIRFLOW__DATABASE__SQL_ALCHEMY_CONN) or airflow-conn (AIRFLOW_CONN_TRIAGE_DB, JSON)",
+    )
+    payload = commands.add_parser(
+        "payload",
+        help="print a job's document, verified by its hash",
+        formatter_class=raw,
+        description="Print the document of job JOB_ID (for reviewers; it is never logged).\n\n"
+        "It is read through the job's payload_ref from the payload base only, and\n"
+        "checked against the job's content hash; a reference outside the base is refused.",
+    )
+    payload.add_argument("job_id", metavar="JOB_ID", help="the job's id (a UUID)")
+    payload.add_argument(
+        "--payload-base",
+        metavar="DIR_OR_URL",
+        help="the payload store (default: TRIAGE_PAYLOAD_BASE, else $TRIAGE_HOME/payloads)",
+    )
+    migrate = commands.add_parser(
+        "migrate",
+        help="apply the job-table migrations",
+        formatter_class=raw,
+        description="Move the job tables to a revision: upgrade to it, or downgrade\n"
+        "when it is older than the current one.",
+    )
+    migrate.add_argument("--to", default="head", metavar="REVISION", help="head (the default), base, or a revision id")
+    return db_actions
+
+
+def run_command(args: argparse.Namespace, prog: str = PROG) -> int:
+    """Run the product command ``args`` parsed; its exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for chatty in ("alembic.runtime.plugins", "alembic.runtime.migration"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    try:
         url = job_database()
-        form = {"libpq": url.libpq, "sqlalchemy": url.airflow_metadata_url,
-                "airflow-conn": url.airflow_connection_json}[args.form]  # fmt: skip
+    except NoJobDatabase as exc:
+        print(f"{prog} {args.command}: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "db":
+        form = {
+            "libpq": url.libpq,
+            "sqlalchemy": url.airflow_metadata_url,
+            "airflow-conn": url.airflow_connection_json,
+        }[args.form]
         print(form())
         return 0
     if args.command == "migrate":
-        from triage import migrations
-
-        url = job_database()
-        before = migrations.current_revision(url)
-        if args.to == "base" or (before is not None and args.to not in ("head", before) and args.to < before):
-            migrations.downgrade(url, args.to)
-        else:
-            migrate_job_database(url, args.to)
-        print(f"job tables at revision {migrations.current_revision(url)} (was {before}) in {url.libpq_redacted()}")
+        before, after = migrate_job_database(url, args.to)
+        print(f"job tables at revision {after} (was {before}) in {url.libpq_redacted()}")
         return 0
     if args.command == "status":
-        print(status_report(job_database()))
-        return 0
-    if args.command == "env":
-        for key, value in airflow_environment().items():
-            print(f"export {key}={shlex.quote(value)}")
+        print(status_report(url))
         return 0
     if args.command == "payload":
         from triage.payloads import PayloadError
 
         try:
-            document = job_payload(job_database(), args.job_id, args.payload_base)
+            document = job_payload(url, args.job_id, args.payload_base)
         except (LookupError, PayloadError) as exc:
-            print(f"python -m triage payload: {exc}", file=sys.stderr)
+            print(f"{prog} payload: {exc}", file=sys.stderr)
             return 1
         sys.stdout.buffer.write(document)
         sys.stdout.buffer.flush()
         return 0
-    return 2  # pragma: no cover - argparse refuses unknown commands
+    raise ValueError(f"not a product command: {args.command}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m triage``: the product's commands only."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "python -m triage"
+    if argv and argv[0] in DEVELOPER_COMMANDS:
+        print(
+            f"{prog}: {argv[0]!r} is a developer command of a checkout: run it as .venv/bin/triage "
+            f"{argv[0]} there (make setup installs it). Here: {', '.join(sorted(PRODUCT_COMMANDS))}.",
+            file=sys.stderr,
+        )
+        return 2
+    top = parser(prog)
+    add_commands(top.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return run_command(top.parse_args(argv), prog)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -131,7 +131,8 @@ class DatabaseUrl:
 
 
 def configured_url() -> DatabaseUrl | None:
-    """The job database from ``TRIAGE_DATABASE_URL``, or None for the embedded default."""
+    """The job database from ``TRIAGE_DATABASE_URL``, or None when it is unset (the developer
+    tools then start the embedded server; the product itself never does)."""
     raw = os.environ.get(ENV_DATABASE_URL, "").strip()
     return DatabaseUrl.parse(raw) if raw else None
 

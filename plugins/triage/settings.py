@@ -10,9 +10,9 @@ a Variable must not be able to widen them.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from triage.embedded import project_root, triage_home
-
+ENV_HOME = "TRIAGE_HOME"
 ENV_PAYLOAD_BASE = "TRIAGE_PAYLOAD_BASE"
 ENV_EVENT_LOG = "TRIAGE_EVENT_LOG"
 ENV_REPORTS_DIR = "TRIAGE_REPORTS_DIR"
@@ -20,6 +20,19 @@ ENV_INBOX_ROOTS = "TRIAGE_INBOX_ROOTS"
 ENV_ALLOW_DRILL = "TRIAGE_ALLOW_DRILL"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def project_root() -> Path:
+    """The folder holding ``plugins/``, ``dags/`` and ``include/``: the checkout, or
+    ``/opt/airflow`` in the image (``plugins/triage/settings.py`` -> two levels up)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def triage_home() -> Path:
+    """Local state: payloads, reports, the event log (and, for the developer tools, the embedded
+    database and the Airflow home): ``$TRIAGE_HOME``, else ``.triage/`` of the project folder."""
+    home = os.environ.get(ENV_HOME)
+    return Path(home).resolve() if home else project_root() / ".triage"
 
 
 def payload_base(explicit: str | None = None) -> str:

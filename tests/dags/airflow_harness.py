@@ -15,7 +15,7 @@ Why the API server: with the LocalExecutor the scheduler's task processes talk t
 through the Execution API, which the API server serves (``[core] execution_api_server_url``,
 default ``{[api] base_url}/execution/``). Without it every task stays ``queued`` and then fails.
 
-Each component is its own process group (``triage.local.Processes``) with its output in a log file
+Each component is its own process group (``triage_tools.processes.Processes``) with its output in a log file
 under ``$AIRFLOW_HOME/harness-logs``; teardown SIGTERMs the groups, then SIGKILLs what is left.
 Ports (API server, the scheduler's and triggerer's log servers) are picked free, so tests can
 run next to ``make up`` on 8080/8793/8794. ``simple_auth_manager_all_admins`` lets the helpers
@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triage.local import ComponentExited, Processes, health
+from triage_tools.local import health
+from triage_tools.processes import ComponentExited, Processes
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = (sys.executable, "-m", "airflow")
@@ -51,7 +52,7 @@ class HarnessError(RuntimeError):
 
 
 def free_port() -> int:
-    from triage.local import free_port as local_free_port
+    from triage_tools.processes import free_port as local_free_port
 
     return local_free_port()
 
@@ -113,8 +114,8 @@ def airflow_cli(
 
 
 def json_output(stdout: str) -> Any:
-    """The JSON document of ``airflow ... -o json`` (:func:`triage.local.json_output`)."""
-    from triage.local import json_output as parse
+    """The JSON document of ``airflow ... -o json`` (:func:`triage_tools.local.json_output`)."""
+    from triage_tools.local import json_output as parse
 
     try:
         return parse(stdout)
@@ -185,7 +186,7 @@ def running_airflow(
     """
     run_env = dict(env)
     run_env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dags_folder).resolve())
-    from triage.local import side_by_side_env
+    from triage_tools.processes import side_by_side_env
 
     run_env.update(side_by_side_env())
     base_url = run_env["AIRFLOW__API__BASE_URL"]

@@ -22,7 +22,7 @@ def test_a_small_drill_keeps_every_invariant(server_home: Path) -> None:
     home = server_home / "chaos"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TRIAGE_DATABASE_URL"))}
     env["PYTHONPATH"] = str(ROOT / "plugins")
-    argv = [sys.executable, "-m", "triage.drill.chaos", "--documents", "2000", "--dates", "2", "--claim-kills", "1",
+    argv = [sys.executable, "-m", "triage_tools.drill.chaos", "--documents", "2000", "--dates", "2", "--claim-kills", "1",
             "--action-kills", "1", "--db-restarts", "1", "--timeout", "900", "--home", str(home)]  # fmt: skip
     # Its own session: if it overruns, the whole group (standalone, its PostgreSQL) is killed with it.
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -51,9 +51,10 @@ def test_a_small_drill_keeps_every_invariant(server_home: Path) -> None:
 
 def _stop_leftovers(home: Path) -> None:
     """What a killed drill leaves: its standalone's process group and its PostgreSQL."""
-    from triage import embedded, local
+    from triage_tools import embedded, local
+    from triage_tools.processes import kill_groups
 
     pid = local.running_pid({"TRIAGE_HOME": str(home)})
     if pid is not None:
-        local.kill_groups([pid])
+        kill_groups([pid])
     embedded.stop(home)

@@ -131,7 +131,7 @@ def test_a_misconfigured_model_fails_the_task_and_the_callback_sends_the_batch_t
 def test_every_invariant_of_the_drill_holds(
     deployment: Deployment, first_run: subprocess.CompletedProcess[str]
 ) -> None:
-    from triage.drill.invariants import check_invariants
+    from triage_tools.drill.invariants import check_invariants
 
     engine = deployment.engine()
     try:

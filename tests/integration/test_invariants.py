@@ -6,9 +6,9 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
-from triage.drill.invariants import check_invariants
 from triage.jobs.models import Complete, LabelWrite, SendToReview
 from triage.jobs.store import JobStore
+from triage_tools.drill.invariants import check_invariants
 
 BATCH = "inv"
 

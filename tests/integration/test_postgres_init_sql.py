@@ -17,7 +17,7 @@ from psycopg import errors
 from psycopg.conninfo import make_conninfo
 
 from tests.conftest import ServerHomes
-from triage import embedded
+from triage_tools import embedded
 
 INIT_SQL = Path(__file__).resolve().parents[2] / "docker" / "postgres-init" / "01-triage.sql"
 
@@ -262,6 +262,7 @@ def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(server_ho
     base and up again."""
     from triage import migrations
     from triage.database import DatabaseUrl
+    from triage_tools import embedded
 
     server = embedded.start(server_home, databases=())
     try:

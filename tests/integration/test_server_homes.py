@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.conftest import ServerHomes
-from triage import embedded
+from triage_tools import embedded
 
 SERVER_USER = "pgserver"  # pgserver's own choice under root (postgres_server.py)
 

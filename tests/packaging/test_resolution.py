@@ -10,7 +10,7 @@
   runs here). The embedded PostgreSQL is not part of it.
 
 pip asks the package index (these tests need it; each takes 10-30 s). The resolving code is
-tools/lock.py's, which ``make lock`` uses to write the pins.
+triage_tools/lock.py's, which ``make lock`` uses to write the pins.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from tools import lock
+from triage_tools import lock
 
 
 def resolve(arguments: list[str], python: str, arch: str = "x86_64") -> dict[str, str]:

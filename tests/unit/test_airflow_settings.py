@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from triage.deploy.airflow_settings import (
+from triage_tools.deploy.airflow_settings import (
     AirflowSettings,
     SettingsError,
     apply,
@@ -217,7 +217,7 @@ def test_placeholders(tmp_path: Path, value: str, environ: dict[str, str], expec
 @given(st.text())
 def test_escaping_every_dollar_gives_the_text_back(value: str) -> None:
     """``$$`` is a literal ``$``: any text survives once its dollars are doubled."""
-    from triage.deploy.airflow_settings import _interpolate
+    from triage_tools.deploy.airflow_settings import _interpolate
 
     assert _interpolate(value.replace("$", "$$"), {}, "v") == value
     if "$" not in value:

@@ -47,6 +47,10 @@ NEEDS_MIGRATED_DB = (
 COMMON_SERVICES = (*AIRFLOW_SERVICES, "triage-migrate")
 # Where a service may differ from the common environment, and why.
 ENV_OVERRIDES = {"triage-migrate": {"TRIAGE_DATABASE_URL"}}  # the owner role, for migrations
+# Where a service mounts more than the common volumes: airflow-init applies airflow_settings.yaml
+# with the developer tools' applier, which the image does not contain.
+TOOLS_MOUNT = "${AIRFLOW_PROJ_DIR:-.}/triage_tools:/opt/triage/triage_tools:ro"
+VOLUME_EXTRAS = {"airflow-init": [TOOLS_MOUNT]}
 
 _DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
 
@@ -110,7 +114,8 @@ def test_service_is_built_on_the_common_anchor(
     service = services[name]
     assert service["image"] == common["image"]
     assert service["build"] == common["build"]
-    assert service["volumes"] == common["volumes"]
+    extra = VOLUME_EXTRAS.get(name, [])
+    assert service["volumes"] == [*common["volumes"], *extra]
     env = service["environment"]
     allowed = ENV_OVERRIDES.get(name, set())
     assert {key: env.get(key) for key in common_env if key not in allowed} == {
@@ -311,9 +316,16 @@ def test_init_sql_creates_the_triage_database_and_roles(services: dict[str, Any]
 
 
 def test_init_step_applies_the_settings_module(services: dict[str, Any]) -> None:
-    script = services["airflow-init"]["command"][-1]
-    assert "python -m triage.deploy.airflow_settings /opt/airflow/airflow_settings.yaml" in script
-    assert importlib.util.find_spec("triage.deploy.airflow_settings") is not None
+    init = services["airflow-init"]
+    script = init["command"][-1]
+    assert ("PYTHONPATH=/opt/triage:/opt/airflow/plugins /entrypoint python -m triage_tools.deploy.airflow_settings"
+            " /opt/airflow/airflow_settings.yaml") in script  # fmt: skip
+    assert importlib.util.find_spec("triage_tools.deploy.airflow_settings") is not None
+    # The developer tools are not in the image: only this one-shot service mounts them.
+    assert TOOLS_MOUNT in init["volumes"]
+    mounting = [name for name, service in services.items() if any("triage_tools" in str(v) for v in
+                service.get("volumes", []))]  # fmt: skip
+    assert mounting == ["airflow-init"]
 
 
 def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from triage.contracts.run_config import (
     RunNotAllowed,
     check_drill,
 )
-from triage.embedded import project_root
+from triage.settings import project_root
 from triage.sources.inbox_roots import confine_inbox
 
 URL_ROOTS = ("s3://bucket/inbox", "memory://inbox")

@@ -37,12 +37,18 @@ class BatchSummary:
         return self.registered / seconds if seconds and self.registered else None
 
 
+def batch_counts(conn: sa.Connection, batch_key: str) -> dict[JobStatus, int]:
+    """Jobs of the batch by state, every state present (one indexed scan of the batch: cheap
+    enough for ``make run``'s progress line, asked every second)."""
+    query = sa.select(jobs.c.status, sa.func.count()).where(jobs.c.batch_key == batch_key).group_by(jobs.c.status)
+    counts: dict[str, int] = dict(conn.execute(query).tuples().all())
+    return {s: counts.get(s.value, 0) for s in JobStatus}
+
+
 def batch_summary(conn: sa.Connection, batch_key: str, since: datetime | None = None) -> BatchSummary:
     """Jobs of the batch by state and open reviews by reason; the throughput counts only the
     transitions at or after ``since`` (one run's work, not the batch's whole history)."""
     in_batch = sa.select(jobs.c.id).where(jobs.c.batch_key == batch_key)
-    counts: dict[str, int] = dict(conn.execute(sa.select(jobs.c.status, sa.func.count()).where(jobs.c.batch_key == batch_key)
-                               .group_by(jobs.c.status)).tuples().all())  # fmt: skip
     reasons: dict[str, int] = dict(conn.execute(
         sa.select(manual_review.c.reason, sa.func.count())
         .join(jobs, jobs.c.id == manual_review.c.job_id)
@@ -62,7 +68,7 @@ def batch_summary(conn: sa.Connection, batch_key: str, since: datetime | None = 
     ).scalar_one()
     return BatchSummary(
         batch_key=batch_key,
-        by_status={s: counts.get(s.value, 0) for s in JobStatus},
+        by_status=batch_counts(conn, batch_key),
         review_reasons={str(k): int(v) for k, v in reasons.items()},
         first_registered=first,
         last_settled=last,

