@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from triage import cli as product
+from triage_tools.embedded import EmbeddedDatabaseError
 
 DESCRIPTION = """\
 Triage: AI classification work on Apache Airflow 3, with a PostgreSQL job ledger.
@@ -81,8 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "env":
             return _env()
         return _product(args)
-    except ModuleNotFoundError as exc:  # the embedded server's package is a dev requirement
-        missing = exc.name or str(exc)
+    except (ModuleNotFoundError, EmbeddedDatabaseError) as exc:  # the embedded server is a dev requirement
+        cause = exc if isinstance(exc, ModuleNotFoundError) else exc.__cause__
+        if not isinstance(cause, ModuleNotFoundError):  # data of another major version, say
+            print(f"triage: {exc}", file=sys.stderr)
+            return 2
+        missing = cause.name or str(cause)
         print(
             f"triage: the Python package {missing} is missing here: run make setup in the checkout "
             "(or export TRIAGE_DATABASE_URL to use a database of your own)",
