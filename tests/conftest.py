@@ -5,6 +5,10 @@ for speed, or the server of ``TRIAGE_TEST_DATABASE_URL``. A template database is
 once per session; each test gets its own clone (``CREATE DATABASE … TEMPLATE``), so tests
 never see each other's rows and never need cleanup.
 
+``make test`` runs pytest-xdist workers side by side: every worker is a session of its own with
+its own template (named after its pid) and its own clones, and they all share the one embedded
+server (see :class:`SharedServer` for who starts and who stops it).
+
 Tests that start a PostgreSQL of their own or keep an Airflow home take their folder from
 ``server_homes`` / ``server_home``, never from ``tmp_path``: under root, pgserver runs the
 server as the unprivileged user ``pgserver``, and every pytest run resets its user's tmp root
@@ -14,6 +18,8 @@ its own data (``pg_ctl restart``: "Permission denied").
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -28,6 +34,7 @@ import sqlalchemy as sa
 from triage import migrations
 from triage.database import DatabaseUrl, create_engine
 from triage.jobs.store import JobStore
+from triage.roles import ensure_worker_role
 from triage_tools import embedded
 
 FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
@@ -84,21 +91,108 @@ def server_home(server_homes: ServerHomes, request: pytest.FixtureRequest) -> It
     server_homes.remove(path)
 
 
+class SharedServer:
+    """The embedded test server, shared by every process that tests this checkout at once: the
+    xdist workers of one run, and any other pytest run beside it. Two files in its home say
+    who may do what, with ``flock`` (the kernel drops a process's locks when it ends, however
+    it ends):
+
+    - ``server.lock``, held exclusively while the server is started or stopped and while a
+      template is migrated (migrations create cluster-wide roles);
+    - ``server.users``, held shared by every process that uses the server, for its lifetime.
+
+    The run that found the server stopped stops it at its very end (``pytest_sessionfinish`` of
+    the xdist controller, after its workers exited, or of a serial run), and only if it can take
+    ``server.users`` exclusively: a worker still finishing or another run keeps it up.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._users: int | None = None  # this process's descriptor of server.users
+
+    def _open(self, name: str) -> int:
+        self.home.mkdir(parents=True, exist_ok=True)
+        return os.open(self.home / name, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive: one process at a time starts, stops or changes the cluster's roles."""
+        fd = self._open("server.lock")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def use(self) -> None:
+        """Say that this process uses the server, until it ends."""
+        if self._users is None:
+            self._users = self._open("server.users")
+            fcntl.flock(self._users, fcntl.LOCK_SH)
+
+    def start(self) -> DatabaseUrl:
+        self.use()
+        with self.locked():
+            return embedded.start(self.home, databases=(), settings=FAST_SETTINGS)
+
+    def is_running(self) -> bool:
+        return embedded.running_url(self.home) is not None
+
+    def stop_if_unused(self) -> bool:
+        """Stop the server unless another process uses it; True if it was stopped."""
+        with self.locked():
+            fd = self._users if self._users is not None else self._open("server.users")
+            self._users = None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # drops our shared lock either way
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            try:
+                return embedded.stop(self.home)
+            finally:
+                os.close(fd)
+
+
+_SERVER = SharedServer(_test_home())
+_STOP_AT_END = pytest.StashKey[bool]()
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The controller (or a serial run) notes whether it will be the run that starts the server."""
+    config = session.config
+    if not os.environ.get("TRIAGE_TEST_DATABASE_URL") and not _is_xdist_worker(config):
+        _SERVER.use()
+        config.stash[_STOP_AT_END] = not _SERVER.is_running()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own sessionfinish has ended its workers
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.config.stash.get(_STOP_AT_END, False):
+        _SERVER.stop_if_unused()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests (``@pytest.mark.slow``: Airflow processes) last, in a plain serial run too;
+    ``make test`` runs them in a phase of their own, after the others."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable
+
+
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[DatabaseUrl]:
+def pg_server() -> DatabaseUrl:
     """A PostgreSQL server where tests may create databases (URL of its ``postgres`` db).
 
-    The embedded test server is stopped at the end of the session if the session started it.
+    The embedded test server is started on first use (by whichever worker comes first) and
+    stopped at the end of the run that started it (:class:`SharedServer`).
     """
     given = os.environ.get("TRIAGE_TEST_DATABASE_URL")
     if given:
-        yield DatabaseUrl.parse(given).with_database("postgres")
-        return
-    home = _test_home()
-    was_running = embedded.running_url(home) is not None
-    yield embedded.start(home, databases=(), settings=FAST_SETTINGS)
-    if not was_running:
-        embedded.stop(home)
+        return DatabaseUrl.parse(given).with_database("postgres")
+    return _SERVER.start()
 
 
 def _admin(server: DatabaseUrl) -> psycopg.Connection:
@@ -107,11 +201,18 @@ def _admin(server: DatabaseUrl) -> psycopg.Connection:
 
 @pytest.fixture(scope="session")
 def template_db(pg_server: DatabaseUrl) -> Iterator[str]:
+    """This session's (this worker's) migrated template. Migrated under the server lock, one
+    worker at a time: migrations and the worker role change cluster-wide roles, and two
+    workers doing that at once would race (the first run on a fresh server creates them).
+    ``triage_worker`` is made here, once, so that tests only ever find it."""
     name = f"triage_template_{os.getpid()}"
-    with _admin(pg_server) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    migrations.upgrade(pg_server.with_database(name))
+    with _SERVER.locked():
+        with _admin(pg_server) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        migrations.upgrade(pg_server.with_database(name))
+        if pg_server.is_socket:  # the role logs in without a password: trusting servers only
+            ensure_worker_role(pg_server)
     yield name
     with _admin(pg_server) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

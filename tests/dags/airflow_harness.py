@@ -18,8 +18,9 @@ default ``{[api] base_url}/execution/``). Without it every task stays ``queued``
 Each component is its own process group (``triage_tools.processes.Processes``) with its output in a log file
 under ``$AIRFLOW_HOME/harness-logs``; teardown SIGTERMs the groups, then SIGKILLs what is left.
 Ports (API server, the scheduler's and triggerer's log servers) are picked free, so tests can
-run next to ``make up`` on 8080/8793/8794. ``simple_auth_manager_all_admins`` lets the helpers
-call the REST API without a token.
+run next to ``make up`` on 8080/8793/8794; each pytest-xdist worker picks from ports of its own
+(:func:`free_port`), so two workers never race for one. ``simple_auth_manager_all_admins`` lets
+the helpers call the REST API without a token.
 """
 
 from __future__ import annotations
@@ -52,9 +53,19 @@ class HarnessError(RuntimeError):
 
 
 def free_port() -> int:
+    """A free loopback port; under pytest-xdist, one of this worker's class: ``port // 2`` modulo
+    the worker count is the worker's index (// 2: Linux hands out odd ports to ``bind(0)``). A
+    port is free when asked for and taken only later, when Airflow binds it: two workers asking
+    at once could be handed the same one; ports of two classes never meet."""
     from triage_tools.processes import free_port as local_free_port
 
-    return local_free_port()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    for _ in range(1000):  # the kernel hands out ports at random: about `workers` tries
+        port = local_free_port()
+        if port // 2 % workers == index % workers:
+            return port
+    raise HarnessError(f"no free port of worker {index} of {workers}")
 
 
 def airflow_test_env(
@@ -156,14 +167,28 @@ class RunningAirflow:
         return list(self.get("/api/v2/importErrors").get("import_errors", []))
 
 
+# A GET is asked again when the API server (one worker) is too busy to answer in time, as it is
+# while other tests' Airflow processes share the two cores: polls must not die of one slow answer.
+GET_ATTEMPTS = 3
+
+
 def _request(url: str, *, body: Mapping[str, Any] | None = None, method: str = "GET", timeout: float = 10) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
-            text = response.read().decode()
-    except urllib.error.HTTPError as exc:
-        raise HarnessError(f"{method} {url}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:2000]}") from None
+    attempts = GET_ATTEMPTS if method == "GET" else 1  # only a GET is safe to send twice
+    for attempt in range(1, attempts + 1):
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as response:
+                text = response.read().decode()
+            break
+        except urllib.error.HTTPError as exc:
+            raise HarnessError(
+                f"{method} {url}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:2000]}"
+            ) from None
+        except (TimeoutError, urllib.error.URLError) as exc:  # URLError: a connect that timed out
+            timed_out = isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
+            if not timed_out or attempt == attempts:
+                raise
     return json.loads(text) if text else None
 
 
@@ -188,7 +213,10 @@ def running_airflow(
     run_env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dags_folder).resolve())
     from triage_tools.processes import side_by_side_env
 
-    run_env.update(side_by_side_env())
+    run_env.update(side_by_side_env(free_port()))
+    # the log servers' ports too, from this worker's own ports (side_by_side_env picks any free one)
+    run_env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
+    run_env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(free_port())
     base_url = run_env["AIRFLOW__API__BASE_URL"]
     run_env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
     home = Path(run_env["AIRFLOW_HOME"])
