@@ -65,7 +65,8 @@ def on_task_failure(context: Any) -> None:
         from triage.jobs.store import JobStore
         from triage.operators.base import (
             batch_key,
-            database_url_from_connection,
+            engine_from_hook,
+            job_database_hook,
             map_index,
             owner_prefix,
             run_prefix,
@@ -79,10 +80,8 @@ def on_task_failure(context: Any) -> None:
         conn_id = getattr(task, "triage_conn_id", "triage_db")
         error = context.get("exception")
         message = f"{type(error).__name__}: {error}"[:2000] if error is not None else "task failed"
-        from triage.database import create_engine
-
         batch, prefix, ti = batch_key(context), owner_prefix(context), context["ti"]
-        engine = create_engine(database_url_from_connection(conn_id), pool_size=1)
+        engine = engine_from_hook(job_database_hook(conn_id), pool_size=1)
         try:
             moved = JobStore(engine).send_batch_to_review(
                 batch, reason=TASK_FAILED, error=message, owner_prefix=prefix,

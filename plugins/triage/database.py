@@ -137,12 +137,19 @@ def configured_url() -> DatabaseUrl | None:
     return DatabaseUrl.parse(raw) if raw else None
 
 
-def create_engine(url: DatabaseUrl, **kwargs: Any) -> sa.Engine:
-    """An engine for the job database; the one place engine options are chosen."""
+def engine_options(**kwargs: Any) -> dict[str, Any]:
+    """``kwargs`` for :func:`sqlalchemy.create_engine` with the job database's defaults; the one
+    place engine options are chosen, for :func:`create_engine` and for the Airflow hook's engine
+    (``triage.operators.base.engine_from_hook``)."""
     kwargs.setdefault("pool_pre_ping", True)
-    connect_args = kwargs.setdefault("connect_args", {})
+    connect_args = kwargs["connect_args"] = dict(kwargs.get("connect_args") or {})
     # No server-side prepared statements: the ledger's statements take arrays through unnest,
     # and the generic plan PostgreSQL switches to after five runs misjudges their size (it
     # doubled the cost of recording outcomes, measured). Planning them costs ~0.3 ms.
     connect_args.setdefault("prepare_threshold", None)
-    return sa.create_engine(url.sqlalchemy_url(), **kwargs)
+    return kwargs
+
+
+def create_engine(url: DatabaseUrl, **kwargs: Any) -> sa.Engine:
+    """An engine for the job database outside Airflow (the CLI, the tools, the tests)."""
+    return sa.create_engine(url.sqlalchemy_url(), **engine_options(**kwargs))

@@ -1,5 +1,5 @@
-"""What every Triage operator shares: the job database behind ``triage_db``, the run's batch
-key and config, and the lease owner name of this task try."""
+"""What every Triage operator shares: the job database behind ``triage_db`` (through Airflow's
+``PostgresHook``), the run's batch key and config, and the lease owner name of this task try."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
     from airflow.sdk import Context
 
     from triage.contracts.run_config import ClassifyRunConfig
@@ -26,13 +27,31 @@ and order): a model's accepted label before its job completes, a reviewer's afte
 Unset means no external action."""
 
 
-def database_url_from_connection(conn_id: str) -> Any:
-    """The job database of an Airflow connection (the JSON form keeps a socket directory)."""
-    from triage.database import DatabaseUrl
+def job_database_hook(conn_id: str) -> PostgresHook:
+    """The job database's connection as Airflow's PostgreSQL hook.
 
-    conn = BaseHook.get_connection(conn_id)
-    return DatabaseUrl(database=conn.schema or "triage", user=conn.login or None, password=conn.password,
-                       host=conn.host or None, port=conn.port or None)  # fmt: skip
+    The hook builds the SQLAlchemy URL: driver ``postgresql+psycopg`` (psycopg 3 with SQLAlchemy
+    2), ``host`` as it is, so a socket directory works (in the JSON form of the connection: a
+    URI's ``?host=DIR`` lands in extra, which the hook's URL ignores), extra ``sqlalchemy_query``
+    as the URL's query (``{"sslmode": "require"}``). A connection that names no database (no
+    ``schema``) means ``triage``.
+    """
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+    from triage.database import TRIAGE_DATABASE
+
+    hook = PostgresHook(postgres_conn_id=conn_id)
+    if not hook.connection.schema:
+        hook.database = TRIAGE_DATABASE
+    return hook
+
+
+def engine_from_hook(hook: PostgresHook, **kwargs: Any) -> sa.Engine:
+    """An engine on the hook's database with the job database's engine options
+    (:func:`triage.database.engine_options`); ``kwargs`` add to them (the pool size)."""
+    from triage.database import engine_options
+
+    return hook.get_sqlalchemy_engine(engine_kwargs=engine_options(**kwargs))
 
 
 def http_url(conn: Any, *, default_path: str = "", default_port: int | None = None) -> str:
@@ -156,11 +175,13 @@ class TriageOperator(BaseOperator):
         super().__init__(**kwargs)
         self.triage_conn_id = triage_conn_id
 
-    def get_engine(self) -> sa.Engine:
-        """The seam tests override: an engine on the job database."""
-        from triage.database import create_engine
+    def get_db_hook(self) -> PostgresHook:
+        """The hook of ``triage_conn_id`` (:func:`job_database_hook`)."""
+        return job_database_hook(self.triage_conn_id)
 
-        return create_engine(database_url_from_connection(self.triage_conn_id), pool_size=3)
+    def get_engine(self) -> sa.Engine:
+        """The seam tests override: an engine on the job database, made once per task try."""
+        return engine_from_hook(self.get_db_hook(), pool_size=3)
 
     @cached_property
     def engine(self) -> sa.Engine:
