@@ -3,12 +3,12 @@
 - :func:`superseded`: which of these jobs' documents already have a newer job's label in
   ``document_labels``. Their action is skipped: sending an older label after the newer one
   would leave the provider with the older, while the ledger keeps the newer. The order is the
-  one every label write obeys (``job_created_at``, then ``job_id``: :func:`upsert_labels`).
+  one every label write obeys (``job_created_at``, then ``job_id``: :func:`triage.jobs.outputs.upsert_labels`).
 - :func:`reviewed_label`: the label a reviewer gave a job, to send through the same action
   after the decision committed, under a key of its own (the job's key and its review).
 
 Only reads: the decisions these inform were, or will be, written by the fenced statements of
-:mod:`triage.jobs.transitions`.
+:mod:`triage.jobs.transitions` and :mod:`triage.jobs.review_transitions`.
 """
 
 from __future__ import annotations

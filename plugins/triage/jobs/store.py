@@ -1,9 +1,10 @@
 """The job store: the public API of the ledger. No Airflow imports.
 
 Every public method owns one transaction (``engine.begin()``), names who acts in it (the
-trigger logs the actor of every transition), runs named statements from
-:mod:`triage.jobs.transitions`, and translates database errors into
-:mod:`triage.jobs.errors`. The private ``_x_txn(conn, …)`` helpers never commit, so a caller
+trigger logs the actor of every transition), runs named statements (the moves of
+:mod:`.transitions`, :mod:`.recovery` and :mod:`.review_transitions`, the writes of
+:mod:`.outputs`, the reads of :mod:`.queries`, the settings of :mod:`.session`), and
+translates database errors into :mod:`triage.jobs.errors`. The private ``_x_txn(conn, …)`` helpers never commit, so a caller
 that needs several writes in one transaction composes them.
 
 A fenced write that matches fewer rows than it was given raises: a lost or expired lease, a
@@ -27,6 +28,7 @@ from uuid6 import uuid7
 
 from triage.contracts.events import WorkEvent
 from triage.jobs import outbox as O
+from triage.jobs import outputs, queries, recovery, review_transitions, session
 from triage.jobs import transitions as T
 from triage.jobs import usage as usage_bounds
 from triage.jobs.backoff import RetryPolicy
@@ -42,6 +44,7 @@ from triage.jobs.errors import (
     UnknownStatus,
     translate,
 )
+from triage.jobs.expressions import rowset
 from triage.jobs.models import (
     REVIEW_RESOLUTIONS,
     Advance,
@@ -99,7 +102,7 @@ class JobStore:
         try:
             with self.engine.begin() as conn:
                 if actor is not None:
-                    conn.execute(T.set_actor(), {"actor": actor})
+                    conn.execute(session.set_actor(), {"actor": actor})
                 yield conn
         except sa.exc.DBAPIError as exc:
             ledger_error = translate(exc)
@@ -170,7 +173,7 @@ class JobStore:
     def release_expired_leases(self, *, max_rescues: int = 3, limit: int = 10_000, actor: str = "reconciliation",
                                earlier_tries_of: str | None = None, owner: str | None = None,
                                batch_key: str | None = None) -> LeaseRelease:  # fmt: skip
-        """Return every job whose lease ran out (see :func:`transitions.release_expired_leases`).
+        """Return every job whose lease ran out (see :func:`recovery.release_expired_leases`).
 
         :param earlier_tries_of: an owner prefix (a task instance); its leases other than
             ``owner`` (the current try) are returned too, expired or not.
@@ -179,7 +182,7 @@ class JobStore:
         params = {"max_rescues": max_rescues, "limit": limit, "owner_prefix": earlier_tries_of, "owner": owner,
                   "p_batch_key": batch_key}  # fmt: skip
         with self.transaction(actor) as conn:
-            rows = conn.execute(T.release_expired_leases(), params).all()
+            rows = conn.execute(recovery.release_expired_leases(), params).all()
         to_review = sum(1 for r in rows if r.status == JobStatus.MANUAL_REVIEW.value)
         return LeaseRelease(retrying=len(rows) - to_review, to_review=to_review, job_ids=tuple(r.id for r in rows))
 
@@ -201,7 +204,7 @@ class JobStore:
         """
         with self.transaction(actor) as conn:
             rows = conn.execute(
-                T.send_batch_to_review(),
+                recovery.send_batch_to_review(),
                 {"p_batch_key": batch_key, "reason": reason, "error": error, "owner_prefix": owner_prefix,
                  "context": _json(context or {}), "take_unleased": take_unleased, "run_prefix": run_prefix,
                  "p_step": step},
@@ -229,11 +232,11 @@ class JobStore:
             raise LabelNotInTaxonomy(f"label {label!r} is not in the taxonomy ({', '.join(sorted(taxonomy_names))})")
         with self.transaction(actor) as conn:
             params = {"p_job_id": job_id, "p_actor": actor, "p_note": note, "p_label": label}
-            if conn.execute(T.label_from_review(), params).first() is None:
+            if conn.execute(review_transitions.label_from_review(), params).first() is None:
                 return _review_miss(conn, job_id, "label", label=label)
             written = conn.execute(
-                T.upsert_review_label(),
-                T.rowset("given", [{"id": job_id, "label": label, "confidence": None,
+                outputs.upsert_review_label(),
+                rowset("given", [{"id": job_id, "label": label, "confidence": None,
                                     "classifier_version": f"human:{actor}"}]),
             ).first()  # fmt: skip
             return _review_applied(conn, job_id, "label", label=label, label_written=written is not None)
@@ -243,7 +246,7 @@ class JobStore:
         the review row resolved ``rejected`` and a ``job.reviewed`` event."""
         with self.transaction(actor) as conn:
             params = {"p_job_id": job_id, "p_actor": actor, "p_note": note}
-            if conn.execute(T.reject_from_review(), params).first() is None:
+            if conn.execute(review_transitions.reject_from_review(), params).first() is None:
                 return _review_miss(conn, job_id, "reject")
             return _review_applied(conn, job_id, "reject")
 
@@ -259,14 +262,14 @@ class JobStore:
         """
         with self.transaction(actor) as conn:
             params = {"p_job_id": job_id, "max_replays": max_replays, "p_actor": actor, "p_note": note}
-            if conn.execute(T.requeue_from_review(), params).first() is None:
+            if conn.execute(review_transitions.requeue_from_review(), params).first() is None:
                 return _review_miss(conn, job_id, "requeue", max_replays=max_replays)
             return _review_applied(conn, job_id, "requeue")
 
     def open_reviews(self, job_ids: Sequence[uuid.UUID] | None = None, *, limit: int = 100) -> list[ReviewCase]:
         """Jobs waiting for a reviewer (of ``job_ids``, or all), oldest review first."""
         with self.engine.connect() as conn:
-            rows = conn.execute(T.open_review_cases(),
+            rows = conn.execute(queries.open_review_cases(),
                                 {"ids": None if job_ids is None else list(job_ids), "limit": limit}).all()  # fmt: skip
         return [ReviewCase(**{**r._asdict(), "context": dict(r.context or {})}) for r in rows]
 
@@ -329,18 +332,18 @@ class JobStore:
         with ``classifier_version``, of that version's jobs only (those a claim of it may take)."""
         params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version}
         with self.engine.connect() as conn:
-            due, now = conn.execute(T.next_due(), params).one()
+            due, now = conn.execute(queries.next_due(), params).one()
         return due, now
 
     def open_in_step(self, batch_key: str, step: str, classifier_version: str | None = None) -> int:
         params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version}
         with self.engine.connect() as conn:
-            return int(conn.execute(T.open_in_step(), params).scalar_one())
+            return int(conn.execute(queries.open_in_step(), params).scalar_one())
 
     def accepted_labels(self, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, LabelWrite]:
         """The label each job's latest accepted classification gave it."""
         with self.engine.connect() as conn:
-            rows = conn.execute(T.accepted_classifications(), {"ids": list(job_ids)}).all()
+            rows = conn.execute(queries.accepted_classifications(), {"ids": list(job_ids)}).all()
         return {r.job_id: LabelWrite(r.label, r.confidence, r.classifier_version) for r in rows}
 
     def get_status(self, job_id: uuid.UUID) -> JobStatus:
@@ -376,7 +379,7 @@ _DECISION_ENDS = {"label": JobStatus.COMPLETED, "reject": JobStatus.TERMINAL_FAI
 
 def _review_applied(conn: sa.Connection, job_id: uuid.UUID, decision: ReviewDecision, *, label: str | None = None,
                     label_written: bool | None = None) -> ReviewResult:  # fmt: skip
-    row = conn.execute(T.review_state(), {"p_job_id": job_id}).one()
+    row = conn.execute(queries.review_state(), {"p_job_id": job_id}).one()
     return ReviewResult(job_id, decision, already_applied=False, status=parse_status(row.status),
                         resolved_by=row.resolved_by, resolved_at=row.resolved_at, label=label,
                         label_written=label_written)  # fmt: skip
@@ -386,7 +389,7 @@ def _review_miss(conn: sa.Connection, job_id: uuid.UUID, decision: ReviewDecisio
                  max_replays: int | None = None) -> ReviewResult:  # fmt: skip
     """Why a decision's fenced write matched nothing: the same decision stands already (returned
     as ``already_applied``), or a named refusal. Only reads; the transaction wrote nothing."""
-    row = conn.execute(T.review_state(), {"p_job_id": job_id}).first()
+    row = conn.execute(queries.review_state(), {"p_job_id": job_id}).first()
     if row is None:
         raise JobNotFound(f"job {job_id} does not exist")
     status = parse_status(row.status)
@@ -424,10 +427,10 @@ def register_txn(conn: sa.Connection, new_jobs: Sequence[NewJob], *, batch_key: 
     scalars = {"batch_key": batch_key, "step": step, "max_attempts": max_attempts}
     new_ids: list[uuid.UUID] = []
     if queued:
-        rows = T.rowset("new", (_new_job_row(j) for j in queued))
+        rows = rowset("new", (_new_job_row(j) for j in queued))
         new_ids += conn.execute(T.register_queued(), {**scalars, **rows}).scalars().all()
     if review:
-        rows = T.rowset("new", ({**_new_job_row(j), "reason": j.reason or "malformed_input", "error": j.error,
+        rows = rowset("new", ({**_new_job_row(j), "reason": j.reason or "malformed_input", "error": j.error,
                                  "context": _json(j.review_context)} for j in review))  # fmt: skip
         new_ids += conn.execute(T.register_for_review(), {**scalars, **rows}).scalars().all()
     return Registered(new=len(new_ids), existing=len(new_jobs) - len(new_ids), new_ids=tuple(new_ids))
@@ -464,7 +467,7 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
     def run(statement: Any, kind: type, extra: Callable[[Any], dict[str, Any]] | None = None) -> Sequence[Any]:
         """The fenced statement over the outcomes of ``kind``: one row each (id, attempt, and
         what ``extra`` adds); the ids it touched are kept for the fence check."""
-        rows = T.rowset("held", ({"id": o.job_id, "attempt": o.attempt, **(extra(o) if extra else {})}
+        rows = rowset("held", ({"id": o.job_id, "attempt": o.attempt, **(extra(o) if extra else {})}
                                  for o in by_kind[kind]))  # fmt: skip
         moved = conn.execute(statement, {"token": token, **rows}).all()
         touched.update(r[0] for r in moved)
@@ -475,7 +478,7 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
         delay = o.delay_seconds if o.delay_seconds is not None else policy.delay(o.attempt - base, rng)
         return {"error_class": o.error_class, "error": o.error, "delay_seconds": delay}
 
-    conn.execute(T.fenced_write_joins())
+    conn.execute(session.fenced_write_joins())
     if Complete in by_kind:
         counts["completed"] = len(run(T.complete(), Complete))
     if Advance in by_kind:
@@ -493,13 +496,13 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
     if Release in by_kind:
         counts["released"] = len(run(T.release(), Release))
     _check_fenced(conn, ids, touched, token, attempts)
-    conn.execute(T.default_joins())
+    conn.execute(session.default_joins())
 
     classified = [o for o in outcomes if not isinstance(o, Release) and o.classification is not None]
     if classified:
-        conn.execute(T.record_classifications(), T.rowset("given", map(_classification_row, classified)))
+        conn.execute(outputs.record_classifications(), rowset("given", map(_classification_row, classified)))
     if labelled := [o for o in by_kind.get(Complete, ()) if o.label is not None]:
-        conn.execute(T.upsert_labels(), T.rowset("given", (
+        conn.execute(outputs.upsert_labels(), rowset("given", (
             {"id": o.job_id, "label": o.label.label, "confidence": o.label.confidence,
              "classifier_version": o.label.classifier_version} for o in labelled)))  # fmt: skip
     return Recorded(**counts)
@@ -525,7 +528,7 @@ def _check_fenced(conn: sa.Connection, wanted: Sequence[uuid.UUID], got: set[uui
     missing = [i for i in wanted if i not in got]
     if not missing:
         return
-    seen = {r.id: r for r in conn.execute(T.describe_jobs(), {"ids": missing})}
+    seen = {r.id: r for r in conn.execute(queries.describe_jobs(), {"ids": missing})}
     first = missing[0]
     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
     row = seen.get(first)

@@ -15,11 +15,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement, Grouping
 
+from triage.jobs.expressions import NOW, status_literal
+from triage.jobs.expressions import seconds_param as seconds
 from triage.jobs.schema import classifications, document_labels, job_events, jobs, manual_review, outbox
 from triage.jobs.states import TERMINAL, UNFINISHED
 from triage.jobs.states import JobStatus as S
-from triage.jobs.transitions import NOW, status_literal
-from triage.jobs.transitions import seconds_param as seconds
 from triage.reconciliation.findings import SAMPLE
 
 UUIDS = pg.ARRAY(pg.UUID(as_uuid=True))

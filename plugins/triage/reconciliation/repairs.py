@@ -18,9 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
+from triage.jobs.expressions import outbox_insert, status_literal
 from triage.jobs.schema import jobs, manual_review, outbox
 from triage.jobs.states import JobStatus as S
-from triage.jobs.transitions import outbox_insert, status_literal
 from triage.reconciliation import queries as Q
 from triage.reconciliation.queries import NOW, seconds
 
