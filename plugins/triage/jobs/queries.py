@@ -65,18 +65,25 @@ def accepted_classifications() -> Any:
     )  # fmt: skip
 
 
-@cache
-def review_state() -> Any:
-    """A job's state and its latest review row: why a decision matched nothing (unknown job,
-    not in review, already decided the same way or otherwise, replays spent)."""
-    latest = (
-        sa.select(manual_review.c.resolution, manual_review.c.resolved_by, manual_review.c.resolved_at,
+def latest_review() -> Any:
+    """The latest review row of the job in scope (``jobs``), as a LATERAL subquery: its id,
+    resolution, reviewer, when, and the label a reviewer resolved it with (``resolved_label``)."""
+    return (
+        sa.select(manual_review.c.id, manual_review.c.resolution, manual_review.c.resolved_by,
+                  manual_review.c.resolved_at,
                   manual_review.c.context["resolved_label"].astext.label("resolved_label"))
         .where(manual_review.c.job_id == jobs.c.id)
         .order_by(manual_review.c.id.desc())
         .limit(1)
-        .lateral("latest")
+        .lateral("latest_review")
     )  # fmt: skip
+
+
+@cache
+def review_state() -> Any:
+    """A job's state and its latest review row: why a decision matched nothing (unknown job,
+    not in review, already decided the same way or otherwise, replays spent)."""
+    latest = latest_review()
     return (
         sa.select(jobs.c.status, jobs.c.replays, latest.c.resolution, latest.c.resolved_by, latest.c.resolved_at,
                   latest.c.resolved_label)
