@@ -293,7 +293,7 @@ class DistributedRun:
     tries: list[TaskTry]
     claims_by_map_index: dict[int, int]
     invariants: list[Invariant]
-    summary: Any  # triage.jobs.reads.BatchSummary
+    summary: Any  # triage.jobs.batch_summary.BatchSummary
     timings: dict[str, float]
     deployment: str
     workers: list[str]  # the Celery node names, which the workers report as hostname
@@ -346,7 +346,7 @@ def _ledger(env: Mapping[str, str], run_id: str, batch: str,
     import sqlalchemy as sa
 
     from triage.database import DatabaseUrl, create_engine
-    from triage.jobs.reads import batch_summary
+    from triage.jobs.batch_summary import batch_summary
     from triage_tools.drill.invariants import check_invariants
 
     # Claims are logged with the lease owner as actor: dag/run/task/map_index/tryN.
@@ -405,7 +405,7 @@ def run_distributed(base_env: Mapping[str, str], day: date, conf: Mapping[str, A
 
 
 def format_run(run: DistributedRun) -> str:
-    from triage.jobs.reads import format_summary
+    from triage.jobs.batch_summary import format_summary
     from triage_tools.drill.invariants import format_invariants
 
     lines = [f"{DAG_ID} {run.run_id}: {run.state}", run.deployment, format_summary(run.summary), "",
