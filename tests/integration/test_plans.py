@@ -21,7 +21,8 @@ from triage.jobs import session
 from triage.jobs import transitions as T
 from triage.jobs.expressions import rowset
 from triage.jobs.models import Release
-from triage.jobs.store import JobStore, record_txn
+from triage.jobs.recording import record_txn
+from triage.jobs.store import JobStore
 
 N = 500
 REGISTERED = 40 * N  # at 10 * N the planner still chose well without the setting

@@ -29,8 +29,8 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
-from triage.jobs.states import JobStatus
-from triage.jobs.store import JobStore, parse_status
+from triage.jobs.states import JobStatus, parse_status
+from triage.jobs.store import JobStore
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 

@@ -44,6 +44,12 @@ def rowset(name: str, rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     return {f"{name}_rows": json.dumps(list(rows), default=_json_default, allow_nan=False)}
 
 
+def context_json(value: Mapping[str, Any]) -> str:
+    """A JSON object parameter (a review row's ``context``), keys sorted; values that JSON has
+    no type for as their text."""
+    return json.dumps(dict(value), default=str, sort_keys=True)
+
+
 def seconds_param(param: str) -> ColumnElement[Any]:
     return sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam(param, type_=sa.Float))
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from triage.jobs.errors import UnknownStatus
+
 
 class JobStatus(StrEnum):
     """Where a unit of work is. Values round-trip through PostgreSQL and JSON unchanged."""
@@ -75,3 +77,11 @@ def is_allowed(old: JobStatus | None, new: JobStatus) -> bool:
     if old is None:
         return new in INITIAL_STATES
     return (old, new) in TRANSITIONS
+
+
+def parse_status(value: str) -> JobStatus:
+    """The state named ``value`` (a database or user value); :class:`UnknownStatus` otherwise."""
+    try:
+        return JobStatus(value)
+    except ValueError:
+        raise UnknownStatus(f"{value!r} is not a job state; states: {', '.join(s.value for s in JobStatus)}") from None
