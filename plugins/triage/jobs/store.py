@@ -27,7 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from triage.contracts.events import WorkEvent
-from triage.jobs import outputs, queries, recovery, review_results, review_transitions, session
+from triage.jobs import outputs, queries, recovery, repairs, review_results, review_transitions, session
 from triage.jobs import transitions as T
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import JobNotFound, LabelNotInTaxonomy, translate
@@ -85,6 +85,13 @@ class JobStore:
             if ledger_error is not None:
                 raise ledger_error from exc
             raise
+
+    @contextmanager
+    def reading(self) -> Iterator[sa.Connection]:
+        """A read-only connection for the ledger's named reads (:mod:`.checks`, a report's): its
+        transactions begin ``READ ONLY``, so the database refuses any write (no extra round trip)."""
+        with self.engine.connect().execution_options(postgresql_readonly=True) as conn:
+            yield conn
 
     # -- retrieval ------------------------------------------------------------------------
 
@@ -186,6 +193,38 @@ class JobStore:
                  "p_step": step},
             ).all()  # fmt: skip
         return len(rows)
+
+    # -- reconciliation's repairs -------------------------------------------------------
+    # Each is one transaction under the repairs' lock, actor ``reconciliation``, fenced on the
+    # very condition its check counts (:mod:`.repairs`, :mod:`.checks`): a job that moved on
+    # since the check is not matched. Each returns the ids of the jobs it repaired.
+
+    def queue_stuck_received(self, *, older_than_seconds: float) -> list[uuid.UUID]:
+        """``received -> queued`` (``reconciliation_queued``) with the ``job.registered`` event,
+        for jobs received more than ``older_than_seconds`` ago: retrieval's own last step."""
+        return self._repair(repairs.queue_stuck_received(), threshold=older_than_seconds)
+
+    def send_spent_retries_to_review(self, *, grace_seconds: float) -> list[uuid.UUID]:
+        """``retryable_failed -> manual_review`` (``retries_exhausted``, with its review row) for
+        jobs whose attempts are spent: no claim can ever take them."""
+        return self._repair(repairs.send_spent_retries_to_review(), grace=grace_seconds)
+
+    def open_missing_reviews(self, *, grace_seconds: float) -> list[uuid.UUID]:
+        """The open review row of jobs in ``manual_review`` that have none."""
+        return self._repair(repairs.open_missing_reviews(), grace=grace_seconds)
+
+    def supersede_reviews_of_terminal_jobs(self, *, grace_seconds: float) -> list[uuid.UUID]:
+        """Resolve as ``superseded`` the open review rows of jobs already terminal."""
+        return self._repair(repairs.supersede_reviews_of_terminal_jobs(), grace=grace_seconds)
+
+    def append_missing_completion_events(self, *, grace_seconds: float) -> list[uuid.UUID]:
+        """The ``job.completed`` event of completed jobs that have none."""
+        return self._repair(repairs.append_missing_completion_events(), grace=grace_seconds)
+
+    def _repair(self, statement: Any, **params: float) -> list[uuid.UUID]:
+        with self.transaction(repairs.REPAIRER) as conn:
+            conn.execute(repairs.lock())
+            return list(conn.execute(statement, params).scalars())
 
     # -- review decisions ---------------------------------------------------------------
     # Each is one transaction with the reviewer as its actor. Applying the same decision again
