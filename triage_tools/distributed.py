@@ -347,13 +347,19 @@ def _ledger(env: Mapping[str, str], run_id: str, batch: str,
 
     from triage.database import DatabaseUrl, create_engine
     from triage.jobs.batch_summary import batch_summary
+    from triage.jobs.schema import job_events
+    from triage.jobs.states import JobStatus
     from triage_tools.drill.invariants import check_invariants
 
     # Claims are logged with the lease owner as actor: dag/run/task/map_index/tryN.
-    claims = sa.text(
-        "SELECT split_part(actor, '/', 4)::int AS map_index, count(*) FROM triage.job_events"
-        " WHERE to_status = 'running' AND starts_with(actor, :prefix) GROUP BY 1 ORDER BY 1"
-    )
+    map_index = sa.cast(sa.func.split_part(job_events.c.actor, "/", 4), sa.Integer).label("map_index")
+    claims = (
+        sa.select(map_index, sa.func.count())
+        .where(job_events.c.to_status == JobStatus.RUNNING.value,
+               sa.func.starts_with(job_events.c.actor, sa.bindparam("prefix", type_=sa.Text)))
+        .group_by(map_index)
+        .order_by(map_index)
+    )  # fmt: skip
     engine = create_engine(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]), poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:

@@ -20,16 +20,15 @@ from sqlalchemy.sql.elements import ColumnElement, Grouping
 from triage.jobs.expressions import NOW, status_literal
 from triage.jobs.expressions import seconds_param as seconds
 from triage.jobs.schema import document_labels, job_events, jobs, manual_review, outbox
-from triage.jobs.states import UNFINISHED
+from triage.jobs.states import CLAIMABLE, TERMINAL, UNFINISHED, EventType, Step
 from triage.jobs.states import JobStatus as S
 
 SAMPLE = 25
 """Job ids kept per check: enough to act on, bounded so a reconciliation run's row stays small."""
 UUIDS = pg.ARRAY(pg.UUID(as_uuid=True))
-COMPLETION_EVENTS = ("job.completed",)
+COMPLETION_EVENTS = (EventType.COMPLETED.value,)
 """What tells consumers a completed job is done, a reviewer's label included (its payload names
 the label and the reviewer); ``job.reviewed`` is a rejection's, whose job ends terminal_failed."""
-TERMINAL_STATES = (S.COMPLETED, S.TERMINAL_FAILED)
 
 
 def age_seconds(at: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -104,10 +103,11 @@ def settled() -> ColumnElement[bool]:
 
 
 def in_state(*states: S) -> ColumnElement[bool]:
-    """The job is in one of ``states`` (typed constants: the planner matches partial indexes)."""
+    """The job is in one of ``states`` (a group of :mod:`triage.jobs.states`, or one state), as
+    typed constants: the planner matches partial indexes."""
     if len(states) == 1:
         return jobs.c.status == status_literal(states[0])
-    return jobs.c.status.in_([status_literal(s) for s in states])
+    return jobs.c.status.in_([status_literal(s) for s in sorted(states)])
 
 
 def has_open_review() -> ColumnElement[bool]:
@@ -146,10 +146,6 @@ def unclaimable_retryable() -> sa.Select[Any]:
     return summarise(rows)
 
 
-CLASSIFY_STEP = "classify"
-"""The step whose claims take only the jobs of their classifier's version."""
-
-
 @cache
 def unclaimable_version() -> sa.Select[Any]:
     """Jobs waiting for a classify claim whose classifier version is none of ``:versions`` (the
@@ -157,7 +153,7 @@ def unclaimable_version() -> sa.Select[Any]:
     classifier's version, so no run of this deployment will ever take them."""
     rows = (
         sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
-        .where(in_state(S.QUEUED, S.RETRYABLE_FAILED), jobs.c.step == CLASSIFY_STEP, settled(),
+        .where(in_state(*CLAIMABLE), jobs.c.step == Step.CLASSIFY.value, settled(),
                jobs.c.classifier_version != sa.all_(sa.bindparam("versions", type_=pg.ARRAY(sa.Text))))
         .subquery()
     )  # fmt: skip
@@ -215,7 +211,7 @@ def review_row_missing() -> sa.Select[Any]:
 def stale_open_reviews(terminal: bool) -> sa.Select[Any]:
     """Open review rows whose job has left ``manual_review``: into a terminal state
     (``terminal=True``) or back into automatic hands (``terminal=False``)."""
-    states = TERMINAL_STATES if terminal else tuple(s for s in S if s not in (*TERMINAL_STATES, S.MANUAL_REVIEW))
+    states = TERMINAL if terminal else UNFINISHED
     rows = (
         sa.select(jobs.c.id, manual_review.c.created_at.label("since"))
         .select_from(manual_review, jobs)

@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
 from triage.jobs.schema import job_status, jobs, manual_review, outbox
+from triage.jobs.states import EventType
 from triage.jobs.states import JobStatus as S
 
 EVENT_SCHEMA_VERSION = 1
@@ -63,7 +64,7 @@ def status_literal(value: S) -> ColumnElement[Any]:
 NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
 
 
-def outbox_insert(rows: Any, event_type: str) -> Any:
+def outbox_insert(rows: Any, event_type: EventType) -> Any:
     """INSERT one outbox event per row of ``rows`` (a CTE returning the job's id and attempt).
 
     The envelope goes into columns; :func:`triage.jobs.outbox.claim_events` joins the job's
@@ -71,7 +72,7 @@ def outbox_insert(rows: Any, event_type: str) -> Any:
     """
     return sa.insert(outbox).from_select(
         ["job_id", "event_type", "schema_version", "attempt"],
-        sa.select(rows.c.id, sa.literal(event_type), sa.literal(EVENT_SCHEMA_VERSION), rows.c.attempt),
+        sa.select(rows.c.id, sa.literal(event_type.value), sa.literal(EVENT_SCHEMA_VERSION), rows.c.attempt),
     )
 
 

@@ -13,6 +13,7 @@ from sqlalchemy.dialects import postgresql as pg
 
 from triage.jobs.expressions import MOVED, NO_LEASE, NOW, review_rows, status_literal
 from triage.jobs.schema import job_events, jobs
+from triage.jobs.states import UNLEASED
 from triage.jobs.states import JobStatus as S
 
 
@@ -104,7 +105,7 @@ def send_batch_to_review() -> Any:
     another run touched last, or a reviewer requeued, is not this run's to give up.
     ``:p_step`` (NULL: every step) keeps it to the step of the task that failed.
     """
-    open_states = [status_literal(s) for s in (S.RECEIVED, S.QUEUED, S.RETRYABLE_FAILED, S.WAITING)]
+    open_states = [status_literal(s) for s in sorted(UNLEASED)]
     run_prefix = sa.bindparam("run_prefix", type_=sa.Text)
     step = sa.bindparam("p_step", type_=sa.Text)
     target = (

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from triage.jobs import checks as C
 from triage.jobs.expressions import MOVED, NOW, outbox_insert, review_rows, seconds_param, status_literal
 from triage.jobs.schema import jobs, manual_review, outbox
+from triage.jobs.states import TERMINAL, EventType
 from triage.jobs.states import JobStatus as S
 
 MISSING_REVIEW = "reconciliation_missing_review"
@@ -47,9 +48,9 @@ def queue_stuck_received() -> Any:
         .returning(jobs.c.id, jobs.c.attempt)
         .cte("moved")
     )
-    has_event = sa.exists().where(outbox.c.job_id == moved.c.id, outbox.c.event_type == "job.registered")
+    has_event = sa.exists().where(outbox.c.job_id == moved.c.id, outbox.c.event_type == EventType.REGISTERED.value)
     missing = sa.select(moved.c.id, moved.c.attempt).where(~has_event).cte("missing")
-    return sa.select(moved.c.id).add_cte(outbox_insert(missing, "job.registered").cte("events"))
+    return sa.select(moved.c.id).add_cte(outbox_insert(missing, EventType.REGISTERED).cte("events"))
 
 
 @cache
@@ -84,7 +85,7 @@ def supersede_reviews_of_terminal_jobs() -> Any:
     (``completed`` or ``terminal_failed``): no decision can apply to them any more."""
     return (
         sa.update(manual_review)
-        .where(*C.open_review_of_job_in(*C.TERMINAL_STATES))
+        .where(*C.open_review_of_job_in(*TERMINAL))
         .values(resolved_at=NOW, resolution="superseded", resolved_by=REPAIRER,
                 note=sa.func.concat("the job was already ", jobs.c.status, " (reconciliation)"))
         .returning(manual_review.c.job_id)
@@ -95,4 +96,4 @@ def supersede_reviews_of_terminal_jobs() -> Any:
 def append_missing_completion_events() -> Any:
     """The ``job.completed`` event of completed jobs that have no completion event."""
     rows = sa.select(jobs.c.id, jobs.c.attempt).where(*C.completed_without_completion_event())
-    return outbox_insert(rows.cte("rows"), "job.completed").returning(outbox.c.job_id)
+    return outbox_insert(rows.cte("rows"), EventType.COMPLETED).returning(outbox.c.job_id)

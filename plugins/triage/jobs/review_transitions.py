@@ -24,6 +24,7 @@ from triage.jobs.expressions import (
     status_literal,
 )
 from triage.jobs.schema import jobs, manual_review, outbox
+from triage.jobs.states import EventType
 from triage.jobs.states import JobStatus as S
 
 
@@ -48,7 +49,7 @@ def requeue_from_review() -> Any:
                 note=sa.bindparam("p_note", type_=sa.Text))
         .cte("resolved")
     )  # fmt: skip
-    return outbox_insert(moved, "job.requeued").returning(outbox.c.job_id).add_cte(resolved)
+    return outbox_insert(moved, EventType.REQUEUED).returning(outbox.c.job_id).add_cte(resolved)
 
 
 def _text(name: str) -> ColumnElement[Any]:
@@ -81,11 +82,11 @@ def _resolve_review(moved: Any, resolution: str, context: ColumnElement[Any] | N
     )
 
 
-def _review_event(moved: Any, event_type: str, payload: ColumnElement[Any]) -> Any:
+def _review_event(moved: Any, event_type: EventType, payload: ColumnElement[Any]) -> Any:
     """The decision's outbox event; its payload says what was decided and by whom (never a document)."""
     return sa.insert(outbox).from_select(
         ["job_id", "event_type", "schema_version", "attempt", "payload"],
-        sa.select(moved.c.id, sa.literal(event_type), sa.literal(EVENT_SCHEMA_VERSION), moved.c.attempt, payload),
+        sa.select(moved.c.id, sa.literal(event_type.value), sa.literal(EVENT_SCHEMA_VERSION), moved.c.attempt, payload),
     )
 
 
@@ -99,7 +100,7 @@ def label_from_review() -> Any:
     resolved = _resolve_review(moved, "labelled", sa.func.jsonb_build_object("resolved_label", _text("p_label")))
     payload = sa.func.jsonb_build_object("resolution", "labelled", "label", _text("p_label"),
                                          "resolved_by", _text("p_actor"))  # fmt: skip
-    return _review_event(moved, "job.completed", payload).returning(outbox.c.job_id).add_cte(resolved)
+    return _review_event(moved, EventType.COMPLETED, payload).returning(outbox.c.job_id).add_cte(resolved)
 
 
 @cache
@@ -109,4 +110,4 @@ def reject_from_review() -> Any:
     moved = _decided(S.TERMINAL_FAILED, "rejected")
     resolved = _resolve_review(moved, "rejected")
     payload = sa.func.jsonb_build_object("resolution", "rejected", "resolved_by", _text("p_actor"))
-    return _review_event(moved, "job.reviewed", payload).returning(outbox.c.job_id).add_cte(resolved)
+    return _review_event(moved, EventType.REVIEWED, payload).returning(outbox.c.job_id).add_cte(resolved)

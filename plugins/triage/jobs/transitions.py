@@ -36,6 +36,7 @@ from triage.jobs.expressions import (
     status_literal,
 )
 from triage.jobs.schema import jobs, manual_review, outbox
+from triage.jobs.states import EventType
 from triage.jobs.states import JobStatus as S
 
 NEW_JOB_COLUMNS = dict(
@@ -75,7 +76,7 @@ def register_queued() -> Any:
         .returning(*EVENT_COLUMNS)
         .cte("inserted")
     )
-    return outbox_insert(inserted, "job.registered").returning(outbox.c.job_id)
+    return outbox_insert(inserted, EventType.REGISTERED).returning(outbox.c.job_id)
 
 
 @cache
@@ -114,7 +115,7 @@ def register_for_review() -> Any:
         )
         .cte("reviews")
     )  # fmt: skip
-    return outbox_insert(inserted, "job.registered").returning(outbox.c.job_id).add_cte(reviews)
+    return outbox_insert(inserted, EventType.REGISTERED).returning(outbox.c.job_id).add_cte(reviews)
 
 
 @cache
@@ -213,7 +214,7 @@ def complete() -> Any:
         .returning(*EVENT_COLUMNS)
         .cte("done")
     )
-    return outbox_insert(done, "job.completed").returning(outbox.c.job_id)
+    return outbox_insert(done, EventType.COMPLETED).returning(outbox.c.job_id)
 
 
 @cache

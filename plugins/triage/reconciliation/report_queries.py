@@ -16,10 +16,10 @@ from triage.jobs.checks import age_seconds, entered_at
 from triage.jobs.expressions import NOW
 from triage.jobs.expressions import seconds_param as seconds
 from triage.jobs.schema import classifications, job_events, jobs, manual_review
-from triage.jobs.states import TERMINAL
+from triage.jobs.states import OPEN, Step
 from triage.jobs.states import JobStatus as S
 
-OPEN_STATES = sorted(s.value for s in S if s not in TERMINAL)
+OPEN_STATES = sorted(s.value for s in OPEN)
 
 
 def _window() -> ColumnElement[Any]:
@@ -114,7 +114,7 @@ UNSUPPORTED = "unsupported_schema_version"
 def schema_mismatches() -> sa.Select[Any]:
     """Jobs routed as ``unsupported_schema_version``: by the classify step (a transition with
     that reason) or on arrival (a review row whose context names it), with their state now."""
-    by_step = sa.select(job_events.c.job_id, sa.literal("classify").label("found_by")).where(
+    by_step = sa.select(job_events.c.job_id, sa.literal(Step.CLASSIFY.value).label("found_by")).where(
         job_events.c.reason == UNSUPPORTED
     )
     on_arrival = sa.select(manual_review.c.job_id, sa.literal("retrieval").label("found_by")).where(

@@ -60,6 +60,8 @@ def expired_leases(store: JobStore, params: ReconcileParams) -> RuleResult:
 
 STUCK_STATES = (JobStatus.RECEIVED, JobStatus.QUEUED, JobStatus.RETRYABLE_FAILED, JobStatus.WAITING,
                 JobStatus.RUNNING)  # fmt: skip
+"""The unfinished states (:data:`~triage.jobs.states.UNFINISHED`; a test keeps them equal) in
+the order their stuck checks run and the report lists them."""
 
 
 def stuck_work(store: JobStore, params: ReconcileParams, classifier_versions: Collection[str] | None = None,
