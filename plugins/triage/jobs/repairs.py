@@ -6,7 +6,7 @@ the matching check of :mod:`.checks` counts (shared from there, with its ``:grac
 NOT EXISTS …``. A job that moved on since the check is simply not matched, and the ids
 returned are exactly what changed. State changes go through the transitions the database
 allows, with a ``status_reason`` the trigger logs in ``job_events`` under the actor
-:data:`REPAIRER`.
+:data:`~triage.jobs.models.REPAIRER`.
 
 :class:`~triage.jobs.store.JobStore` runs each in a transaction of its own under :func:`lock`,
 so that two reconcilers never insert the same missing row twice.
@@ -21,13 +21,12 @@ import sqlalchemy as sa
 
 from triage.jobs import checks as C
 from triage.jobs.expressions import MOVED, NOW, outbox_insert, review_rows, seconds_param, status_literal
+from triage.jobs.models import REPAIRER
 from triage.jobs.schema import jobs, manual_review, outbox
 from triage.jobs.states import TERMINAL, EventType
 from triage.jobs.states import JobStatus as S
 
 MISSING_REVIEW = "reconciliation_missing_review"
-REPAIRER = "reconciliation"
-"""Who repairs: the actor of every repair's transaction, and the ``repaired_by`` of its rows."""
 LOCK_KEY = 0x7472_6961_6765  # "triage": one advisory lock for every reconciler's repairs
 
 

@@ -33,6 +33,7 @@ from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import JobNotFound, LabelNotInTaxonomy, translate
 from triage.jobs.expressions import context_json, rowset
 from triage.jobs.models import (
+    REPAIRER,
     Claim,
     ClaimedJob,
     LabelWrite,
@@ -222,7 +223,7 @@ class JobStore:
         return self._repair(repairs.append_missing_completion_events(), grace=grace_seconds)
 
     def _repair(self, statement: Any, **params: float) -> list[uuid.UUID]:
-        with self.transaction(repairs.REPAIRER) as conn:
+        with self.transaction(REPAIRER) as conn:
             conn.execute(repairs.lock())
             return list(conn.execute(statement, params).scalars())
 

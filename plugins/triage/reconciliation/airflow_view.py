@@ -24,8 +24,7 @@ from urllib.parse import quote
 
 import httpx
 
-from triage.jobs.models import batch_key_for
-from triage.jobs.repairs import REPAIRER
+from triage.jobs.models import REPAIRER, batch_key_for
 from triage.jobs.store import JobStore
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 from triage.reconciliation.params import ReconcileParams

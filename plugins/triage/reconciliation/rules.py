@@ -17,7 +17,7 @@ import httpx
 
 from triage.contracts.events import WorkEvent
 from triage.jobs import checks as Q
-from triage.jobs.repairs import REPAIRER
+from triage.jobs.models import REPAIRER
 from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
