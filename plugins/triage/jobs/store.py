@@ -16,7 +16,6 @@ nothing is silently overwritten.
 
 from __future__ import annotations
 
-import logging
 import random
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -51,8 +50,6 @@ from triage.jobs.schema import jobs
 from triage.jobs.states import JobStatus, parse_status
 
 DEFAULT_ACTOR = "triage"
-
-log = logging.getLogger(__name__)
 
 
 class JobStore:
