@@ -355,11 +355,13 @@ def _ledger(env: Mapping[str, str], run_id: str, batch: str,
     map_index = sa.cast(sa.func.split_part(job_events.c.actor, "/", 4), sa.Integer).label("map_index")
     claims = (
         sa.select(map_index, sa.func.count())
-        .where(job_events.c.to_status == JobStatus.RUNNING.value,
-               sa.func.starts_with(job_events.c.actor, sa.bindparam("prefix", type_=sa.Text)))
+        .where(
+            job_events.c.to_status == JobStatus.RUNNING.value,
+            sa.func.starts_with(job_events.c.actor, sa.bindparam("prefix", type_=sa.Text)),
+        )
         .group_by(map_index)
         .order_by(map_index)
-    )  # fmt: skip
+    )
     engine = create_engine(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]), poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:

@@ -174,8 +174,9 @@ def test_the_triage_command_names_a_missing_embedded_server_package(tmp_path: Pa
 # -- the ledger owns its tables ----------------------------------------------------------------
 
 LEDGER = ROOT / "plugins" / "triage" / "jobs"
-LEDGER_TABLES = frozenset({"jobs", "job_events", "manual_review", "outbox", "outbox_claims", "classifications",
-                           "document_labels"})  # fmt: skip
+LEDGER_TABLES = frozenset(
+    {"jobs", "job_events", "manual_review", "outbox", "outbox_claims", "classifications", "document_labels"}
+)
 WRITES_EXEMPT = {
     ROOT / "plugins" / "triage" / "migrations": "the schema itself: its DDL, and the trigger that writes job_events",
 }
@@ -201,8 +202,10 @@ def ledger_writes(path: Path, source: str | None = None) -> list[str]:
         id(node.body[0].value)
         for node in ast.walk(tree)
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
-    }  # fmt: skip
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _name(node.func) in ("update", "insert", "delete"):
@@ -210,24 +213,30 @@ def ledger_writes(path: Path, source: str | None = None) -> list[str]:
             if target is not None and _name(target) in LEDGER_TABLES:
                 found.append((node.lineno, f"{_name(node.func)}({_name(target)})"))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-            found += [(node.lineno, repr(m.group(0))) for m in SQL_WRITE.finditer(node.value)
-                      if m.group(1).lower() in LEDGER_TABLES]  # fmt: skip
+            found += [
+                (node.lineno, repr(m.group(0)))
+                for m in SQL_WRITE.finditer(node.value)
+                if m.group(1).lower() in LEDGER_TABLES
+            ]
     return [f"line {line}: {what}" for line, what in sorted(found)]
 
 
-WRITE_BUILDERS = frozenset({
-    *(f"triage.jobs.{m}" for m in ("transitions", "recovery", "review_transitions", "outputs", "repairs", "session")),
-    "triage.jobs.expressions.outbox_insert", "triage.jobs.expressions.review_rows",
-})  # fmt: skip
+WRITE_MODULES = ("transitions", "recovery", "review_transitions", "outputs", "repairs", "session")
+WRITE_BUILDERS = frozenset(f"triage.jobs.{m}" for m in WRITE_MODULES) | {
+    "triage.jobs.expressions.outbox_insert",
+    "triage.jobs.expressions.review_rows",
+}
 """The ledger's writes (and its transaction settings): only :class:`~triage.jobs.store.JobStore` runs them."""
 
 
 def code_outside_the_ledger() -> list[Path]:
     trees = (ROOT / "plugins", ROOT / "dags", ROOT / TOOLS, ROOT / "bench")
     return sorted(
-        p for tree in trees for p in tree.rglob("*.py")
+        p
+        for tree in trees
+        for p in tree.rglob("*.py")
         if LEDGER not in p.parents and not any(exempt in p.parents for exempt in WRITES_EXEMPT)
-    )  # fmt: skip
+    )
 
 
 def test_the_write_scan_sees_every_form() -> None:

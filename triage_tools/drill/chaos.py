@@ -231,8 +231,10 @@ class Drill:
 
         day = self.run_ids[run_id]
         running = sa.select(sa.func.count()).where(
-            in_state(JobStatus.RUNNING), jobs.c.step == Step.CLASSIFY.value,
-            sa.func.starts_with(jobs.c.batch_key, day.isoformat()))  # fmt: skip
+            in_state(JobStatus.RUNNING),
+            jobs.c.step == Step.CLASSIFY.value,
+            sa.func.starts_with(jobs.c.batch_key, day.isoformat()),
+        )
         with self.engine.connect() as conn:
             return int(conn.execute(running).scalar_one())
 
@@ -413,9 +415,14 @@ class Drill:
                 "SELECT reason, count(*) FROM triage.manual_review WHERE resolved_at IS NULL GROUP BY 1"))}  # fmt: skip
             # The jobs whose label is a document's: an older job of an edited document completes
             # without its action once the newer job's label stands (see triage.pipeline.persist).
-            labelled_jobs = {str(r[0]) for r in conn.execute(
-                sa.select(document_labels.c.job_id).join_from(document_labels, jobs, jobs.c.id == document_labels.c.job_id)
-                .where(in_state(JobStatus.COMPLETED)))}  # fmt: skip
+            labelled_jobs = {
+                str(r[0])
+                for r in conn.execute(
+                    sa.select(document_labels.c.job_id)
+                    .join_from(document_labels, jobs, jobs.c.id == document_labels.c.job_id)
+                    .where(in_state(JobStatus.COMPLETED))
+                )
+            }
             invariants = check_invariants(
                 conn, None, effects_per_key={k: len(v) for k, v in self.provider.asked.items()}
             )

@@ -122,10 +122,11 @@ def one_open_review_per_review_job() -> sa.Select[Any]:
 def one_published_event_per_completion() -> sa.Select[Any]:
     published = (
         sa.select(sa.func.count())
-        .where(outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS),
-               outbox.c.published_at.is_not(None))
+        .where(
+            outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS), outbox.c.published_at.is_not(None)
+        )
         .scalar_subquery()
-    )  # fmt: skip
+    )
     return _count(_moves_into_completed() != published)
 
 
