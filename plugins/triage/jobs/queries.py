@@ -69,14 +69,18 @@ def latest_review() -> Any:
     """The latest review row of the job in scope (``jobs``), as a LATERAL subquery: its id,
     resolution, reviewer, when, and the label a reviewer resolved it with (``resolved_label``)."""
     return (
-        sa.select(manual_review.c.id, manual_review.c.resolution, manual_review.c.resolved_by,
-                  manual_review.c.resolved_at,
-                  manual_review.c.context["resolved_label"].astext.label("resolved_label"))
+        sa.select(
+            manual_review.c.id,
+            manual_review.c.resolution,
+            manual_review.c.resolved_by,
+            manual_review.c.resolved_at,
+            manual_review.c.context["resolved_label"].astext.label("resolved_label"),
+        )
         .where(manual_review.c.job_id == jobs.c.id)
         .order_by(manual_review.c.id.desc())
         .limit(1)
         .lateral("latest_review")
-    )  # fmt: skip
+    )
 
 
 @cache
