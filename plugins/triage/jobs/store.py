@@ -151,7 +151,7 @@ class JobStore:
 
     # -- recovery -------------------------------------------------------------------------
 
-    def release_expired_leases(self, *, max_rescues: int = 3, limit: int = 10_000, actor: str = "reconciliation",
+    def release_expired_leases(self, *, max_rescues: int = 3, limit: int = 10_000, actor: str = REPAIRER,
                                earlier_tries_of: str | None = None, owner: str | None = None,
                                batch_key: str | None = None) -> LeaseRelease:  # fmt: skip
         """Return every job whose lease ran out (see :func:`recovery.release_expired_leases`).
