@@ -18,6 +18,8 @@ from triage.classifiers import Taxonomy, build_classifier
 from triage.classifiers.base import ClassifyRequest, decide_outcome
 from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl, create_engine
+from triage.jobs.checks import in_state
+from triage.jobs.states import SETTLED
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -141,8 +143,7 @@ def bench_end_to_end() -> list[Figure]:
         )
         ours_s = stages["total"]
         with engine.connect() as conn:
-            settled = conn.execute(sa.text("SELECT count(*) FROM triage.jobs WHERE status IN"
-                                           " ('completed', 'manual_review', 'terminal_failed')")).scalar()  # fmt: skip
+            settled = conn.execute(sa.select(sa.func.count()).where(in_state(*SETTLED))).scalar()
         assert settled == E2E_N, settled
         engine.dispose()
     return [

@@ -293,7 +293,7 @@ class DistributedRun:
     tries: list[TaskTry]
     claims_by_map_index: dict[int, int]
     invariants: list[Invariant]
-    summary: Any  # triage.jobs.reads.BatchSummary
+    summary: Any  # triage.jobs.batch_summary.BatchSummary
     timings: dict[str, float]
     deployment: str
     workers: list[str]  # the Celery node names, which the workers report as hostname
@@ -346,13 +346,21 @@ def _ledger(env: Mapping[str, str], run_id: str, batch: str,
     import sqlalchemy as sa
 
     from triage.database import DatabaseUrl, create_engine
-    from triage.jobs.reads import batch_summary
+    from triage.jobs.batch_summary import batch_summary
+    from triage.jobs.schema import job_events
+    from triage.jobs.states import JobStatus
     from triage_tools.drill.invariants import check_invariants
 
     # Claims are logged with the lease owner as actor: dag/run/task/map_index/tryN.
-    claims = sa.text(
-        "SELECT split_part(actor, '/', 4)::int AS map_index, count(*) FROM triage.job_events"
-        " WHERE to_status = 'running' AND starts_with(actor, :prefix) GROUP BY 1 ORDER BY 1"
+    map_index = sa.cast(sa.func.split_part(job_events.c.actor, "/", 4), sa.Integer).label("map_index")
+    claims = (
+        sa.select(map_index, sa.func.count())
+        .where(
+            job_events.c.to_status == JobStatus.RUNNING.value,
+            sa.func.starts_with(job_events.c.actor, sa.bindparam("prefix", type_=sa.Text)),
+        )
+        .group_by(map_index)
+        .order_by(map_index)
     )
     engine = create_engine(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]), poolclass=sa.NullPool)
     try:
@@ -405,7 +413,7 @@ def run_distributed(base_env: Mapping[str, str], day: date, conf: Mapping[str, A
 
 
 def format_run(run: DistributedRun) -> str:
-    from triage.jobs.reads import format_summary
+    from triage.jobs.batch_summary import format_summary
     from triage_tools.drill.invariants import format_invariants
 
     lines = [f"{DAG_ID} {run.run_id}: {run.state}", run.deployment, format_summary(run.summary), "",

@@ -192,7 +192,8 @@ def log_job_outcomes(log: logging.Logger, step: str, jobs: Sequence[ClaimedJob],
             continue
         if isinstance(outcome, RetryLater):
             # The store sends a retry of the last attempt to review instead (retries_exhausted).
-            then = "manual_review (retries_exhausted)" if job.attempt >= job.max_attempts else "retryable_failed"
+            spent = job.attempt >= job.max_attempts
+            then = f"{JobStatus.MANUAL_REVIEW.value} (retries_exhausted)" if spent else JobStatus.RETRYABLE_FAILED.value
             log.warning("step=%s %s retry error_class=%s -> %s", step, job_fields(job), outcome.error_class, then)
         elif isinstance(outcome, SendToReview):
             # A model's doubt is routine (INFO); a failure that needs a person is not (WARNING).

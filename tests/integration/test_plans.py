@@ -17,9 +17,12 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
+from triage.jobs import session
 from triage.jobs import transitions as T
+from triage.jobs.expressions import rowset
 from triage.jobs.models import Release
-from triage.jobs.store import JobStore, record_txn
+from triage.jobs.recording import record_txn
+from triage.jobs.store import JobStore
 
 N = 500
 REGISTERED = 40 * N  # at 10 * N the planner still chose well without the setting
@@ -54,10 +57,10 @@ def test_fenced_writes_read_the_batch_once(store: JobStore, name: str) -> None:
     store.register(new_jobs(REGISTERED), batch_key="b", step="classify", max_attempts=3)  # never analyzed
     claim = store.claim(batch_key="b", step="classify", limit=N, lease_seconds=60, owner="w")
     build, extra = FENCED[name]
-    params = {"token": claim.token, **T.rowset("held", ({"id": j.id, "attempt": j.attempt, **extra}
+    params = {"token": claim.token, **rowset("held", ({"id": j.id, "attempt": j.attempt, **extra}
                                                          for j in claim.jobs))}  # fmt: skip
     with store.engine.connect() as conn, conn.begin() as txn:
-        conn.execute(T.fenced_write_joins())
+        conn.execute(session.fenced_write_joins())
         nodes = _explain(conn, build(), params)
         txn.rollback()
     scans = [n for n in nodes if n["Node Type"] == "Function Scan"]

@@ -186,6 +186,24 @@ def test_a_retryable_job_with_every_attempt_spent_goes_to_review(store: JobStore
              j=job) == "retries_exhausted"  # fmt: skip
 
 
+def test_the_state_repairs_are_transitions_that_log_why(store: JobStore) -> None:
+    """A repair that moves a job goes through the state machine like any transition: its
+    job_events row names the reconciliation and the reason."""
+    with store.engine.begin() as conn:
+        received = insert_job(conn, JobStatus.RECEIVED, batch_key=BATCH)
+        spent = insert_job(conn, JobStatus.QUEUED, batch_key=BATCH)
+        for _ in range(3):  # max_attempts = 3
+            move(conn, spent, JobStatus.RUNNING)
+            move(conn, spent, JobStatus.RETRYABLE_FAILED)
+    assert store.queue_stuck_received(older_than_seconds=0) == [received]
+    assert store.send_spent_retries_to_review(grace_seconds=0) == [spent]
+    last = "SELECT to_status, actor, reason FROM triage.job_events WHERE job_id = :j ORDER BY id DESC LIMIT 1"
+    assert tuple(one(store, last, j=received)) == ("queued", "reconciliation", "reconciliation_queued")
+    assert tuple(one(store, last, j=spent)) == ("manual_review", "reconciliation", "retries_exhausted")
+    assert store.queue_stuck_received(older_than_seconds=0) == []  # fenced: nothing left to move
+    assert store.send_spent_retries_to_review(grace_seconds=0) == []
+
+
 # -- outbox -------------------------------------------------------------------------------------
 
 

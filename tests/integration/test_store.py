@@ -29,8 +29,8 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
-from triage.jobs.states import JobStatus
-from triage.jobs.store import JobStore, parse_status
+from triage.jobs.states import JobStatus, parse_status
+from triage.jobs.store import JobStore
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
@@ -320,3 +320,13 @@ def test_unknown_status_is_a_named_error(store: JobStore) -> None:
         parse_status("finished")
     with pytest.raises(UnknownStatus), store.transaction() as conn:
         conn.execute(sa.text("SELECT 'finished'::triage.job_status"))
+
+
+def test_the_reading_connection_refuses_writes(store: JobStore) -> None:
+    store.register(new_jobs(1), batch_key="b", step="classify", max_attempts=3)
+    with store.reading() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM triage.jobs")).scalar_one() == 1
+        with pytest.raises(sa.exc.DBAPIError, match="read-only transaction"):
+            conn.execute(sa.text("UPDATE triage.jobs SET updated_at = now()"))
+    with store.engine.connect() as conn:  # the pool's connection is writable again after it
+        conn.execute(sa.text("UPDATE triage.jobs SET updated_at = now()"))

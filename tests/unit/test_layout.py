@@ -1,7 +1,8 @@
 """Product and tooling live apart (issue #12, item 3): what Airflow workers import (``plugins/``,
 ``dags/``) never imports the developer tools (``triage_tools``) or the embedded database's
 package, the image does not copy the tools, and the product's modules and command work where
-the tools cannot be imported at all."""
+the tools cannot be imported at all. The ledger owns its tables: nothing outside
+``plugins/triage/jobs/`` writes them. The product's modules stay short."""
 
 from __future__ import annotations
 
@@ -168,3 +169,121 @@ def test_the_triage_command_names_a_missing_embedded_server_package(tmp_path: Pa
     assert "TRIAGE_DATABASE_URL" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "home").exists()  # nothing was started
+
+
+# -- the ledger owns its tables ----------------------------------------------------------------
+
+LEDGER = ROOT / "plugins" / "triage" / "jobs"
+LEDGER_TABLES = frozenset(
+    {"jobs", "job_events", "manual_review", "outbox", "outbox_claims", "classifications", "document_labels"}
+)
+WRITES_EXEMPT = {
+    ROOT / "plugins" / "triage" / "migrations": "the schema itself: its DDL, and the trigger that writes job_events",
+}
+SQL_WRITE = re.compile(
+    r"\b(?:UPDATE|INSERT\s+INTO|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?|MERGE\s+INTO)\s+(?:ONLY\s+)?"
+    r"(?:\"?triage\"?\s*\.\s*)?\"?(\w+)\"?",
+    re.IGNORECASE,
+)
+
+
+def _name(node: ast.expr) -> str:
+    """The last name of ``a.b.c`` or ``c``; empty for anything else."""
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def ledger_writes(path: Path, source: str | None = None) -> list[str]:
+    """Where ``path`` writes a ledger table: ``update(jobs)``, ``insert(…)``, ``delete(…)`` of
+    SQLAlchemy (``sa.``, ``pg.`` or bare), a table's own ``.update()``/``.insert()``/``.delete()``,
+    or SQL text (any string but a docstring) that updates, inserts into, deletes from, truncates
+    or merges into one."""
+    tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source, filename=str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _name(node.func) in ("update", "insert", "delete"):
+            target = node.args[0] if node.args else node.func.value if isinstance(node.func, ast.Attribute) else None
+            if target is not None and _name(target) in LEDGER_TABLES:
+                found.append((node.lineno, f"{_name(node.func)}({_name(target)})"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found += [
+                (node.lineno, repr(m.group(0)))
+                for m in SQL_WRITE.finditer(node.value)
+                if m.group(1).lower() in LEDGER_TABLES
+            ]
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+WRITE_MODULES = ("transitions", "recovery", "review_transitions", "outputs", "repairs", "session")
+WRITE_BUILDERS = frozenset(f"triage.jobs.{m}" for m in WRITE_MODULES) | {
+    "triage.jobs.expressions.outbox_insert",
+    "triage.jobs.expressions.review_rows",
+}
+"""The ledger's writes (and its transaction settings): only :class:`~triage.jobs.store.JobStore` runs them."""
+
+
+def code_outside_the_ledger() -> list[Path]:
+    trees = (ROOT / "plugins", ROOT / "dags", ROOT / TOOLS, ROOT / "bench")
+    return sorted(
+        p
+        for tree in trees
+        for p in tree.rglob("*.py")
+        if LEDGER not in p.parents and not any(exempt in p.parents for exempt in WRITES_EXEMPT)
+    )
+
+
+def test_the_write_scan_sees_every_form() -> None:
+    source = (
+        "import sqlalchemy as sa\n"
+        "from sqlalchemy.dialects import postgresql as pg\n"
+        "from sqlalchemy import delete\n"
+        "a = sa.update(jobs).values(status='queued')\n"
+        "b = pg.insert(schema.manual_review).on_conflict_do_nothing()\n"
+        "c = delete(outbox_claims)\n"
+        "d = classifications.insert()\n"
+        "e = sa.text('update  triage.job_events set x = 1')\n"
+        "f = 'INSERT INTO \"triage\".document_labels (x) VALUES (1)'\n"
+        "g = sa.update(reconciliation_runs)\n"  # not a ledger table
+        "h = 'UPDATE plain.jobs SET x = 1'\n"  # not the triage schema (the bench's bare table)
+        "def f():\n"
+        "    'UPDATE triage.jobs in a docstring is prose'\n"
+    )
+    found = ledger_writes(ROOT / "plugins" / "triage" / "probe.py", source)
+    assert [f.split(":")[0] for f in found] == [f"line {n}" for n in (4, 5, 6, 7, 8, 9)], found
+    imports = "from triage.jobs.expressions import NOW, outbox_insert\nfrom triage.jobs import repairs\n"
+    found_imports = imported_modules(ROOT / "plugins" / "triage" / "probe.py", imports) & WRITE_BUILDERS
+    assert found_imports == {"triage.jobs.expressions.outbox_insert", "triage.jobs.repairs"}
+
+
+@pytest.mark.parametrize("path", code_outside_the_ledger(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_ledger_writes_its_tables(path: Path) -> None:
+    """Every write to the ledger's tables is a named statement of ``plugins/triage/jobs/``
+    (reconciliation's repairs included), run by the store; everything else asks it by name."""
+    assert ledger_writes(path) == [], f"{path.relative_to(ROOT)} writes the ledger's tables itself"
+    builders = sorted(imported_modules(path) & WRITE_BUILDERS)
+    assert builders == [], f"{path.relative_to(ROOT)} builds the ledger's writes from {builders}: ask the store"
+
+
+# -- modules of one concept ------------------------------------------------------------------------
+
+MAX_LINES = 400
+LONG_MODULES: dict[str, str] = {}
+"""Product modules allowed past :data:`MAX_LINES`, each with the reason (none today)."""
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "plugins" / "triage").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_product_modules_stay_short(path: Path) -> None:
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    name = str(path.relative_to(ROOT))
+    assert lines <= MAX_LINES or name in LONG_MODULES, (
+        f"{name} has {lines} lines (limit {MAX_LINES}): split it by what it holds, or name it in LONG_MODULES with why"
+    )

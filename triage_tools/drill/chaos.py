@@ -225,19 +225,27 @@ class Drill:
     def _running_claims(self, run_id: str) -> int:
         import sqlalchemy as sa
 
+        from triage.jobs.checks import in_state
+        from triage.jobs.schema import jobs
+        from triage.jobs.states import JobStatus, Step
+
         day = self.run_ids[run_id]
+        running = sa.select(sa.func.count()).where(
+            in_state(JobStatus.RUNNING),
+            jobs.c.step == Step.CLASSIFY.value,
+            sa.func.starts_with(jobs.c.batch_key, day.isoformat()),
+        )
         with self.engine.connect() as conn:
-            return int(conn.execute(sa.text(
-                "SELECT count(*) FROM triage.jobs WHERE status = 'running' AND step = 'classify'"
-                " AND starts_with(batch_key, :day)"), {"day": day.isoformat()}).scalar_one())  # fmt: skip
+            return int(conn.execute(running).scalar_one())
 
     def _completed(self) -> int:
         import sqlalchemy as sa
 
+        from triage.jobs.checks import in_state
+        from triage.jobs.states import JobStatus
+
         with self.engine.connect() as conn:
-            return int(
-                conn.execute(sa.text("SELECT count(*) FROM triage.jobs WHERE status = 'completed'")).scalar_one()
-            )
+            return int(conn.execute(sa.select(sa.func.count()).where(in_state(JobStatus.COMPLETED))).scalar_one())
 
     def saboteur(self) -> None:
         """Kills classify under a claim (one run after another) and restarts the database once a
@@ -356,10 +364,13 @@ class Drill:
     def unfinished(self) -> dict[str, int]:
         import sqlalchemy as sa
 
+        from triage.jobs.checks import in_state
+        from triage.jobs.schema import jobs
+        from triage.jobs.states import UNFINISHED
+
+        by_batch = sa.select(jobs.c.batch_key, sa.func.count()).where(in_state(*UNFINISHED)).group_by(jobs.c.batch_key)
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.text(
-                "SELECT batch_key, count(*) FROM triage.jobs"
-                " WHERE status NOT IN ('completed', 'manual_review', 'terminal_failed') GROUP BY 1")).all()  # fmt: skip
+            rows = conn.execute(by_batch).all()
         return {r[0]: int(r[1]) for r in rows}
 
     def clear_from_classify(self, run_ids: Sequence[str]) -> None:
@@ -392,6 +403,9 @@ class Drill:
     def judge(self) -> None:
         import sqlalchemy as sa
 
+        from triage.jobs.checks import in_state
+        from triage.jobs.schema import document_labels, jobs
+        from triage.jobs.states import JobStatus
         from triage_tools.drill.invariants import Invariant, check_invariants
 
         with self.engine.connect() as conn:
@@ -401,9 +415,14 @@ class Drill:
                 "SELECT reason, count(*) FROM triage.manual_review WHERE resolved_at IS NULL GROUP BY 1"))}  # fmt: skip
             # The jobs whose label is a document's: an older job of an edited document completes
             # without its action once the newer job's label stands (see triage.pipeline.persist).
-            labelled_jobs = {str(r[0]) for r in conn.execute(sa.text(
-                "SELECT l.job_id FROM triage.document_labels l JOIN triage.jobs j ON j.id = l.job_id"
-                " WHERE j.status = 'completed'"))}  # fmt: skip
+            labelled_jobs = {
+                str(r[0])
+                for r in conn.execute(
+                    sa.select(document_labels.c.job_id)
+                    .join_from(document_labels, jobs, jobs.c.id == document_labels.c.job_id)
+                    .where(in_state(JobStatus.COMPLETED))
+                )
+            }
             invariants = check_invariants(
                 conn, None, effects_per_key={k: len(v) for k, v in self.provider.asked.items()}
             )

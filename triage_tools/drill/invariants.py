@@ -1,15 +1,31 @@
 """What must hold after any run, however it failed, once reconciliation has settled it.
 
-Each invariant is one read-only SQL query that counts violations; zero means it holds. The
+Each invariant is one read-only query that counts violations; zero means it holds. The
 checker never repairs: it is the judge of the drill (``make chaos``) and of the tests.
+
+The queries are built from the ledger's own definitions, never restated: its groups of states
+(:mod:`triage.jobs.states`), and the conditions and the completion events of reconciliation's
+checks (:mod:`triage.jobs.checks`), so the judge and reconciliation mean the same by "settled",
+"running" or "a completion event". The judge asks stricter questions than the checks do: at
+rest (no grace), and "exactly one" where a check asks "none missing".
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.sql.elements import ColumnElement
+
+from triage.jobs.checks import COMPLETION_EVENTS, in_state
+from triage.jobs.expressions import status_literal
+from triage.jobs.schema import document_labels, job_events, jobs, manual_review, outbox
+from triage.jobs.states import SETTLED
+from triage.jobs.states import JobStatus as S
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,52 +39,117 @@ class Invariant:
         return self.violations == 0
 
 
-# Each query counts violating rows; :batches filters to the drill's batches (NULL = all).
-IN_SCOPE = "(CAST(:batches AS text[]) IS NULL OR j.batch_key = ANY(CAST(:batches AS text[])))"
+def in_scope() -> ColumnElement[bool]:
+    """The job (``jobs`` in scope) is of the drill's batches: ``:batches``, NULL for every job."""
+    batches = sa.bindparam("batches", type_=pg.ARRAY(sa.Text))
+    return sa.or_(batches.is_(None), jobs.c.batch_key == sa.any_(batches))
 
-CHECKS: dict[str, tuple[str, str]] = {
-    "one_job_per_key": (
-        "one job per idempotency key",
-        f"SELECT count(*) FROM (SELECT j.idempotency_key FROM triage.jobs j WHERE {IN_SCOPE}"
-        " GROUP BY 1 HAVING count(*) > 1) d",
-    ),
-    "all_settled": (
-        "every job completed, manual_review or terminal_failed",
-        f"SELECT count(*) FROM triage.jobs j WHERE {IN_SCOPE}"
-        " AND j.status NOT IN ('completed', 'manual_review', 'terminal_failed')",
-    ),
-    "completed_once": (
-        "at most one transition into completed per job",
-        f"SELECT count(*) FROM (SELECT e.job_id FROM triage.job_events e JOIN triage.jobs j ON j.id = e.job_id"
-        f" WHERE {IN_SCOPE} AND e.to_status = 'completed' GROUP BY 1 HAVING count(*) > 1) d",
-    ),
+
+def _count(*where: ColumnElement[bool]) -> sa.Select[Any]:
+    """How many jobs of the scope meet ``where``."""
+    return sa.select(sa.func.count()).select_from(jobs).where(in_scope(), *where)
+
+
+def _moves_into_completed() -> Any:
+    """The job's transitions into ``completed`` (``job_events``), counted."""
+    return (
+        sa.select(sa.func.count())
+        .where(job_events.c.job_id == jobs.c.id, job_events.c.to_status == status_literal(S.COMPLETED))
+        .scalar_subquery()
+    )
+
+
+@cache
+def one_job_per_key() -> sa.Select[Any]:
+    keys = (
+        sa.select(jobs.c.idempotency_key)
+        .where(in_scope())
+        .group_by(jobs.c.idempotency_key)
+        .having(sa.func.count() > 1)
+        .subquery()
+    )
+    return sa.select(sa.func.count()).select_from(keys)
+
+
+@cache
+def all_settled() -> sa.Select[Any]:
+    return _count(~in_state(*SETTLED))
+
+
+@cache
+def completed_once() -> sa.Select[Any]:
+    return _count(_moves_into_completed() > 1)
+
+
+@cache
+def labels_match_completed() -> sa.Select[Any]:
+    """Completed jobs whose document has no label from a completed job, plus labels whose job
+    is not completed."""
+    labelling = jobs.alias("labelling")
+    labelled = sa.exists().where(
+        document_labels.c.source == jobs.c.source,
+        document_labels.c.external_id == jobs.c.external_id,
+        labelling.c.id == document_labels.c.job_id,
+        labelling.c.status == status_literal(S.COMPLETED),
+    )
+    unlabelled = _count(in_state(S.COMPLETED), ~labelled).scalar_subquery()
+    stray = (
+        sa.select(sa.func.count())
+        .select_from(document_labels)
+        .join(jobs, jobs.c.id == document_labels.c.job_id)
+        .where(in_scope(), ~in_state(S.COMPLETED))
+        .scalar_subquery()
+    )
+    return sa.select(unlabelled + stray)
+
+
+@cache
+def no_lease_outstanding() -> sa.Select[Any]:
+    return _count(sa.or_(jobs.c.lease_token.is_not(None), in_state(S.RUNNING)))
+
+
+@cache
+def one_open_review_per_review_job() -> sa.Select[Any]:
+    open_rows = (
+        sa.select(sa.func.count())
+        .where(manual_review.c.job_id == jobs.c.id, manual_review.c.resolved_at.is_(None), manual_review.c.reason != "")
+        .scalar_subquery()
+    )
+    return _count(in_state(S.MANUAL_REVIEW) != (open_rows == 1))
+
+
+@cache
+def one_published_event_per_completion() -> sa.Select[Any]:
+    published = (
+        sa.select(sa.func.count())
+        .where(
+            outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS), outbox.c.published_at.is_not(None)
+        )
+        .scalar_subquery()
+    )
+    return _count(_moves_into_completed() != published)
+
+
+CHECKS: dict[str, tuple[str, Callable[[], sa.Select[Any]]]] = {
+    "one_job_per_key": ("one job per idempotency key", one_job_per_key),
+    "all_settled": ("every job completed, manual_review or terminal_failed", all_settled),
+    "completed_once": ("at most one transition into completed per job", completed_once),
     "labels_match_completed": (
         "document_labels equal the completed jobs (every completed document has a label from a"
         " completed job, no label without one)",
-        f"SELECT (SELECT count(*) FROM triage.jobs j WHERE {IN_SCOPE} AND j.status = 'completed'"
-        "   AND NOT EXISTS (SELECT 1 FROM triage.document_labels l JOIN triage.jobs lj ON lj.id = l.job_id"
-        "                   WHERE l.source = j.source AND l.external_id = j.external_id AND lj.status = 'completed'))"
-        f" + (SELECT count(*) FROM triage.document_labels l JOIN triage.jobs j ON j.id = l.job_id"
-        f"   WHERE {IN_SCOPE} AND j.status <> 'completed')",
+        labels_match_completed,
     ),
-    "no_lease_outstanding": (
-        "no lease outstanding",
-        f"SELECT count(*) FROM triage.jobs j WHERE {IN_SCOPE} AND (j.lease_token IS NOT NULL OR j.status = 'running')",
-    ),
+    "no_lease_outstanding": ("no lease outstanding", no_lease_outstanding),
     "one_open_review_per_review_job": (
         "every manual_review job has exactly one open review row with a reason, and no other job has one",
-        f"SELECT count(*) FROM triage.jobs j WHERE {IN_SCOPE} AND (j.status = 'manual_review') <>"
-        " ((SELECT count(*) FROM triage.manual_review r WHERE r.job_id = j.id AND r.resolved_at IS NULL"
-        "   AND r.reason <> '') = 1)",
+        one_open_review_per_review_job,
     ),
     "one_published_event_per_completion": (
         "exactly one published job.completed event per completion",
-        f"SELECT count(*) FROM triage.jobs j WHERE {IN_SCOPE} AND"
-        " (SELECT count(*) FROM triage.job_events e WHERE e.job_id = j.id AND e.to_status = 'completed') <>"
-        " (SELECT count(*) FROM triage.outbox o WHERE o.job_id = j.id AND o.event_type = 'job.completed'"
-        "   AND o.published_at IS NOT NULL)",
+        one_published_event_per_completion,
     ),
 }
+"""Each invariant's description (what the drill prints) and the query counting its violations."""
 
 
 def check_invariants(conn: sa.Connection, batches: list[str] | None = None,
@@ -80,8 +161,8 @@ def check_invariants(conn: sa.Connection, batches: list[str] | None = None,
         each must be at most one.
     """
     results = [
-        Invariant(name, description, int(conn.execute(sa.text(sql), {"batches": batches}).scalar_one()))
-        for name, (description, sql) in CHECKS.items()
+        Invariant(name, description, int(conn.execute(query(), {"batches": batches}).scalar_one()))
+        for name, (description, query) in CHECKS.items()
     ]
     if effects_per_key is not None:
         results.append(Invariant("external_effect_once", "the external sink saw one effect per idempotency key",

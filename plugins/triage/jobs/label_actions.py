@@ -3,12 +3,12 @@
 - :func:`superseded`: which of these jobs' documents already have a newer job's label in
   ``document_labels``. Their action is skipped: sending an older label after the newer one
   would leave the provider with the older, while the ledger keeps the newer. The order is the
-  one every label write obeys (``job_created_at``, then ``job_id``: :func:`upsert_labels`).
+  one every label write obeys (``job_created_at``, then ``job_id``: :func:`triage.jobs.outputs.upsert_labels`).
 - :func:`reviewed_label`: the label a reviewer gave a job, to send through the same action
   after the decision committed, under a key of its own (the job's key and its review).
 
 Only reads: the decisions these inform were, or will be, written by the fenced statements of
-:mod:`triage.jobs.transitions`.
+:mod:`triage.jobs.transitions` and :mod:`triage.jobs.review_transitions`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
-from triage.jobs.schema import document_labels, jobs, manual_review
-from triage.jobs.states import JobStatus
-
-UUID = pg.UUID(as_uuid=True)
+from triage.jobs.expressions import UUID, status_literal
+from triage.jobs.queries import latest_review
+from triage.jobs.schema import document_labels, jobs
+from triage.jobs.states import JobStatus as S
 
 
 def _newer_label_stands() -> ColumnElement[bool]:
@@ -50,23 +50,15 @@ def superseded_jobs() -> Any:
 def reviewed_label_of() -> Any:
     """The job ``:p_job_id`` if a reviewer completed it with a label, with that label, its
     review row and whether a newer job's label has since become the document's."""
-    review = (
-        sa.select(manual_review.c.id, manual_review.c.resolution, manual_review.c.resolved_by,
-                  manual_review.c.context["resolved_label"].astext.label("label"))
-        .where(manual_review.c.job_id == jobs.c.id)
-        .order_by(manual_review.c.id.desc())
-        .limit(1)
-        .lateral("review")
-    )  # fmt: skip
+    review = latest_review()
     return (
         sa.select(jobs.c.id, jobs.c.idempotency_key, jobs.c.created_at, jobs.c.source, jobs.c.external_id,
-                  jobs.c.correlation_id, review.c.id.label("review_id"), review.c.label, review.c.resolved_by,
-                  _newer_label_stands().label("superseded"))
+                  jobs.c.correlation_id, review.c.id.label("review_id"), review.c.resolved_label.label("label"),
+                  review.c.resolved_by, _newer_label_stands().label("superseded"))
         .select_from(jobs)
         .join(review, sa.true())
-        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID),
-               jobs.c.status == sa.literal_column(f"'{JobStatus.COMPLETED.value}'::triage.job_status"),
-               review.c.resolution == "labelled", review.c.label.is_not(None))
+        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == status_literal(S.COMPLETED),
+               review.c.resolution == "labelled", review.c.resolved_label.is_not(None))
     )  # fmt: skip
 
 

@@ -186,6 +186,11 @@ class LeaseRelease:
     job_ids: tuple[uuid.UUID, ...] = ()
 
 
+REPAIRER = "reconciliation"
+"""Who repairs: the actor of reconciliation's transactions (``job_events.actor``), and the
+``repaired_by`` and ``resolved_by`` of the rows its repairs write (:mod:`triage.jobs.repairs`)."""
+
+
 ReviewDecision = Literal["label", "requeue", "reject"]
 """What a reviewer may decide for a job in ``manual_review``."""
 

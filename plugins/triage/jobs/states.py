@@ -3,11 +3,17 @@
 The allowed transitions below are data. Migrations copy them into ``triage.job_transitions``
 and a trigger refuses every other move, so ad hoc SQL is held to the same rules as this code.
 A test checks that this table and the database's are equal.
+
+The groups of states (:data:`TERMINAL`, :data:`SETTLED`, :data:`UNFINISHED`, …) are named here
+once; code and SQL use them rather than listing states. The steps a job goes through and the
+event types of the outbox are named here too.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+from triage.jobs.errors import UnknownStatus
 
 
 class JobStatus(StrEnum):
@@ -69,9 +75,40 @@ UNFINISHED: frozenset[JobStatus] = frozenset(set(JobStatus) - SETTLED)
 CLAIMABLE: frozenset[JobStatus] = frozenset({S.QUEUED, S.RETRYABLE_FAILED})
 """What a claim may take (``retryable_failed`` only once ``next_attempt_at`` has passed)."""
 
+UNLEASED: frozenset[JobStatus] = frozenset(UNFINISHED - {S.RUNNING})
+"""Unfinished work that no lease holds: a failed task's batch may give it up to review."""
+
+OPEN: frozenset[JobStatus] = frozenset(set(JobStatus) - TERMINAL)
+"""Everything a job may still leave: the states whose queue age the report shows."""
+
+
+class Step(StrEnum):
+    """Where in the pipeline a job is (``jobs.step``): the step whose claim takes it next."""
+
+    CLASSIFY = "classify"  # registered here by retrieval; its claims take one classifier version
+    PERSIST = "persist"  # advanced here by classify with an accepted label; writes it and completes
+
+
+class EventType(StrEnum):
+    """What an outbox event says happened (``outbox.event_type``). Mirrors
+    :data:`triage.contracts.events.EventType`, the contract's literal (a test keeps them equal)."""
+
+    REGISTERED = "job.registered"  # set by retrieval (or reconciliation queueing a received job)
+    COMPLETED = "job.completed"  # set by persistence, a reviewer's label, or reconciliation
+    REQUEUED = "job.requeued"  # set by review (requeue)
+    REVIEWED = "job.reviewed"  # set by review (reject)
+
 
 def is_allowed(old: JobStatus | None, new: JobStatus) -> bool:
     """Whether the database accepts ``old -> new`` (``old`` is None for a new job)."""
     if old is None:
         return new in INITIAL_STATES
     return (old, new) in TRANSITIONS
+
+
+def parse_status(value: str) -> JobStatus:
+    """The state named ``value`` (a database or user value); :class:`UnknownStatus` otherwise."""
+    try:
+        return JobStatus(value)
+    except ValueError:
+        raise UnknownStatus(f"{value!r} is not a job state; states: {', '.join(s.value for s in JobStatus)}") from None

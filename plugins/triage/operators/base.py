@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from triage.contracts.run_config import ClassifyRunConfig
+    from triage.jobs.states import Step
     from triage.jobs.store import JobStore
     from triage.pipeline.actions import WebhookLabelAction
     from triage.pipeline.publish import EventSink
@@ -167,7 +168,7 @@ class TriageOperator(BaseOperator):
     :param triage_conn_id: the Airflow connection to the job database.
     """
 
-    ledger_step: ClassVar[str | None] = None
+    ledger_step: ClassVar[Step | None] = None
     """The step whose jobs this task works on (claims, or registers into): what the failure
     callback gives up when Airflow gives up on the task. None: it holds no jobs."""
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from triage.jobs.states import Step
 from triage.operators.base import (
     LABEL_ACTION_CONN_ID,
     TriageOperator,
@@ -115,7 +116,7 @@ class RetrieveDocumentsOperator(TriageOperator):
         (by external id; :class:`~triage.sources.base.Shard`): the DAG maps it over every shard.
     """
 
-    ledger_step = "classify"  # the jobs it registers wait there
+    ledger_step = Step.CLASSIFY  # the jobs it registers wait there
 
     template_fields = ("payload_base",)
 
@@ -173,7 +174,7 @@ class ClassifyDocumentsOperator(TriageOperator):
         carries the map index.
     """
 
-    ledger_step = "classify"
+    ledger_step = Step.CLASSIFY
 
     template_fields = ("payload_base",)
 
@@ -233,7 +234,7 @@ class PersistLabelsOperator(TriageOperator):
         when the connection does not exist.
     """
 
-    ledger_step = "persist"
+    ledger_step = Step.PERSIST
 
     def __init__(self, *, action_conn_id: str | None = LABEL_ACTION_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)

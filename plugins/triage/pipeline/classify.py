@@ -68,6 +68,7 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
+from triage.jobs.states import Step
 from triage.observability import job_fields
 from triage.payloads import (
     PayloadBaseMissing,
@@ -81,7 +82,6 @@ from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepErro
 
 log = logging.getLogger(__name__)
 
-PERSIST_STEP = "persist"
 MISCONFIGURED = frozenset({"unauthorized", "forbidden", "not_found", "redirected"})
 
 
@@ -125,7 +125,7 @@ def _record(output: ModelOutput, outcome: str, version: str) -> ClassificationRe
 class ClassifyHandler:
     """:class:`~triage.pipeline.steps.StepHandler` of the ``classify`` step."""
 
-    step = "classify"
+    step = Step.CLASSIFY
 
     def __init__(self, classifier: Classifier, payloads: PayloadStore, settings: ClassifySettings,
                  breaker: CircuitBreaker | None = None) -> None:  # fmt: skip
@@ -241,7 +241,7 @@ class ClassifyHandler:
         record = _record(output, outcome, version)
         if outcome == "accepted":
             if self.settings.separate_persist:
-                return Advance(job.id, job.attempt, PERSIST_STEP, classification=record)
+                return Advance(job.id, job.attempt, Step.PERSIST, classification=record)
             label = LabelWrite(output.label or "", output.confidence, version)
             return Complete(job.id, job.attempt, label, classification=record)
         if outcome == "inconclusive":

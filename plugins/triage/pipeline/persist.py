@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from triage.jobs.label_actions import superseded
 from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, RetryLater
+from triage.jobs.states import Step
 from triage.jobs.store import JobStore
 from triage.pipeline.steps import StepError
 
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 class PersistHandler:
     """:class:`~triage.pipeline.steps.StepHandler` of the ``persist`` step."""
 
-    step = "persist"
+    step = Step.PERSIST
     classifier_version = None  # runs no classifier: the label is the classification already recorded
 
     def __init__(self, store: JobStore, action: ExternalAction | None = None) -> None:

@@ -16,14 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from triage.jobs.models import NewJob
-from triage.jobs.states import JobStatus
+from triage.jobs.states import JobStatus, Step
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.sources.base import Source, SourceDocument
 
 log = logging.getLogger(__name__)
-
-CLASSIFY_STEP = "classify"
 
 CHUNK_BYTES = 64 << 20
 """Payload bytes one chunk may hold before it is stored and registered (with the next chunk
@@ -79,7 +77,7 @@ def retrieve(store: JobStore, source: Source, payloads: PayloadStore, *, start: 
     pending: Future[None] | None = None
 
     def register(chunk: list[NewJob], seen: int) -> None:
-        result = store.register(chunk, batch_key=batch_key, step=CLASSIFY_STEP, max_attempts=max_attempts,
+        result = store.register(chunk, batch_key=batch_key, step=Step.CLASSIFY, max_attempts=max_attempts,
                                 actor=actor)  # fmt: skip
         totals["registered"] += result.new
         totals["existing"] += result.existing

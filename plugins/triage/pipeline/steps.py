@@ -19,6 +19,7 @@ from typing import Protocol
 
 from triage.jobs.errors import LeaseLost
 from triage.jobs.models import Claim, ClaimedJob, Outcome, Recorded
+from triage.jobs.states import Step
 from triage.jobs.store import JobStore
 from triage.observability import (
     NULL_METRICS,
@@ -49,7 +50,7 @@ class DependencyMisconfigured(StepError):
 
 
 class StepHandler(Protocol):
-    step: str
+    step: Step
 
     @property
     def classifier_version(self) -> str | None:

@@ -24,11 +24,10 @@ from urllib.parse import quote
 
 import httpx
 
-from triage.jobs.models import batch_key_for
+from triage.jobs.models import REPAIRER, batch_key_for
 from triage.jobs.store import JobStore
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 from triage.reconciliation.params import ReconcileParams
-from triage.reconciliation.repairs import ACTOR
 from triage.reconciliation.rules import unfinished_by_batch
 
 DAG_ID = "classify_documents"
@@ -197,8 +196,8 @@ def airflow_view(store: JobStore, params: ReconcileParams, api: AirflowApi | Non
             prefix = f"{DAG_ID}/{ti.run_id}/{ti.task_id}/{ti.map_index}/"
             moved = store.send_batch_to_review(
                 batch, reason=REASON, error=f"{ti.task_id} failed in {ti.run_id}; its failure callback never ran",
-                owner_prefix=prefix, context={"repaired_by": ACTOR, "run_id": ti.run_id, "task_id": ti.task_id,
-                                              "try_number": ti.try_number}, actor=ACTOR,
+                owner_prefix=prefix, context={"repaired_by": REPAIRER, "run_id": ti.run_id, "task_id": ti.task_id,
+                                              "try_number": ti.try_number}, actor=REPAIRER,
             )  # fmt: skip
             if moved:
                 repairs.append(Repair("batch_sent_to_review", moved, f"{where}: unfinished jobs to manual_review"))

@@ -8,8 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-SAMPLE = 25
-"""Job ids kept per entry: enough to act on, bounded so a run's row stays small."""
+from triage.jobs.checks import SAMPLE
 
 
 def sample(ids: Iterable[uuid.UUID | str]) -> tuple[str, ...]:

@@ -12,8 +12,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from triage.jobs import checks
 from triage.jobs.states import JobStatus
-from triage.reconciliation import queries as Q
+from triage.reconciliation import report_queries as Q
 from triage.reconciliation.findings import RuleResult
 from triage.reconciliation.params import ReconcileParams
 
@@ -31,7 +32,7 @@ def ledger_view(conn: sa.Connection, params: ReconcileParams) -> dict[str, Any]:
     for row in by_state_step:
         by_state[row["status"]] += row["count"]
     queue = conn.execute(Q.review_queue(), {"limit": params.review_queue_limit}).all()
-    lag = conn.execute(Q.outbox_lag(), {"threshold": float(params.outbox_age_seconds)}).one()
+    lag = conn.execute(checks.outbox_lag(), {"threshold": float(params.outbox_age_seconds)}).one()
     return {
         "jobs": sum(by_state.values()),
         "by_state": by_state,

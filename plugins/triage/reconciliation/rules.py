@@ -1,9 +1,10 @@
 """The reconciliation rules. Each takes the store and the run's params and returns a
 :class:`~triage.reconciliation.findings.RuleResult`; with ``dry_run`` it only reads.
 
-A rule repairs only where the repair is certain, through allowed transitions and the fenced
-statements of :mod:`.repairs` (or the store's own methods); anything it cannot settle with
-certainty is a :class:`Conflict` for a human. ``docs/reconciliation.md`` gives the reasoning
+A rule reads through the ledger's named checks (:mod:`triage.jobs.checks`, on the store's
+read-only connection) and repairs only where the repair is certain, through the store's named
+repairs (:mod:`triage.jobs.repairs`: allowed transitions, fenced statements); anything it cannot
+settle with certainty is a :class:`Conflict` for a human. ``docs/reconciliation.md`` gives the reasoning
 behind each decision.
 """
 
@@ -15,10 +16,10 @@ from typing import Any
 import httpx
 
 from triage.contracts.events import WorkEvent
+from triage.jobs import checks as Q
+from triage.jobs.models import REPAIRER
 from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
-from triage.reconciliation import queries as Q
-from triage.reconciliation import repairs as R
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 from triage.reconciliation.params import ReconcileParams
 
@@ -28,19 +29,13 @@ SINK_ERRORS: tuple[type[Exception], ...] = (OSError, httpx.HTTPError)
 
 
 def _check(store: JobStore, statement: Any, **params: Any) -> Any:
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         return conn.execute(statement, params).one()
 
 
 def _finding(check: str, row: Any, detail: str, repair: str | None = None) -> Finding:
     return Finding(check, int(row.n), detail, sample(row.job_ids), repair,
                    {"oldest_seconds": round(float(row.oldest_seconds), 1)})  # fmt: skip
-
-
-def _repair(store: JobStore, statement: Any, **params: Any) -> list[Any]:
-    with store.transaction(R.ACTOR) as conn:
-        conn.execute(R.lock())
-        return list(conn.execute(statement, params).scalars())
 
 
 def expired_leases(store: JobStore, params: ReconcileParams) -> RuleResult:
@@ -51,7 +46,7 @@ def expired_leases(store: JobStore, params: ReconcileParams) -> RuleResult:
     findings = (_finding("lease_expired", row, "running jobs whose lease has passed", "release_expired_leases"),)
     if params.dry_run or row.n == 0:
         return RuleResult("expired_leases", findings=findings if row.n else ())
-    released = store.release_expired_leases(max_rescues=params.max_rescues, actor=R.ACTOR)
+    released = store.release_expired_leases(max_rescues=params.max_rescues, actor=REPAIRER)
     repairs = []
     if released.retrying:
         repairs.append(Repair("lease_released", released.retrying, "expired lease: retryable_failed, due now",
@@ -65,6 +60,8 @@ def expired_leases(store: JobStore, params: ReconcileParams) -> RuleResult:
 
 STUCK_STATES = (JobStatus.RECEIVED, JobStatus.QUEUED, JobStatus.RETRYABLE_FAILED, JobStatus.WAITING,
                 JobStatus.RUNNING)  # fmt: skip
+"""The unfinished states (:data:`~triage.jobs.states.UNFINISHED`; a test keeps them equal) in
+the order their stuck checks run and the report lists them."""
 
 
 def stuck_work(store: JobStore, params: ReconcileParams, classifier_versions: Collection[str] | None = None,
@@ -106,11 +103,11 @@ def stuck_work(store: JobStore, params: ReconcileParams, classifier_versions: Co
     repairs: list[Repair] = []
     planned = {f.repair for f in findings}
     if not params.dry_run and "queue_received" in planned:
-        ids = _repair(store, R.queue_received(), threshold=params.received_seconds)
+        ids = store.queue_stuck_received(older_than_seconds=params.received_seconds)
         if ids:
             repairs.append(Repair("queued_received", len(ids), "received -> queued with job.registered", sample(ids)))
     if not params.dry_run and "exhaust_unclaimable" in planned:
-        ids = _repair(store, R.exhaust_unclaimable(), grace=params.grace_seconds)
+        ids = store.send_spent_retries_to_review(grace_seconds=params.grace_seconds)
         if ids:
             repairs.append(Repair("exhausted_unclaimable", len(ids),
                                   "retryable_failed -> manual_review (retries_exhausted)", sample(ids)))  # fmt: skip
@@ -136,7 +133,7 @@ def outbox(store: JobStore, params: ReconcileParams, publish: Publish | None) ->
     sent = 0
     try:
         while sent < lag.old:
-            n = store.relay(publish, limit=min(1000, lag.old - sent), actor=R.ACTOR)
+            n = store.relay(publish, limit=min(1000, lag.old - sent), actor=REPAIRER)
             if n == 0:
                 break
             sent += n
@@ -147,14 +144,14 @@ def outbox(store: JobStore, params: ReconcileParams, publish: Publish | None) ->
 
 
 def _repairable(store: JobStore, params: ReconcileParams, check: str, query: Any, detail: str, action: str,
-                statement: Any, done: str) -> tuple[list[Finding], list[Repair]]:  # fmt: skip
+                repair: Callable[..., list[Any]], done: str) -> tuple[list[Finding], list[Repair]]:  # fmt: skip
     row = _check(store, query, grace=params.grace_seconds)
     if row.n == 0:
         return [], []
     finding = _finding(check, row, detail, action)
     if params.dry_run:
         return [finding], []
-    ids = _repair(store, statement, grace=params.grace_seconds)
+    ids = repair(grace_seconds=params.grace_seconds)
     return [finding], ([Repair(action, len(ids), done, sample(ids))] if ids else [])
 
 
@@ -171,15 +168,15 @@ def consistency(store: JobStore, params: ReconcileParams) -> RuleResult:
     findings: list[Finding] = []
     repairs: list[Repair] = []
     conflicts: list[Conflict] = []
-    for check, query, detail, action, statement, done in (
+    for check, query, detail, action, repair, done in (
         ("review_row_missing", Q.review_row_missing(), "manual_review without an open review row",
-         "insert_missing_review", R.insert_missing_reviews(), "open review row inserted"),
+         "insert_missing_review", store.open_missing_reviews, "open review row inserted"),
         ("review_open_for_terminal_job", Q.stale_open_reviews(True), "open review row of a terminal job",
-         "supersede_review", R.supersede_stale_reviews(), "review row resolved as superseded"),
+         "supersede_review", store.supersede_reviews_of_terminal_jobs, "review row resolved as superseded"),
         ("completed_without_event", Q.completed_without_event(), "completed without a completion event",
-         "append_completed_event", R.append_completed_events(), "job.completed appended to the outbox"),
+         "append_completed_event", store.append_missing_completion_events, "job.completed appended to the outbox"),
     ):  # fmt: skip
-        found, done_repairs = _repairable(store, params, check, query, detail, action, statement, done)
+        found, done_repairs = _repairable(store, params, check, query, detail, action, repair, done)
         findings += found
         repairs += done_repairs
     for check, query, detail in (
@@ -199,6 +196,6 @@ def unfinished_by_batch(store: JobStore, batch_keys: Sequence[str]) -> dict[str,
     """``batch_key -> (count, oldest_seconds, job_ids)`` of the unfinished jobs of each batch."""
     if not batch_keys:
         return {}
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         rows = conn.execute(Q.unfinished_by_batch(), {"batch_keys": list(batch_keys)}).all()
     return {r.batch_key: r for r in rows}

@@ -75,7 +75,7 @@ def latest_run() -> Any:
 
 
 def _now(store: JobStore) -> datetime:
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         return conn.execute(sa.select(sa.func.now())).scalar_one()
 
 
@@ -110,7 +110,7 @@ def reconcile(store: JobStore, params: ReconcileParams, *, publish: rules.Publis
             start_run(), {"dry_run": params.dry_run, "params": params.model_dump(mode="json")}
         ).one()
     results = run_rules(store, params, publish=publish, api=api, classifier_versions=classifier_versions)
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         ledger = reporting.ledger_view(conn, params)
     finished_at = _now(store)
     summary = reporting.summary(run_id=run_id, started_at=started_at, finished_at=finished_at, params=params,

@@ -1,9 +1,11 @@
-"""Read-only questions reconciliation asks the ledger, as named SQLAlchemy Core statements.
+"""The ledger's consistency checks, as named read-only SQLAlchemy Core statements, and the
+conditions they count.
 
-Nothing here writes. Each statement answers one check of :mod:`triage.reconciliation.rules`
-with a count, the age of the oldest case and a bounded sample of job ids, so a check costs one
-round trip whatever the number of jobs it finds. Thresholds arrive as seconds
-(``:threshold``, ``:grace``) and are compared with the database's ``now()``.
+Each check answers one question of :mod:`triage.reconciliation.rules` with a count, the age of
+the oldest case and a bounded sample of job ids, so a check costs one round trip whatever the
+number of jobs it finds. Thresholds arrive as seconds (``:threshold``, ``:grace``) and are
+compared with the database's ``now()``. A repair of :mod:`.repairs` matches exactly what its
+check counts: both are built from the conditions here, which nothing restates.
 """
 
 from __future__ import annotations
@@ -15,18 +17,18 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement, Grouping
 
-from triage.jobs.schema import classifications, document_labels, job_events, jobs, manual_review, outbox
-from triage.jobs.states import TERMINAL, UNFINISHED
+from triage.jobs.expressions import NOW, status_literal
+from triage.jobs.expressions import seconds_param as seconds
+from triage.jobs.schema import document_labels, job_events, jobs, manual_review, outbox
+from triage.jobs.states import CLAIMABLE, TERMINAL, UNFINISHED, EventType, Step
 from triage.jobs.states import JobStatus as S
-from triage.jobs.transitions import NOW, status_literal
-from triage.jobs.transitions import seconds_param as seconds
-from triage.reconciliation.findings import SAMPLE
 
+SAMPLE = 25
+"""Job ids kept per check: enough to act on, bounded so a reconciliation run's row stays small."""
 UUIDS = pg.ARRAY(pg.UUID(as_uuid=True))
-COMPLETION_EVENTS = ("job.completed",)
+COMPLETION_EVENTS = (EventType.COMPLETED.value,)
 """What tells consumers a completed job is done, a reviewer's label included (its payload names
 the label and the reviewer); ``job.reviewed`` is a rejection's, whose job ends terminal_failed."""
-TERMINAL_STATES = (S.COMPLETED, S.TERMINAL_FAILED)
 
 
 def age_seconds(at: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -101,10 +103,11 @@ def settled() -> ColumnElement[bool]:
 
 
 def in_state(*states: S) -> ColumnElement[bool]:
-    """The job is in one of ``states`` (typed constants: the planner matches partial indexes)."""
+    """The job is in one of ``states`` (a group of :mod:`triage.jobs.states`, or one state), as
+    typed constants: the planner matches partial indexes."""
     if len(states) == 1:
         return jobs.c.status == status_literal(states[0])
-    return jobs.c.status.in_([status_literal(s) for s in states])
+    return jobs.c.status.in_([status_literal(s) for s in sorted(states)])
 
 
 def has_open_review() -> ColumnElement[bool]:
@@ -143,10 +146,6 @@ def unclaimable_retryable() -> sa.Select[Any]:
     return summarise(rows)
 
 
-CLASSIFY_STEP = "classify"
-"""The step whose claims take only the jobs of their classifier's version."""
-
-
 @cache
 def unclaimable_version() -> sa.Select[Any]:
     """Jobs waiting for a classify claim whose classifier version is none of ``:versions`` (the
@@ -154,7 +153,7 @@ def unclaimable_version() -> sa.Select[Any]:
     classifier's version, so no run of this deployment will ever take them."""
     rows = (
         sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
-        .where(in_state(S.QUEUED, S.RETRYABLE_FAILED), jobs.c.step == CLASSIFY_STEP, settled(),
+        .where(in_state(*CLAIMABLE), jobs.c.step == Step.CLASSIFY.value, settled(),
                jobs.c.classifier_version != sa.all_(sa.bindparam("versions", type_=pg.ARRAY(sa.Text))))
         .subquery()
     )  # fmt: skip
@@ -212,7 +211,7 @@ def review_row_missing() -> sa.Select[Any]:
 def stale_open_reviews(terminal: bool) -> sa.Select[Any]:
     """Open review rows whose job has left ``manual_review``: into a terminal state
     (``terminal=True``) or back into automatic hands (``terminal=False``)."""
-    states = TERMINAL_STATES if terminal else tuple(s for s in S if s not in (*TERMINAL_STATES, S.MANUAL_REVIEW))
+    states = TERMINAL if terminal else UNFINISHED
     rows = (
         sa.select(jobs.c.id, manual_review.c.created_at.label("since"))
         .select_from(manual_review, jobs)
@@ -242,128 +241,4 @@ def unfinished_by_batch() -> sa.Select[Any]:
         .where(jobs.c.batch_key == sa.any_(sa.bindparam("batch_keys", type_=pg.ARRAY(sa.Text))),
                jobs.c.status.in_(UNFINISHED_VALUES))
         .group_by(jobs.c.batch_key)
-    )  # fmt: skip
-
-
-# -- the report (read-only; windowed where the history grows without bound) ---------------------
-
-OPEN_STATES = sorted(s.value for s in S if s not in TERMINAL)
-
-
-def _window() -> ColumnElement[Any]:
-    return NOW - seconds("window")
-
-
-@cache
-def counts_by_state_and_step() -> sa.Select[Any]:
-    return (
-        sa.select(jobs.c.status, jobs.c.step, sa.func.count().label("n"))
-        .group_by(jobs.c.status, jobs.c.step)
-        .order_by(jobs.c.status, jobs.c.step)
-    )
-
-
-@cache
-def oldest_per_state() -> sa.Select[Any]:
-    """The queue age of each open state: how long its oldest job has been in it."""
-    rows = sa.select(jobs.c.status, entered_at().label("since")).where(jobs.c.status.in_(OPEN_STATES)).subquery()
-    return (
-        sa.select(rows.c.status, sa.func.count().label("n"), sa.func.max(age_seconds(rows.c.since)).label("oldest"))
-        .group_by(rows.c.status)
-        .order_by(rows.c.status)
-    )
-
-
-@cache
-def time_in_state() -> sa.Select[Any]:
-    """Median and p95 seconds a job stayed in each state before its next transition, over the
-    transitions of the window (``:window`` seconds)."""
-    spans = (
-        sa.select(
-            job_events.c.to_status.label("status"),
-            sa.func.extract(
-                "epoch",
-                sa.func.lead(job_events.c.at).over(partition_by=job_events.c.job_id, order_by=job_events.c.id)
-                - job_events.c.at,
-            ).label("seconds"),
-        )
-        .where(job_events.c.at >= _window())
-        .subquery()
-    )
-    return (
-        sa.select(
-            spans.c.status,
-            sa.func.count().label("n"),
-            sa.func.percentile_cont(0.5).within_group(spans.c.seconds).label("median"),
-            sa.func.percentile_cont(0.95).within_group(spans.c.seconds).label("p95"),
-        )
-        .where(spans.c.seconds.is_not(None))
-        .group_by(spans.c.status)
-        .order_by(spans.c.status)
-    )
-
-
-@cache
-def attempts_histogram() -> sa.Select[Any]:
-    return sa.select(jobs.c.attempt, sa.func.count().label("n")).group_by(jobs.c.attempt).order_by(jobs.c.attempt)
-
-
-@cache
-def retry_reasons() -> Any:
-    """Error classes of the window's moves into ``retryable_failed``."""
-    return (
-        sa.select(sa.func.coalesce(job_events.c.reason, "unknown").label("reason"), sa.func.count().label("n"))
-        .where(job_events.c.to_status == S.RETRYABLE_FAILED.value, job_events.c.at >= _window())
-        .group_by(sa.text("1"))
-        .order_by(sa.desc("n"), sa.text("1"))
-    )
-
-
-@cache
-def review_queue() -> sa.Select[Any]:
-    """Open reviews, oldest first (``:limit`` rows), with the job's attempts and last error class."""
-    return (
-        sa.select(
-            manual_review.c.job_id, jobs.c.batch_key, manual_review.c.reason, jobs.c.attempt.label("attempts"),
-            jobs.c.last_error_class, age_seconds(manual_review.c.created_at).label("age_seconds"),
-            sa.func.count().over().label("total"),
-        )
-        .join_from(manual_review, jobs, jobs.c.id == manual_review.c.job_id)
-        .where(manual_review.c.resolved_at.is_(None))
-        .order_by(manual_review.c.created_at, manual_review.c.id)
-        .limit(sa.bindparam("limit", type_=sa.Integer))
-    )  # fmt: skip
-
-
-UNSUPPORTED = "unsupported_schema_version"
-
-
-@cache
-def schema_mismatches() -> sa.Select[Any]:
-    """Jobs routed as ``unsupported_schema_version``: by the classify step (a transition with
-    that reason) or on arrival (a review row whose context names it), with their state now."""
-    by_step = sa.select(job_events.c.job_id, sa.literal("classify").label("found_by")).where(
-        job_events.c.reason == UNSUPPORTED
-    )
-    on_arrival = sa.select(manual_review.c.job_id, sa.literal("retrieval").label("found_by")).where(
-        manual_review.c.context["malformed_reason"].astext == UNSUPPORTED
-    )
-    routed = sa.union(by_step, on_arrival).subquery()
-    return (
-        sa.select(routed.c.found_by, jobs.c.status, sa.func.count(sa.distinct(jobs.c.id)).label("n"))
-        .join_from(routed, jobs, jobs.c.id == routed.c.job_id)
-        .group_by(routed.c.found_by, jobs.c.status)
-        .order_by(routed.c.found_by, jobs.c.status)
-    )
-
-
-@cache
-def rejected_outputs() -> Any:
-    """Model outputs refused by validation in the window, by ``rejected_reason``."""
-    return (
-        sa.select(sa.func.coalesce(classifications.c.rejected_reason, "unspecified").label("reason"),
-                  sa.func.count().label("n"))
-        .where(classifications.c.outcome == "rejected", classifications.c.created_at >= _window())
-        .group_by(sa.text("1"))
-        .order_by(sa.desc("n"), sa.text("1"))
     )  # fmt: skip

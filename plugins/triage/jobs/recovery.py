@@ -1,0 +1,141 @@
+"""Moves that take work back from whoever held it, as named SQLAlchemy Core statements: leases
+that ran out (and earlier tries of a retried task), and the unfinished jobs of a batch whose
+task Airflow gave up on. Fenced like every move (:mod:`.transitions`); nothing here executes.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from triage.jobs.expressions import MOVED, NO_LEASE, NOW, review_rows, status_literal
+from triage.jobs.schema import job_events, jobs
+from triage.jobs.states import UNLEASED
+from triage.jobs.states import JobStatus as S
+
+
+@cache
+def release_expired_leases() -> Any:
+    """Return jobs whose lease ran out: ``retryable_failed`` (due now), or ``manual_review``
+    when their attempts are spent (``retries_exhausted``) or they were rescued too often
+    (``lease_expired_repeatedly``).
+
+    With ``:owner_prefix`` set, leases of that prefix other than ``:owner`` count as expired too:
+    a retried Airflow task (``dag/run/task/map_index/tryN``) takes back what its own earlier
+    tries held without waiting for their leases to run out. Airflow starts a new try once it has
+    given the old one up; the old process is normally dead (SIGKILL, OOM), and if it is not (a
+    heartbeat timeout while it still runs) its late writes are refused by the lease token, so
+    at worst it repeats a model call or an action that carries the same idempotency key.
+    ``:p_batch_key`` (optional) limits the release to one batch.
+
+    Fenced twice: ``SKIP LOCKED`` passes over a job a live worker is writing right now, and the
+    UPDATE re-checks ``running`` and the expiry under the row lock, so a job that finished in
+    the meantime is never touched.
+    """
+    earlier_try = sa.and_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
+                          jobs.c.lease_owner != sa.bindparam("owner", type_=sa.Text))  # fmt: skip
+    in_batch = sa.or_(sa.bindparam("p_batch_key", type_=sa.Text).is_(None),
+                      jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text))  # fmt: skip
+    expired_now = sa.and_(jobs.c.status == status_literal(S.RUNNING), in_batch,
+                          sa.or_(jobs.c.lease_expires_at < NOW, sa.func.coalesce(earlier_try, False)))  # fmt: skip
+    expired = (
+        sa.select(jobs.c.id)
+        .where(expired_now)
+        .order_by(jobs.c.lease_expires_at)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+    )
+    spent = jobs.c.attempt >= jobs.c.max_attempts
+    too_often = jobs.c.lease_rescues >= sa.bindparam("max_rescues", type_=sa.Integer)
+    review_reason = sa.case((spent, "retries_exhausted"), (too_often, "lease_expired_repeatedly"), else_=None)
+    moved = (
+        sa.update(jobs)
+        .where(jobs.c.id == expired.c.id, expired_now)
+        .values(
+            status=sa.case((review_reason.is_not(None), status_literal(S.MANUAL_REVIEW)),
+                           else_=status_literal(S.RETRYABLE_FAILED)),
+            status_reason=sa.func.coalesce(review_reason, "lease_expired"),
+            next_attempt_at=sa.case((review_reason.is_not(None), None), else_=NOW),
+            lease_rescues=jobs.c.lease_rescues + 1,
+            last_error_class="lease_expired",
+            last_error=sa.case(
+                (jobs.c.lease_expires_at < NOW,
+                 sa.func.concat("lease of ", jobs.c.lease_owner, " expired at ", jobs.c.lease_expires_at)),
+                else_=sa.func.concat("lease of ", jobs.c.lease_owner, " taken back by a retry of its task"),
+            ),
+            updated_at=NOW,
+            **NO_LEASE,
+        )
+        .returning(*MOVED)
+        .cte("moved")
+    )  # fmt: skip
+    context = sa.func.jsonb_build_object("lease_expired", True)
+    reviews = review_rows(moved, moved.c.status_reason, context).cte("reviews")
+    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
+
+
+def _last_actor() -> Any:
+    """Who made the job's latest move (``job_events``, newest first by its index)."""
+    return (
+        sa.select(job_events.c.actor)
+        .where(job_events.c.job_id == jobs.c.id)
+        .order_by(job_events.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+@cache
+def send_batch_to_review() -> Any:
+    """Move a batch's unfinished jobs to ``manual_review`` (the failure callback; reconciliation
+    for a batch whose runs are all over).
+
+    Takes running jobs whose lease belongs to ``:owner_prefix`` (the task that failed) or has
+    expired, and, with ``:take_unleased``, the jobs nobody holds; a live lease of another
+    worker is left alone. A failed map index of a mapped task passes ``take_unleased=false``:
+    the unleased jobs are its siblings' work while any of them still runs.
+
+    ``:run_prefix`` (``dag/run/``; NULL: any run) confines it to one DAG run's work, since
+    several runs of one date share a batch: an expired lease only of that run, an unleased job
+    only if that run made its latest move (registered, released, retried or advanced it). A job
+    another run touched last, or a reviewer requeued, is not this run's to give up.
+    ``:p_step`` (NULL: every step) keeps it to the step of the task that failed.
+    """
+    open_states = [status_literal(s) for s in sorted(UNLEASED)]
+    run_prefix = sa.bindparam("run_prefix", type_=sa.Text)
+    step = sa.bindparam("p_step", type_=sa.Text)
+    target = (
+        sa.select(jobs.c.id)
+        .where(
+            jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+            sa.or_(step.is_(None), jobs.c.step == step),
+            sa.or_(
+                sa.and_(sa.bindparam("take_unleased", type_=sa.Boolean), jobs.c.status.in_(open_states),
+                        sa.or_(run_prefix.is_(None), sa.func.starts_with(_last_actor(), run_prefix))),
+                sa.and_(
+                    jobs.c.status == status_literal(S.RUNNING),
+                    sa.or_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
+                           sa.and_(jobs.c.lease_expires_at < NOW,
+                                   sa.or_(run_prefix.is_(None), sa.func.starts_with(jobs.c.lease_owner, run_prefix)))),
+                ),
+            ),
+        )
+        .with_for_update(skip_locked=True)
+        .cte("target")
+    )  # fmt: skip
+    moved = (
+        sa.update(jobs)
+        .where(jobs.c.id == target.c.id)
+        .values(status=status_literal(S.MANUAL_REVIEW), status_reason=sa.bindparam("reason", type_=sa.Text),
+                last_error_class=sa.bindparam("reason", type_=sa.Text),
+                last_error=sa.bindparam("error", type_=sa.Text), next_attempt_at=None, updated_at=NOW, **NO_LEASE)
+        .returning(*MOVED)
+        .cte("moved")
+    )  # fmt: skip
+    context = sa.cast(sa.bindparam("context", type_=sa.Text), pg.JSONB)
+    reviews = review_rows(moved, moved.c.status_reason, context).cte("reviews")
+    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)

@@ -1,0 +1,141 @@
+"""The reconciliation report's read-only questions of the ledger, as named SQLAlchemy Core
+statements: counts by state and step, queue ages, time in state, attempts, retry reasons, the
+review queue, schema mismatches and rejected outputs. Windowed (``:window`` seconds) where the
+history grows without bound. Nothing here writes; the checks are :mod:`triage.jobs.checks`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.sql.elements import ColumnElement
+
+from triage.jobs.checks import age_seconds, entered_at
+from triage.jobs.expressions import NOW
+from triage.jobs.expressions import seconds_param as seconds
+from triage.jobs.schema import classifications, job_events, jobs, manual_review
+from triage.jobs.states import OPEN, Step
+from triage.jobs.states import JobStatus as S
+
+OPEN_STATES = sorted(s.value for s in OPEN)
+
+
+def _window() -> ColumnElement[Any]:
+    return NOW - seconds("window")
+
+
+@cache
+def counts_by_state_and_step() -> sa.Select[Any]:
+    return (
+        sa.select(jobs.c.status, jobs.c.step, sa.func.count().label("n"))
+        .group_by(jobs.c.status, jobs.c.step)
+        .order_by(jobs.c.status, jobs.c.step)
+    )
+
+
+@cache
+def oldest_per_state() -> sa.Select[Any]:
+    """The queue age of each open state: how long its oldest job has been in it."""
+    rows = sa.select(jobs.c.status, entered_at().label("since")).where(jobs.c.status.in_(OPEN_STATES)).subquery()
+    return (
+        sa.select(rows.c.status, sa.func.count().label("n"), sa.func.max(age_seconds(rows.c.since)).label("oldest"))
+        .group_by(rows.c.status)
+        .order_by(rows.c.status)
+    )
+
+
+@cache
+def time_in_state() -> sa.Select[Any]:
+    """Median and p95 seconds a job stayed in each state before its next transition, over the
+    transitions of the window (``:window`` seconds)."""
+    spans = (
+        sa.select(
+            job_events.c.to_status.label("status"),
+            sa.func.extract(
+                "epoch",
+                sa.func.lead(job_events.c.at).over(partition_by=job_events.c.job_id, order_by=job_events.c.id)
+                - job_events.c.at,
+            ).label("seconds"),
+        )
+        .where(job_events.c.at >= _window())
+        .subquery()
+    )
+    return (
+        sa.select(
+            spans.c.status,
+            sa.func.count().label("n"),
+            sa.func.percentile_cont(0.5).within_group(spans.c.seconds).label("median"),
+            sa.func.percentile_cont(0.95).within_group(spans.c.seconds).label("p95"),
+        )
+        .where(spans.c.seconds.is_not(None))
+        .group_by(spans.c.status)
+        .order_by(spans.c.status)
+    )
+
+
+@cache
+def attempts_histogram() -> sa.Select[Any]:
+    return sa.select(jobs.c.attempt, sa.func.count().label("n")).group_by(jobs.c.attempt).order_by(jobs.c.attempt)
+
+
+@cache
+def retry_reasons() -> Any:
+    """Error classes of the window's moves into ``retryable_failed``."""
+    return (
+        sa.select(sa.func.coalesce(job_events.c.reason, "unknown").label("reason"), sa.func.count().label("n"))
+        .where(job_events.c.to_status == S.RETRYABLE_FAILED.value, job_events.c.at >= _window())
+        .group_by(sa.text("1"))
+        .order_by(sa.desc("n"), sa.text("1"))
+    )
+
+
+@cache
+def review_queue() -> sa.Select[Any]:
+    """Open reviews, oldest first (``:limit`` rows), with the job's attempts and last error class."""
+    return (
+        sa.select(
+            manual_review.c.job_id, jobs.c.batch_key, manual_review.c.reason, jobs.c.attempt.label("attempts"),
+            jobs.c.last_error_class, age_seconds(manual_review.c.created_at).label("age_seconds"),
+            sa.func.count().over().label("total"),
+        )
+        .join_from(manual_review, jobs, jobs.c.id == manual_review.c.job_id)
+        .where(manual_review.c.resolved_at.is_(None))
+        .order_by(manual_review.c.created_at, manual_review.c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )  # fmt: skip
+
+
+UNSUPPORTED = "unsupported_schema_version"
+
+
+@cache
+def schema_mismatches() -> sa.Select[Any]:
+    """Jobs routed as ``unsupported_schema_version``: by the classify step (a transition with
+    that reason) or on arrival (a review row whose context names it), with their state now."""
+    by_step = sa.select(job_events.c.job_id, sa.literal(Step.CLASSIFY.value).label("found_by")).where(
+        job_events.c.reason == UNSUPPORTED
+    )
+    on_arrival = sa.select(manual_review.c.job_id, sa.literal("retrieval").label("found_by")).where(
+        manual_review.c.context["malformed_reason"].astext == UNSUPPORTED
+    )
+    routed = sa.union(by_step, on_arrival).subquery()
+    return (
+        sa.select(routed.c.found_by, jobs.c.status, sa.func.count(sa.distinct(jobs.c.id)).label("n"))
+        .join_from(routed, jobs, jobs.c.id == routed.c.job_id)
+        .group_by(routed.c.found_by, jobs.c.status)
+        .order_by(routed.c.found_by, jobs.c.status)
+    )
+
+
+@cache
+def rejected_outputs() -> Any:
+    """Model outputs refused by validation in the window, by ``rejected_reason``."""
+    return (
+        sa.select(sa.func.coalesce(classifications.c.rejected_reason, "unspecified").label("reason"),
+                  sa.func.count().label("n"))
+        .where(classifications.c.outcome == "rejected", classifications.c.created_at >= _window())
+        .group_by(sa.text("1"))
+        .order_by(sa.desc("n"), sa.text("1"))
+    )  # fmt: skip
