@@ -7,6 +7,15 @@ and Airflow retries it with exponential backoff. When Airflow gives up, the fail
 moves the unfinished jobs this run holds or moved last at the task's step to manual review
 (never another run's of the same date).
 
+``alert`` runs last, once every other task is done, whatever their states (a teardown: it never
+decides the run's state): it counts what this run sent to review or failed terminally and
+alerts through the ``triage_alerts`` connection (a log line without it) past the thresholds. A
+run that has not succeeded by 02:00 UTC after its day gets a deadline alert from the scheduler
+(``deadline``: ``triage.operators.alerts.classify_deadline``; not under ``airflow dags test``,
+which has no scheduler and, in Airflow 3.3.2, exits 1 after a successful run of a DAG with a
+deadline). See
+docs/reliability.md, "Alerts".
+
 ``classify`` is mapped over ``CLASSIFY_WORKERS`` parallel task instances of the same batch:
 each claims jobs with ``FOR UPDATE SKIP LOCKED`` under its own lease owner (the map index is
 part of it), so under the CeleryExecutor they classify on different workers at once and split
@@ -30,6 +39,7 @@ from triage.operators import (
     PublishEventsOperator,
     RetrieveDocumentsOperator,
 )
+from triage.operators.alerts import RunAlertsOperator, classify_deadlines
 
 RETRIEVE_SHARDS = 2
 """Parallel ``retrieve`` task instances per run, each registering the documents of one shard
@@ -53,6 +63,7 @@ with DAG(
     max_active_tasks=8,
     tags=["triage", "classification"],
     params={name: Param(**schema) for name, schema in param_schemas().items()},
+    deadline=classify_deadlines(),  # none under `airflow dags test` (apache/airflow#73428)
     default_args={
         "owner": "triage",
         "retries": 3,
@@ -72,4 +83,8 @@ with DAG(
     persist = PersistLabelsOperator(task_id="persist")
     publish = PublishEventsOperator(task_id="publish_events")
 
+    # Downstream of every task, not only the last: it must wait for every map index of classify.
+    alert = RunAlertsOperator(task_id="alert").as_teardown()
+
     retrieve >> classify >> persist >> publish
+    [retrieve, classify, persist, publish] >> alert

@@ -58,7 +58,50 @@ def test_classify_documents_is_scheduled_with_real_intervals(dagbag) -> None:  #
     assert dag.catchup is False
     assert dag.max_active_runs >= 1
     assert {"triage"} <= set(dag.tags)
-    assert [t.task_id for t in dag.topological_sort()] == ["retrieve", "classify", "persist", "publish_events"]
+    order = ["retrieve", "classify", "persist", "publish_events", "alert"]
+    assert [t.task_id for t in dag.topological_sort()] == order
+
+
+def test_the_alert_task_runs_after_every_task_and_never_decides_the_run(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """A teardown downstream of every task: it waits for every map index of classify (and the
+    failure callbacks, which run before a task's state is final) whatever their states, and the
+    run's state is its other tasks'."""
+    from airflow.sdk import TriggerRule
+
+    from triage.operators.alerts import RunAlertsOperator
+
+    dag = dagbag.dags["classify_documents"]
+    alert = dag.get_task("alert")
+    assert isinstance(alert, RunAlertsOperator)
+    assert alert.is_teardown
+    assert not alert.on_failure_fail_dagrun
+    assert alert.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
+    assert alert.upstream_task_ids == {t.task_id for t in dag.tasks} - {"alert"}
+    assert not any(t.is_setup for t in dag.tasks)  # no setup: "all done" is the whole rule
+
+
+def test_classify_documents_has_its_deadline_alert(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """Two hours after a run's day ends (26 hours after its logical date, the interval's start),
+    the scheduler calls the Triage notifier through the executor; the serialized DAG (what the
+    scheduler reads) keeps all of it. Not timed from ``queued_at``: Airflow 3.3.2 cannot clear a
+    run whose queued-at deadline is pending (apache/airflow#70368)."""
+    from datetime import timedelta
+
+    from airflow.sdk import DeadlineReference, SyncCallback
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from triage.operators.alerts import CLASSIFY_DEADLINE, DeadlineMissedNotifier
+
+    (deadline,) = dagbag.dags["classify_documents"].deadline
+    assert deadline.reference == DeadlineReference.DAGRUN_LOGICAL_DATE
+    assert deadline.interval == CLASSIFY_DEADLINE == timedelta(hours=26)
+    assert isinstance(deadline.callback, SyncCallback)
+    assert deadline.callback.path == f"{DeadlineMissedNotifier.__module__}.{DeadlineMissedNotifier.__qualname__}"
+    assert deadline.callback.kwargs == {"conn_id": "triage_alerts"}
+    (serialized,) = DagSerialization.to_dict(dagbag.dags["classify_documents"])["dag"]["deadline"]
+    assert serialized["reference"] == {"reference_type": "DagRunLogicalDateDeadline"}
+    assert serialized["callback"]["__data__"]["path"] == deadline.callback.path
+    assert all(not dag.deadline for dag_id, dag in dagbag.dags.items() if dag_id != "classify_documents")
 
 
 def test_classify_is_mapped_over_parallel_instances_of_the_same_batch(dagbag) -> None:  # type: ignore[no-untyped-def]
@@ -136,6 +179,48 @@ def test_reconcile_jobs_is_created_unpaused_where_new_dags_start_paused(deployme
     assert paused.pop("reconcile_jobs") is False
     assert set(paused) >= EXPECTED - {"reconcile_jobs"}
     assert paused == dict.fromkeys(paused, True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "deadlines"),
+    [
+        pytest.param(["airflow", "dags", "test", "classify_documents", "2026-11-02"], 0, id="airflow-dags-test"),
+        pytest.param(["/v/airflow/__main__.py", "dags", "test", "classify_documents"], 0, id="python-m-airflow"),
+        pytest.param(["airflow", "dag-processor"], 1, id="dag-processor"),
+        pytest.param(["airflow", "dags", "reserialize"], 1, id="reserialize"),
+    ],
+)
+def test_airflow_dags_test_parses_it_without_the_deadline(argv: list[str], deadlines: int) -> None:
+    """``airflow dags test`` exits 1 after a successful run of a DAG with a deadline in Airflow
+    3.3.2 (apache/airflow#73428), and runs no scheduler to judge one: ``make run`` gets none."""
+    from triage.operators.alerts import classify_deadlines
+
+    assert len(classify_deadlines(argv)) == deadlines
+
+
+def test_the_metadata_database_holds_the_deadline_the_scheduler_evaluates(deployment) -> None:  # type: ignore[no-untyped-def]
+    """After Airflow parsed the DAGs: the ``deadline_alert`` row each new run's deadline is
+    computed from (``SerializedDAG._process_dagrun_deadline_alerts``)."""
+    import sqlalchemy as sa
+
+    from tests.dags.airflow_harness import airflow_cli
+
+    airflow_cli(deployment.env, "dags", "reserialize", timeout=300)
+    engine = sa.create_engine(deployment.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            query = sa.text(
+                "SELECT a.reference, a.interval, a.callback_def FROM deadline_alert a"
+                " JOIN serialized_dag s ON s.id = a.serialized_dag_id WHERE s.dag_id = 'classify_documents'"
+            )
+            rows = conn.execute(query).all()
+    finally:
+        engine.dispose()
+    assert rows, "no deadline_alert row for classify_documents"
+    reference, interval, callback = rows[-1]
+    assert reference["reference_type"] == "DagRunLogicalDateDeadline"
+    assert interval == {"__classname__": "datetime.timedelta", "__version__": 2, "__data__": 93600.0}, interval
+    assert "triage.operators.alerts.DeadlineMissedNotifier" in str(callback)
 
 
 def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-untyped-def]

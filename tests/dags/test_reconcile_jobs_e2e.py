@@ -73,6 +73,7 @@ def test_a_dry_run_succeeds_and_changes_nothing(deployment: Deployment, crafted:
     assert q("SELECT status FROM triage.jobs WHERE id = :j", j=crafted["expired"]) == "running"
     assert q("SELECT count(*) FROM triage.manual_review WHERE job_id = :j", j=crafted["lost"]) == 0
     assert q("SELECT dry_run FROM triage.reconciliation_runs ORDER BY id LIMIT 1") is True
+    assert "ALERT kind=orphans" not in dry.stdout + dry.stderr  # a dry run takes nothing back
 
 
 def test_a_run_repairs_and_reports_in_three_forms(deployment: Deployment, crafted: dict[str, Any],
@@ -86,6 +87,9 @@ def test_a_run_repairs_and_reports_in_three_forms(deployment: Deployment, crafte
     assert "# Reconciliation run" in log
     assert "## Manual review queue" in log
     assert "HTML report: " in log
+    # The expired lease was a dead worker's: the orphans alert, in the log without triage_alerts.
+    assert "ALERT kind=orphans dag=reconcile_jobs" in log
+    assert "repairs={'lease_released': 1}" in log
     path = Path(str(q("SELECT report_path FROM triage.reconciliation_runs WHERE NOT dry_run ORDER BY id DESC LIMIT 1")))
     assert path.parent == deployment.home / "reports"
     assert path.exists()
@@ -99,6 +103,7 @@ def test_a_second_run_repairs_nothing(deployment: Deployment, first: subprocess.
     again = dags_test(deployment, "reconcile_jobs", "2026-11-30T10:30:00+00:00", {"grace_seconds": 0},
                       AIRFLOW__API__BASE_URL=unused_api())  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:]
+    assert "ALERT kind=orphans" not in again.stdout + again.stderr
     summary: Any = deployment.scalar("SELECT summary FROM triage.reconciliation_runs ORDER BY id DESC LIMIT 1")
     assert summary["repairs"] == []
 

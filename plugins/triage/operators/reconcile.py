@@ -3,7 +3,9 @@
 It reads the run's params, builds the event sink and the Airflow REST client, runs one
 reconciliation, writes the Markdown report to the task log, logs the HTML page's path, emits
 gauges and counters through Airflow's metrics API (StatsD or OpenTelemetry when enabled), and
-returns the JSON summary (XCom). Domain code stays Airflow-free: metrics live here.
+returns the JSON summary (XCom). Domain code stays Airflow-free: metrics live here. When the
+run took back orphaned work (a dead worker's leases, a dead run's jobs) it alerts through the
+``triage_alerts`` connection (:func:`triage.operators.alerts.alert_on_orphans`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook, conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
+from triage.operators.alerts import ALERTS_CONN_ID, alert_on_orphans
 from triage.operators.base import TriageOperator, event_sink, http_url, variable
 
 if TYPE_CHECKING:
@@ -58,14 +61,17 @@ class ReconcileJobsOperator(TriageOperator):
         all admins).
     :param llm_conn_id: the model connection: its settings are part of the ``llm`` classifier's
         version, and queued jobs of a version no classifier has are reported.
+    :param alerts_conn_id: where the orphans alert goes (see :mod:`triage.operators.alerts`).
     """
 
     template_fields = ("reports_dir", "event_log")
 
     def __init__(self, *, reports_dir: str | None = None, event_log: str | None = None,
                  webhook_conn_id: str | None = None, api_conn_id: str = "airflow_api",
-                 llm_conn_id: str = "triage_llm", **kwargs: Any) -> None:  # fmt: skip
+                 llm_conn_id: str = "triage_llm", alerts_conn_id: str = ALERTS_CONN_ID,
+                 **kwargs: Any) -> None:  # fmt: skip
         super().__init__(**kwargs)
+        self.alerts_conn_id = alerts_conn_id
         self.reports_dir, self.event_log = reports_dir, event_log
         self.webhook_conn_id, self.api_conn_id, self.llm_conn_id = webhook_conn_id, api_conn_id, llm_conn_id
 
@@ -111,4 +117,5 @@ class ReconcileJobsOperator(TriageOperator):
         else:
             log.warning("the HTML report was not rendered (see the error above); the JSON summary is in XCom")
         emit_metrics(outcome.summary)
+        alert_on_orphans(outcome.summary, context, self.alerts_conn_id)
         return outcome.summary
