@@ -199,6 +199,7 @@ def running_airflow(
     timeout: float = 120,
     *,
     wait_for_dags: Collection[str] = (),
+    api_port: int | None = None,
 ) -> Iterator[RunningAirflow]:
     """Run ``airflow api-server``, ``scheduler`` and ``dag-processor`` for a test.
 
@@ -208,12 +209,14 @@ def running_airflow(
 
     :param env: from :func:`airflow_test_env` (or any env with ``AIRFLOW_HOME`` and the metadata
         DB); ports are added to a copy, which the yielded object carries as ``.env``.
+    :param api_port: the API server's port, when the caller must know it beforehand (default: a
+        free one of this worker's).
     """
     run_env = dict(env)
     run_env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dags_folder).resolve())
     from triage_tools.processes import side_by_side_env
 
-    run_env.update(side_by_side_env(free_port()))
+    run_env.update(side_by_side_env(api_port or free_port()))
     # the log servers' ports too, from this worker's own ports (side_by_side_env picks any free one)
     run_env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
     run_env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(free_port())
