@@ -266,6 +266,31 @@ def _wait_ready(airflow: RunningAirflow, dag_ids: Collection[str], timeout: floa
         time.sleep(0.5)
 
 
+def api_client(base_url: str, username: str, password: str, timeout: float = 60) -> Any:
+    """An ``httpx.Client`` of Airflow's public API as ``username`` (a bearer token from ``POST
+    /auth/token``), for deployments whose auth manager has users (``make up``'s, FAB's)."""
+    import httpx
+
+    response = httpx.post(f"{base_url}/auth/token", json={"username": username, "password": password}, timeout=timeout)
+    if response.status_code != 201:
+        raise HarnessError(f"POST /auth/token as {username}: HTTP {response.status_code}: {response.text[:500]}")
+    return httpx.Client(base_url=base_url, timeout=timeout,
+                        headers={"Authorization": f"Bearer {response.json()['access_token']}"})  # fmt: skip
+
+
+def wait_for_first_run(api: Any, dag_id: str, timeout: float = 300) -> dict[str, Any]:
+    """The first run of ``dag_id`` (by id) once it has finished, read with ``api`` (:func:`api_client`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = api.get(f"/api/v2/dags/{dag_id}/dagRuns", params={"order_by": "id", "limit": 1})
+        runs = response.json().get("dag_runs", []) if response.status_code == 200 else []
+        if runs and runs[0]["state"] in FINISHED:
+            return dict(runs[0])
+        if time.monotonic() > deadline:
+            raise HarnessError(f"no finished {dag_id} run after {timeout:.0f}s: {response.text[:2000]}")
+        time.sleep(2.0)
+
+
 def list_runs(env: Mapping[str, str], dag_id: str) -> list[dict[str, Any]]:
     """Every run of ``dag_id``: the REST API when ``env`` names a running API server, else the CLI.
 

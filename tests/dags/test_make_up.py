@@ -17,8 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +27,8 @@ import psycopg
 import pytest
 
 from tests.conftest import ServerHomes
-from tests.dags.airflow_harness import free_port
+from tests.dags.airflow_harness import HarnessError, api_client, free_port, wait_for_first_run
+from tests.dags.conftest import fresh_databases
 from triage.database import DatabaseUrl
 from triage_tools.deploy import reconcile_user
 from triage_tools.processes import side_by_side_env
@@ -56,19 +55,19 @@ def triage(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.
 
 @pytest.fixture(scope="module")
 def up(pg_server: DatabaseUrl, template_db: str, server_homes: ServerHomes) -> Iterator[Up]:
-    suffix = uuid.uuid4().hex[:10]
-    metadata_db, jobs_db = f"airflow_up_{suffix}", f"triage_up_{suffix}"
-    with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{metadata_db}"')
-        conn.execute(f'CREATE DATABASE "{jobs_db}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
+    with fresh_databases(pg_server, template_db, "up") as (metadata_url, jobs_url):
+        yield from _up(metadata_url, jobs_url, server_homes)
+
+
+def _up(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl, server_homes: ServerHomes) -> Iterator[Up]:
     home = server_homes.make("make-up")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TRIAGE_"))}
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT / "plugins"), *filter(None, [os.environ.get("PYTHONPATH")])]),
         TRIAGE_HOME=str(home),
-        TRIAGE_DATABASE_URL=pg_server.with_database(jobs_db).libpq(),
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=pg_server.with_database(metadata_db).airflow_metadata_url(),
+        TRIAGE_DATABASE_URL=jobs_url.libpq(),
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=metadata_url.airflow_metadata_url(),
     )
     # Beside a `make up` on 8080/8793/8794, as the drill runs (the tasks' Execution API too).
     env.update(side_by_side_env(port))
@@ -79,13 +78,10 @@ def up(pg_server: DatabaseUrl, template_db: str, server_homes: ServerHomes) -> I
         started = triage(env, "up")
         output = started.stdout + started.stderr
         assert started.returncode == 0, output[-6000:] + _tail(home / "logs" / "standalone.log")
-        yield Up(env, airflow_env, env["AIRFLOW__API__BASE_URL"], output, pg_server.with_database(jobs_db))
+        yield Up(env, airflow_env, env["AIRFLOW__API__BASE_URL"], output, jobs_url)
     finally:
         stopped = triage(env, "stop", timeout=120)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{metadata_db}" WITH (FORCE)')
-            conn.execute(f'DROP DATABASE IF EXISTS "{jobs_db}" WITH (FORCE)')
         server_homes.remove(home)
 
 
@@ -105,32 +101,19 @@ def reconcile_password(up: Up) -> str:
     return str(json.loads(reconcile_user.passwords_file(up.airflow_env).read_text())[reconcile_user.USERNAME])
 
 
-def client(up: Up, username: str, password: str) -> httpx.Client:
-    token = httpx.post(f"{up.base_url}/auth/token", json={"username": username, "password": password}, timeout=30)
-    assert token.status_code == 201, token.text
-    return httpx.Client(base_url=up.base_url, timeout=30,
-                        headers={"Authorization": f"Bearer {token.json()['access_token']}"})  # fmt: skip
-
-
 def admin(up: Up) -> httpx.Client:
     from triage_tools.local import admin_login
 
-    return client(up, *admin_login(up.airflow_env))
+    return api_client(up.base_url, *admin_login(up.airflow_env))  # type: ignore[no-any-return]
 
 
-def first_reconcile_run(up: Up, timeout: float = 240) -> dict[str, Any]:
+def first_reconcile_run(up: Up) -> dict[str, Any]:
     """The first run of reconcile_jobs, which the scheduler starts by itself; once it finished."""
-    deadline = time.monotonic() + timeout
     with admin(up) as api:
-        while True:
-            response = api.get("/api/v2/dags/reconcile_jobs/dagRuns", params={"order_by": "id", "limit": 1})
-            runs = response.json().get("dag_runs", []) if response.status_code == 200 else []
-            if runs and runs[0]["state"] in ("success", "failed"):
-                return dict(runs[0])
-            if time.monotonic() > deadline:
-                pytest.fail(f"no finished reconcile_jobs run after {timeout:.0f}s: {response.text[:2000]}\n"
-                            + _tail(Path(up.env["TRIAGE_HOME"]) / "logs" / "standalone.log"))  # fmt: skip
-            time.sleep(2.0)
+        try:
+            return wait_for_first_run(api, "reconcile_jobs", timeout=240)
+        except HarnessError as exc:
+            pytest.fail(f"{exc}\n{_tail(Path(up.env['TRIAGE_HOME']) / 'logs' / 'standalone.log')}")
 
 
 def test_dags_list_shows_the_backstop_unpaused_and_the_daily_classification_paused(up: Up) -> None:
@@ -169,7 +152,7 @@ def test_the_first_reconcile_run_checks_airflows_view(up: Up) -> None:
 
 
 def test_the_reconcile_user_reads_and_may_not_act(up: Up) -> None:
-    with client(up, reconcile_user.USERNAME, reconcile_password(up)) as api:
+    with api_client(up.base_url, reconcile_user.USERNAME, reconcile_password(up)) as api:
         assert api.get("/api/v2/dags/classify_documents/dagRuns").status_code == 200
         assert api.get("/api/v2/dags/classify_documents/dagRuns/~/taskInstances").status_code == 200
         trigger = api.post("/api/v2/dags/classify_documents/dagRuns", json={"logical_date": None})

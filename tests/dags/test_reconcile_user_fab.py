@@ -14,8 +14,6 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +25,17 @@ import pytest
 
 from tests.conftest import ServerHomes
 from tests.dags.airflow_harness import (
+    HarnessError,
     RunningAirflow,
     airflow_cli,
-    airflow_test_env,
+    api_client,
     free_port,
     json_output,
     migrate_metadata,
     running_airflow,
+    wait_for_first_run,
 )
-from tests.dags.conftest import dags_connection
+from tests.dags.conftest import fresh_databases, triage_airflow_env
 from triage.database import DatabaseUrl
 from triage_tools.deploy import reconcile_user
 
@@ -72,25 +72,14 @@ def provision(env: dict[str, str], api_url: str) -> subprocess.CompletedProcess[
 
 @pytest.fixture(scope="module")
 def fab(pg_server: DatabaseUrl, template_db: str, server_homes: ServerHomes) -> Iterator[Fab]:
-    suffix = uuid.uuid4().hex[:10]
-    metadata_db, jobs_db = f"airflow_fab_{suffix}", f"triage_fab_{suffix}"
-    with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{metadata_db}"')
-        conn.execute(f'CREATE DATABASE "{jobs_db}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
-        conn.execute(f'REVOKE TEMPORARY ON DATABASE "{jobs_db}" FROM PUBLIC')
+    with fresh_databases(pg_server, template_db, "fab") as (metadata_url, jobs_url):
+        yield from _fab(pg_server, metadata_url, jobs_url, server_homes)
+
+
+def _fab(pg_server: DatabaseUrl, metadata_url: DatabaseUrl, jobs_url: DatabaseUrl,
+         server_homes: ServerHomes) -> Iterator[Fab]:  # fmt: skip
     home = server_homes.make("fab")
-    jobs_url = pg_server.with_database(jobs_db)
-    env = airflow_test_env(
-        home / "airflow",
-        metadata_url=pg_server.with_database(metadata_db).airflow_metadata_url(),
-        dags_folder=ROOT / "dags",
-        extra={
-            "AIRFLOW__CORE__AUTH_MANAGER": FAB,
-            "AIRFLOW_CONN_TRIAGE_DB": dags_connection(pg_server, jobs_url).airflow_connection_json(),
-            "TRIAGE_DATABASE_URL": jobs_url.libpq(),
-            "TRIAGE_HOME": str(home),
-        },
-    )
+    env = triage_airflow_env(pg_server, metadata_url, jobs_url, home, extra={"AIRFLOW__CORE__AUTH_MANAGER": FAB})
     env.pop("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS")
     try:
         migrate_metadata(env)  # Airflow's tables and FAB's (the auth manager's DB manager)
@@ -102,9 +91,6 @@ def fab(pg_server: DatabaseUrl, template_db: str, server_homes: ServerHomes) -> 
         with running_airflow(env, ROOT / "dags", timeout=240, api_port=port) as airflow:
             yield Fab(airflow, admin_password, jobs_url)
     finally:
-        with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{metadata_db}" WITH (FORCE)')
-            conn.execute(f'DROP DATABASE IF EXISTS "{jobs_db}" WITH (FORCE)')
         server_homes.remove(home)
 
 
@@ -113,10 +99,7 @@ def token(fab: Fab, username: str, password: str) -> httpx.Response:
 
 
 def client(fab: Fab, username: str, password: str) -> httpx.Client:
-    response = token(fab, username, password)
-    assert response.status_code == 201, response.text
-    return httpx.Client(base_url=fab.base_url, timeout=60,
-                        headers={"Authorization": f"Bearer {response.json()['access_token']}"})  # fmt: skip
+    return api_client(fab.base_url, username, password)  # type: ignore[no-any-return]
 
 
 def connection(fab: Fab) -> dict[str, Any]:
@@ -131,18 +114,12 @@ def reconcile_client(fab: Fab) -> httpx.Client:
     return client(fab, reconcile_user.USERNAME, connection(fab)["password"])
 
 
-def first_reconcile_run(fab: Fab, timeout: float = 300) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
+def first_reconcile_run(fab: Fab) -> dict[str, Any]:
     with client(fab, "admin", fab.admin_password) as api:
-        while True:
-            response = api.get("/api/v2/dags/reconcile_jobs/dagRuns", params={"order_by": "id", "limit": 1})
-            runs = response.json().get("dag_runs", []) if response.status_code == 200 else []
-            if runs and runs[0]["state"] in ("success", "failed"):
-                return dict(runs[0])
-            if time.monotonic() > deadline:
-                pytest.fail(f"no finished reconcile_jobs run after {timeout:.0f}s: {response.text[:2000]}\n"
-                            + fab.airflow.logs())  # fmt: skip
-            time.sleep(2.0)
+        try:
+            return wait_for_first_run(api, "reconcile_jobs", timeout=300)
+        except HarnessError as exc:
+            pytest.fail(f"{exc}\n{fab.airflow.logs()}")
 
 
 def test_the_connection_names_the_user_and_the_api_server(fab: Fab) -> None:
