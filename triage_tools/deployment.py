@@ -31,7 +31,7 @@ from typing import Any
 
 from triage.database import AIRFLOW_DATABASE, ENV_DATABASE_URL, TRIAGE_DATABASE, DatabaseUrl, configured_url
 from triage.settings import project_root, triage_home
-from triage_tools.deploy import fernet
+from triage_tools.deploy import fernet, reconcile_user
 
 
 def is_embedded() -> bool:
@@ -125,7 +125,11 @@ def _say(message: str) -> None:
 
 
 def environment() -> dict[str, str]:
-    """``os.environ`` plus this deployment's Airflow settings; starts the embedded PostgreSQL."""
+    """``os.environ`` plus this deployment's Airflow settings; starts the embedded PostgreSQL.
+
+    Among them the ``airflow_api`` connection of reconcile_jobs' cross-check and its user
+    (:func:`triage_tools.deploy.reconcile_user.local_settings`; the password is generated into
+    SimpleAuthManager's password file the first time)."""
     from triage.settings import ENV_ALLOW_DRILL
     from triage_tools.deployment import airflow_environment
 
@@ -143,6 +147,9 @@ def environment() -> dict[str, str]:
     # The local deployment is where drills run (`make run CONF='{"drill": …}'`, `make chaos`);
     # an exported TRIAGE_ALLOW_DRILL=0 still turns them off. docker-compose leaves them off.
     env.setdefault(ENV_ALLOW_DRILL, "1")
+    # reconcile_jobs' cross-check logs in to the API server as a viewer of its own, through the
+    # airflow_api connection (triage_tools.deploy.reconcile_user).
+    env.update(reconcile_user.local_settings(env))
     return env
 
 

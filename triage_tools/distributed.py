@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from triage_tools.deploy import reconcile_user
 from triage_tools.deploy.fernet import FernetKeyMismatch
 from triage_tools.processes import ComponentExited, Processes
 
@@ -161,18 +162,21 @@ def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: in
     })  # fmt: skip
     # Every component must sign and check the Execution API's tokens with the same key.
     env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
+    # reconcile_jobs' airflow_api connection names this API server, not make up's port.
+    env[reconcile_user.CONN_ENV] = reconcile_user.api_connection(
+        env, reconcile_user.ensure_password(reconcile_user.passwords_file(env))
+    )
     return env
 
 
 def _api_client(env: Mapping[str, str], base_url: str) -> AirflowApi:
     from triage.reconciliation.airflow_view import AirflowApi
-    from triage_tools.local import login
+    from triage_tools.local import admin_login
 
     if env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "").lower() == "true":
         return AirflowApi(base_url, timeout_s=30)
-    users = login(env)  # the simple auth manager's generated passwords
-    user = "admin" if "admin" in users else next(iter(users), None)
-    return AirflowApi(base_url, username=user, password=users.get(user or ""), timeout_s=30)
+    user, password = admin_login(env)  # the simple auth manager's generated passwords
+    return AirflowApi(base_url, username=user, password=password, timeout_s=30)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from triage_tools.deploy import fernet
+from triage_tools.deploy import fernet, reconcile_user
 from triage_tools.deployment import airflow_command, prepare, reset_secrets
 from triage_tools.processes import alive, kill_group, port_in_use
 
@@ -41,7 +41,6 @@ log = logging.getLogger("triage_tools.local")
 API_PORT = 8080
 HEALTH_PATH = "/api/v2/monitor/health"
 PID_FILE = "standalone.pid"
-PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # SimpleAuthManager's default
 UP_TIMEOUT = 180.0
 
 
@@ -97,17 +96,26 @@ def _healthy(doc: dict[str, Any] | None, components: Sequence[str]) -> bool:
 
 
 def _passwords_file(env: Mapping[str, str]) -> Path:
-    configured = env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE")
-    return Path(configured) if configured else Path(env["AIRFLOW_HOME"]) / PASSWORDS_FILE
+    return reconcile_user.passwords_file(env)
 
 
 def login(env: Mapping[str, str]) -> dict[str, str]:
-    """The SimpleAuthManager users and passwords ``airflow standalone`` generated."""
+    """The users people log in as and their passwords, which the API server generated into
+    SimpleAuthManager's password file (never the reconcile user's: see
+    :mod:`triage_tools.deploy.reconcile_user`)."""
     try:
         data = json.loads(_passwords_file(env).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    return reconcile_user.human_logins({str(k): str(v) for k, v in data.items()}) if isinstance(data, dict) else {}
+
+
+def admin_login(env: Mapping[str, str]) -> tuple[str, str]:
+    """A user who may trigger and unpause DAGs (``admin``, else the first other one), for the
+    tools that drive the API (the drill, ``make distributed``); KeyError if there is none yet."""
+    users = login(env)
+    user = "admin" if "admin" in users else next(iter(users))
+    return user, users[user]
 
 
 def base_url(env: Mapping[str, str]) -> str:
@@ -122,6 +130,10 @@ def _print_access(env: Mapping[str, str]) -> None:
         print(f"login: {user} / {password}   (from {_passwords_file(env)})")
     if not users:
         print(f"login: see {_passwords_file(env)}")
+    print(
+        f"reconcile_jobs reads Airflow's API as {reconcile_user.USERNAME} ({reconcile_user.SIMPLE_ROLE}), "
+        f"connection {reconcile_user.CONN_ID}"
+    )
     print(f"logs: {_triage_home(env) / 'logs' / 'standalone.log'}")
 
 

@@ -199,6 +199,7 @@ def running_airflow(
     timeout: float = 120,
     *,
     wait_for_dags: Collection[str] = (),
+    api_port: int | None = None,
 ) -> Iterator[RunningAirflow]:
     """Run ``airflow api-server``, ``scheduler`` and ``dag-processor`` for a test.
 
@@ -208,12 +209,14 @@ def running_airflow(
 
     :param env: from :func:`airflow_test_env` (or any env with ``AIRFLOW_HOME`` and the metadata
         DB); ports are added to a copy, which the yielded object carries as ``.env``.
+    :param api_port: the API server's port, when the caller must know it beforehand (default: a
+        free one of this worker's).
     """
     run_env = dict(env)
     run_env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dags_folder).resolve())
     from triage_tools.processes import side_by_side_env
 
-    run_env.update(side_by_side_env(free_port()))
+    run_env.update(side_by_side_env(api_port or free_port()))
     # the log servers' ports too, from this worker's own ports (side_by_side_env picks any free one)
     run_env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
     run_env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(free_port())
@@ -261,6 +264,31 @@ def _wait_ready(airflow: RunningAirflow, dag_ids: Collection[str], timeout: floa
                 f"import errors {errors})\n{airflow.logs()}"
             )
         time.sleep(0.5)
+
+
+def api_client(base_url: str, username: str, password: str, timeout: float = 60) -> Any:
+    """An ``httpx.Client`` of Airflow's public API as ``username`` (a bearer token from ``POST
+    /auth/token``), for deployments whose auth manager has users (``make up``'s, FAB's)."""
+    import httpx
+
+    response = httpx.post(f"{base_url}/auth/token", json={"username": username, "password": password}, timeout=timeout)
+    if response.status_code != 201:
+        raise HarnessError(f"POST /auth/token as {username}: HTTP {response.status_code}: {response.text[:500]}")
+    return httpx.Client(base_url=base_url, timeout=timeout,
+                        headers={"Authorization": f"Bearer {response.json()['access_token']}"})  # fmt: skip
+
+
+def wait_for_first_run(api: Any, dag_id: str, timeout: float = 300) -> dict[str, Any]:
+    """The first run of ``dag_id`` (by id) once it has finished, read with ``api`` (:func:`api_client`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = api.get(f"/api/v2/dags/{dag_id}/dagRuns", params={"order_by": "id", "limit": 1})
+        runs = response.json().get("dag_runs", []) if response.status_code == 200 else []
+        if runs and runs[0]["state"] in FINISHED:
+            return dict(runs[0])
+        if time.monotonic() > deadline:
+            raise HarnessError(f"no finished {dag_id} run after {timeout:.0f}s: {response.text[:2000]}")
+        time.sleep(2.0)
 
 
 def list_runs(env: Mapping[str, str], dag_id: str) -> list[dict[str, Any]]:

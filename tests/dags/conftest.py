@@ -3,16 +3,21 @@ run Airflow processes get a fresh metadata database and a fresh job database."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from triage.database import DatabaseUrl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,38 +61,53 @@ def dags_connection(pg_server, jobs_url):  # type: ignore[no-untyped-def]
     return worker_url(jobs_url)
 
 
-@pytest.fixture(scope="module")
-def deployment(pg_server, template_db, server_homes) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
-    """A migrated Airflow metadata database and a job database (cloned from the migrated
-    template) on the test server, with TRIAGE_HOME (payloads, event log, Airflow home) in a
-    folder of ``server_homes`` (not pytest's tmp root: see tests/conftest.py)."""
-    from tests.dags.airflow_harness import airflow_cli, airflow_test_env, migrate_metadata
-
+@contextlib.contextmanager
+def fresh_databases(pg_server, template_db: str, name: str) -> Iterator[tuple[DatabaseUrl, DatabaseUrl]]:  # type: ignore[no-untyped-def]
+    """An empty Airflow metadata database and a job database cloned from the migrated template,
+    on the test server, as ``(metadata, jobs)``; both dropped afterwards."""
     suffix = uuid.uuid4().hex[:10]
-    metadata_db, jobs_db = f"airflow_test_{suffix}", f"triage_test_{suffix}"
+    metadata_db, jobs_db = f"airflow_{name}_{suffix}", f"triage_{name}_{suffix}"
     with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{metadata_db}"')
         conn.execute(f'CREATE DATABASE "{jobs_db}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
         # A clone gets the default ACL, not its template's: the DAGs run without TEMP, as deployed.
         conn.execute(f'REVOKE TEMPORARY ON DATABASE "{jobs_db}" FROM PUBLIC')
-    home = server_homes.make("deployment")
-    jobs_url = pg_server.with_database(jobs_db)
-    env = airflow_test_env(
-        home / "airflow",
-        metadata_url=pg_server.with_database(metadata_db).airflow_metadata_url(),
-        dags_folder=ROOT / "dags",
-        extra={
-            "AIRFLOW_CONN_TRIAGE_DB": dags_connection(pg_server, jobs_url).airflow_connection_json(),
-            "TRIAGE_DATABASE_URL": jobs_url.libpq(),
-            "TRIAGE_HOME": str(home),
-        },
-    )
-    migrate_metadata(env)
-    # classify takes slots of the llm_api pool (airflow_settings.yaml): a scheduler never queues
-    # a task whose pool does not exist.
-    airflow_cli(env, "pools", "set", "llm_api", "32", "model calls in flight")
-    yield Deployment(env=env, jobs_url=jobs_url, home=home)
-    with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{metadata_db}" WITH (FORCE)')
-        conn.execute(f'DROP DATABASE IF EXISTS "{jobs_db}" WITH (FORCE)')
+    try:
+        yield pg_server.with_database(metadata_db), pg_server.with_database(jobs_db)
+    finally:
+        with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{metadata_db}" WITH (FORCE)')
+            conn.execute(f'DROP DATABASE IF EXISTS "{jobs_db}" WITH (FORCE)')
+
+
+def triage_airflow_env(pg_server, metadata_url: DatabaseUrl, jobs_url: DatabaseUrl, home: Path,  # type: ignore[no-untyped-def]
+                       extra: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+    """Airflow's environment of a test deployment (:func:`tests.dags.airflow_harness.airflow_test_env`)
+    with Triage's: ``triage_db`` as the DAGs log in, the job database, ``TRIAGE_HOME``; ``extra`` last."""
+    from tests.dags.airflow_harness import airflow_test_env
+
+    triage = {
+        "AIRFLOW_CONN_TRIAGE_DB": dags_connection(pg_server, jobs_url).airflow_connection_json(),
+        "TRIAGE_DATABASE_URL": jobs_url.libpq(),
+        "TRIAGE_HOME": str(home),
+    }
+    return airflow_test_env(home / "airflow", metadata_url=metadata_url.airflow_metadata_url(),
+                            dags_folder=ROOT / "dags", extra={**triage, **(extra or {})})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def deployment(pg_server, template_db, server_homes) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
+    """A migrated Airflow metadata database and a job database (cloned from the migrated
+    template) on the test server, with TRIAGE_HOME (payloads, event log, Airflow home) in a
+    folder of ``server_homes`` (not pytest's tmp root: see tests/conftest.py)."""
+    from tests.dags.airflow_harness import airflow_cli, migrate_metadata
+
+    with fresh_databases(pg_server, template_db, "test") as (metadata_url, jobs_url):
+        home = server_homes.make("deployment")
+        env = triage_airflow_env(pg_server, metadata_url, jobs_url, home)
+        migrate_metadata(env)
+        # classify takes slots of the llm_api pool (airflow_settings.yaml): a scheduler never queues
+        # a task whose pool does not exist.
+        airflow_cli(env, "pools", "set", "llm_api", "32", "model calls in flight")
+        yield Deployment(env=env, jobs_url=jobs_url, home=home)
     server_homes.remove(home)

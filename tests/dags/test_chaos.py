@@ -47,6 +47,8 @@ def test_a_small_drill_keeps_every_invariant(server_home: Path) -> None:
     assert report["provider"]["keys asked more than once"] > 0  # the killed action was asked again …
     assert report["provider"]["effects"] == report["states"]["completed"]  # … and took effect once
     assert sum(report["states"].values()) >= 2000
+    # Every reconciliation asked Airflow's REST API, as the deployment's read-only user.
+    assert set(report["airflow_view"]) == {"checked"}, report["airflow_view"]
 
 
 def _stop_leftovers(home: Path) -> None:

@@ -342,3 +342,40 @@ def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_init_step_provisions_reconcile_jobs_api_user(services: dict[str, Any], common_env: dict[str, str]) -> None:
+    """airflow-init makes the role, the user and the airflow_api connection (the FabAuthManager's;
+    tests/dags/test_reconcile_user_fab.py runs the same step against a real FAB API server)."""
+    from triage_tools.deploy import reconcile_user
+
+    script = services["airflow-init"]["command"][-1]
+    step = "PYTHONPATH=/opt/triage:/opt/airflow/plugins /entrypoint python -m triage_tools.deploy.reconcile_user fab || exit 1"
+    assert step in script
+    # After the metadata DB exists (the entrypoint's migration, the settings), before the ownership change.
+    assert script.index("triage_tools.deploy.airflow_settings") < script.index(step) < script.index("chown -R")
+    assert importlib.util.find_spec("triage_tools.deploy.reconcile_user") is not None
+    assert common_env["AIRFLOW__CORE__AUTH_MANAGER"].endswith(".FabAuthManager"), "the step makes FAB's role and user"
+    # The connection is the one in the metadata DB: an AIRFLOW_CONN_AIRFLOW_API would shadow it.
+    for name, service in services.items():
+        assert reconcile_user.CONN_ENV not in (service.get("environment") or {}), name
+    # It names the API server as the workers reach it already.
+    assert f"{reconcile_user.COMPOSE_API_URL}/execution/" == common_env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"]
+    # Its password is made at every start, never written into the compose file or the checkout.
+    assert not re.search(r"triage_reconcile\W*[:=]", COMPOSE_FILE.read_text())
+
+
+def test_reconcile_jobs_starts_unpaused_where_new_dags_start_paused(common_env: dict[str, str]) -> None:
+    """New DAGs start paused here, the backstop never does: its DAG says so, and that wins
+    (tests/dags/test_dag_integrity.py shows it on Airflow's own DAG processor)."""
+    import ast
+
+    assert common_env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "true"
+    decided = {}
+    for dag_file in ("reconcile_jobs", "classify_documents"):
+        tree = ast.parse((ROOT / "dags" / f"{dag_file}.py").read_text())
+        (value,) = [
+            k.value for k in ast.walk(tree) if isinstance(k, ast.keyword) and k.arg == "is_paused_upon_creation"
+        ]
+        decided[dag_file] = ast.literal_eval(value)
+    assert decided == {"reconcile_jobs": False, "classify_documents": True}

@@ -97,6 +97,17 @@ def test_the_html_page_from_a_summary() -> None:
     assert "<script" not in page
 
 
+def test_both_reports_say_which_rules_were_checked() -> None:
+    s = summary()
+    assert "Checked:" not in markdown(s)  # a summary stored before the list was recorded
+    assert 'id="checked"' not in html(s)
+    s["totals"]["checked"] = ["expired_leases", "airflow_view"]
+    assert "Checked: expired_leases, airflow_view" in markdown(s)
+    assert '<p id="checked">Checked: <code>expired_leases</code>, <code>airflow_view</code></p>' in html(s)
+    s["totals"]["checked"] = ["<b>x</b>"]
+    assert "<b>" not in html(s).split('id="checked"', 1)[1].split("</p>", 1)[0]
+
+
 def hostile_summary(value: str) -> dict[str, Any]:
     """The summary above with ``value`` in every text a row can carry (run ids and error texts
     from Airflow, reasons, batch keys, job samples)."""

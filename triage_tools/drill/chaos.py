@@ -106,6 +106,7 @@ class DrillReport:
     invariants: list[Any] = field(default_factory=list)
     provider: dict[str, int] = field(default_factory=dict)
     settle_rounds: int = 0
+    airflow_view: Counter[str] = field(default_factory=Counter)  # reconciliation runs: checked / skipped: why
     seconds: float = 0.0
     error: str | None = None
 
@@ -123,7 +124,7 @@ class DrillReport:
             "faults": dict(Counter(f.kind for f in self.faults)),
             "fault_log": [f.__dict__ for f in self.faults], "states": self.states,
             "review_reasons": self.review_reasons, "task_tries": self.task_tries, "provider": self.provider,
-            "settle_rounds": self.settle_rounds,
+            "settle_rounds": self.settle_rounds, "airflow_view": dict(self.airflow_view),
             "invariants": [{"name": i.name, "description": i.description, "violations": i.violations}
                            for i in self.invariants],
         }  # fmt: skip
@@ -142,6 +143,7 @@ class DrillReport:
         lines += ["", "label provider", "--------------"]
         lines += [f"  {k:<34} {n:>7}" for k, n in sorted(self.provider.items())]
         lines += ["", f"runs: {json.dumps(self.runs)}", f"settle rounds: {self.settle_rounds}",
+                  f"reconciliation's Airflow view: {json.dumps(dict(self.airflow_view))}",
                   f"drill time: {self.seconds:.0f} s", ""]  # fmt: skip
         if self.invariants:
             lines += [format_invariants(self.invariants), ""]
@@ -357,9 +359,11 @@ class Drill:
             raise RuntimeError(f"{RECONCILE_DAG_ID} run {run_id} ended {state}")
         with self.engine.connect() as conn:  # this run's, and a scheduled one's that ran meanwhile
             rows = conn.execute(sa.text(
-                "SELECT repairs FROM triage.reconciliation_runs WHERE finished_at IS NOT NULL AND id > :before"),
-                {"before": before}).scalars().all()  # fmt: skip
-        return sum(int(r.get("count", 0)) for repairs in rows for r in repairs or [] if isinstance(r, dict))
+                "SELECT repairs, summary -> 'totals' -> 'skipped' ->> 'airflow_view' FROM triage.reconciliation_runs"
+                " WHERE finished_at IS NOT NULL AND id > :before"), {"before": before}).all()  # fmt: skip
+        # The cross-check logs in as triage_reconcile (the deployment's airflow_api connection).
+        self.report.airflow_view.update("checked" if skipped is None else f"skipped: {skipped}" for _, skipped in rows)
+        return sum(int(r.get("count", 0)) for repairs, _ in rows for r in repairs or [] if isinstance(r, dict))
 
     def unfinished(self) -> dict[str, int]:
         import sqlalchemy as sa
@@ -498,8 +502,7 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
             if local.up() != 0:
                 raise RuntimeError("airflow standalone did not start")
             env = deployment.environment()
-            users = local.login(env)
-            user, password = next(iter(users.items()))
+            user, password = local.admin_login(env)  # the drill triggers and clears runs
             api = AirflowApi(local.base_url(env), username=user, password=password, timeout_s=30)
             drill = Drill(options, env, api, provider, home)
             provider.on_effect = drill.on_effect

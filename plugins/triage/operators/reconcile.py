@@ -55,10 +55,10 @@ class ReconcileJobsOperator(TriageOperator):
         ``$TRIAGE_REPORTS_DIR``, then ``$TRIAGE_HOME/reports``).
     :param event_log: the JSON-lines event log old events are republished to (as ``publish_events``).
     :param webhook_conn_id: when set, republish to this HTTP connection's URL instead.
-    :param api_conn_id: an optional connection to Airflow's API server: its host is the base URL
-        and its login and password go to ``POST /auth/token``. Without it: ``[api] base_url``
-        (default ``http://localhost:8080``) and ``GET /auth/token`` (simple auth manager with
-        all admins).
+    :param api_conn_id: the connection to Airflow's API server: its host is the base URL and
+        its login and password go to ``POST /auth/token``; every deployment of Triage provisions
+        it with a read-only user (``triage_reconcile``). Without it: ``[api] base_url`` (default
+        ``http://localhost:8080``) and ``GET /auth/token`` (simple auth manager with all admins).
     :param llm_conn_id: the model connection: its settings are part of the ``llm`` classifier's
         version, and queued jobs of a version no classifier has are reported.
     :param alerts_conn_id: where the orphans alert goes (see :mod:`triage.operators.alerts`).

@@ -7,7 +7,8 @@ the auth manager's token endpoint: ``POST {base}/auth/token`` with a username an
 (simple auth manager, and FAB/Keycloak alike), or, without credentials, ``GET
 {base}/auth/token``, which the simple auth manager answers only when
 ``[core] simple_auth_manager_all_admins`` is on. Then every call sends ``Authorization:
-Bearer <token>``.
+Bearer <token>``. The deployments give it a user of its own, ``triage_reconcile``, who may
+read and not act (``triage_tools.deploy.reconcile_user``), in the ``airflow_api`` connection.
 
 When the API cannot be reached or refuses, :func:`airflow_view` degrades to ``skipped`` with the
 reason: Airflow's view is a cross-check, and a reconciliation without it is still worth its
@@ -100,9 +101,11 @@ class AirflowApi:
             if response.status_code in (404, 405):
                 return None
             if response.status_code >= 400:
+                who = f"as {self.username}" if self.username is not None else "without credentials"
                 raise AirflowApiUnavailable(
-                    f"the token endpoint answered HTTP {response.status_code}: set a login and password on the "
-                    "airflow_api connection (or enable simple_auth_manager_all_admins)"
+                    f"the token endpoint answered HTTP {response.status_code} {who}: the airflow_api connection "
+                    "needs the login and password of a user who may read classify_documents' runs and task "
+                    "instances (every deployment of Triage provisions triage_reconcile: docs/security.md)"
                 )
             self._token = str(response.json()["access_token"])
         return self._token

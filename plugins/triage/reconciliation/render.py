@@ -43,6 +43,8 @@ def markdown(summary: dict[str, Any]) -> str:
     out = [f"# Reconciliation run {md.text(run['id'])} ({mode})", "",
            f"{totals['jobs']} jobs · {totals['repaired']} repaired · {totals['conflicts']} in conflict · "
            f"{totals['open_reviews']} open reviews · finished {md.text(run['finished_at'])}", ""]  # fmt: skip
+    if totals.get("checked"):  # absent from the summaries of runs before it was recorded
+        out += ["Checked: " + ", ".join(md.text(rule) for rule in totals["checked"]), ""]
     if totals["skipped"]:
         out += ["Skipped: " + "; ".join(f"{md.text(rule)}: {md.text(why)}" for rule, why in totals["skipped"].items()),
                 ""]  # fmt: skip

@@ -97,6 +97,7 @@ def summary(*, run_id: int, started_at: datetime, finished_at: datetime, params:
             "conflicts": sum(e["count"] for e in conflicts),
             "open_reviews": ledger["review_queue"]["total"],
             "skipped": {r["rule"]: r["skipped"] for r in rules if r["skipped"]},
+            "checked": [r["rule"] for r in rules if not r["skipped"]],
         },
         "rules": rules,
         "repairs": repairs,

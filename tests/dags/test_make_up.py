@@ -1,0 +1,178 @@
+"""``make up`` as a user starts it (issue #13, item 1): the backstop is on without anyone
+touching it, and its cross-check with Airflow's own task states runs as a user of its own.
+
+``triage up`` in a child (``make up``'s command: prepare, then ``airflow standalone`` with its
+API server, scheduler, DAG processor and triggerer) on the test server (a fresh metadata
+database and a migrated job database of this module's, as with ``TRIAGE_DATABASE_URL``) and on
+ports of its own beside any ``make up`` on 8080. Then, without triggering anything:
+``./airflow.sh dags list`` shows ``reconcile_jobs`` unpaused and ``classify_documents`` paused;
+the scheduler runs ``reconcile_jobs`` by itself and its first run's report (the XCom, the stored
+run, the HTML page) shows the Airflow view checked; ``triage_reconcile`` reads runs and may not
+trigger, unpause or read connections; its password is in no output and no log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.conftest import ServerHomes
+from tests.dags.airflow_harness import HarnessError, api_client, free_port, wait_for_first_run
+from tests.dags.conftest import fresh_databases
+from triage.database import DatabaseUrl
+from triage_tools.deploy import reconcile_user
+from triage_tools.processes import side_by_side_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow  # airflow standalone and a scheduled run
+
+
+@dataclass
+class Up:
+    env: dict[str, str]  # the user's environment of the make targets
+    airflow_env: dict[str, str]  # with AIRFLOW_HOME, as the tools compute it
+    base_url: str
+    output: str  # what `triage up` printed
+    jobs_url: DatabaseUrl
+
+
+def triage(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``.venv/bin/triage ARGS`` (``triage_tools.cli``) from this checkout."""
+    return subprocess.run([sys.executable, "-m", "triage_tools", *args], env=env, cwd=ROOT, text=True,
+                          capture_output=True, check=False, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def up(pg_server: DatabaseUrl, template_db: str, server_homes: ServerHomes) -> Iterator[Up]:
+    with fresh_databases(pg_server, template_db, "up") as (metadata_url, jobs_url):
+        yield from _up(metadata_url, jobs_url, server_homes)
+
+
+def _up(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl, server_homes: ServerHomes) -> Iterator[Up]:
+    home = server_homes.make("make-up")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TRIAGE_"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT / "plugins"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        TRIAGE_HOME=str(home),
+        TRIAGE_DATABASE_URL=jobs_url.libpq(),
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=metadata_url.airflow_metadata_url(),
+    )
+    # Beside a `make up` on 8080/8793/8794, as the drill runs (the tasks' Execution API too).
+    env.update(side_by_side_env(port))
+    env.update(AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
+               AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()))  # fmt: skip
+    airflow_env = {**env, "AIRFLOW_HOME": str(home / "airflow")}
+    try:
+        started = triage(env, "up")
+        output = started.stdout + started.stderr
+        assert started.returncode == 0, output[-6000:] + _tail(home / "logs" / "standalone.log")
+        yield Up(env, airflow_env, env["AIRFLOW__API__BASE_URL"], output, jobs_url)
+    finally:
+        stopped = triage(env, "stop", timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        server_homes.remove(home)
+
+
+def _tail(path: Path, lines: int = 80) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"({path} unreadable)"
+
+
+def task_logs(up: Up, dag_id: str) -> str:
+    logs = sorted((Path(up.env["TRIAGE_HOME"]) / "airflow" / "logs").rglob("*"))
+    return "\n".join(f"==> {p} <==\n{_tail(p)}" for p in logs if p.is_file() and dag_id in str(p))
+
+
+def reconcile_password(up: Up) -> str:
+    return str(json.loads(reconcile_user.passwords_file(up.airflow_env).read_text())[reconcile_user.USERNAME])
+
+
+def admin(up: Up) -> httpx.Client:
+    from triage_tools.local import admin_login
+
+    return api_client(up.base_url, *admin_login(up.airflow_env))  # type: ignore[no-any-return]
+
+
+def first_reconcile_run(up: Up) -> dict[str, Any]:
+    """The first run of reconcile_jobs, which the scheduler starts by itself; once it finished."""
+    with admin(up) as api:
+        try:
+            return wait_for_first_run(api, "reconcile_jobs", timeout=240)
+        except HarnessError as exc:
+            pytest.fail(f"{exc}\n{_tail(Path(up.env['TRIAGE_HOME']) / 'logs' / 'standalone.log')}")
+
+
+def test_dags_list_shows_the_backstop_unpaused_and_the_daily_classification_paused(up: Up) -> None:
+    listed = subprocess.run([str(ROOT / "airflow.sh"), "dags", "list", "-o", "json"], env=up.env, cwd=ROOT,
+                            text=True, capture_output=True, check=False, timeout=300)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    from triage_tools.local import json_output
+
+    paused = {row["dag_id"]: str(row["is_paused"]).lower() == "true" for row in json_output(listed.stdout)}
+    assert paused["reconcile_jobs"] is False
+    assert paused["classify_documents"] is True
+
+
+def test_the_first_reconcile_run_checks_airflows_view(up: Up) -> None:
+    # Its first try may fail: the scheduler can start it before the API server serves the
+    # Execution API (ConnectError in the scheduler's log); the retry 30 s later runs it.
+    run = first_reconcile_run(up)
+    assert run["state"] == "success", f"{run}\n{task_logs(up, 'reconcile_jobs')}"
+    assert run["run_type"] == "scheduled"  # nobody triggered or unpaused it
+    path = f"/api/v2/dags/reconcile_jobs/dagRuns/{run['dag_run_id']}/taskInstances/reconcile/xcomEntries/return_value"
+    with admin(up) as api:
+        xcom = api.get(path, params={"deserialize": True})
+    assert xcom.status_code == 200, xcom.text
+    value = xcom.json()["value"]
+    summary = json.loads(value) if isinstance(value, str) else value
+    assert "airflow_view" in summary["totals"]["checked"], summary["totals"]
+    assert "airflow_view" not in summary["totals"]["skipped"], summary["totals"]["skipped"]
+    # The stored run and the HTML page say the same.
+    with psycopg.connect(up.jobs_url.libpq()) as conn:
+        row = conn.execute(
+            "SELECT summary, report_path FROM triage.reconciliation_runs WHERE id = %s", (summary["run"]["id"],)
+        ).fetchone()
+    assert row is not None
+    assert [r["skipped"] for r in row[0]["rules"] if r["rule"] == "airflow_view"] == [None]
+    assert "<code>airflow_view</code>" in Path(row[1]).read_text().split('id="checked"', 1)[1].split("</p>", 1)[0]
+
+
+def test_the_reconcile_user_reads_and_may_not_act(up: Up) -> None:
+    with api_client(up.base_url, reconcile_user.USERNAME, reconcile_password(up)) as api:
+        assert api.get("/api/v2/dags/classify_documents/dagRuns").status_code == 200
+        assert api.get("/api/v2/dags/classify_documents/dagRuns/~/taskInstances").status_code == 200
+        trigger = api.post("/api/v2/dags/classify_documents/dagRuns", json={"logical_date": None})
+        assert trigger.status_code == 403, trigger.text
+        unpause = api.patch("/api/v2/dags/classify_documents", json={"is_paused": False})
+        assert unpause.status_code == 403, unpause.text
+        assert api.patch("/api/v2/dags/reconcile_jobs", json={"is_paused": True}).status_code == 403
+        assert api.get("/api/v2/connections").status_code == 403
+        assert api.get("/api/v2/variables").status_code == 403
+    wrong = httpx.post(f"{up.base_url}/auth/token", timeout=30,
+                       json={"username": reconcile_user.USERNAME, "password": "not-the-password"})  # fmt: skip
+    assert wrong.status_code == 401
+
+
+def test_the_reconcile_password_is_printed_and_logged_nowhere(up: Up) -> None:
+    first_reconcile_run(up)  # its task log is written
+    password = reconcile_password(up)
+    assert password not in up.output
+    assert "triage_reconcile" in up.output  # `make up` names the user, not its password
+    home = Path(up.env["TRIAGE_HOME"])
+    logs = [p for folder in (home / "logs", home / "airflow" / "logs") for p in folder.rglob("*") if p.is_file()]
+    assert any("reconcile_jobs" in str(p) for p in logs)
+    assert [p for p in logs if password in p.read_text(errors="replace")] == []

@@ -1,0 +1,180 @@
+"""docker-compose's provisioning of reconcile_jobs' API user, on a real FabAuthManager deployment
+(issue #13, item 1), without Docker: the metadata DB migrated with the FAB tables, an admin as
+``_AIRFLOW_WWW_USER_CREATE`` makes one, then airflow-init's step (``python -m
+triage_tools.deploy.reconcile_user fab``) before any Airflow service starts, then the API server,
+scheduler and DAG processor (LocalExecutor here, Celery in compose: the same API calls).
+
+The FAB provider is in the image (``apache-airflow[fab]``), not in the development virtualenv:
+without it these tests skip. Run them with the provider on ``PYTHONPATH`` (e.g. ``pip install
+--target DIR apache-airflow-providers-fab==3.9.0`` and its Flask dependencies).
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.conftest import ServerHomes
+from tests.dags.airflow_harness import (
+    HarnessError,
+    RunningAirflow,
+    airflow_cli,
+    api_client,
+    free_port,
+    json_output,
+    migrate_metadata,
+    running_airflow,
+    wait_for_first_run,
+)
+from tests.dags.conftest import fresh_databases, triage_airflow_env
+from triage.database import DatabaseUrl
+from triage_tools.deploy import reconcile_user
+
+pytest.importorskip(
+    "airflow.providers.fab.auth_manager.fab_auth_manager",
+    reason="the FAB provider (docker-compose's auth manager) is not installed here",
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Fab:
+    airflow: RunningAirflow
+    admin_password: str
+    jobs_url: DatabaseUrl
+
+    @property
+    def base_url(self) -> str:
+        return self.airflow.base_url
+
+
+def provision(env: dict[str, str], api_url: str) -> subprocess.CompletedProcess[str]:
+    """airflow-init's step, as docker-compose.yaml runs it."""
+    argv = [sys.executable, "-m", "triage_tools.deploy.reconcile_user", "fab", "--api-url", api_url,
+            "--airflow", f"{sys.executable} -m airflow"]  # fmt: skip
+    done = subprocess.run(argv, env=env, cwd=ROOT, text=True, capture_output=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def fab(pg_server: DatabaseUrl, template_db: str, server_homes: ServerHomes) -> Iterator[Fab]:
+    with fresh_databases(pg_server, template_db, "fab") as (metadata_url, jobs_url):
+        yield from _fab(pg_server, metadata_url, jobs_url, server_homes)
+
+
+def _fab(pg_server: DatabaseUrl, metadata_url: DatabaseUrl, jobs_url: DatabaseUrl,
+         server_homes: ServerHomes) -> Iterator[Fab]:  # fmt: skip
+    home = server_homes.make("fab")
+    env = triage_airflow_env(pg_server, metadata_url, jobs_url, home, extra={"AIRFLOW__CORE__AUTH_MANAGER": FAB})
+    env.pop("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS")
+    try:
+        migrate_metadata(env)  # Airflow's tables and FAB's (the auth manager's DB manager)
+        admin_password = secrets.token_urlsafe(16)
+        airflow_cli(env, "users", "create", "--role", "Admin", "--username", "admin", "--password", admin_password,
+                    "--email", "admin@triage.invalid", "--firstname", "a", "--lastname", "b")  # fmt: skip
+        port = free_port()
+        provision(env, f"http://127.0.0.1:{port}")  # before any service starts, as in compose
+        with running_airflow(env, ROOT / "dags", timeout=240, api_port=port) as airflow:
+            yield Fab(airflow, admin_password, jobs_url)
+    finally:
+        server_homes.remove(home)
+
+
+def token(fab: Fab, username: str, password: str) -> httpx.Response:
+    return httpx.post(f"{fab.base_url}/auth/token", json={"username": username, "password": password}, timeout=60)
+
+
+def client(fab: Fab, username: str, password: str) -> httpx.Client:
+    return api_client(fab.base_url, username, password)  # type: ignore[no-any-return]
+
+
+def connection(fab: Fab) -> dict[str, Any]:
+    """The airflow_api connection as the workers read it (from the metadata DB, decrypted)."""
+    listed = json_output(
+        airflow_cli(fab.airflow.env, "connections", "get", reconcile_user.CONN_ID, "-o", "json").stdout
+    )
+    return dict(listed[0])
+
+
+def reconcile_client(fab: Fab) -> httpx.Client:
+    return client(fab, reconcile_user.USERNAME, connection(fab)["password"])
+
+
+def first_reconcile_run(fab: Fab) -> dict[str, Any]:
+    with client(fab, "admin", fab.admin_password) as api:
+        try:
+            return wait_for_first_run(api, "reconcile_jobs", timeout=300)
+        except HarnessError as exc:
+            pytest.fail(f"{exc}\n{fab.airflow.logs()}")
+
+
+def test_the_connection_names_the_user_and_the_api_server(fab: Fab) -> None:
+    conn = connection(fab)
+    assert conn["conn_type"] == "http"
+    assert conn["host"] == fab.base_url
+    assert conn["login"] == reconcile_user.USERNAME
+    assert len(conn["password"]) >= 32
+
+
+def test_the_role_has_the_three_read_permissions_and_nothing_else(fab: Fab) -> None:
+    listed = json_output(airflow_cli(fab.airflow.env, "roles", "list", "-p", "-o", "json").stdout)
+    granted = {(action, row["resource"]) for row in listed if row["name"] == reconcile_user.FAB_ROLE
+               for action in row["action"].split(",")}  # fmt: skip
+    # and the UI's home page, which FAB gives every custom role when the API server starts
+    assert granted == {*reconcile_user.FAB_PERMISSIONS, *reconcile_user.FAB_GIVES_EVERY_ROLE}
+
+
+def test_the_first_reconcile_run_checks_airflows_view(fab: Fab) -> None:
+    run = first_reconcile_run(fab)
+    assert run["state"] == "success", run
+    assert run["run_type"] == "scheduled"
+    with psycopg.connect(fab.jobs_url.libpq()) as conn:
+        summary = conn.execute("SELECT summary FROM triage.reconciliation_runs ORDER BY id LIMIT 1").fetchone()
+    assert summary is not None
+    assert "airflow_view" in summary[0]["totals"]["checked"], summary[0]["totals"]
+
+
+def test_the_user_reads_classify_documents_and_nothing_else(fab: Fab) -> None:
+    with reconcile_client(fab) as api:
+        assert api.get("/api/v2/dags/classify_documents/dagRuns").status_code == 200
+        assert api.get("/api/v2/dags/classify_documents/dagRuns/~/taskInstances").status_code == 200
+        assert api.get("/api/v2/dags/reconcile_jobs/dagRuns").status_code == 403  # another DAG's runs
+        assert api.get("/api/v2/dags/review_jobs/dagRuns/~/taskInstances").status_code == 403
+        trigger = api.post("/api/v2/dags/classify_documents/dagRuns", json={"logical_date": None})
+        assert trigger.status_code == 403, trigger.text
+        unpause = api.patch("/api/v2/dags/classify_documents", json={"is_paused": False})
+        assert unpause.status_code == 403, unpause.text
+        assert api.get("/api/v2/connections").status_code == 403
+        assert api.get("/api/v2/variables").status_code == 403
+
+
+def test_provisioning_again_keeps_the_role_and_replaces_the_password(fab: Fab) -> None:
+    before = connection(fab)["password"]
+    provision(fab.airflow.env, fab.base_url)
+    after = connection(fab)["password"]
+    assert after != before
+    assert token(fab, reconcile_user.USERNAME, before).status_code == 401
+    assert token(fab, reconcile_user.USERNAME, after).status_code == 201
+    test_the_role_has_the_three_read_permissions_and_nothing_else(fab)
+
+
+def test_the_password_is_in_no_output_and_no_log(fab: Fab) -> None:
+    done = provision(fab.airflow.env, fab.base_url)
+    password = connection(fab)["password"]
+    assert password not in done.stdout + done.stderr
+    logs = [p for p in Path(fab.airflow.env["AIRFLOW_HOME"]).rglob("*.log") if p.is_file()]
+    assert [p for p in logs if password in p.read_text(errors="replace")] == []
