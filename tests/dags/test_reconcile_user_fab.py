@@ -4,9 +4,8 @@
 triage_tools.deploy.reconcile_user fab``) before any Airflow service starts, then the API server,
 scheduler and DAG processor (LocalExecutor here, Celery in compose: the same API calls).
 
-The FAB provider is in the image (``apache-airflow[fab]``), not in the development virtualenv:
-without it these tests skip. Run them with the provider on ``PYTHONPATH`` (e.g. ``pip install
---target DIR apache-airflow-providers-fab==3.9.0`` and its Flask dependencies).
+The FAB provider is in the image (``apache-airflow[fab]``) and in the development requirements,
+at the version of the image's constraints.
 """
 
 from __future__ import annotations
@@ -39,10 +38,6 @@ from tests.dags.conftest import fresh_databases, triage_airflow_env
 from triage.database import DatabaseUrl
 from triage_tools.deploy import reconcile_user
 
-pytest.importorskip(
-    "airflow.providers.fab.auth_manager.fab_auth_manager",
-    reason="the FAB provider (docker-compose's auth manager) is not installed here",
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
