@@ -3,7 +3,9 @@
 The same loop serves every step (``classify``, ``persist``). It holds each claim under a lease
 that a heartbeat thread extends while the handler works, retries jobs that become due within
 ``retry_soon_seconds`` in the same run, and otherwise stops with :class:`WorkRemains` so that
-the caller (an Airflow task) fails and its retry picks them up later.
+the caller (an Airflow task) fails and its retry picks them up later. Each claim is owned to the
+end (:mod:`triage.pipeline.ownership`): nothing is started once its lease is lost
+(:class:`OwnershipLost`), and a drain (SIGTERM) gives back what was not started (:class:`Drained`).
 """
 
 from __future__ import annotations
