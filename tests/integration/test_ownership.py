@@ -60,6 +60,23 @@ def statuses(store: JobStore) -> dict[str, str]:
     return {str(r.id): r.status for r in rows(store, "SELECT id, status::text FROM triage.jobs")}
 
 
+class KeywordModel:
+    """The keyword classifier with ``before(n)`` run before its n-th call; ``calls`` holds the
+    job ids it was called for."""
+
+    def __init__(self, before: Any) -> None:
+        self.inner = build_classifier("keyword", taxonomy=Taxonomy.load())
+        self.version, self.before, self.calls = self.inner.version, before, list[str]()
+
+    def classify(self, request: Any) -> Any:
+        self.calls.append(request.job_id)
+        self.before(len(self.calls))
+        return self.inner.classify(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def steal_the_leases(store: JobStore, thief: str) -> None:
     """What a lost lease looks like: it ran out, reconciliation took the jobs back, and another
     worker claimed them."""
@@ -109,26 +126,18 @@ def test_a_classify_worker_that_lost_its_lease_calls_the_model_no_more(store: Jo
     """The heartbeat hears the lease is lost; the next document's model call is not made."""
     payloads = PayloadStore(tmp_path / "payloads")
     register(store, payloads, 6)
-    keyword = build_classifier("keyword", taxonomy=Taxonomy.load())
-    calls: list[str] = []
 
-    class StolenAfterTwo:
-        version = keyword.version
+    def lost_at_the_second(n: int) -> None:
+        if n == 2:
+            with store.engine.begin() as conn:
+                conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second'"
+                                     " WHERE status = 'running'"))  # fmt: skip
+            store.release_expired_leases(batch_key=BATCH)
+            time.sleep(1.5)  # the heartbeat (every lease/3 = 1 s) hears of it
 
-        def classify(self, request: Any) -> Any:
-            calls.append(request.job_id)
-            if len(calls) == 2:
-                with store.engine.begin() as conn:
-                    conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second'"
-                                         " WHERE status = 'running'"))  # fmt: skip
-                store.release_expired_leases(batch_key=BATCH)
-                time.sleep(1.5)  # the heartbeat (every lease/3 = 1 s) hears of it
-            return keyword.classify(request)
-
-        def close(self) -> None:
-            pass
-
-    handler = ClassifyHandler(StolenAfterTwo(), payloads, ClassifySettings(0.0, 1))  # type: ignore[arg-type]
+    model = KeywordModel(lost_at_the_second)
+    calls = model.calls
+    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))  # type: ignore[arg-type]
     with pytest.raises(Exception) as stopped:  # noqa: PT011 - the side effect is asserted first
         run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w1", lease_seconds=3))
     assert len(calls) == 2, "no model call after the lease was lost"
@@ -250,22 +259,14 @@ def test_an_execution_timeout_mid_batch_settles_the_claim(store: JobStore, tmp_p
 
     payloads = PayloadStore(tmp_path / "payloads")
     register(store, payloads, 6)
-    keyword = build_classifier("keyword", taxonomy=Taxonomy.load())
-    calls: list[str] = []
 
-    class TimesOutOnThird:
-        version = keyword.version
+    def times_out_at_the_third(n: int) -> None:
+        if n == 3:
+            raise AirflowTaskTimeout("Timeout, PID: 1")
 
-        def classify(self, request: Any) -> Any:
-            calls.append(request.job_id)
-            if len(calls) == 3:
-                raise AirflowTaskTimeout("Timeout, PID: 1")
-            return keyword.classify(request)
-
-        def close(self) -> None:
-            pass
-
-    handler = ClassifyHandler(TimesOutOnThird(), payloads, ClassifySettings(0.0, 1))  # type: ignore[arg-type]
+    model = KeywordModel(times_out_at_the_third)
+    calls = model.calls
+    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))  # type: ignore[arg-type]
     with pytest.raises(AirflowTaskTimeout):
         run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w1", lease_seconds=60),
                  drain=Drain(grace_seconds=0.2))  # fmt: skip
