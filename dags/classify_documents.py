@@ -54,6 +54,27 @@ LLM_POOL, CLASSIFY_POOL_SLOTS = "llm_api", 8
 keeps at most that many model calls in flight, so the pool's size bounds the model calls of
 every worker together."""
 
+CLASSIFY_BATCH_SIZE, MODEL_TIMEOUT_SECONDS = 1000, 30
+"""Jobs per claim (the operator's ``batch_size``) and the model call's timeout (the default of the
+``triage_llm`` connection's extra ``timeout``): what a try of ``classify`` may take is derived
+from them."""
+
+CLASSIFY_TIMEOUT = timedelta(seconds=2 * -(-CLASSIFY_BATCH_SIZE // CLASSIFY_POOL_SLOTS) * MODEL_TIMEOUT_SECONDS)
+"""A ``classify`` try's ``execution_timeout`` (2 h 5 min): two claims (the one recorded while the
+next is handled) in which every model call takes its whole timeout, ``CLASSIFY_POOL_SLOTS`` at
+a time. Past it Airflow raises ``AirflowTaskTimeout`` in the task (its claim is settled: what
+finished is recorded, the rest given back) and retries; the retry continues with the
+unfinished jobs. A run that needs longer than this per try (a day of far more than 100,000
+documents through the model) raises it."""
+
+PERSIST_BATCH_SIZE, LABEL_ACTION_TIMEOUT_SECONDS = 1000, 10
+"""Jobs per ``persist`` claim and the label action's timeout (``triage_label_action`` extra
+``timeout``, default 10 s)."""
+
+PERSIST_TIMEOUT = timedelta(seconds=PERSIST_BATCH_SIZE * LABEL_ACTION_TIMEOUT_SECONDS)
+"""A ``persist`` try's ``execution_timeout`` (2 h 46 min 40 s): one claim whose every label
+action, one after the other, takes its whole timeout."""
+
 with DAG(
     dag_id="classify_documents",
     description="Retrieve documents of a day, classify them, persist labels, publish events",
@@ -83,9 +104,13 @@ with DAG(
         shard=list(range(RETRIEVE_SHARDS))
     )
     classify = ClassifyDocumentsOperator.partial(
-        task_id="classify", pool=LLM_POOL, pool_slots=CLASSIFY_POOL_SLOTS
+        task_id="classify",
+        pool=LLM_POOL,
+        pool_slots=CLASSIFY_POOL_SLOTS,
+        batch_size=CLASSIFY_BATCH_SIZE,
+        execution_timeout=CLASSIFY_TIMEOUT,
     ).expand(worker=list(range(CLASSIFY_WORKERS)))
-    persist = PersistLabelsOperator(task_id="persist")
+    persist = PersistLabelsOperator(task_id="persist", execution_timeout=PERSIST_TIMEOUT)
     publish = PublishEventsOperator(task_id="publish_events")
 
     # Downstream of every task, not only the last: it must wait for every map index of classify.

@@ -273,3 +273,27 @@ def test_ruff_airflow_rules_are_clean() -> None:
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "AIR", "dags", "plugins"],
                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert out.returncode == 0, out.stdout
+
+
+def test_classify_and_persist_have_an_execution_timeout_derived_from_their_batches(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """A hung model call or label action ends the try (its claim settled, Airflow retries) instead
+    of holding the run forever: two claims of model calls at their whole timeout, the pool's
+    slots at a time, for classify; one claim of label actions, one after the other, for persist."""
+    import importlib.util
+    from datetime import timedelta
+
+    spec = importlib.util.spec_from_file_location("classify_documents_dag", ROOT / "dags" / "classify_documents.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    dag = dagbag.dags["classify_documents"]
+    classify, persist = dag.get_task("classify"), dag.get_task("persist")
+    per_claim_calls = -(-module.CLASSIFY_BATCH_SIZE // classify.partial_kwargs["pool_slots"])
+    assert classify.partial_kwargs["execution_timeout"] == timedelta(
+        seconds=2 * per_claim_calls * module.MODEL_TIMEOUT_SECONDS
+    )
+    assert classify.partial_kwargs["execution_timeout"] == timedelta(hours=2, minutes=5)
+    assert persist.execution_timeout == timedelta(seconds=1000 * 10)
+    assert dag.get_task("retrieve").partial_kwargs.get("execution_timeout") is None

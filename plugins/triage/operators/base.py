@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from triage.jobs.states import Step
     from triage.jobs.store import JobStore
     from triage.pipeline.actions import WebhookLabelAction
+    from triage.pipeline.ownership import Drain
     from triage.pipeline.publish import EventSink
 
 DEFAULT_CONN_ID = "triage_db"
@@ -168,6 +169,10 @@ class TriageOperator(BaseOperator):
     :param triage_conn_id: the Airflow connection to the job database.
     """
 
+    drain_grace_seconds: ClassVar[float] = 3.0
+    """After SIGTERM, how long jobs in flight may take to finish before they are given back:
+    under the 5 s after which Airflow's supervisor escalates a SIGTERM it sent to SIGKILL."""
+
     ledger_step: ClassVar[Step | None] = None
     """The step whose jobs this task works on (claims, or registers into): what the failure
     callback gives up when Airflow gives up on the task. None: it holds no jobs."""
@@ -187,6 +192,19 @@ class TriageOperator(BaseOperator):
     @cached_property
     def engine(self) -> sa.Engine:
         return self.get_engine()
+
+    @cached_property
+    def drain(self) -> Drain:
+        """Set by :meth:`on_kill`; the step runner stops at it (:mod:`triage.pipeline.ownership`)."""
+        from triage.pipeline.ownership import Drain
+
+        return Drain(self.drain_grace_seconds)
+
+    def on_kill(self) -> None:
+        """SIGTERM (a Celery shutdown, a pod eviction, a task killed from the UI) or the
+        ``execution_timeout``: Airflow's task runner calls this from its signal handler, so it
+        only requests the drain; the step gives its unstarted jobs back and stops."""
+        self.drain.request()
 
     @cached_property
     def store(self) -> JobStore:

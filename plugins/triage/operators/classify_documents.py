@@ -194,7 +194,7 @@ class ClassifyDocumentsOperator(TriageOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-        from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, RunSettings, WorkRemains, run_step
+        from triage.pipeline.steps import DependencyMisconfigured, RunSettings, StepError, run_step
 
         config = self.run_config(context)
         classifier = build_run_classifier(config, self.llm_conn_id)
@@ -213,10 +213,10 @@ class ClassifyDocumentsOperator(TriageOperator):
                                earlier_tries_of=owner_prefix(context))  # fmt: skip
         try:
             report = run_step(self.store, handler, batch_key=batch_key(context), settings=settings,
-                              metrics=AirflowStatsMetrics())  # fmt: skip
+                              metrics=AirflowStatsMetrics(), drain=self.drain)  # fmt: skip
         except DependencyMisconfigured as exc:
             raise AirflowFailException(f"{exc}; fix the triage_llm connection, then clear this task") from None
-        except (WorkRemains, CircuitOpen) as exc:
+        except StepError as exc:  # work remains, circuit open, drained, lease lost
             raise AirflowException(f"{exc}; Airflow's retry continues with the unfinished jobs") from None
         finally:
             handler.close()
@@ -243,7 +243,7 @@ class PersistLabelsOperator(TriageOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.persist import PersistHandler
-        from triage.pipeline.steps import RunSettings, WorkRemains, run_step
+        from triage.pipeline.steps import RunSettings, StepError, run_step
 
         config = self.run_config(context)
         settings = RunSettings(owner=lease_owner(context), lease_seconds=config.lease_seconds,
@@ -251,8 +251,8 @@ class PersistLabelsOperator(TriageOperator):
         action = build_label_action(self.action_conn_id)
         try:
             report = run_step(self.store, PersistHandler(self.store, action), batch_key=batch_key(context),
-                              settings=settings, metrics=AirflowStatsMetrics())  # fmt: skip
-        except WorkRemains as exc:
+                              settings=settings, metrics=AirflowStatsMetrics(), drain=self.drain)  # fmt: skip
+        except StepError as exc:  # work remains, drained, lease lost
             raise AirflowException(str(exc)) from None
         finally:
             if action is not None:

@@ -78,6 +78,7 @@ from triage.payloads import (
     PayloadStore,
     PayloadUnavailable,
 )
+from triage.pipeline.ownership import Ownership
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class ClassifyHandler:
             self._pool.shutdown(wait=True)
         self.classifier.close()
 
-    def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
+    def handle(self, jobs: Sequence[ClaimedJob], ownership: Ownership | None = None) -> list[Outcome]:
         if self.breaker.is_open or self._misconfigured or self._store_down:
             return [Release(job.id, job.attempt) for job in jobs]
         # The batch's payloads in one pass: a claimed batch is mostly a run of one pack.
@@ -157,9 +158,15 @@ class ClassifyHandler:
             # the step stops as for an open circuit: Airflow retries it later.
             self._store_down = str(down)
             return [Release(job.id, job.attempt) for job in jobs]
+
+        def one(job: ClaimedJob, content: bytes | PayloadError) -> Outcome:  # no model call once not ours
+            if ownership is None:
+                return self.one(job, content)
+            return ownership.attempt(job, lambda: self.one(job, content))
+
         if self._pool is None:
-            return [self.one(job, content) for job, content in zip(jobs, contents, strict=True)]
-        return list(self._pool.map(self.one, jobs, contents))
+            return [one(job, content) for job, content in zip(jobs, contents, strict=True)]
+        return list(self._pool.map(one, jobs, contents))
 
     @staticmethod
     def read(job: ClaimedJob, content: bytes | PayloadError) -> DocumentPayload | Outcome:

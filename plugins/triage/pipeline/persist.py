@@ -9,6 +9,7 @@ the newer one (the ledger keeps the newer either way).
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from triage.jobs.label_actions import superseded
 from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, RetryLater
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
+from triage.pipeline.ownership import Ownership
 from triage.pipeline.steps import StepError
 
 ExternalAction = Callable[[ClaimedJob, LabelWrite], None]
@@ -33,7 +35,7 @@ class PersistHandler:
     def __init__(self, store: JobStore, action: ExternalAction | None = None) -> None:
         self.store, self.action = store, action
 
-    def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
+    def handle(self, jobs: Sequence[ClaimedJob], ownership: Ownership | None = None) -> list[Outcome]:
         labels = self.store.accepted_labels([j.id for j in jobs])
         stale: set[uuid.UUID] = set()
         if self.action is not None:
@@ -50,13 +52,21 @@ class PersistHandler:
                 log.info("job %s correlation_id=%s: label action skipped, a newer job's label stands for its "
                          "document", job.id, job.correlation_id)  # fmt: skip
             elif self.action is not None:
-                try:
-                    self.action(job, label)
-                except Exception as exc:  # noqa: BLE001 - a failed action is retried, bounded, never a stuck batch
-                    outcomes.append(RetryLater(job.id, job.attempt, "external_action_failed", type(exc).__name__))
-                    continue
+                if ownership is None:
+                    outcomes.append(self._act(job, label))
+                else:  # the lease is confirmed in the ledger right before the effect
+                    outcomes.append(ownership.attempt(job, functools.partial(self._act, job, label), confirm=True))
+                continue
             outcomes.append(Complete(job.id, job.attempt, label))
         return outcomes
+
+    def _act(self, job: ClaimedJob, label: LabelWrite) -> Outcome:
+        assert self.action is not None
+        try:
+            self.action(job, label)
+        except Exception as exc:  # noqa: BLE001 - a failed action is retried, bounded, never a stuck batch
+            return RetryLater(job.id, job.attempt, "external_action_failed", type(exc).__name__)
+        return Complete(job.id, job.attempt, label)
 
     def stop_reason(self) -> StepError | None:
         return None

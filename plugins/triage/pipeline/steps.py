@@ -3,13 +3,14 @@
 The same loop serves every step (``classify``, ``persist``). It holds each claim under a lease
 that a heartbeat thread extends while the handler works, retries jobs that become due within
 ``retry_soon_seconds`` in the same run, and otherwise stops with :class:`WorkRemains` so that
-the caller (an Airflow task) fails and its retry picks them up later.
+the caller (an Airflow task) fails and its retry picks them up later. Each claim is owned to the
+end (:mod:`triage.pipeline.ownership`): nothing is started once its lease is lost
+(:class:`OwnershipLost`), and a drain (SIGTERM) gives back what was not started (:class:`Drained`).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -17,8 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from triage.jobs.errors import LeaseLost
-from triage.jobs.models import Claim, ClaimedJob, Outcome, Recorded
+from triage.jobs.models import ClaimedJob, Outcome, Recorded, Release
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
 from triage.observability import (
@@ -29,6 +29,7 @@ from triage.observability import (
     observe_exhausted,
     observe_states,
 )
+from triage.pipeline.ownership import Drain, Heartbeat, Ownership
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,16 @@ class DependencyMisconfigured(StepError):
     """The dependency refuses every call (credentials, endpoint): retrying will not help."""
 
 
+class Drained(StepError):
+    """The step was asked to stop (SIGTERM: ``on_kill``): it claimed nothing more, gave back the
+    jobs it had not started and recorded or gave back the ones in flight."""
+
+
+class OwnershipLost(StepError):
+    """The claim's lease was lost (it ran out, or another worker holds the jobs now): the jobs
+    not yet acted on were left alone, and nothing of the claim was recorded."""
+
+
 class StepHandler(Protocol):
     step: Step
 
@@ -58,8 +69,9 @@ class StepHandler(Protocol):
         classifier version it was registered for); None: any version (no classifier runs)."""
         ...
 
-    def handle(self, jobs: Sequence[ClaimedJob]) -> list[Outcome]:
-        """One outcome per job; per-job failures are outcomes, never exceptions."""
+    def handle(self, jobs: Sequence[ClaimedJob], ownership: Ownership | None = None) -> list[Outcome]:
+        """One outcome per job; per-job failures are outcomes, never exceptions. Each job's work
+        (a model call, an external action) runs through ``ownership.attempt``."""
         ...
 
     def stop_reason(self) -> StepError | None:
@@ -97,40 +109,12 @@ class StepReport:
                 f"seconds={self.seconds:.2f} rate={self.rate:.0f}/s")  # fmt: skip
 
 
-class Heartbeat:
-    """Extends a claim's lease every third of its length until stopped."""
-
-    def __init__(self, store: JobStore, claim: Claim, lease_seconds: float) -> None:
-        self._store, self._claim, self._lease = store, claim, lease_seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="triage-heartbeat", daemon=True)
-        self.lost: BaseException | None = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._lease / 3):
-            try:
-                self._store.heartbeat(self._claim, self._lease)
-            except LeaseLost as exc:  # the write of the outcomes will be refused and say why
-                self.lost = exc
-                return
-            except Exception as exc:  # noqa: BLE001 - a heartbeat never kills the work; the lease may hold
-                log.warning("heartbeat failed for lease %s: %s", self._claim.token, exc.__class__.__name__)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def _kind(outcome: Outcome) -> str:
     return type(outcome).__name__
 
 
 def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings: RunSettings,
-             metrics: Metrics = NULL_METRICS) -> StepReport:  # fmt: skip
+             metrics: Metrics = NULL_METRICS, drain: Drain | None = None) -> StepReport:  # fmt: skip
     """Work through the step's claimable jobs of ``batch_key``.
 
     Recording batch N (database work) overlaps with handling batch N+1 (Python work): one
@@ -141,7 +125,10 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
     :raises WorkRemains: retryable jobs are left that are not due soon.
     :raises CircuitOpen: the handler's circuit breaker opened (claimed, unstarted jobs were
         released first).
+    :raises Drained: ``drain`` was requested (:mod:`triage.pipeline.ownership`).
+    :raises OwnershipLost: a claim's lease was lost before its jobs were all acted on.
     """
+    drain = drain or Drain()
     report = StepReport(step=handler.step, batch_key=batch_key)
     if settings.earlier_tries_of is not None:
         rescued = store.release_expired_leases(earlier_tries_of=settings.earlier_tries_of, owner=settings.owner,
@@ -168,6 +155,10 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
 
     try:
         while True:
+            if drain.requested:
+                settle()
+                raise Drained(f"step {handler.step} of {batch_key} drained on request after {report.claimed} jobs")
+            claimed_at = time.monotonic()
             claim = store.claim(batch_key=batch_key, step=handler.step, limit=settings.batch_size,
                                 lease_seconds=settings.lease_seconds, owner=settings.owner,
                                 classifier_version=version)  # fmt: skip
@@ -180,14 +171,22 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
                 wait = (due - now).total_seconds()
                 if wait > settings.retry_soon_seconds:
                     raise WorkRemains(f"retryable jobs of {batch_key} at step {handler.step} are due in {wait:.0f}s")
-                time.sleep(max(wait, 0.05))
+                drain.sleep(max(wait, 0.05))
                 continue
             report.claimed += len(claim.jobs)
             handle_began = time.perf_counter()
-            with Heartbeat(store, claim, settings.lease_seconds):
-                outcomes = handler.handle(claim.jobs)
+            ownership = Ownership(store, claim, settings.lease_seconds, drain, claimed_at + settings.lease_seconds)
+            with Heartbeat(ownership):
+                outcomes = handler.handle(claim.jobs, ownership)
             handled = time.perf_counter() - handle_began
             settle()
+            if ownership.draining:
+                raise Drained(f"step {handler.step} of {batch_key} drained on request: {ownership.given_back} jobs "
+                              f"given back, {ownership.recorded} recorded")  # fmt: skip
+            if ownership.lost:
+                raise OwnershipLost(f"lease {claim.token} lost at step {handler.step} of {batch_key}: "
+                                    f"{sum(isinstance(o, Release) for o in outcomes)} jobs left alone, "
+                                    "nothing recorded")  # fmt: skip
             pending = writer.submit(store.record, claim, outcomes)
             report.outcomes.update(_kind(o) for o in outcomes)
             observe_batch(metrics, handler.step, outcomes, handled)
