@@ -194,13 +194,20 @@ def _add_replay(commands: Any) -> None:
                             help="a state to take jobs from (repeatable; default manual_review)")  # fmt: skip
     replay_cmd.add_argument("--source", help="the jobs' source, e.g. synthetic")
     replay_cmd.add_argument("--batch", help="the jobs' batch (a run's data interval, as in the report)")
-    replay_cmd.add_argument("--since", metavar="TIME", help="failed at or after (ISO date or time; UTC by default)")
-    replay_cmd.add_argument("--until", metavar="TIME", help="failed before (ISO date or time; UTC by default)")
+    # --from/--to and --dry-run: the spelling of DESIGN.md's command line
+    replay_cmd.add_argument("--since", "--from", dest="since", metavar="TIME",
+                            help="failed at or after (ISO date or time; UTC by default)")  # fmt: skip
+    replay_cmd.add_argument("--until", "--to", dest="until", metavar="TIME",
+                            help="failed before (ISO date or time; UTC by default)")  # fmt: skip
     replay_cmd.add_argument("--limit", type=int, default=DEFAULT_REPLAY_LIMIT,
                             help=f"at most this many jobs (default {DEFAULT_REPLAY_LIMIT}, at most {MAX_REPLAY_LIMIT})")  # fmt: skip
     replay_cmd.add_argument("--max-replays", type=int, default=3, choices=range(1, 21), metavar="N",
                             help="leave alone jobs already replayed N times (default 3)")  # fmt: skip
-    replay_cmd.add_argument("--apply", action="store_true", help="replay them (default: a dry run)")
+    mode = replay_cmd.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--dry-run", action="store_false", dest="apply", default=False, help="only say what would happen (the default)"
+    )
+    mode.add_argument("--apply", action="store_true", help="replay them")
     replay_cmd.add_argument("--note", help="why (required with --apply); ids and reasons only, never document text")
     replay_cmd.add_argument("--json", action="store_true", help="print the report as JSON")
 

@@ -32,6 +32,11 @@ def test_a_dry_run_prints_the_preview_and_changes_nothing(store: JobStore, capsy
     assert cli.main([*argv, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["outcome"], report["matching"]) == ("dry_run", 3)
+    # DESIGN.md's spelling: --from/--to and an explicit --dry-run
+    design = ["replay", "--reason", "retries_exhausted", "--from", "2026-01-01", "--to", "2100-01-01", "--dry-run"]
+    assert cli.main([*design, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["matching"] == 2
+    assert snapshot(store) == before
 
 
 def test_apply_needs_a_note_then_replays_as_the_user_once(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
