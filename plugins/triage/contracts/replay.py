@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from triage.contracts.params import InvalidParams
+from triage.contracts.params import InvalidParams, problems
 
 MAX_REPLAY_LIMIT = 10_000
 """The most jobs one replay may move, whatever it asks: a bigger set is several replays."""
@@ -161,8 +161,7 @@ class ReplayFilter(ReplaySelection):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'filter'}: {e['msg']}" for e in exc.errors())
-            raise InvalidReplayFilter(f"invalid replay filter: {problems}") from None
+            raise InvalidReplayFilter(f"invalid replay filter: {problems(exc, 'filter')}") from None
 
     def replay_key(self) -> str:
         """The request's identity: a digest of the selection and the note. The same submission
