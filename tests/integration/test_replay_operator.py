@@ -75,6 +75,7 @@ def test_an_apply_is_recorded_as_the_triggering_user_and_a_second_one_changes_no
         pytest.param({"reason": "x", "states": ["completed"]}, "states", id="not-replayable"),
         pytest.param({"source": "a\u202eb"}, "source", id="bidi"),
         pytest.param({"reason": "x", "until": "2026-11-01", "since": "2026-11-02"}, "before until", id="backwards"),
+        pytest.param({"reason": "x", "since": "yesterday"}, "since", id="since-not-a-date"),
         pytest.param({"decision": "reject", "job_ids": [str(uuid.uuid4())], "reason": "x"}, "replay' only",
                      id="filter-on-reject"),
     ],
