@@ -224,3 +224,26 @@ def test_the_key_is_the_submission() -> None:
     b = flt(reason="x", since="2026-11-01T01:00:00+01:00", dry_run=True, note="n")  # the same instant, a preview
     assert a.replay_key() == b.replay_key()
     assert a.replay_key() != flt(reason="x", since="2026-11-01", note="other").replay_key()
+
+
+def test_two_identical_submissions_at_once_share_the_bound(store: JobStore) -> None:
+    import threading
+
+    from triage.jobs import replays
+
+    failed(store, 6)
+    selection = flt(reason="retries_exhausted", limit=4, dry_run=False, note="twice at once")
+    results: list[replays.ReplayApplied] = []
+
+    def submit(actor: str) -> None:
+        results.append(replays.apply(store.transaction, selection, actor=actor, max_replays=3, batch_size=1))
+
+    threads = [threading.Thread(target=submit, args=(name,)) for name in ("alice", "bob")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(r.replayed_now for r in results) == 4
+    assert len({j for r in results for j in r.job_ids}) == 4
+    assert rows(store, "SELECT requested_by, replayed FROM triage.replay_requests") in ([("alice", 4)], [("bob", 4)])
+    assert store.status_counts()[JobStatus.MANUAL_REVIEW] == 2
