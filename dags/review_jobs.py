@@ -11,6 +11,14 @@ changes nothing. The task fails (without retry) if any job was refused, after ap
 others, and its log lists every job: applied, already applied, or refused and why. A label is
 then sent to the label provider (``triage_label_action``) when one is configured; one the
 provider did not confirm fails the task for its retry, which sends it again under the same key.
+
+Decision ``replay`` selects the jobs by a filter instead of ids (reason, error class, states
+``manual_review``/``terminal_failed``, source, batch, failed since/until, limit up to 10,000)
+and is a dry run unless ``dry_run`` is false: the log and the return value then say how many
+jobs match and which. Applied, the jobs are requeued as fresh jobs as the triggering user, with
+the note; the same replay submitted again changes nothing (``already applied``)::
+
+    ./airflow.sh dags trigger review_jobs --conf '{"decision": "replay", "reason": "retries_exhausted"}'
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from triage.review.config import REVIEW_DEFAULT_ARGS, form_label_names, param_sc
 
 with DAG(
     dag_id="review_jobs",
-    description="Resolve jobs in manual review: label, requeue or reject, as the triggering user",
+    description="Resolve jobs in manual review (label, requeue, reject) or replay failed jobs by filter, as the triggering user",
     schedule=None,
     start_date=datetime(2026, 1, 1),
     catchup=False,

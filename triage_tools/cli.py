@@ -1,6 +1,6 @@
 """The ``triage`` command of a checkout (``make setup`` installs it into ``.venv/bin``).
 
-The product's commands (``status``, ``db url``, ``payload``, ``migrate``: :mod:`triage.cli`) run
+The product's commands (``status``, ``db url``, ``payload``, ``replay``, ``migrate``: :mod:`triage.cli`) run
 unchanged, after an unset ``TRIAGE_DATABASE_URL`` has been resolved to the embedded PostgreSQL
 and exported; the developer verbs (``run``, ``up``, ``stop``, ``chaos``, ...) are handed to the
 tool module that implements them, with the rest of the command line. Where only the product is
@@ -32,6 +32,8 @@ examples:
   triage up                                      Airflow with its UI on localhost:8080
   triage airflow dags list                       the Airflow CLI on this deployment
   triage payload 0b7c...                         a job's document, verified by its hash
+  triage replay --reason retries_exhausted --since 2026-11-01   which failed jobs a replay takes
+  triage replay --reason retries_exhausted --since 2026-11-01 --apply --note "model API back"
   triage chaos --help                            each command has its own help
 """
 

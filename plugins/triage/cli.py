@@ -26,7 +26,7 @@ DISTRIBUTION = "triage"
 
 DESCRIPTION = """\
 The Triage job ledger from a shell: where its database is, what state its jobs are
-in, a job's document, and the job-table migrations.
+in, a job's document, replaying failed jobs by filter, and the job-table migrations.
 
 The job database is TRIAGE_DATABASE_URL, a libpq URL such as
   postgresql://user:password@host:5432/triage
@@ -39,7 +39,7 @@ In a checkout, make setup installs the triage command with the developer verbs t
 PostgreSQL under .triage/.
 """
 
-PRODUCT_COMMANDS = frozenset({"status", "db", "payload", "migrate"})
+PRODUCT_COMMANDS = frozenset({"status", "db", "payload", "replay", "migrate"})
 """What this module runs; :mod:`triage_tools.cli` hands these over unchanged."""
 
 DEVELOPER_COMMANDS = frozenset(
@@ -148,6 +148,70 @@ def job_payload(url: DatabaseUrl, job_id: str, payload_base: str | None = None) 
     return read_payload(row.payload_ref, row.content_sha256, settings.payload_base(payload_base))
 
 
+def replay(url: DatabaseUrl, args: argparse.Namespace, prog: str = PROG) -> int:
+    """``triage replay``: the filter of ``args`` previewed, or applied with ``--apply``, as the
+    operating-system user (as ``airflow dags trigger`` names the triggering user)."""
+    import getpass
+    import json
+
+    from triage.contracts.replay import InvalidReplayFilter, ReplayFilter
+    from triage.jobs.store import JobStore
+    from triage.review.replay import run_replay
+
+    given = {"reason": args.reason, "error_class": args.error_class, "states": args.states or ["manual_review"],
+             "source": args.source, "batch_key": args.batch, "since": args.since, "until": args.until,
+             "limit": args.limit, "dry_run": not args.apply, "note": args.note}  # fmt: skip
+    try:
+        selection = ReplayFilter.parse(given)
+    except InvalidReplayFilter as exc:
+        print(f"{prog} replay: {exc}", file=sys.stderr)
+        return 2
+    engine = create_engine(url, pool_size=1)
+    try:
+        report = run_replay(JobStore(engine), selection, actor=getpass.getuser(), max_replays=args.max_replays)
+    finally:
+        engine.dispose()
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_markdown())
+    return 0
+
+
+def _add_replay(commands: Any) -> None:
+    from triage.contracts.replay import DEFAULT_REPLAY_LIMIT, MAX_REPLAY_LIMIT, REPLAY_STATES
+
+    replay_cmd = commands.add_parser(
+        "replay",
+        help="requeue failed jobs selected by a filter (a dry run unless --apply)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Requeue the manual_review (and, with --state terminal_failed, terminal_failed) jobs\n"
+        "that the filter selects, as fresh jobs. Without --apply it only says how many match\n"
+        "and which (the first 25), and changes nothing. With --apply (and a --note saying why)\n"
+        "it moves them through the state machine in batches, as your user; the same filter and\n"
+        "note again changes nothing and says 'already applied'.",
+    )
+    replay_cmd.add_argument("--reason", help="the review reason or status reason, e.g. retries_exhausted")
+    replay_cmd.add_argument("--error-class", help="the last error class, e.g. ModelTimeout")
+    replay_cmd.add_argument("--state", dest="states", action="append", choices=REPLAY_STATES,
+                            help="a state to take jobs from (repeatable; default manual_review)")  # fmt: skip
+    replay_cmd.add_argument("--source", help="the jobs' source, e.g. synthetic")
+    replay_cmd.add_argument("--batch", help="the jobs' batch (a run's data interval, as in the report)")
+    # --from/--to and --dry-run: the spelling of DESIGN.md's command line
+    replay_cmd.add_argument("--since", "--from", dest="since", metavar="TIME",
+                            help="failed at or after (ISO date or time; UTC by default)")  # fmt: skip
+    replay_cmd.add_argument("--until", "--to", dest="until", metavar="TIME",
+                            help="failed before (ISO date or time; UTC by default)")  # fmt: skip
+    replay_cmd.add_argument("--limit", type=int, default=DEFAULT_REPLAY_LIMIT,
+                            help=f"at most this many jobs (default {DEFAULT_REPLAY_LIMIT}, at most {MAX_REPLAY_LIMIT})")  # fmt: skip
+    replay_cmd.add_argument("--max-replays", type=int, default=3, choices=range(1, 21), metavar="N",
+                            help="leave alone jobs already replayed N times (default 3)")  # fmt: skip
+    mode = replay_cmd.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--dry-run", action="store_false", dest="apply", default=False, help="only say what would happen (the default)"
+    )
+    mode.add_argument("--apply", action="store_true", help="replay them")
+    replay_cmd.add_argument("--note", help="why (required with --apply); ids and reasons only, never document text")
+    replay_cmd.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
 # ---------------------------------------------------------------------------------------------
 # the command line
 
@@ -202,6 +266,7 @@ def add_commands(commands: Any) -> Any:
         metavar="DIR_OR_URL",
         help="the payload store (default: TRIAGE_PAYLOAD_BASE, else $TRIAGE_HOME/payloads)",
     )
+    _add_replay(commands)
     migrate = commands.add_parser(
         "migrate",
         help="apply the job-table migrations",
@@ -238,6 +303,8 @@ def run_command(args: argparse.Namespace, prog: str = PROG) -> int:
     if args.command == "status":
         print(status_report(url))
         return 0
+    if args.command == "replay":
+        return replay(url, args, prog)
     if args.command == "payload":
         from triage.payloads import PayloadError
 

@@ -83,14 +83,21 @@ def test_the_dag_is_on_demand_with_a_typed_form() -> None:
         assert isinstance(dag.timetable, NullTimetable), dag_id
         assert {"triage", "review"} <= set(dag.tags)
     params = bag.dags["review_jobs"].params
-    assert set(params.keys()) == {"job_ids", "decision", "label", "note", "max_replays"}
+    assert set(params.keys()) == {"job_ids", "decision", "label", "note", "max_replays", "reason", "error_class",
+                                  "states", "source", "batch_key", "since", "until", "limit", "dry_run"}  # fmt: skip
     assert "billing" in params.get_param("label").schema["enum"]
-    for name, value in [("job_ids", []), ("job_ids", ["not-a-uuid"]), ("decision", "approve"),
-                        ("label", "spam"), ("max_replays", 0)]:  # fmt: skip
+    assert params["dry_run"] is True  # a replay from the form is a dry run unless unticked
+    assert params.get_param("states").resolve(["manual_review", "terminal_failed"])
+    for name, value in [("job_ids", ["not-a-uuid"]), ("decision", "approve"), ("label", "spam"), ("max_replays", 0),
+                        ("states", ["completed"]), ("states", []), ("limit", 10_001),
+                        ("reason", "x; DROP TABLE"), ("source", "a\u202eb"), ("dry_run", "no")]:  # fmt: skip
         with pytest.raises(ParamValidationError):
             params.get_param(name).resolve(value)
     for name in params:
         assert params.get_param(name).description, name
+    # JSON schema's "format" only annotates (the form's date picker): a bad date passes the form,
+    # and the run refuses it when it starts (test_replay_operator)
+    assert params.get_param("since").resolve("yesterday") == "yesterday"
 
 
 def test_a_label_decision_is_applied_as_the_triggering_user(deployment: Deployment) -> None:
@@ -136,6 +143,27 @@ def test_an_invalid_decision_changes_nothing(deployment: Deployment, conf: dict[
     assert message in output(run)
     assert transitions(deployment) == before
     assert review_row(deployment, job_id)[:2] == ("manual_review", None)
+
+
+def test_a_replay_by_filter_is_a_dry_run_then_applied_once_as_the_triggering_user(deployment: Deployment) -> None:
+    ids = jobs_in_review(deployment, 2)
+    conf = {"decision": "replay", "reason": "inconclusive", "batch_key": BATCH, "limit": 10_000}
+    before = transitions(deployment)
+    dry = dags_test(deployment, conf)
+    assert dry.returncode == 0, output(dry)
+    assert "**dry run**" in output(dry)
+    assert ids[0] in output(dry)  # the preview lists the jobs (ids, never a document)
+    assert transitions(deployment) == before
+
+    applied = dags_test(deployment, {**conf, "dry_run": False, "note": "model fixed"})
+    assert applied.returncode == 0, output(applied)
+    for job_id in ids:
+        assert review_row(deployment, job_id) == ("queued", "requeued", "dag_test", "model fixed", "dag_test")
+    after = transitions(deployment)
+    again = dags_test(deployment, {**conf, "dry_run": False, "note": "model fixed"})
+    assert again.returncode == 0, output(again)
+    assert "**already applied**" in output(again)
+    assert transitions(deployment) == after
 
 
 # -- through a running Airflow: the form's REST twin and the human-in-the-loop answer -----------

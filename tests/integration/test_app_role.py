@@ -129,6 +129,19 @@ def test_a_retry_of_an_exhausted_job_goes_to_review_as_the_app_role(app_store: J
     assert recorded.exhausted == 1
 
 
+def test_a_replay_by_filter_runs_as_the_app_role(app_store: JobStore) -> None:
+    from triage.contracts.replay import ReplayFilter
+    from triage.jobs.models import Fail
+
+    app_store.register(new_jobs(2, prefix="replay"), batch_key=BATCH, step="classify", max_attempts=3)
+    claim = app_store.claim(batch_key=BATCH, step="classify", limit=10, lease_seconds=60, owner="w")
+    app_store.record(claim, [Fail(j.id, j.attempt, "permanent_error") for j in claim.jobs])
+    selection = ReplayFilter.parse({"batch_key": BATCH, "states": ["terminal_failed"], "dry_run": False, "note": "n"})
+    assert app_store.preview_replay(selection).matching == 2
+    assert app_store.replay(selection, actor="alice").replayed_now == 2
+    assert app_store.replay(selection, actor="alice").outcome == "already_applied"
+
+
 @pytest.mark.parametrize(
     "statement",
     [

@@ -2,7 +2,7 @@
 is a command this checkout has, and those safe to run here run, against a test database.
 
 - ``.venv/bin/triage ...``: ``--help``, ``--version`` and the product's commands (``status``,
-  ``db url``, ``payload``) run for real, on a migrated job database of this test; the other verbs
+  ``db url``, ``payload``, ``replay`` as a dry run) run for real, on a migrated job database of this test; the other verbs
   (``run``, ``up``, ...) start Airflow, so their ``--help`` runs instead (the command exists and
   parses). The console script is ``triage_tools.cli:main`` (pyproject.toml, checked here), run
   as ``python -m triage_tools`` because the test's interpreter need not have the checkout installed.
@@ -30,7 +30,7 @@ from triage.database import DatabaseUrl
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 TRIAGE = ".venv/bin/triage"
-RUN_HERE = {"--help", "--version", "status", "db", "payload"}  # the rest starts Airflow or a server
+RUN_HERE = {"--help", "--version", "status", "db", "payload", "replay"}  # the rest starts Airflow or a server
 
 
 def readme_shell_lines() -> list[str]:
@@ -90,6 +90,7 @@ def test_readme_shell_line(line: str, checkout_env: dict[str, str], db_url: Data
             "--version": lambda out: re.fullmatch(r"triage \d+\.\d+\.\d+\S*\n", out) is not None,
             "status": lambda out: out.startswith(f"job ledger at {given.libpq_redacted()}\n") and "completed" in out,
             "db": lambda out: DatabaseUrl.parse(out.strip()) == given == DatabaseUrl.parse(db_url.libpq()),
+            "replay": lambda out: "**dry run**: 0 jobs match" in out,  # a fresh database has no failed job
         }[args[0]]
         assert expected(done.stdout), done.stdout
     elif words[0] == "make":

@@ -37,7 +37,7 @@ TAXONOMY = frozenset({"billing", "shipping"})
         pytest.param({"decision": "label"}, "needs a label", id="label-without-label"),
         pytest.param({"decision": "reject", "label": "billing"}, "only for decision 'label'", id="label-on-reject"),
         pytest.param({"decision": "approve"}, "decision", id="unknown-decision"),
-        pytest.param({"decision": "reject", "job_ids": []}, "job_ids", id="no-jobs"),
+        pytest.param({"decision": "reject", "job_ids": []}, "needs job ids", id="no-jobs"),
         pytest.param({"decision": "reject", "max_replays": 0}, "max_replays", id="no-replays"),
     ],
 )
@@ -52,7 +52,7 @@ def test_the_form_offers_the_taxonomy_labels() -> None:
     assert param_schemas(names)["label"]["enum"] == [None, *names]
     assert "enum" not in param_schemas([])["label"]  # a taxonomy unreadable at parse: free text
     required = {n for n, s in param_schemas(names).items() if "default" not in s}
-    assert required == {"job_ids", "decision"}
+    assert required == {"decision"}  # job ids too, for every decision but replay (checked at run start)
 
 
 def test_a_missing_taxonomy_never_breaks_parsing(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

@@ -175,7 +175,16 @@ def test_the_triage_command_names_a_missing_embedded_server_package(tmp_path: Pa
 
 LEDGER = ROOT / "plugins" / "triage" / "jobs"
 LEDGER_TABLES = frozenset(
-    {"jobs", "job_events", "manual_review", "outbox", "outbox_claims", "classifications", "document_labels"}
+    {
+        "jobs",
+        "job_events",
+        "manual_review",
+        "outbox",
+        "outbox_claims",
+        "classifications",
+        "document_labels",
+        "replay_requests",
+    }
 )
 WRITES_EXEMPT = {
     ROOT / "plugins" / "triage" / "migrations": "the schema itself: its DDL, and the trigger that writes job_events",

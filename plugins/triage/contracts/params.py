@@ -18,6 +18,11 @@ class InvalidParams(ValueError):
     """A DAG run's params do not describe a valid run."""
 
 
+def problems(exc: ValidationError, whole: str) -> str:
+    """Every problem of ``exc``, ``field: message``, joined (``whole`` names the model's own)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in exc.errors())
+
+
 class DagParams(BaseModel):
     """Subclass with typed fields (``title``, ``description``, ``json_schema_extra={"section": …}``)."""
 
@@ -33,8 +38,7 @@ class DagParams(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors())
-            raise cls.invalid(f"invalid {cls.dag_id} params: {problems}") from None
+            raise cls.invalid(f"invalid {cls.dag_id} params: {problems(exc, 'params')}") from None
 
     @classmethod
     def param_schemas(cls) -> dict[str, dict[str, Any]]:

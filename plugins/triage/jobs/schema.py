@@ -225,6 +225,23 @@ outbox_claims = sa.Table(
     comment="A relay's claim on a batch of unsent outbox events while it sends them",
 )
 
+# One row per replay by filter (migration 0008), keyed by a digest of its filter and note: the
+# same submission twice is one request, applied once. Each job it moved has a job_events row
+# whose reason is ``replayed:<replay_key>``.
+replay_requests = sa.Table(
+    "replay_requests",
+    metadata,
+    sa.Column("replay_key", sa.Text, primary_key=True),
+    sa.Column("filter", pg.JSONB, nullable=False),
+    sa.Column("requested_by", sa.Text, nullable=False),
+    sa.Column("note", sa.Text, nullable=False),
+    sa.Column("requested_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("applied_at", sa.DateTime(timezone=True)),  # NULL: not finished (a retry resumes it)
+    sa.Column("replayed", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.CheckConstraint("replayed >= 0", name="replayed"),
+    comment="One row per replay by filter: the filter, who asked and why, how many jobs it moved",
+)
+
 reconciliation_runs = sa.Table(
     "reconciliation_runs",
     metadata,

@@ -26,7 +26,7 @@ class JobStatus(StrEnum):
     COMPLETED = "completed"  # set by persistence: output and state in one transaction
     RETRYABLE_FAILED = "retryable_failed"  # set by a step or reconciliation: next_attempt_at set
     MANUAL_REVIEW = "manual_review"  # set by a step, a callback or reconciliation: review row open
-    TERMINAL_FAILED = "terminal_failed"  # set by a step or review (reject): nothing will retry
+    TERMINAL_FAILED = "terminal_failed"  # set by a step or review (reject): nothing retries it automatically
 
 
 S = JobStatus
@@ -59,12 +59,17 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (S.MANUAL_REVIEW, S.QUEUED),  # review: requeue
         (S.MANUAL_REVIEW, S.COMPLETED),  # review: resolved with a label
         (S.MANUAL_REVIEW, S.TERMINAL_FAILED),  # review: reject
+        (S.TERMINAL_FAILED, S.QUEUED),  # replay by filter: an operator's deliberate retry (0008)
     }
 )
 """Every move the database accepts, as (from, to). Anything else raises."""
 
 TERMINAL: frozenset[JobStatus] = frozenset({S.COMPLETED, S.TERMINAL_FAILED})
-"""No automatic step will ever move these again."""
+"""No automatic step will ever move these again (only a person's replay takes a
+``terminal_failed`` job back to ``queued``)."""
+
+REPLAYABLE: frozenset[JobStatus] = frozenset({S.MANUAL_REVIEW, S.TERMINAL_FAILED})
+"""What a replay by filter may take back to ``queued`` (:mod:`triage.jobs.replay_transitions`)."""
 
 SETTLED: frozenset[JobStatus] = frozenset({S.COMPLETED, S.MANUAL_REVIEW, S.TERMINAL_FAILED})
 """Where a batch's work may rest when its run is over: done, or with a human."""
@@ -95,7 +100,7 @@ class EventType(StrEnum):
 
     REGISTERED = "job.registered"  # set by retrieval (or reconciliation queueing a received job)
     COMPLETED = "job.completed"  # set by persistence, a reviewer's label, or reconciliation
-    REQUEUED = "job.requeued"  # set by review (requeue)
+    REQUEUED = "job.requeued"  # set by review (requeue) and by a replay by filter
     REVIEWED = "job.reviewed"  # set by review (reject)
 
 

@@ -26,7 +26,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from triage.contracts.events import WorkEvent
-from triage.jobs import outputs, queries, recovery, repairs, review_results, review_transitions, session
+from triage.contracts.replay import ReplayFilter
+from triage.jobs import outputs, queries, recovery, repairs, replays, review_results, review_transitions, session
 from triage.jobs import transitions as T
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import JobNotFound, LabelNotInTaxonomy, translate
@@ -278,6 +279,19 @@ class JobStore:
             if conn.execute(review_transitions.requeue_from_review(), params).first() is None:
                 return review_results.missed(conn, job_id, "requeue", max_replays=max_replays)
             return review_results.applied(conn, job_id, "requeue")
+
+    def preview_replay(self, selection: ReplayFilter, *, max_replays: int = 3) -> replays.ReplayPreview:
+        """A replay by filter's dry run: how many jobs it would move and the first of them, and
+        whether the same replay was submitted before. Reads only (a ``READ ONLY`` transaction)."""
+        with self.reading() as conn:
+            return replays.preview(conn, selection, max_replays=max_replays)
+
+    def replay(self, selection: ReplayFilter, *, actor: str, max_replays: int = 3) -> replays.ReplayApplied:
+        """Replay by filter: the selected ``manual_review`` and ``terminal_failed`` jobs ``-> queued``
+        as fresh jobs, as ``actor`` with the filter's note, in transactions of a bounded batch
+        each (:mod:`.replays`). Jobs replayed ``max_replays`` times are left alone. The same
+        filter and note again changes nothing and returns ``already_applied``."""
+        return replays.apply(self.transaction, selection, actor=actor, max_replays=max_replays)
 
     def open_reviews(self, job_ids: Sequence[uuid.UUID] | None = None, *, limit: int = 100) -> list[ReviewCase]:
         """Jobs waiting for a reviewer (of ``job_ids``, or all), oldest review first."""

@@ -122,12 +122,34 @@ class ReviewJobsOperator(_ReviewOperator):
 
     Returns (and logs) the report: per job ``applied``, ``already_applied`` or ``refused`` with
     the reason. Fails without retry if any job was refused, after applying the others.
+
+    Decision ``replay`` takes the filter params instead of job ids: a dry run (the default)
+    logs and returns how many jobs match and the first of them; otherwise the matching jobs
+    are requeued as the triggering user, with the note (:func:`triage.review.replay.run_replay`).
+    The same replay submitted again reports ``already_applied`` and changes nothing.
     """
 
     def execute(self, context: Context) -> dict[str, Any]:
         params = context["params"]
         config = _config(**{k: params[k] for k in params})
+        if config.decision == "replay":
+            return self.replay(config, reviewer(context))
         return self.apply(context, config, reviewer(context))
+
+    def replay(self, config: ReviewRunConfig, who: str) -> dict[str, Any]:
+        from triage.contracts.replay import InvalidReplayFilter
+        from triage.review.replay import run_replay
+
+        try:
+            selection = config.replay_filter()
+        except InvalidReplayFilter as exc:  # the config checked it already; for a subclass that did not
+            raise AirflowFailException(str(exc)) from None
+        try:
+            report = run_replay(self.store, selection, actor=who, max_replays=config.max_replays)
+        finally:
+            self.dispose()
+        log.info("%s", report.to_markdown())
+        return report.to_dict()
 
 
 class PickReviewCaseOperator(TriageOperator):

@@ -3,7 +3,9 @@
 The trigger form is generated from :class:`ReviewRunConfig` (:func:`param_schemas`) and the
 operator validates ``context["params"]`` against it again. A JSON-schema param cannot depend on
 another param, so "a label is required when decision is label" is enforced here, where an
-invalid run fails with a clear message before anything changes.
+invalid run fails with a clear message before anything changes. So is the decision ``replay``:
+it takes the filter fields (:class:`~triage.contracts.replay.ReplaySelection`) instead of job
+ids, and is a dry run unless ``dry_run`` is unticked.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from triage.contracts.params import DagParams, InvalidParams
+from triage.contracts.replay import NARROWING_FIELDS, ReplayFilter, ReplaySelection
 
 UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
@@ -25,22 +28,26 @@ class InvalidReviewConfig(InvalidParams):
     """The run's params do not describe a valid review decision."""
 
 
-class ReviewRunConfig(DagParams):
-    """One reviewer's decision, applied to each of ``job_ids``."""
+class ReviewRunConfig(DagParams, ReplaySelection):
+    """One reviewer's decision, applied to each of ``job_ids``; or a replay of the jobs the
+    filter fields select (decision ``replay``)."""
 
     dag_id: ClassVar[str] = "review_jobs"
     invalid: ClassVar[type[InvalidParams]] = InvalidReviewConfig
 
     job_ids: list[str] = Field(
-        min_length=1, max_length=1000, title="Job ids",
+        default=[], max_length=1000, title="Job ids",
         description="The jobs to decide on (UUIDs, one per line), e.g. from the manual-review queue of the "
-        "reconcile_jobs report. Each is decided on its own: a refused job never blocks the others.",
+        "reconcile_jobs report. Each is decided on its own: a refused job never blocks the others. "
+        "Leave empty for decision replay (the filter below selects the jobs).",
         json_schema_extra={"section": "Decision", "items": {"type": "string", "pattern": UUID_PATTERN}},
     )  # fmt: skip
-    decision: Literal["label", "requeue", "reject"] = Field(
+    decision: Literal["label", "requeue", "reject", "replay"] = Field(
         title="Decision",
         description="label: the job is done with the label below; requeue: run its step again as a fresh job "
-        "(a new attempt budget, bounded by max replays); reject: no attempt will ever succeed (terminal_failed).",
+        "(a new attempt budget, bounded by max replays); reject: no attempt will ever succeed (terminal_failed); "
+        "replay: requeue the jobs the filter below selects (manual_review and/or terminal_failed), a dry run "
+        "unless Dry run is unticked.",
         json_schema_extra={"section": "Decision"},
     )  # fmt: skip
     label: str | None = Field(
@@ -50,32 +57,54 @@ class ReviewRunConfig(DagParams):
     )  # fmt: skip
     note: str | None = Field(
         default=None, max_length=2000, title="Note",
-        description="Why: kept with the review row. Ids and reasons only; never paste document text here.",
+        description="Why: kept with the review row (and the replay's record). Required to apply a replay. "
+        "Ids and reasons only; never paste document text here.",
         json_schema_extra={"section": "Decision", "format": "multiline"},
     )  # fmt: skip
     max_replays: int = Field(
         default=3, ge=1, le=20, title="Max replays",
-        description="A requeue is refused once a job was requeued from review this often.",
+        description="A requeue is refused once a job was requeued from review this often; a replay leaves such "
+        "jobs alone.",
         json_schema_extra={"section": "Limits"},
     )  # fmt: skip
 
     @model_validator(mode="after")
     def _label_goes_with_its_decision(self) -> ReviewRunConfig:
+        if self.decision == "replay":
+            if self.job_ids:
+                raise ValueError("decision 'replay' selects jobs by the filter fields: leave job ids empty")
+            self.replay_filter()  # its refusal (a ValueError) becomes this model's
+        else:
+            if not self.job_ids:
+                raise ValueError(f"decision {self.decision!r} needs job ids")
+            named = [name for name in NARROWING_FIELDS if getattr(self, name) is not None]
+            if named:
+                raise ValueError(f"the filter fields ({', '.join(named)}) are for decision 'replay' only")
         if self.decision == "label" and not self.label:
             raise ValueError("decision 'label' needs a label from the taxonomy")
         if self.decision != "label" and self.label:
             raise ValueError(f"a label is only for decision 'label', not {self.decision!r}; clear it or decide 'label'")
         return self
 
+    def replay_filter(self) -> ReplayFilter:
+        """The replay this run asks for (decision ``replay``).
+
+        :raises InvalidReplayFilter: the filter fields do not make a filter that may run.
+        """
+        fields = {name: getattr(self, name) for name in ReplaySelection.model_fields}
+        return ReplayFilter.parse({**fields, "note": self.note})
+
 
 def param_schemas(label_names: list[str]) -> dict[str, dict[str, Any]]:
-    """Each field as the keywords Airflow's ``Param`` takes. Fields without a default (job ids,
-    decision) are required by the form; ``label`` is a drop-down of ``label_names`` (or free
-    text when the taxonomy could not be read at parse time: the operator checks it anyway)."""
+    """Each field as the keywords Airflow's ``Param`` takes, the decision's fields first and the
+    replay's filter after them. The decision is required by the form; ``label`` is a drop-down of
+    ``label_names`` (or free text when the taxonomy could not be read at parse time: the operator
+    checks it anyway)."""
     out = ReviewRunConfig.param_schemas()
     if label_names:
         out["label"]["enum"] = [None, *label_names]
-    return out
+    replay = [name for name in out if name in ReplaySelection.model_fields]
+    return {**{k: v for k, v in out.items() if k not in replay}, **{k: out[k] for k in replay}}
 
 
 def form_label_names() -> list[str]:
