@@ -4,11 +4,10 @@ machine, with the reason logged; a batch with any sign of a live run is never to
 
 from __future__ import annotations
 
-from typing import Any
-
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
+from tests.integration.test_reconcile_rules import q, sql
 from triage.alerts import ORPHAN_REPAIRS, orphans_of
 from triage.jobs.models import Complete, LabelWrite
 from triage.jobs.store import JobStore
@@ -18,16 +17,6 @@ from triage.reconciliation.runner import reconcile
 
 DEAD, LIVE, PARKED = "dead-batch", "live-batch", "parked-batch"
 HOURS_13 = "interval '13 hours'"
-
-
-def q(store: JobStore, sql: str, **params: object) -> Any:
-    with store.engine.connect() as conn:
-        return conn.execute(sa.text(sql), params).scalar()
-
-
-def sql(store: JobStore, statement: str, **params: object) -> None:
-    with store.engine.begin() as conn:
-        conn.execute(sa.text(statement), params)
 
 
 def batch(store: JobStore, key: str, n: int = 4) -> None:

@@ -124,7 +124,8 @@ def claim_batch(versioned: bool = False) -> Any:
 
     ``FOR UPDATE SKIP LOCKED`` lets many workers claim from one batch without waiting on or
     double-taking each other; the attempt is counted here, at claim time, so a worker that dies
-    mid-attempt still used one. Served by ``jobs_claimable_idx``.
+    mid-attempt still used one. Served by ``jobs_claimable_idx``; suspects of poison isolation
+    (see :func:`triage.jobs.recovery.release_expired_leases`) by ``jobs_suspects_idx``.
 
     ``versioned``: only jobs registered for the classifier version ``:p_classifier_version``
     (the classify step: a job is labelled only by the classifier its idempotency key names).
