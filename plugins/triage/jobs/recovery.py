@@ -41,12 +41,13 @@ def release_expired_leases() -> Any:
     Poison isolation (``docs/reliability.md``): a claim whose lease is taken back died, and any
     one of its unfinished jobs may have killed it. When it left more than one, each of them
     becomes a suspect (``suspect_cap``: half of what the claim left, rounded up) and is not
-    charged the attempt (its budget grows by one); :func:`~triage.jobs.transitions.claim_batch` then claims suspects only with
-    suspects, at most ``suspect_cap`` at a time, so the groups halve death after death. A
-    suspect that dies alone in its claim is ``poison``: to review. A clean job that dies alone
-    becomes a suspect of one (and is charged the attempt, as before); ``retries_exhausted`` and
-    ``lease_expired_repeatedly`` still apply to it. Dead claims are counted among the rows this
-    statement takes (``:limit``): a claim split across two releases gets smaller caps, never larger.
+    charged the attempt (its budget grows by one); :func:`~triage.jobs.transitions.claim_batch`
+    then claims suspects only with suspects, at most ``suspect_cap`` at a time, so the groups
+    halve death after death. A suspect that dies alone in its claim is ``poison``: to review. A
+    clean job that dies alone becomes a suspect of one (and is charged the attempt, as before);
+    ``retries_exhausted`` and ``lease_expired_repeatedly`` still apply to it. Dead claims are
+    counted among the rows this statement takes (``:limit``): a claim split across two releases
+    gets smaller caps, never larger.
     """
     earlier_try = sa.and_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
                           jobs.c.lease_owner != sa.bindparam("owner", type_=sa.Text))  # fmt: skip
