@@ -40,6 +40,8 @@ ORPHAN_REPAIRS: Mapping[str, str] = {
     "lease_released": "a worker died or hung holding their lease: back to retryable_failed",
     "lease_released_to_review": "a worker died or hung holding their lease, too often or out of attempts: to review",
     "batch_sent_to_review": "a run Airflow gave up on left them and its failure callback never ran: to review",
+    "orphans_sent_to_review": "their batch saw no progress for hours and no run holds it (no Airflow API needed): "
+    "to review as orphaned",
 }
 """The reconciliation repairs (``docs/reconciliation.md``) that take back work nobody alive
 holds any more, and what each means. A new backstop repair of that kind belongs here."""

@@ -38,7 +38,6 @@ from tests.dags.conftest import fresh_databases, triage_airflow_env
 from triage.database import DatabaseUrl
 from triage_tools.deploy import reconcile_user
 
-
 ROOT = Path(__file__).resolve().parents[2]
 FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
 

@@ -115,18 +115,24 @@ def test_a_live_lease_and_a_completed_job_are_never_touched(store: JobStore) -> 
 
 def test_a_job_rescued_too_often_goes_to_review(store: JobStore) -> None:
     register(store, 1)
-    for _ in range(2):
-        claim(store)
-        expire_leases(store)
-        rules.expired_leases(store, ReconcileParams(max_rescues=5))
-        sql(store, "UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'retryable_failed'")
+    claim(store)
+    expire_leases(store)
+    rules.expired_leases(store, ReconcileParams(max_rescues=5))
+    sql(store, "UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'retryable_failed'")
+    claim(store)
+    expire_leases(store)
+    result = rules.expired_leases(store, ReconcileParams(max_rescues=5))
+    assert repaired(result) == {"lease_released_to_review": 1}
+    # It died twice in a claim of its own: poison (isolation), whatever max_rescues allows.
+    assert q(store, "SELECT reason FROM triage.manual_review WHERE resolved_at IS NULL") == "poison"
+    assert q(store, "SELECT count(*) FROM triage.jobs WHERE status = 'manual_review'") == 1
+    register(store, 1, prefix="spent")
+    sql(store, "UPDATE triage.jobs SET lease_rescues = 2 WHERE status = 'queued'")
     claim(store)
     expire_leases(store)
     result = rules.expired_leases(store, ReconcileParams(max_rescues=2))
     assert repaired(result) == {"lease_released_to_review": 1}
-    reason = q(store, "SELECT reason FROM triage.manual_review WHERE resolved_at IS NULL")
-    assert reason in ("lease_expired_repeatedly", "retries_exhausted")  # the third attempt was its last
-    assert q(store, "SELECT count(*) FROM triage.jobs WHERE status = 'manual_review'") == 1
+    assert q(store, "SELECT count(*) FROM triage.manual_review WHERE reason = 'lease_expired_repeatedly'") == 1
 
 
 # -- stuck work ---------------------------------------------------------------------------------

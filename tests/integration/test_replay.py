@@ -83,21 +83,24 @@ def test_a_requeued_job_gets_a_fresh_budget_and_a_short_backoff(engine: sa.Engin
 
 def test_a_requeued_job_starts_without_lease_rescues_or_last_error(store: JobStore) -> None:
     [job_id] = store.register(new_jobs(1), batch_key=BATCH, step="classify", max_attempts=5).new_ids
-    for _ in range(2):  # its worker dies twice: the second rescue sends it to review
+    for _ in range(2):  # its worker dies twice, alone: the second rescue sends it to review
         claim_one(store)
         expire(store)
         store.release_expired_leases(max_rescues=1)
         make_due(store)
     assert rows(store, "SELECT status::text, status_reason, lease_rescues FROM triage.jobs") == [
-        ("manual_review", "lease_expired_repeatedly", 2)]  # fmt: skip
+        ("manual_review", "poison", 2)]  # fmt: skip
     store.resolve_with_requeue(job_id, actor="alice")
     assert rows(store, "SELECT status::text, lease_rescues, last_error_class, last_error, attempt, attempt_base,"
                        " max_attempts FROM triage.jobs") == [("queued", 0, None, None, 2, 2, 7)]  # fmt: skip
     claim_one(store)
     expire(store)
-    assert store.release_expired_leases(max_rescues=1).retrying == 1  # a fresh job's first rescue
+    # Its rescues start again from 0, but it stays a suspect (claimed alone): a requeued poison
+    # document that still kills its worker takes nobody with it, and is poison again at once.
+    assert store.release_expired_leases(max_rescues=1).to_review == 1
     # the history stays where it was: the review row and the log
-    assert rows(store, "SELECT last_error IS NOT NULL FROM triage.manual_review") == [(True,)]
+    assert rows(store, "SELECT resolution, last_error IS NOT NULL FROM triage.manual_review ORDER BY id") == [
+        ("requeued", True), (None, True)]  # fmt: skip
 
 
 TAXONOMY = Taxonomy.load()

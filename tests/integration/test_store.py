@@ -270,12 +270,16 @@ def test_release_expired_leases_is_fenced_and_bounded(store: JobStore) -> None:
     assert store.release_expired_leases().retrying == 0  # nothing left to release
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'retryable_failed'"))
-    claim(store)
-    expire(store)
-    again = store.release_expired_leases(max_rescues=1)
-    assert again.to_review == 2
+    # The dead claim left two: neither is charged the attempt (its budget grows by one) and each
+    # is now claimed alone (poison isolation); dying alone again makes it poison.
+    assert rows(store, "SELECT attempt, max_attempts, suspect_cap FROM triage.jobs"
+                       " WHERE status = 'retryable_failed'") == [(1, 4, 1), (1, 4, 1)]  # fmt: skip
+    for _ in range(2):
+        assert len(claim(store)) == 1
+        expire(store)
+        assert store.release_expired_leases(max_rescues=1).to_review == 1
     reasons = {r[0] for r in rows(store, "SELECT reason FROM triage.manual_review")}
-    assert reasons == {"lease_expired_repeatedly"}
+    assert reasons == {"poison"}
 
 
 def test_batch_to_review_takes_unfinished_work_and_spares_live_leases(store: JobStore) -> None:

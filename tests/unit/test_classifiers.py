@@ -397,3 +397,17 @@ def test_build_classifier(taxonomy: Taxonomy) -> None:
 def test_build_classifier_refuses(taxonomy: Taxonomy, name: str, llm_settings: dict[str, object] | None) -> None:
     with pytest.raises(ValueError, match=r"unknown classifier|llm_settings"):
         build_classifier(name, taxonomy=taxonomy, llm_settings=llm_settings)
+
+
+def test_the_drill_names_its_poison_document_by_external_id_or_content_hash() -> None:
+    from triage.classifiers.base import ClassifyRequest
+    from triage.classifiers.drill import is_document
+
+    request = ClassifyRequest(job_id="j", external_id="doc-7", idempotency_key="synthetic/5:doc-7/abc123/keyword-v1",
+                              correlation_id="c", attempt=1, text="t")  # fmt: skip
+    assert is_document(request, "doc-7")
+    assert is_document(request, "abc123")
+    assert not is_document(request, "doc-8")
+    assert not is_document(request, "abc")  # a whole segment, not a prefix
+    assert DrillSettings(kill_on="doc-7").injects_faults
+    assert not DrillSettings().injects_faults

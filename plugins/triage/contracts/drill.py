@@ -35,6 +35,11 @@ class DrillSettings(BaseModel):
         default=0.0, ge=0.0, le=1.0, description="Share of documents the source delivers twice."
     )
     seed: int = Field(default=0, description="Seed of every drill decision.")
+    kill_on: str | None = Field(
+        default=None, min_length=1, max_length=256,
+        description="A document (its external_id, or its content sha256) whose classification SIGKILLs the "
+        "worker process, every attempt: a poison document (segfault, OOM) for the poison-isolation drill.",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _fault_rates_fit_in_one(self) -> DrillSettings:
@@ -53,7 +58,8 @@ class DrillSettings(BaseModel):
     @property
     def injects_faults(self) -> bool:
         """Whether any classification fault is injected (duplicates concern sources only)."""
-        return (self.transient_error_rate + self.permanent_error_rate + self.inconclusive_rate) > 0.0
+        rates = self.transient_error_rate + self.permanent_error_rate + self.inconclusive_rate
+        return rates > 0.0 or self.kill_on is not None
 
 
 def drill_fraction(seed: int, *parts: str | int) -> float:

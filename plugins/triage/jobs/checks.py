@@ -139,6 +139,33 @@ def open_review_of_job_in(*states: S) -> list[ColumnElement[bool]]:
     return [manual_review.c.resolved_at.is_(None), manual_review.c.job_id == jobs.c.id, in_state(*states), settled()]
 
 
+def orphaned() -> list[ColumnElement[bool]]:
+    """Claimable jobs (``queued``, ``retryable_failed``) left behind by a run that is gone: the
+    job has been idle for ``:threshold`` seconds (counted from ``next_attempt_at`` if that is
+    later: a backoff is not idleness), and no job of its batch has moved, heartbeated or been
+    written for as long, none is ``running`` (a lease, live or about to be released) and none is
+    ``waiting`` (parked on a dependency; the run that parked it will come back for it).
+
+    Without Airflow's API this is the only sign that a batch's runs are over: a live run claims,
+    heartbeats and completes, and each of those sets ``updated_at`` on some job of its batch.
+    """
+    batch = jobs.alias("batch")
+    active = sa.exists().where(
+        batch.c.batch_key == jobs.c.batch_key,
+        sa.or_(batch.c.updated_at >= NOW - seconds("threshold"),
+               batch.c.status.in_([status_literal(S.RUNNING), status_literal(S.WAITING)])),
+    )  # fmt: skip
+    idle_since = sa.func.greatest(jobs.c.updated_at, jobs.c.next_attempt_at)
+    return [in_state(*CLAIMABLE), idle_since < NOW - seconds("threshold"), ~active]
+
+
+@cache
+def orphaned_work() -> sa.Select[Any]:
+    """Claimable jobs of batches nobody has worked on for ``:threshold`` seconds (:func:`orphaned`)."""
+    rows = sa.select(jobs.c.id, jobs.c.updated_at.label("since")).where(*orphaned()).subquery()
+    return summarise(rows)
+
+
 @cache
 def unclaimable_retryable() -> sa.Select[Any]:
     """Retryable jobs whose attempts are spent (:func:`spent_retryable`)."""

@@ -16,6 +16,9 @@ from triage.jobs.schema import job_events, jobs
 from triage.jobs.states import UNLEASED
 from triage.jobs.states import JobStatus as S
 
+POISON = "poison"
+"""A job that killed its claim even when claimed alone, after its claims had been halved."""
+
 
 @cache
 def release_expired_leases() -> Any:
@@ -34,6 +37,17 @@ def release_expired_leases() -> Any:
     Fenced twice: ``SKIP LOCKED`` passes over a job a live worker is writing right now, and the
     UPDATE re-checks ``running`` and the expiry under the row lock, so a job that finished in
     the meantime is never touched.
+
+    Poison isolation (``docs/reliability.md``): a claim whose lease is taken back died, and any
+    one of its unfinished jobs may have killed it. When it left more than one, each of them
+    becomes a suspect (``suspect_cap``: half of what the claim left, rounded up) and is not
+    charged the attempt (its budget grows by one); :func:`~triage.jobs.transitions.claim_batch`
+    then claims suspects only with suspects, at most ``suspect_cap`` at a time, so the groups
+    halve death after death. A suspect that dies alone in its claim is ``poison``: to review. A
+    clean job that dies alone becomes a suspect of one (and is charged the attempt, as before);
+    ``retries_exhausted`` and ``lease_expired_repeatedly`` still apply to it. Dead claims are
+    counted among the rows this statement takes (``:limit``): a claim split across two releases
+    gets smaller caps, never larger.
     """
     earlier_try = sa.and_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
                           jobs.c.lease_owner != sa.bindparam("owner", type_=sa.Text))  # fmt: skip
@@ -42,24 +56,38 @@ def release_expired_leases() -> Any:
     expired_now = sa.and_(jobs.c.status == status_literal(S.RUNNING), in_batch,
                           sa.or_(jobs.c.lease_expires_at < NOW, sa.func.coalesce(earlier_try, False)))  # fmt: skip
     expired = (
-        sa.select(jobs.c.id)
+        sa.select(jobs.c.id, jobs.c.lease_token)
         .where(expired_now)
         .order_by(jobs.c.lease_expires_at)
         .limit(sa.bindparam("limit", type_=sa.Integer))
         .with_for_update(skip_locked=True)
         .cte("expired")
     )
+    # Poison isolation: the unfinished jobs each dead claim (lease token) left, counted here.
+    dead = sa.select(expired.c.lease_token, sa.func.count().label("left")).group_by(expired.c.lease_token).cte("dead")
+    shared = dead.c.left > 1
     spent = jobs.c.attempt >= jobs.c.max_attempts
     too_often = jobs.c.lease_rescues >= sa.bindparam("max_rescues", type_=sa.Integer)
-    review_reason = sa.case((spent, "retries_exhausted"), (too_often, "lease_expired_repeatedly"), else_=None)
+    review_reason = sa.case(
+        (shared, None),
+        (jobs.c.suspect_cap.is_not(None), POISON),
+        (spent, "retries_exhausted"),
+        (too_often, "lease_expired_repeatedly"),
+        else_=None,
+    )
     moved = (
         sa.update(jobs)
-        .where(jobs.c.id == expired.c.id, expired_now)
+        .where(jobs.c.id == expired.c.id, dead.c.lease_token == jobs.c.lease_token, expired_now)
         .values(
             status=sa.case((review_reason.is_not(None), status_literal(S.MANUAL_REVIEW)),
                            else_=status_literal(S.RETRYABLE_FAILED)),
             status_reason=sa.func.coalesce(review_reason, "lease_expired"),
             next_attempt_at=sa.case((review_reason.is_not(None), None), else_=NOW),
+            # A death shared with other jobs is not charged to this one (any of them may have
+            # caused it): its budget grows by the attempt (attempts only grow: each claim keeps
+            # its own number) and its next claim is half as large.
+            max_attempts=sa.case((shared, jobs.c.max_attempts + 1), else_=jobs.c.max_attempts),
+            suspect_cap=sa.func.least(jobs.c.suspect_cap, (dead.c.left + 1) // 2),
             lease_rescues=jobs.c.lease_rescues + 1,
             last_error_class="lease_expired",
             last_error=sa.case(

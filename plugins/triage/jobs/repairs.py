@@ -27,6 +27,7 @@ from triage.jobs.states import TERMINAL, EventType
 from triage.jobs.states import JobStatus as S
 
 MISSING_REVIEW = "reconciliation_missing_review"
+ORPHANED = "orphaned"
 LOCK_KEY = 0x7472_6961_6765  # "triage": one advisory lock for every reconciler's repairs
 
 
@@ -96,3 +97,24 @@ def append_missing_completion_events() -> Any:
     """The ``job.completed`` event of completed jobs that have no completion event."""
     rows = sa.select(jobs.c.id, jobs.c.attempt).where(*C.completed_without_completion_event())
     return outbox_insert(rows.cte("rows"), EventType.COMPLETED).returning(outbox.c.job_id)
+
+
+@cache
+def send_orphans_to_review() -> Any:
+    """``queued``/``retryable_failed -> manual_review`` (``orphaned``, with the review row) for
+    the claimable jobs of a batch nobody has worked on for ``:threshold`` seconds
+    (:func:`~triage.jobs.checks.orphaned`). Not back to the queue: the jobs are claimable
+    already, and the rule fires because no claim came; only a new run of the batch would take
+    them, which a reviewer (or replay by reason ``orphaned``) starts knowingly."""
+    moved = (
+        sa.update(jobs)
+        .where(*C.orphaned())
+        .values(status=status_literal(S.MANUAL_REVIEW), status_reason=ORPHANED, next_attempt_at=None,
+                updated_at=NOW)
+        .returning(*MOVED)
+        .cte("moved")
+    )  # fmt: skip
+    context = sa.func.jsonb_build_object("repaired_by", REPAIRER, "orphaned", True,
+                                         "threshold_seconds", sa.bindparam("threshold", type_=sa.Float))  # fmt: skip
+    reviews = review_rows(moved, sa.literal(ORPHANED), context).cte("reviews")
+    return sa.select(moved.c.id).add_cte(reviews)

@@ -58,6 +58,10 @@ jobs = sa.Table(
     sa.Column("attempt_base", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.Column("replays", sa.Integer, nullable=False, server_default=sa.text("0")),  # requeues from review
     sa.Column("lease_rescues", sa.Integer, nullable=False, server_default=sa.text("0")),  # expired leases returned
+    # Poison isolation (migration 0009): NULL for a clean job; for a job whose claim died under
+    # it (its lease taken back), the largest claim it may be part of next. Claims never mix
+    # suspects with clean jobs; a suspect that dies again in a claim of one is poison.
+    sa.Column("suspect_cap", sa.Integer),
     sa.Column("next_attempt_at", sa.DateTime(timezone=True)),
     sa.Column("lease_owner", sa.Text),
     sa.Column("lease_token", pg.UUID(as_uuid=True)),
@@ -88,6 +92,15 @@ jobs = sa.Table(
         "step",
         "next_attempt_at",
         postgresql_where=sa.text("status IN ('queued', 'retryable_failed')"),
+    ),
+    sa.CheckConstraint("suspect_cap >= 1", name="suspect_cap_positive"),
+    # Serves claim_batch's probe for suspects (poison isolation): empty on the common path.
+    sa.Index(
+        "jobs_suspects_idx",
+        "batch_key",
+        "step",
+        "suspect_cap",
+        postgresql_where=sa.text("suspect_cap IS NOT NULL AND status IN ('queued', 'retryable_failed')"),
     ),
     # Serves release_expired_leases: only running jobs carry a lease.
     sa.Index("jobs_lease_expiry_idx", "lease_expires_at", postgresql_where=sa.text("status = 'running'")),

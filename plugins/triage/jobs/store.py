@@ -220,6 +220,12 @@ class JobStore:
         """The ``job.completed`` event of completed jobs that have none."""
         return self._repair(repairs.append_missing_completion_events(), grace=grace_seconds)
 
+    def send_orphans_to_review(self, *, idle_seconds: float) -> list[uuid.UUID]:
+        """``queued``/``retryable_failed -> manual_review`` (``orphaned``, with its review row)
+        for claimable jobs of batches nobody has touched for ``idle_seconds``: a run that died
+        with no failure callback and no Airflow API to tell (:func:`repairs.send_orphans_to_review`)."""
+        return self._repair(repairs.send_orphans_to_review(), threshold=idle_seconds)
+
     def _repair(self, statement: Any, **params: float) -> list[uuid.UUID]:
         with self.transaction(REPAIRER) as conn:
             conn.execute(repairs.lock())

@@ -124,7 +124,8 @@ def claim_batch(versioned: bool = False) -> Any:
 
     ``FOR UPDATE SKIP LOCKED`` lets many workers claim from one batch without waiting on or
     double-taking each other; the attempt is counted here, at claim time, so a worker that dies
-    mid-attempt still used one. Served by ``jobs_claimable_idx``.
+    mid-attempt still used one. Served by ``jobs_claimable_idx``; suspects of poison isolation
+    (see :func:`triage.jobs.recovery.release_expired_leases`) by ``jobs_suspects_idx``.
 
     ``versioned``: only jobs registered for the classifier version ``:p_classifier_version``
     (the classify step: a job is labelled only by the classifier its idempotency key names).
@@ -132,23 +133,45 @@ def claim_batch(versioned: bool = False) -> Any:
     yields: the jobs of one batch and step are nearly always of one version.
     """
     version = [jobs.c.classifier_version == sa.bindparam("p_classifier_version", type_=sa.Text)] if versioned else []
-    picked = (
+    claimable = [
+        jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+        jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
+        sa.or_(
+            jobs.c.status == status_literal(S.QUEUED),
+            sa.and_(jobs.c.status == status_literal(S.RETRYABLE_FAILED), jobs.c.next_attempt_at <= NOW),
+        ),
+        jobs.c.attempt < jobs.c.max_attempts,
+        *version,
+    ]
+    # Poison isolation: suspects (jobs whose claim died under them) are claimed only with
+    # suspects of the same cap, at most that many, smallest cap first (the group nearest the
+    # poison). One probe of jobs_suspects_idx, empty on the common path; clean jobs are claimed
+    # only when no suspect is claimable, so a claim never mixes them.
+    cap = (
+        sa.select(jobs.c.suspect_cap)
+        .where(*claimable, jobs.c.suspect_cap.is_not(None))
+        .order_by(jobs.c.suspect_cap)
+        .limit(1)
+        .cte("cap")
+    )
+    cap_value = sa.select(cap.c.suspect_cap).scalar_subquery()
+    suspects = (
         sa.select(jobs.c.id)
-        .where(
-            jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
-            jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
-            sa.or_(
-                jobs.c.status == status_literal(S.QUEUED),
-                sa.and_(jobs.c.status == status_literal(S.RETRYABLE_FAILED), jobs.c.next_attempt_at <= NOW),
-            ),
-            jobs.c.attempt < jobs.c.max_attempts,
-            *version,
-        )
+        .where(*claimable, jobs.c.suspect_cap == cap_value)
+        .order_by(jobs.c.next_attempt_at)
+        .limit(sa.func.least(sa.bindparam("limit", type_=sa.Integer), cap_value))
+        .with_for_update(skip_locked=True)
+        .cte("suspects")
+    )
+    clean = (
+        sa.select(jobs.c.id)
+        .where(*claimable, jobs.c.suspect_cap.is_(None), ~sa.exists(sa.select(cap.c.suspect_cap)))
         .order_by(jobs.c.next_attempt_at)
         .limit(sa.bindparam("limit", type_=sa.Integer))
         .with_for_update(skip_locked=True)
         .cte("picked")
     )
+    picked = sa.union_all(sa.select(suspects.c.id), sa.select(clean.c.id)).subquery()
     return (
         sa.update(jobs)
         # = ANY(ARRAY(…)) rather than a join: the planner cannot know the LIMIT's size and
@@ -219,13 +242,14 @@ def complete() -> Any:
 
 @cache
 def advance() -> Any:
-    """``running -> queued`` at the next step, with a fresh attempt budget."""
+    """``running -> queued`` at the next step, with a fresh attempt budget; a suspect of poison
+    isolation is clean again (it survived the step whose claims died)."""
     held = recordset("held", **HELD, next_step=sa.Text)
     return (
         sa.update(jobs)
         .where(*_held(held))
         .values(status=status_literal(S.QUEUED), status_reason="advanced", step=held.c.next_step, updated_at=NOW,
-                **fresh_budget(), **NO_LEASE)
+                suspect_cap=None, **fresh_budget(), **NO_LEASE)
         .returning(jobs.c.id)
     )  # fmt: skip
 

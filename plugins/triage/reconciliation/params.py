@@ -53,6 +53,12 @@ class ReconcileParams(DagParams):
         2 * 3600, "running threshold (s)",
         "A job running this long under a lease that is still valid (a heartbeat keeps it alive) is reported.",
     )  # fmt: skip
+    orphan_seconds: int = _seconds(
+        12 * 3600, "Orphaned batch threshold (s)",
+        "Queued or retryable jobs of a batch in which no job has moved, heartbeated or been written for this long, "
+        "and none is running or waiting, go to manual_review (orphaned): their run is gone. Keep it longer than "
+        "any run's retries and than a run may wait for a pool slot (long backfills).",
+    )  # fmt: skip
     max_rescues: int = Field(
         default=3, ge=0, le=100, title="Max lease rescues",
         description="Expired leases returned per job before it goes to manual_review (lease_expired_repeatedly).",

@@ -192,6 +192,33 @@ def consistency(store: JobStore, params: ReconcileParams) -> RuleResult:
     return RuleResult("consistency", findings=tuple(findings), repairs=tuple(repairs), conflicts=tuple(conflicts))
 
 
+def orphaned_work(store: JobStore, params: ReconcileParams) -> RuleResult:
+    """Claimable jobs of a batch nobody has worked on for ``orphan_seconds`` go to
+    ``manual_review`` (``orphaned``): :meth:`JobStore.send_orphans_to_review`, fenced.
+
+    The backstop that needs no Airflow API: a run that died where no failure callback ran
+    (SIGKILL, OOM) leaves its batch's ``queued`` and ``retryable_failed`` jobs behind, and the
+    Airflow view can settle them only when it can ask Airflow. The guard against fighting a live
+    run is progress: a live run claims, heartbeats and completes, and every one of those writes
+    some job of its batch; a batch with any job written within the threshold, or any job
+    ``running`` (a lease) or ``waiting`` (parked on a dependency), is left alone. The threshold
+    is hours, far beyond a run's retries. Not back to the queue: the jobs are claimable already
+    and nobody claimed them; a reviewer's requeue (or replay by reason ``orphaned``) with a new
+    run of the date is the decision to try again.
+    """
+    row = _check(store, Q.orphaned_work(), threshold=params.orphan_seconds)
+    if row.n == 0:
+        return RuleResult("orphaned_work")
+    detail = f"queued or retryable in a batch with no progress for {params.orphan_seconds} s"
+    findings = (_finding("orphaned", row, detail, "orphans_sent_to_review"),)
+    if params.dry_run:
+        return RuleResult("orphaned_work", findings=findings)
+    ids = store.send_orphans_to_review(idle_seconds=params.orphan_seconds)
+    repairs = (Repair("orphans_sent_to_review", len(ids), "queued/retryable_failed -> manual_review (orphaned)",
+                      sample(ids)),) if ids else ()  # fmt: skip
+    return RuleResult("orphaned_work", findings=findings, repairs=repairs)
+
+
 def unfinished_by_batch(store: JobStore, batch_keys: Sequence[str]) -> dict[str, Any]:
     """``batch_key -> (count, oldest_seconds, job_ids)`` of the unfinished jobs of each batch."""
     if not batch_keys:

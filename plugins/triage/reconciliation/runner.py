@@ -83,13 +83,15 @@ def run_rules(store: JobStore, params: ReconcileParams, *, publish: rules.Publis
               api: airflow_view.AirflowApi | None,
               classifier_versions: Collection[str] | None = None) -> tuple[RuleResult, ...]:  # fmt: skip
     """Every rule, in an order where each sees the previous ones' repairs: leases first (a
-    rescued job is no longer "running"), Airflow's view last (it counts what is left)."""
+    rescued job is no longer "running"), then Airflow's view (it counts what is left), and the
+    orphans last: what no rule with more knowledge settled."""
     results = [
         rules.expired_leases(store, params),
         rules.stuck_work(store, params, classifier_versions),
         rules.outbox(store, params, publish),
         rules.consistency(store, params),
         airflow_view.airflow_view(store, params, api),
+        rules.orphaned_work(store, params),  # after the Airflow view: its repairs know why
     ]
     for result in results:
         log.info("rule=%s findings=%d repairs=%d conflicts=%d skipped=%s", result.rule, len(result.findings),
