@@ -112,8 +112,8 @@ def platforms(arch: str = "x86_64") -> list[str]:
     return [arg for tag in tags for arg in ("--platform", tag)]
 
 
-# Run by another interpreter with the host's pip on its path: that pip, with the marker
-# environment of CPython ``sys.argv[1]`` (see resolve()). pip has no option for it; Marker.evaluate
+# Run as ``python -c`` by this interpreter when no CPython of the target runs here: its pip, with
+# the marker environment of CPython ``sys.argv[1]`` (see resolve()). pip has no option for it; Marker.evaluate
 # looks default_environment up in its module at each call, so replacing it there reaches every
 # marker pip evaluates. The check below makes a pip release where that no longer holds fail loudly
 # instead of resolving as the host.
