@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
+import importlib.util
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -109,26 +112,99 @@ def platforms(arch: str = "x86_64") -> list[str]:
     return [arg for tag in tags for arg in ("--platform", tag)]
 
 
+# Run as ``python -c`` by this interpreter when no CPython of the target runs here: its pip, with
+# the marker environment of CPython ``sys.argv[1]`` (see resolve()). pip has no option for it; Marker.evaluate
+# looks default_environment up in its module at each call, so replacing it there reaches every
+# marker pip evaluates. The check below makes a pip release where that no longer holds fail loudly
+# instead of resolving as the host.
+MARKER_OVERRIDE = """
+import sys
+from pip._vendor.packaging import markers
+target = sys.argv.pop(1)
+host = markers.default_environment
+def default_environment():
+    return {**host(), "python_version": target, "python_full_version": target + ".0",
+            "implementation_version": target + ".0"}
+markers.default_environment = default_environment
+if not markers.Marker(f"python_version == '{target}'").evaluate():
+    sys.exit(f"triage_tools/lock.py: this pip ignores the marker override for Python {target}")
+from pip._internal.cli.main import main
+sys.argv[0] = "pip"
+sys.exit(main())
+"""
+
+
+def pip_package() -> Path:
+    spec = importlib.util.find_spec("pip")
+    if spec is None or not spec.submodule_search_locations:
+        raise LockError(f"{sys.executable} has no pip")
+    return Path(spec.submodule_search_locations[0])
+
+
+@functools.cache
+def interpreter(python: str) -> str | None:
+    """A CPython ``python`` (``3.13``) that runs on this machine: this one, else a ``python3.X``
+    under pyenv's versions (by full path: pyenv's shims may refuse to run) or on PATH."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == python and sys.implementation.name == "cpython":
+        return sys.executable
+    pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    candidates = sorted(pyenv_root.glob(f"versions/*/bin/python{python}"), reverse=True)
+    candidates += [Path(found) for found in [shutil.which(f"python{python}")] if found]
+    probe = "import sys; print(sys.implementation.name, *sys.version_info[:2], sep='.')"
+    for candidate in candidates:
+        try:
+            said = subprocess.run([candidate, "-c", probe], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if said.returncode == 0 and said.stdout.strip() == f"cpython.{python}":
+            return str(candidate)
+    return None
+
+
 def resolve(
     arguments: list[str], python: str, *, arch: str = "x86_64", uploaded_prior_to: str | None = None,
     isolated: bool = False,
 ) -> dict[str, str]:  # fmt: skip
     """What ``pip install ARGUMENTS`` would install on CPython ``python`` (Linux ``arch``), as
-    ``{name: version}``; raises LockError with pip's explanation when the set does not resolve."""
+    ``{name: version}``; raises LockError with pip's explanation when the set does not resolve.
+
+    pip's ``--python-version`` and ``--platform`` choose wheel tags and check Requires-Python, but
+    pip evaluates environment markers (``pyyaml-ft; python_version == "3.13"``) against the
+    interpreter that runs it. So pip runs under a CPython of the target version when one runs on
+    this machine (interpreter()): this process's pip package, put on that interpreter's path, so
+    every Python resolves with one pip release (the pyenv interpreters' own pips are too old for
+    ``--uploaded-prior-to``, and resolvers differ between releases). Where none is found (3.14
+    here), pip runs under this interpreter with MARKER_OVERRIDE, which pip offers no option for:
+    ``python_version`` is the target's, ``python_full_version`` and ``implementation_version``
+    are ``X.Y.0``, so a marker on a patch release (``python_full_version >= "3.14.1"``) is read
+    as on 3.14.0.
+
+    Either way the other markers are this machine's, not the target's: ``platform_machine``
+    (x86_64 here, also when ``arch`` is aarch64), ``platform_release``, ``platform_version``
+    and, off Linux, ``sys_platform``, ``platform_system`` and ``os_name``."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        command = [
-            sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+        options = [
+            "install", "--dry-run", "--quiet", "--ignore-installed", "--disable-pip-version-check",
             "--only-binary=:all:", "--python-version", python, *platforms(arch), "--report", str(report),
         ]  # fmt: skip
         if uploaded_prior_to:
-            command += ["--uploaded-prior-to", uploaded_prior_to]
+            options += ["--uploaded-prior-to", uploaded_prior_to]
         env = dict(os.environ)
         if isolated:  # the package index alone: no local wheel folders or extra indexes
             env["PIP_CONFIG_FILE"] = os.devnull
             for key in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT"):
                 env.pop(key, None)
-        result = subprocess.run([*command, *arguments], capture_output=True, text=True, env=env, timeout=900)
+        target = interpreter(python)
+        if target == sys.executable:
+            command = [sys.executable, "-m", "pip"]
+        else:  # this process's pip, alone on the path ahead of the interpreter's own
+            pip_path = Path(tmp) / "pip-only"
+            pip_path.mkdir()
+            (pip_path / "pip").symlink_to(pip_package(), target_is_directory=True)
+            env["PYTHONPATH"] = str(pip_path)
+            command = [target, "-m", "pip"] if target else [sys.executable, "-c", MARKER_OVERRIDE, python]
+        result = subprocess.run([*command, *options, *arguments], capture_output=True, text=True, env=env, timeout=900)
         if result.returncode != 0:
             noise = "WARNING: Location "  # local index folders that lack a package: not the point
             said = "\n".join(line for line in result.stderr.splitlines() if not line.startswith(noise))

@@ -10,7 +10,11 @@
   runs here). The embedded PostgreSQL is not part of it.
 
 pip asks the package index (these tests need it; each takes 10-30 s). The resolving code is
-triage_tools/lock.py's, which ``make lock`` uses to write the pins.
+triage_tools/lock.py's, which ``make lock`` uses to write the pins. It evaluates environment
+markers for the target Python, not the one running the tests: under a CPython of that version
+when this machine has one (pyenv's or on PATH), else with a marker override in which only
+``python_version`` is exact (``python_full_version`` reads as X.Y.0), as 3.14 here. Markers on
+the machine (``platform_machine`` even for aarch64, ``platform_release``) stay the host's.
 """
 
 from __future__ import annotations
@@ -60,6 +64,25 @@ def test_runtime_set_resolves_under_the_local_lock(python: str) -> None:
     locked = pins(lock.LOCAL_LOCK.read_text())
     unlocked = sorted(name for name in map(normalized, resolved) if name not in locked)
     assert unlocked == [], f"constraints.txt leaves these unpinned on Python {python}: run `make lock`"
+
+
+@pytest.mark.parametrize("python", lock.supported_pythons())
+def test_markers_are_evaluated_for_the_target_python(python: str) -> None:
+    """libcst (Airflow's) needs ``pyyaml-ft; python_version == "3.13"``: pip reading the markers
+    of the Python running it asked for pyyaml-ft on every target from a 3.13 host (no wheel for
+    the others) and never from another host (so the lock left it unpinned for 3.13)."""
+    resolved = set(map(normalized, resolve(["-r", str(lock.REQUIREMENTS), "-c", str(lock.LOCAL_LOCK)], python)))
+    assert ("pyyaml-ft" in resolved) == (python == "3.13")
+
+
+@pytest.mark.parametrize("python", ["3.12", "3.13"])
+def test_marker_override_without_an_interpreter_of_the_target(python: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback where no CPython of the target runs here (3.14 on this machine): the host's
+    pip with the target's python_version, whichever Python the host is."""
+    monkeypatch.setattr(lock, "interpreter", lambda python: None)
+    libcst = "libcst==" + pins(lock.LOCAL_LOCK.read_text())["libcst"]
+    resolved = set(map(normalized, resolve([libcst, "-c", str(lock.LOCAL_LOCK)], python)))
+    assert ("pyyaml-ft" in resolved) == (python == "3.13")
 
 
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
