@@ -40,6 +40,7 @@ from triage.operators import (
     RetrieveDocumentsOperator,
 )
 from triage.operators.alerts import RunAlertsOperator, classify_deadlines
+from triage.operators.retry import OUTAGE_RETRY_POLICY
 
 RETRIEVE_SHARDS = 2
 """Parallel ``retrieve`` task instances per run, each registering the documents of one shard
@@ -78,7 +79,7 @@ with DAG(
         shard=list(range(RETRIEVE_SHARDS))
     )
     classify = ClassifyDocumentsOperator.partial(
-        task_id="classify", pool=LLM_POOL, pool_slots=CLASSIFY_POOL_SLOTS
+        task_id="classify", pool=LLM_POOL, pool_slots=CLASSIFY_POOL_SLOTS, retry_policy=OUTAGE_RETRY_POLICY
     ).expand(worker=list(range(CLASSIFY_WORKERS)))
     persist = PersistLabelsOperator(task_id="persist")
     publish = PublishEventsOperator(task_id="publish_events")

@@ -28,6 +28,7 @@ from triage.operators.base import (
     owner_prefix,
     variable,
 )
+from triage.operators.retry import DependencyOutage
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -216,7 +217,15 @@ class ClassifyDocumentsOperator(TriageOperator):
                               metrics=AirflowStatsMetrics())  # fmt: skip
         except DependencyMisconfigured as exc:
             raise AirflowFailException(f"{exc}; fix the triage_llm connection, then clear this task") from None
-        except (WorkRemains, CircuitOpen) as exc:
+        except CircuitOpen as exc:
+            raise DependencyOutage(
+                f"{exc}; parked the batch's unfinished jobs (waiting, outage:{exc.dependency}) "
+                f"for {exc.delay_seconds:.0f}s without spending an attempt; Airflow's retry "
+                "or the next run of this date takes them up again",
+                dependency=exc.dependency,
+                retry_after=exc.retry_after,
+            ) from None
+        except WorkRemains as exc:
             raise AirflowException(f"{exc}; Airflow's retry continues with the unfinished jobs") from None
         finally:
             handler.close()
