@@ -35,6 +35,10 @@ class DrillSettings(BaseModel):
         default=0.0, ge=0.0, le=1.0, description="Share of documents the source delivers twice."
     )
     seed: int = Field(default=0, description="Seed of every drill decision.")
+    retry_after_seconds: float | None = Field(
+        default=None, ge=0.0, le=900.0,
+        description="Retry-After the injected transient errors carry, as a model's 429/503 would (none: no hint).",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _fault_rates_fit_in_one(self) -> DrillSettings:
