@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.run_config import ClassifyRunConfig
-from triage.jobs.models import Complete, SendToReview
+from triage.jobs.models import ClassificationRecord, Complete, SendToReview
 from triage.jobs.store import JobStore
 from triage_tools.drill.outage import OutagePhase, outage_invariants
 
@@ -41,7 +41,8 @@ def finish(store: JobStore, *, review_one: bool = False, attempts: int = 1) -> N
                                  " lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL"
                                  " WHERE id = :id"), {"id": claim.jobs[0].id})  # fmt: skip
     claim = store.claim(batch_key=PHASE.batch_key, step="classify", limit=10, lease_seconds=60, owner="t")
-    outcomes: list[Complete | SendToReview] = [Complete(j.id, j.attempt) for j in claim.jobs]
+    record = ClassificationRecord(label="billing", confidence=0.9, outcome="accepted", classifier_version="keyword-v1")
+    outcomes: list[Complete | SendToReview] = [Complete(j.id, j.attempt, classification=record) for j in claim.jobs]
     if review_one:
         outcomes[0] = SendToReview(claim.jobs[0].id, claim.jobs[0].attempt, "airflow_task_failed")
     store.record(claim, outcomes)
