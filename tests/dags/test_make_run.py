@@ -102,7 +102,7 @@ def test_an_outage_past_every_retry_fails_the_run_and_the_next_run_of_the_date_h
     outage = '{"documents": 60, "drill": {"transient_error_rate": 1.0, "retry_after_seconds": 1}}'
     failed = triage(checkout_env, "run", "--date", "2026-11-03", "--conf", outage)
     assert failed.returncode != 0, failed.stdout + failed.stderr
-    assert "classify_documents for 2026-11-03: failed" in failed.stdout + failed.stderr
+    assert "classify_documents for 2026-11-03: FAILED" in failed.stdout + failed.stderr
     batch = "2026-11-03T00:00:00+00:00/2026-11-04T00:00:00+00:00"
     query = ("SELECT j.status::text, j.status_reason, j.attempt, count(*) FROM triage.jobs j WHERE j.batch_key = %s"
              " GROUP BY 1, 2, 3")  # fmt: skip
