@@ -116,4 +116,8 @@ def test_an_outage_past_every_retry_fails_the_run_and_the_next_run_of_the_date_h
     healed = triage(checkout_env, "run", "--date", "2026-11-03", "--conf", '{"documents": 60}')
     assert healed.returncode == 0, healed.stdout + healed.stderr
     with psycopg.connect(checkout_env["TRIAGE_DATABASE_URL"]) as conn:
-        assert conn.execute(query, (batch,)).fetchall() == [("completed", "completed", 1, 60)]
+        settled = {(status, reason, attempt): n for status, reason, attempt, n in conn.execute(query, (batch,))}
+    # Every job settled on its first attempt; a review is the keyword classifier's own doubt
+    # about a document (inconclusive), never the outage.
+    assert set(settled) <= {("completed", "completed", 1), ("manual_review", "inconclusive", 1)}, settled
+    assert sum(settled.values()) == 60
