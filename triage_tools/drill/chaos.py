@@ -42,7 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -338,7 +338,11 @@ class Drill:
         from triage_tools.run import day_run
 
         body = day_run(self.outage.recovery_run, self.outage.day, self.outage.recovery_conf())
-        self.api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {**body, "note": "make chaos: the model is back"})
+        # The same data interval (so the same batch) under a logical date of its own: Airflow
+        # refuses a second run of the DAG at the outage run's logical date (HTTP 409).
+        logical = datetime.fromisoformat(body["logical_date"]) + timedelta(seconds=1)
+        body = {**body, "logical_date": logical.isoformat(), "note": "make chaos: the model is back"}
+        self.api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", body)
         state = self.wait_runs([self.outage.recovery_run])[self.outage.recovery_run]
         _say(f"the model is back: {self.outage.recovery_run} ended {state}")
 
