@@ -68,5 +68,12 @@ def test_each_way_the_outage_could_go_wrong_is_counted(store: JobStore, review_o
     assert {k: v for k, v in violations(store, ran).items() if v} == broken
 
 
+def test_the_models_own_doubt_after_the_outage_is_no_violation(store: JobStore) -> None:
+    store.register(new_jobs(6), batch_key=PHASE.batch_key, step="classify", max_attempts=3)
+    claim = store.claim(batch_key=PHASE.batch_key, step="classify", limit=10, lease_seconds=60, owner="t")
+    store.record(claim, [SendToReview(j.id, j.attempt, "inconclusive") for j in claim.jobs])
+    assert set(violations(store, RAN).values()) == {0}
+
+
 def test_no_job_of_the_date_is_a_violation(store: JobStore) -> None:
     assert violations(store, RAN)["outage_settled"] == 1

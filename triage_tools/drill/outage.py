@@ -23,6 +23,9 @@ from triage.jobs.states import JobStatus as S
 from triage_tools.drill.invariants import Invariant
 from triage_tools.run import batch_key_of
 
+MODEL_VERDICTS = ("inconclusive", "rejected_output")
+"""Review reasons that are the model's answer about a document (:mod:`triage.pipeline.classify`)."""
+
 
 @dataclass(frozen=True)
 class OutagePhase:
@@ -57,12 +60,18 @@ class OutagePhase:
 def outage_invariants(conn: sa.Connection, phase: OutagePhase, run_states: dict[str, str]) -> list[Invariant]:
     """What the outage phase must leave: each is a count of violations."""
     of_batch = jobs.c.batch_key == phase.batch_key
+    # A model's own verdict on a document (low confidence, unusable output) is a review the
+    # classifier asks for once the model is back, not the outage's; every other reason is.
     ever_reviewed = sa.select(sa.func.count(sa.distinct(job_events.c.job_id))).where(
         job_events.c.to_status == S.MANUAL_REVIEW.value,
+        job_events.c.reason.not_in(MODEL_VERDICTS),
         job_events.c.job_id.in_(sa.select(jobs.c.id).where(of_batch)),
     )
+    judged = sa.and_(jobs.c.status == S.MANUAL_REVIEW.value, jobs.c.status_reason.in_(MODEL_VERDICTS))
     total, unsettled = conn.execute(
-        sa.select(sa.func.count(), sa.func.count().filter(jobs.c.status != S.COMPLETED.value)).where(of_batch)
+        sa.select(
+            sa.func.count(), sa.func.count().filter(sa.and_(jobs.c.status != S.COMPLETED.value, sa.not_(judged)))
+        ).where(of_batch)
     ).one()
     # Classified at an attempt after the first: an attempt was spent before (persist's own
     # attempts, a late label-provider answer, are not the outage's and are not counted).
@@ -73,9 +82,9 @@ def outage_invariants(conn: sa.Connection, phase: OutagePhase, run_states: dict[
     ).scalar_one()
     outage_state, recovery_state = run_states.get(phase.outage_run), run_states.get(phase.recovery_run)
     return [
-        Invariant("outage_not_reviewed", "no job of the outage's date entered manual_review",
+        Invariant("outage_not_reviewed", "no job of the outage's date entered manual_review but for the model's verdict",
                   int(conn.execute(ever_reviewed).scalar_one())),
-        Invariant("outage_settled", f"every job of the outage's date completed after it ({total} jobs)",
+        Invariant("outage_settled", f"every job of the outage's date classified after it ({total} jobs)",
                   int(unsettled) + (0 if total else 1)),
         Invariant("outage_spent_no_attempt", "each was classified on its first real attempt", int(spent)),
         Invariant("outage_run_failed", f"the run during the outage failed visibly (it was {outage_state})",
