@@ -41,6 +41,7 @@ from triage.operators import (
     RetrieveDocumentsOperator,
 )
 from triage.operators.alerts import RunAlertsOperator, classify_deadlines
+from triage.operators.retry import OUTAGE_RETRY_POLICY
 
 RETRIEVE_SHARDS = 2
 """Parallel ``retrieve`` task instances per run, each registering the documents of one shard
@@ -109,6 +110,7 @@ with DAG(
         pool_slots=CLASSIFY_POOL_SLOTS,
         batch_size=CLASSIFY_BATCH_SIZE,
         execution_timeout=CLASSIFY_TIMEOUT,
+        retry_policy=OUTAGE_RETRY_POLICY,
     ).expand(worker=list(range(CLASSIFY_WORKERS)))
     persist = PersistLabelsOperator(task_id="persist", execution_timeout=PERSIST_TIMEOUT)
     publish = PublishEventsOperator(task_id="publish_events")

@@ -55,7 +55,10 @@ def on_task_failure(context: Any) -> None:
     stay in the outbox for the next relay) moves nothing; a task of unknown kind only its own
     leases.
 
-    Jobs leased by other live tasks are left alone. A map index of a mapped task (``classify``)
+    Jobs parked on a dependency outage (``waiting``, reason ``outage:…``) are never moved: the
+    task failed because the dependency is down, not because of them, and the next run of the
+    date takes them up again (:mod:`triage.jobs.outages`). Jobs leased by other live tasks are
+    left alone. A map index of a mapped task (``classify``)
     takes the unleased jobs only when no sibling map index can still claim them (asked through
     the Task SDK's ``get_task_states``); otherwise it moves only what it held and its run's
     expired leases. The one broad ``except`` of the execution path: a callback that raised

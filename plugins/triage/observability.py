@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from triage.jobs.models import Advance, ClaimedJob, Complete, Fail, Outcome, Release, RetryLater, SendToReview
+from triage.jobs.models import Advance, ClaimedJob, Complete, Fail, Outcome, Park, Release, RetryLater, SendToReview
 from triage.jobs.states import JobStatus
 
 PREFIX = "triage"
@@ -36,6 +36,7 @@ ROUTES: Mapping[type, str] = {
     SendToReview: "review",
     Fail: "failed",
     Release: "released",
+    Park: "parked",
 }
 """Where an outcome sends its job: the last part of ``triage.<step>.jobs.<route>``."""
 
@@ -203,5 +204,8 @@ def log_job_outcomes(log: logging.Logger, step: str, jobs: Sequence[ClaimedJob],
         elif isinstance(outcome, Fail):
             log.warning("step=%s %s terminal_failed reason=%s error_class=%s", step, job_fields(job),
                         outcome.reason, outcome.error_class)  # fmt: skip
+        elif isinstance(outcome, Park):
+            log.info("step=%s %s parked reason=outage:%s error_class=%s", step, job_fields(job), outcome.dependency,
+                     outcome.error_class)  # fmt: skip
         else:
             log.info("step=%s %s released", step, job_fields(job))

@@ -90,3 +90,34 @@ def test_make_run_prints_progress_and_the_summary_and_keeps_airflow_in_a_file(ch
     assert "classify_documents for 2026-11-01: succeeded" in lines
     assert "batch 2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00: 200 jobs" in output
     assert any(line.startswith("reconciliation report: ") for line in lines), output
+
+
+def test_an_outage_past_every_retry_fails_the_run_and_the_next_run_of_the_date_heals_it(
+    checkout_env: dict[str, str],
+) -> None:
+    """Issue #13's done-when, through ``make run``: the model down for the whole run (every call
+    fails, past all of classify's retries) fails the run and sends no job to review; the next
+    run of the date, the model back, completes every job. The injected failures carry a
+    ``Retry-After`` of 1 s so that classify's retry policy keeps the retries short here."""
+    outage = '{"documents": 60, "drill": {"transient_error_rate": 1.0, "retry_after_seconds": 1}}'
+    failed = triage(checkout_env, "run", "--date", "2026-11-03", "--conf", outage)
+    assert failed.returncode != 0, failed.stdout + failed.stderr
+    assert "classify_documents for 2026-11-03: FAILED" in failed.stdout + failed.stderr
+    batch = "2026-11-03T00:00:00+00:00/2026-11-04T00:00:00+00:00"
+    query = ("SELECT j.status::text, j.status_reason, j.attempt, count(*) FROM triage.jobs j WHERE j.batch_key = %s"
+             " GROUP BY 1, 2, 3")  # fmt: skip
+    with psycopg.connect(checkout_env["TRIAGE_DATABASE_URL"]) as conn:
+        parked = conn.execute(query, (batch,)).fetchall()
+        reviews = conn.execute("SELECT count(*) FROM triage.manual_review r JOIN triage.jobs j ON j.id = r.job_id"
+                               " WHERE j.batch_key = %s", (batch,)).fetchone()  # fmt: skip
+    assert parked == [("waiting", "outage:model", 0, 60)]
+    assert reviews == (0,)
+
+    healed = triage(checkout_env, "run", "--date", "2026-11-03", "--conf", '{"documents": 60}')
+    assert healed.returncode == 0, healed.stdout + healed.stderr
+    with psycopg.connect(checkout_env["TRIAGE_DATABASE_URL"]) as conn:
+        settled = {(status, reason, attempt): n for status, reason, attempt, n in conn.execute(query, (batch,))}
+    # Every job settled on its first attempt; a review is the keyword classifier's own doubt
+    # about a document (inconclusive), never the outage.
+    assert set(settled) <= {("completed", "completed", 1), ("manual_review", "inconclusive", 1)}, settled
+    assert sum(settled.values()) == 60

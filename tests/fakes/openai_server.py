@@ -47,14 +47,15 @@ class Reply:
     prompt_tokens: int = 120
     completion_tokens: int = 12
     usage: Any = None  # replaces the whole usage object as given (anything JSON, NaN included)
+    retry_after: str | None = None  # sent as the Retry-After header (seconds or an HTTP date)
 
     @classmethod
     def ok(cls, label: str, confidence: float = 0.9, **kwargs: Any) -> Reply:
         return cls(label=label, confidence=confidence, **kwargs)
 
     @classmethod
-    def status_only(cls, status: int) -> Reply:
-        return cls(status=status)
+    def status_only(cls, status: int, retry_after: str | None = None) -> Reply:
+        return cls(status=status, retry_after=retry_after)
 
     @classmethod
     def slow(cls, delay_ms: float, label: str = "general_inquiry") -> Reply:
@@ -150,6 +151,8 @@ class _Handler(BaseHTTPRequestHandler):
         payload = reply.render(str(body.get("model", "")))
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")
+        if reply.retry_after is not None:
+            self.send_header("Retry-After", reply.retry_after)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)

@@ -322,6 +322,12 @@ def _unmount(base: Path) -> None:
     base.rename(base.with_name("away"))
 
 
+def end_parking(store: JobStore) -> None:
+    """Bring the end of an outage's parking forward to now (instead of waiting it out)."""
+    with store.transaction("test") as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'waiting'"))
+
+
 def _empty_mount_point(base: Path) -> None:
     _unmount(base)
     base.mkdir()
@@ -329,21 +335,24 @@ def _empty_mount_point(base: Path) -> None:
 
 @pytest.mark.parametrize("unmount", [pytest.param(_unmount, id="base-absent"),
                                      pytest.param(_empty_mount_point, id="base-empty")])  # fmt: skip
-def test_a_missing_payload_mount_releases_the_batch_and_stops_the_step(
+def test_a_missing_payload_mount_parks_the_batch_and_stops_the_step(
     store: JobStore, payloads: PayloadStore, tmp_path: Path, unmount: Callable[[Path], None]
 ) -> None:
     """No payload of the store can be read: the store is down, not the documents. Nothing
-    fails, no attempt is spent, the step stops as for an open circuit (Airflow retries it), and
-    once the volume is back the same jobs complete."""
+    fails, no attempt is spent, the batch is parked (``outage:payload_store``), the step stops as
+    for an open circuit (Airflow retries it), and once the volume is back and the parking is
+    over the same jobs complete."""
     ids = register(store, payloads, {f"T-{n}": document(f"T-{n}") for n in range(30)})
     base = tmp_path / "payloads"
     unmount(base)
     classifier = ScriptedClassifier(lambda _r: ok())
     with pytest.raises(CircuitOpen, match="payload store is unavailable"):
         classify(store, classifier, payloads, run=settings(batch_size=10))
-    assert rows(store, "SELECT status, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == [("queued", 0, 30)]
+    assert rows(store, "SELECT status, attempt, status_reason, count(*) FROM triage.jobs GROUP BY 1, 2, 3") == [
+        ("waiting", 0, "outage:payload_store", 30)]  # fmt: skip
     assert scalar(store, "SELECT count(*) FROM triage.manual_review") == 0
     assert classifier.calls == []
+    end_parking(store)
     if base.exists():
         base.rmdir()
     base.with_name("away").rename(base)  # the volume is back
@@ -510,14 +519,12 @@ def test_circuit_breaker_stops_before_burning_every_attempt(fast_store: JobStore
     with pytest.raises(CircuitOpen) as raised:
         classify(fast_store, classifier, payloads, run=settings(batch_size=30), concurrency=concurrency)
     assert raised.value.report.claimed == 30  # type: ignore[attr-defined]
-    states = rows(fast_store, "SELECT status, attempt, count(*) AS n FROM triage.jobs GROUP BY 1, 2 ORDER BY 1")
-    by_state = {(s.status, s.attempt): s.n for s in states}
-    assert set(by_state) <= {("queued", 0), ("retryable_failed", 1)}
-    assert by_state.get(("queued", 0), 0) + by_state.get(("retryable_failed", 1), 0) == 30
-    assert by_state.get(("queued", 0), 0) > 0  # unstarted jobs were given back
-    assert by_state[("retryable_failed", 1)] == len(classifier.calls) >= 20
+    # The failed calls were the outage's, not the jobs': every job is parked, no attempt spent.
+    states = rows(fast_store, "SELECT status, attempt, status_reason, count(*) AS n FROM triage.jobs GROUP BY 1, 2, 3")
+    assert {(s.status, s.attempt, s.status_reason): s.n for s in states} == {("waiting", 0, "outage:model"): 30}
+    assert len(classifier.calls) >= 20
     if exact:
-        assert by_state == {("queued", 0): 10, ("retryable_failed", 1): 20}
+        assert len(classifier.calls) == 20
     assert scalar(fast_store, "SELECT count(*) FROM triage.manual_review") == 0
     assert scalar(fast_store, "SELECT count(*) FROM triage.jobs WHERE lease_token IS NOT NULL") == 0
 

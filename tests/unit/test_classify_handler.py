@@ -35,6 +35,7 @@ from triage.jobs.models import (
     Fail,
     LabelWrite,
     Outcome,
+    Park,
     Release,
     RetryLater,
     SendToReview,
@@ -47,7 +48,7 @@ from triage.payloads import (
     PayloadStore,
     PayloadUnavailable,
 )
-from triage.pipeline.classify import CircuitBreaker, ClassifyHandler, ClassifySettings
+from triage.pipeline.classify import OUTAGE_SECONDS, CircuitBreaker, ClassifyHandler, ClassifySettings
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured
 
 VERSION = "keyword-test-1"
@@ -370,28 +371,38 @@ def test_a_malformed_payload_says_why_in_its_review_context(classifier: Any, pay
 # -- the circuit breaker, as the handler uses it ---------------------------------------------------
 
 
-def test_transient_failures_open_the_circuit_and_later_jobs_are_released_uncalled(
-    classifier: Any, payloads: Any
-) -> None:
+def test_transient_failures_open_the_circuit_and_later_jobs_are_parked_uncalled(classifier: Any, payloads: Any) -> None:
     classifier.classify.side_effect = TransientClassifierError("timeout")
     handler = make_handler(classifier, payloads, CircuitBreaker(window=4, threshold=0.5, min_calls=4))
     jobs = [claimed(n) for n in range(6)]
     outcomes = [handler.one(job, PAYLOAD) for job in jobs]
     assert outcomes[:4] == [RetryLater(job.id, 1, "timeout", "timeout") for job in jobs[:4]]
-    assert outcomes[4:] == [Release(job.id, 1) for job in jobs[4:]], (
+    assert outcomes[4:] == [Park(job.id, 1, "model", OUTAGE_SECONDS, "timeout", "timeout") for job in jobs[4:]], (
         "attempts are not burnt on a dependency that is down"
     )
     assert classifier.classify.call_count == 4
-    assert isinstance(handler.stop_reason(), CircuitOpen)
+    stop = handler.stop_reason()
+    assert isinstance(stop, CircuitOpen)
+    assert (stop.dependency, stop.delay_seconds) == ("model", OUTAGE_SECONDS)
 
 
-def test_an_open_circuit_releases_a_whole_batch_without_reading_it(
+def test_the_batch_in_which_the_circuit_opens_is_parked_whole(classifier: Any, payloads: Any) -> None:
+    """The failed calls that opened the circuit were the outage's: parked too, attempt given back."""
+    classifier.classify.side_effect = TransientClassifierError("server_error", "HTTP 503", retry_after=5)
+    payloads.get_many.return_value = [PAYLOAD] * 6
+    handler = make_handler(classifier, payloads, CircuitBreaker(window=4, threshold=0.5, min_calls=4))
+    jobs = [claimed(n) for n in range(6)]
+    assert handler.handle(jobs) == [Park(job.id, 1, "model", 5.0, "server_error", "HTTP 503") for job in jobs]
+    assert handler.stop_reason().retry_after == 5.0  # type: ignore[union-attr]
+
+
+def test_an_open_circuit_parks_a_whole_batch_without_reading_it(
     mocker: MockerFixture, classifier: Any, payloads: Any
 ) -> None:
     open_breaker = mocker.Mock(spec=CircuitBreaker, is_open=True)
     handler = make_handler(classifier, payloads, open_breaker)
     jobs = [claimed(n) for n in range(3)]
-    assert handler.handle(jobs) == [Release(job.id, 1) for job in jobs]
+    assert handler.handle(jobs) == [Park(job.id, 1, "model", OUTAGE_SECONDS) for job in jobs]
     payloads.get_many.assert_not_called()
     classifier.classify.assert_not_called()
     assert "transient classifier failures" in str(handler.stop_reason())
@@ -407,17 +418,18 @@ def test_a_batch_is_read_in_one_pass_and_answered_in_job_order(classifier: Any, 
     assert [o.job_id for o in outcomes] == [job.id for job in jobs]
 
 
-def test_a_missing_payload_base_releases_the_batch_and_stops_the_step(
+def test_a_missing_payload_base_parks_the_batch_and_stops_the_step(
     classifier: Any, payloads: Any, breaker: Any
 ) -> None:
     jobs = [claimed(n) for n in range(3)]
     payloads.get_many.return_value = [PAYLOAD, PayloadBaseMissing("/payloads is empty"), PAYLOAD]
     handler = make_handler(classifier, payloads, breaker)
-    assert handler.handle(jobs) == [Release(job.id, 1) for job in jobs], "the store is down, not the jobs"
+    down = ("payload_store", OUTAGE_SECONDS, "payload_unavailable", "/payloads is empty")
+    assert handler.handle(jobs) == [Park(job.id, 1, *down) for job in jobs], "the store is down, not the jobs"
     classifier.classify.assert_not_called()
     breaker.record.assert_not_called()
     stop = handler.stop_reason()
     assert isinstance(stop, CircuitOpen)
     assert "payload store" in str(stop)
-    assert handler.handle([claimed(7)]) == [Release(uuid.UUID(int=8), 1)], "and stays down for the run"
+    assert handler.handle([claimed(7)]) == [Park(uuid.UUID(int=8), 1, *down)], "and stays down for the run"
     payloads.get_many.assert_called_once()

@@ -13,7 +13,10 @@ it and judges the tables:
 - task processes SIGKILLed: ``classify`` while it holds a claim, ``persist`` right after the
   provider applied an effect and before the answer (the action happened, the record did not);
 - a PostgreSQL restart mid-run (every connection of every component breaks);
-- several workers on one batch (the DAG maps ``classify`` over parallel tasks, when it does).
+- several workers on one batch (the DAG maps ``classify`` over parallel tasks, when it does);
+- a model outage: one more date whose every model call fails for longer than all of the classify
+  task's retries, then a run of that date with the model back
+  (:mod:`triage_tools.drill.outage`).
 
 Afterwards: ``reconcile_jobs`` runs, runs with unfinished jobs are cleared from ``classify``
 on (what an operator does after reading the report), and again, until a reconciliation
@@ -39,7 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,8 @@ class DrillOptions:
     lease_seconds: int = 30
     timeout_s: float = 1800.0
     settle_rounds: int = 6
+    outage_documents: int = 200
+    """Documents of the outage phase's date (the day before ``first_date``); 0: no outage phase."""
 
     @property
     def days(self) -> list[date]:
@@ -160,12 +165,15 @@ class Drill:
 
     def __init__(self, options: DrillOptions, env: dict[str, str], api: Any, provider: Any, home: Path) -> None:
         from triage.database import DatabaseUrl, create_engine
+        from triage_tools.drill.outage import OutagePhase
 
         self.options, self.env, self.api, self.provider, self.home = options, env, api, provider, home
         self.engine = create_engine(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]), pool_size=2, pool_pre_ping=True)
         self.report = DrillReport()
         self.started = time.monotonic()
         self.run_ids = {f"chaos__{d.isoformat()}": d for d in options.days}
+        self.outage = (OutagePhase(options.first_date - timedelta(days=1), options.outage_documents, options.seed)
+                       if options.outage_documents else None)  # fmt: skip
         self._action_kills_left = options.action_kills
         self._next_action_kill = 200
         self._lock = threading.Lock()
@@ -319,6 +327,26 @@ class Drill:
                 "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {**day_run(run_id, day, conf), "note": "make chaos"}
             )
         _say(f"triggered {len(self.run_ids)} runs of {DAG_ID}, {conf['documents']} documents each")
+        if self.outage is not None:
+            body = day_run(self.outage.outage_run, self.outage.day, self.outage.outage_conf())
+            self.api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {**body, "note": "make chaos: model outage"})
+            self._fault("model_outage", self.outage.outage_run,
+                        f"every model call of {self.outage.documents} documents fails, past every retry")  # fmt: skip
+
+    def recover_from_outage(self) -> None:
+        """The model is back: the next run of the outage's date, which must finish every job."""
+        if self.outage is None:
+            return
+        from triage_tools.run import day_run
+
+        body = day_run(self.outage.recovery_run, self.outage.day, self.outage.recovery_conf())
+        # The same data interval (so the same batch) under a logical date of its own: Airflow
+        # refuses a second run of the DAG at the outage run's logical date (HTTP 409).
+        logical = datetime.fromisoformat(body["logical_date"]) + timedelta(seconds=1)
+        body = {**body, "logical_date": logical.isoformat(), "note": "make chaos: the model is back"}
+        self.api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", body)
+        state = self.wait_runs([self.outage.recovery_run])[self.outage.recovery_run]
+        _say(f"the model is back: {self.outage.recovery_run} ended {state}")
 
     def runs(self, dag_id: str = DAG_ID) -> dict[str, tuple[str, str]]:
         """``run_id -> (state, day of its data interval)`` of every run of ``dag_id``: the drill's
@@ -430,6 +458,11 @@ class Drill:
             invariants = check_invariants(
                 conn, None, effects_per_key={k: len(v) for k, v in self.provider.asked.items()}
             )
+            if self.outage is not None:
+                from triage_tools.drill.outage import outage_invariants
+
+                states = {r: state for r, (state, _) in self.runs().items()}
+                invariants += outage_invariants(conn, self.outage, states)
         # The provider's side: one effect per document (a duplicate delivery is one job, so one
         # key), and every document's label reached it (nothing completed without its effect).
         per_document = Counter((b.get("source"), b.get("external_id")) for b in self.provider.effects.values())
@@ -518,6 +551,7 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
             time.sleep(5.0)  # the scheduler creates the unpaused DAG's own latest run
             drill.report.runs = drill.wait_runs()
             saboteur.join(timeout=10)
+            drill.recover_from_outage()
             drill.settle()
             drill._stop.set()
             supervisor.join(timeout=60)
@@ -609,6 +643,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
         help="PostgreSQL restarts mid-run (default %(default)s)",
     )
     parser.add_argument(
+        "--outage-documents",
+        type=int,
+        metavar="N",
+        default=defaults.outage_documents,
+        help="documents of the model-outage date, the day before the first (0: no outage; default %(default)s)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         metavar="SECONDS",
@@ -627,7 +668,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
 
     home = (args.home or triage_home() / "chaos").resolve()
     options = DrillOptions(documents=args.documents, dates=args.dates, seed=args.seed, claim_kills=args.claim_kills,
-                           action_kills=args.action_kills, db_restarts=args.db_restarts, timeout_s=args.timeout)  # fmt: skip
+                           action_kills=args.action_kills, db_restarts=args.db_restarts, timeout_s=args.timeout,
+                           outage_documents=args.outage_documents)  # fmt: skip
     report = run(options, home)
     print(report.table())
     print(f"report: {home / 'report.json'}")

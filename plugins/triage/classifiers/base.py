@@ -84,9 +84,11 @@ class ClassifierError(Exception):
 
     transient: bool = False
 
-    def __init__(self, error_class: str, message: str | None = None) -> None:
+    def __init__(self, error_class: str, message: str | None = None, *, retry_after: float | None = None) -> None:
         super().__init__(message or error_class)
         self.error_class = error_class
+        self.retry_after = retry_after
+        """Seconds the dependency asked to be left alone (``Retry-After``), unbounded; None: not said."""
 
 
 class TransientClassifierError(ClassifierError):

@@ -55,7 +55,8 @@ class DrillClassifier:
         draw = drill_fraction(settings.seed, request.idempotency_key, request.attempt)
         threshold = settings.transient_error_rate
         if draw < threshold:
-            raise TransientClassifierError("drill_transient", "injected transient failure")
+            raise TransientClassifierError("drill_transient", "injected transient failure",
+                                           retry_after=settings.retry_after_seconds)  # fmt: skip
         threshold += settings.permanent_error_rate
         if draw < threshold:
             raise PermanentClassifierError("drill_permanent", "injected permanent failure")

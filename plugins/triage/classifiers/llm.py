@@ -5,8 +5,10 @@ module, because the job ledger treats them differently:
 
 * the call failed — timeouts, connection errors, 429 and 5xx raise
   :class:`~triage.classifiers.base.TransientClassifierError` (retried with backoff); other 4xx
-  raise :class:`~triage.classifiers.base.PermanentClassifierError` (manual review). Nothing
-  else is honoured (no ``Retry-After``): the ledger owns the retry schedule.
+  raise :class:`~triage.classifiers.base.PermanentClassifierError` (manual review). A
+  ``Retry-After`` on a 429 or 5xx (seconds or an HTTP date) travels on the error as
+  ``retry_after``; the classify step bounds it and waits that long (the job's retry, or the
+  whole batch's parking on an outage).
 * the model answered badly — content that is not JSON, not ``{"label", "confidence"}``, or a
   label outside the taxonomy — is a :class:`~triage.classifiers.base.ModelOutput` with
   ``rejected_reason`` set, never an exception: asking again is not the remedy.
@@ -17,9 +19,11 @@ Neither prompts, document text nor the API key are ever logged or put in an erro
 from __future__ import annotations
 
 import dataclasses
+import email.utils
 import logging
 import re
 import time
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import httpx
@@ -197,6 +201,23 @@ def _error_detail(response: httpx.Response) -> str:
     return f" ({', '.join(safe)})" if safe else ""
 
 
+def retry_after(response: httpx.Response) -> float | None:
+    """The response's ``Retry-After`` in seconds (delta-seconds or an HTTP date); None when absent
+    or unreadable. Not bounded here: the caller decides how long it is willing to wait."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
+
+
 class OpenAICompatibleClassifier:
     """Classifies with a chat model; one shared, thread-safe connection pool.
 
@@ -278,11 +299,11 @@ class OpenAICompatibleClassifier:
             latency_ms,
         )
         if status == 429:
-            raise TransientClassifierError("rate_limited", "HTTP 429")
+            raise TransientClassifierError("rate_limited", "HTTP 429", retry_after=retry_after(response))
         if status == 408:
             raise TransientClassifierError("timeout", "HTTP 408")
         if status >= 500:
-            raise TransientClassifierError("server_error", f"HTTP {status}")
+            raise TransientClassifierError("server_error", f"HTTP {status}", retry_after=retry_after(response))
         if 400 <= status < 500:
             error_class = _PERMANENT_STATUS.get(status, "client_error")
             raise PermanentClassifierError(error_class, f"HTTP {status}{_error_detail(response)}")

@@ -165,7 +165,21 @@ class Release:
     attempt: int
 
 
-Outcome = Complete | Advance | RetryLater | SendToReview | Fail | Release
+@dataclass(frozen=True, slots=True)
+class Park:
+    """A dependency is down (an outage), not the job: ``waiting`` with reason
+    ``outage:<dependency>`` until ``now + delay_seconds``, the attempt given back (it was the
+    dependency's failure, not the job's). A claim of its batch queues it again once due."""
+
+    job_id: uuid.UUID
+    attempt: int
+    dependency: str
+    delay_seconds: float
+    error_class: str | None = None
+    error: str | None = None
+
+
+Outcome = Complete | Advance | RetryLater | SendToReview | Fail | Release | Park
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +191,7 @@ class Recorded:
     to_review: int = 0
     failed: int = 0
     released: int = 0
+    parked: int = 0
 
 
 @dataclass(frozen=True, slots=True)

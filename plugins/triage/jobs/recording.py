@@ -27,6 +27,7 @@ from triage.jobs.models import (
     Fail,
     NewJob,
     Outcome,
+    Park,
     Recorded,
     Registered,
     Release,
@@ -116,10 +117,14 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
             "reason": o.reason, "error_class": o.error_class, "error": o.error}))  # fmt: skip
     if Release in by_kind:
         counts["released"] = len(run(T.release(), Release))
+    if Park in by_kind:
+        counts["parked"] = len(run(T.park(), Park, lambda o: {
+            "dependency": o.dependency, "delay_seconds": o.delay_seconds, "error_class": o.error_class,
+            "error": o.error}))  # fmt: skip
     check_fenced(conn, ids, touched, token, attempts)
     conn.execute(session.default_joins())
 
-    classified = [o for o in outcomes if not isinstance(o, Release) and o.classification is not None]
+    classified = [o for o in outcomes if not isinstance(o, (Release, Park)) and o.classification is not None]
     if classified:
         conn.execute(outputs.record_classifications(), rowset("given", map(_classification_row, classified)))
     if labelled := [o for o in by_kind.get(Complete, ()) if o.label is not None]:

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from triage.jobs.expressions import MOVED, NO_LEASE, NOW, review_rows, status_literal
+from triage.jobs.outages import parked
 from triage.jobs.schema import job_events, jobs
 from triage.jobs.states import UNLEASED
 from triage.jobs.states import JobStatus as S
@@ -132,6 +133,10 @@ def send_batch_to_review() -> Any:
     only if that run made its latest move (registered, released, retried or advanced it). A job
     another run touched last, or a reviewer requeued, is not this run's to give up.
     ``:p_step`` (NULL: every step) keeps it to the step of the task that failed.
+
+    Jobs parked on an outage (``waiting``, reason ``outage:…``, :mod:`.outages`) are never taken:
+    the task failed because a dependency is down, not because of them, and the next claim of
+    their batch takes them up again once it is back.
     """
     open_states = [status_literal(s) for s in sorted(UNLEASED)]
     run_prefix = sa.bindparam("run_prefix", type_=sa.Text)
@@ -143,6 +148,7 @@ def send_batch_to_review() -> Any:
             sa.or_(step.is_(None), jobs.c.step == step),
             sa.or_(
                 sa.and_(sa.bindparam("take_unleased", type_=sa.Boolean), jobs.c.status.in_(open_states),
+                        sa.not_(parked()),
                         sa.or_(run_prefix.is_(None), sa.func.starts_with(_last_actor(), run_prefix))),
                 sa.and_(
                     jobs.c.status == status_literal(S.RUNNING),

@@ -2,7 +2,7 @@
 
 Migrations create exactly this (a test compares them). Invariants live here as constraints so
 that no writer, ours or ad hoc, can break them: one idempotency key, a lease only while
-``running``, a ``next_attempt_at`` only while ``retryable_failed``, one open review per job.
+``running``, a ``next_attempt_at`` only while ``retryable_failed`` or parked (``waiting``), one open review per job.
 """
 
 from __future__ import annotations
@@ -81,9 +81,12 @@ jobs = sa.Table(
         " AND lease_expires_at IS NULL)",
         name="lease_only_while_running",
     ),
+    # Due again at next_attempt_at: a retryable job always, a job parked on an outage (waiting,
+    # reason outage:<dependency>) when it was parked with a time (revision 0010).
     sa.CheckConstraint(
-        "(status = 'retryable_failed') = (next_attempt_at IS NOT NULL)",
-        name="next_attempt_only_while_retryable",
+        "(status = 'retryable_failed' AND next_attempt_at IS NOT NULL) OR status = 'waiting'"
+        " OR (status NOT IN ('retryable_failed', 'waiting') AND next_attempt_at IS NULL)",
+        name="next_attempt_only_while_retryable_or_parked",
     ),
     # Serves claim_batch: the claimable jobs of one batch and step, due first.
     sa.Index(

@@ -41,6 +41,7 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (S.RECEIVED, S.MANUAL_REVIEW),
         (S.RECEIVED, S.TERMINAL_FAILED),
         (S.QUEUED, S.RUNNING),
+        (S.QUEUED, S.WAITING),  # parked: its dependency is down (an outage), due again at next_attempt_at
         (S.QUEUED, S.MANUAL_REVIEW),  # failure callback or reconciliation on unstarted work
         (S.QUEUED, S.TERMINAL_FAILED),
         (S.RUNNING, S.QUEUED),  # advanced to its next step, or released unstarted
@@ -54,6 +55,7 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (S.WAITING, S.MANUAL_REVIEW),
         (S.WAITING, S.TERMINAL_FAILED),
         (S.RETRYABLE_FAILED, S.RUNNING),
+        (S.RETRYABLE_FAILED, S.WAITING),  # parked on an outage, as from queued
         (S.RETRYABLE_FAILED, S.MANUAL_REVIEW),
         (S.RETRYABLE_FAILED, S.TERMINAL_FAILED),
         (S.MANUAL_REVIEW, S.QUEUED),  # review: requeue
@@ -82,6 +84,12 @@ CLAIMABLE: frozenset[JobStatus] = frozenset({S.QUEUED, S.RETRYABLE_FAILED})
 
 UNLEASED: frozenset[JobStatus] = frozenset(UNFINISHED - {S.RUNNING})
 """Unfinished work that no lease holds: a failed task's batch may give it up to review."""
+
+OUTAGE_PREFIX = "outage:"
+"""The ``status_reason`` of a job parked in ``waiting`` because a dependency is down
+(``outage:model``, ``outage:payload_store``): an outage, not the job's failure, so no attempt
+is spent on it, a failed task's callback leaves it alone, and a claim of its batch and step
+queues it again once its ``next_attempt_at`` has passed."""
 
 OPEN: frozenset[JobStatus] = frozenset(set(JobStatus) - TERMINAL)
 """Everything a job may still leave: the states whose queue age the report shows."""

@@ -27,7 +27,17 @@ import sqlalchemy as sa
 
 from triage.contracts.events import WorkEvent
 from triage.contracts.replay import ReplayFilter
-from triage.jobs import outputs, queries, recovery, repairs, replays, review_results, review_transitions, session
+from triage.jobs import (
+    outages,
+    outputs,
+    queries,
+    recovery,
+    repairs,
+    replays,
+    review_results,
+    review_transitions,
+    session,
+)
 from triage.jobs import transitions as T
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import JobNotFound, LabelNotInTaxonomy, translate
@@ -167,6 +177,31 @@ class JobStore:
             rows = conn.execute(recovery.release_expired_leases(), params).all()
         to_review = sum(1 for r in rows if r.status == JobStatus.MANUAL_REVIEW.value)
         return LeaseRelease(retrying=len(rows) - to_review, to_review=to_review, job_ids=tuple(r.id for r in rows))
+
+    def park_unstarted(self, batch_key: str, step: str, *, dependency: str, delay_seconds: float,
+                       error_class: str | None, error: str | None, actor: str,
+                       classifier_version: str | None = None,
+                       give_back: Mapping[uuid.UUID, int] | None = None) -> int:  # fmt: skip
+        """Park the batch's unclaimed jobs at ``step`` in ``waiting`` on an outage of
+        ``dependency`` for ``delay_seconds`` (:func:`triage.jobs.outages.park_unstarted`); how many.
+
+        :param give_back: job id -> attempt that failed on the outage before it was recognised
+            as one: that attempt is given back if it is still the job's latest."""
+        params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version,
+                  "dependency": dependency, "delay_seconds": delay_seconds, "error_class": error_class, "error": error,
+                  **rowset("given", ({"id": i, "attempt": a} for i, a in (give_back or {}).items()))}  # fmt: skip
+        with self.transaction(actor) as conn:
+            return len(conn.execute(outages.park_unstarted(), params).all())
+
+    def resume_parked(self, batch_key: str, step: str, *, actor: str, classifier_version: str | None = None,
+                      ) -> tuple[int, datetime | None]:  # fmt: skip
+        """Queue the batch's jobs parked on an outage whose time has come; (how many, when the
+        earliest still parked is due or None)."""
+        params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version}
+        with self.transaction(actor) as conn:
+            resumed = len(conn.execute(outages.resume_parked(), params).all())
+            due, _ = conn.execute(outages.next_parked_due(), params).one()
+        return resumed, due
 
     def send_batch_to_review(self, batch_key: str, *, reason: str, error: str | None, owner_prefix: str,
                              context: Mapping[str, Any] | None = None, actor: str = "failure_callback",

@@ -36,7 +36,7 @@ from triage.jobs.expressions import (
     status_literal,
 )
 from triage.jobs.schema import jobs, manual_review, outbox
-from triage.jobs.states import EventType
+from triage.jobs.states import OUTAGE_PREFIX, EventType
 from triage.jobs.states import JobStatus as S
 
 NEW_JOB_COLUMNS = dict(
@@ -321,5 +321,21 @@ def release() -> Any:
         .where(*_held(held))
         .values(status=status_literal(S.QUEUED), status_reason="released", attempt=jobs.c.attempt - 1, updated_at=NOW,
                 **NO_LEASE)
+        .returning(jobs.c.id)
+    )  # fmt: skip
+
+
+@cache
+def park() -> Any:
+    """``running -> waiting`` on an outage (reason ``outage:<dependency>``) until ``now + delay``:
+    the attempt is given back, as for a release, since the dependency failed, not the job."""
+    held = recordset("held", **HELD, dependency=sa.Text, delay_seconds=sa.Float, error_class=sa.Text, error=sa.Text)
+    return (
+        sa.update(jobs)
+        .where(*_held(held))
+        .values(status=status_literal(S.WAITING), status_reason=sa.func.concat(OUTAGE_PREFIX, held.c.dependency),
+                attempt=jobs.c.attempt - 1, next_attempt_at=NOW + sa.func.make_interval(0, 0, 0, 0, 0, 0,
+                                                                                        held.c.delay_seconds),
+                last_error_class=held.c.error_class, last_error=held.c.error, updated_at=NOW, **NO_LEASE)
         .returning(jobs.c.id)
     )  # fmt: skip

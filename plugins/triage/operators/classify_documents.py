@@ -28,6 +28,7 @@ from triage.operators.base import (
     owner_prefix,
     variable,
 )
+from triage.operators.retry import DependencyOutage
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -194,7 +195,7 @@ class ClassifyDocumentsOperator(TriageOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-        from triage.pipeline.steps import DependencyMisconfigured, RunSettings, StepError, run_step
+        from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, RunSettings, StepError, run_step
 
         config = self.run_config(context)
         classifier = build_run_classifier(config, self.llm_conn_id)
@@ -216,7 +217,15 @@ class ClassifyDocumentsOperator(TriageOperator):
                               metrics=AirflowStatsMetrics(), drain=self.drain)  # fmt: skip
         except DependencyMisconfigured as exc:
             raise AirflowFailException(f"{exc}; fix the triage_llm connection, then clear this task") from None
-        except StepError as exc:  # work remains, circuit open, drained, lease lost
+        except CircuitOpen as exc:
+            raise DependencyOutage(
+                f"{exc}; parked the batch's unfinished jobs (waiting, outage:{exc.dependency}) "
+                f"for {exc.delay_seconds:.0f}s without spending an attempt; Airflow's retry "
+                "or the next run of this date takes them up again",
+                dependency=exc.dependency,
+                retry_after=exc.retry_after,
+            ) from None
+        except StepError as exc:  # work remains, drained, lease lost
             raise AirflowException(f"{exc}; Airflow's retry continues with the unfinished jobs") from None
         finally:
             handler.close()

@@ -24,17 +24,21 @@ there, the pack is not)
 payload store unreadable       ``retryable_failed``, reason ``payload_unavailable``; counts
 (permissions, I/O, network,    towards the circuit breaker
 a pack's folder absent)
-payload base absent or empty   the store is down, not the job: the batch is released and the
-(volume not mounted)           step stops with :class:`CircuitOpen` (no attempt spent)
+payload base absent or empty   the store is down, not the job: the batch is parked
+(volume not mounted)           (``waiting``, ``outage:payload_store``, no attempt spent) and the
+                               step stops with :class:`CircuitOpen`
 401, 403, 404, 3xx from the    the call is not the document's fault: the job is released
 model                          and the step stops with :class:`DependencyMisconfigured`
 anything else the classifier   treated as transient (``unexpected_error``): bounded by
 raises                         ``max_attempts``, then manual review; never a stuck batch
 =============================  ==========================================================
 
-A circuit breaker watches the recent calls: when transient failures dominate, unstarted jobs
-are released and the step stops with :class:`CircuitOpen`, so Airflow retries it later instead
-of burning every job's attempts against a dependency that is down.
+A circuit breaker watches the recent calls: when transient failures dominate, the model is
+down (an outage), not the jobs. Every job of the batch that did not finish, the failed calls
+included, is parked (:class:`~triage.jobs.models.Park`: ``waiting``, reason ``outage:model``, the
+attempt given back) until the model's ``Retry-After`` (bounded) or :data:`OUTAGE_SECONDS`, and
+the step stops with :class:`CircuitOpen`, so Airflow retries it later instead of burning every
+job's attempts against a dependency that is down; a claim of the batch queues them again once due.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +69,7 @@ from triage.jobs.models import (
     Fail,
     LabelWrite,
     Outcome,
+    Park,
     Release,
     RetryLater,
     SendToReview,
@@ -84,6 +90,18 @@ from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepErro
 log = logging.getLogger(__name__)
 
 MISCONFIGURED = frozenset({"unauthorized", "forbidden", "not_found", "redirected"})
+
+OUTAGE_SECONDS = 30.0
+"""How long jobs stay parked on an outage when the model named no ``Retry-After``: about the
+classify task's first Airflow retry delay, so its retry finds them due."""
+MAX_RETRY_AFTER_SECONDS = 900.0
+"""The longest ``Retry-After`` honoured (the classify task's longest Airflow retry delay): a
+provider's hint, not a licence to park a day's work for hours."""
+
+
+def bounded_retry_after(seconds: float | None) -> float | None:
+    """A model's ``Retry-After`` within [0, :data:`MAX_RETRY_AFTER_SECONDS`]; None if it gave none."""
+    return None if seconds is None else min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
 
 
 class CircuitBreaker:
@@ -134,6 +152,9 @@ class ClassifyHandler:
         self.breaker = breaker or CircuitBreaker()
         self._misconfigured: str | None = None
         self._store_down: str | None = None
+        self._last_transient: tuple[str, str] | None = None  # (error_class, error) of the latest
+        self._retry_after: float | None = None  # the longest bounded Retry-After the model sent
+        self._retried: dict[uuid.UUID, int] = {}  # RetryLater handed out by this try: id -> attempt
         self._pool = ThreadPoolExecutor(settings.concurrency, "triage-classify") if settings.concurrency > 1 else None
 
     @property
@@ -147,17 +168,20 @@ class ClassifyHandler:
         self.classifier.close()
 
     def handle(self, jobs: Sequence[ClaimedJob], ownership: Ownership | None = None) -> list[Outcome]:
-        if self.breaker.is_open or self._misconfigured or self._store_down:
+        if self._misconfigured:
             return [Release(job.id, job.attempt) for job in jobs]
+        if self.outage() is not None:
+            return [self.park(job.id, job.attempt) for job in jobs]
         # The batch's payloads in one pass: a claimed batch is mostly a run of one pack.
         contents = self.payloads.get_many([(job.payload_ref, job.content_sha256) for job in jobs])
         down = next((c for c in contents if isinstance(c, PayloadBaseMissing)), None)
         if down is not None:
             # No payload of the store can be read (its volume is not mounted): not one job's
-            # failure, so no job spends an attempt on it. The batch goes back to the queue and
-            # the step stops as for an open circuit: Airflow retries it later.
+            # failure, so no job spends an attempt on it. The batch is parked and the step
+            # stops as for an open circuit: Airflow retries it later.
             self._store_down = str(down)
-            return [Release(job.id, job.attempt) for job in jobs]
+            self._last_transient = (down.error_class, str(down))
+            return [self.park(job.id, job.attempt) for job in jobs]
 
         def one(job: ClaimedJob, content: bytes | PayloadError) -> Outcome:  # no model call once not ours
             if ownership is None:
@@ -165,8 +189,29 @@ class ClassifyHandler:
             return ownership.attempt(job, lambda: self.one(job, content))
 
         if self._pool is None:
-            return [one(job, content) for job, content in zip(jobs, contents, strict=True)]
-        return list(self._pool.map(one, jobs, contents))
+            outcomes = [one(job, content) for job, content in zip(jobs, contents, strict=True)]
+        else:
+            outcomes = list(self._pool.map(one, jobs, contents))
+        if self.outage() is None:
+            self._retried.update((o.job_id, o.attempt) for o in outcomes if isinstance(o, RetryLater))
+            return outcomes
+        # The circuit opened during this batch: its failed calls were the outage's, not the jobs'.
+        return [self.park(o.job_id, o.attempt) if isinstance(o, RetryLater | Release) else o for o in outcomes]
+
+    def outage(self) -> str | None:
+        """The dependency that is down (``model``, ``payload_store``), or None."""
+        if self._store_down:
+            return "payload_store"
+        return "model" if self.breaker.is_open else None
+
+    def outage_delay(self) -> float:
+        """How long to park on the outage: the model's ``Retry-After`` if it sent one, else
+        :data:`OUTAGE_SECONDS`."""
+        return self._retry_after if self._retry_after is not None else OUTAGE_SECONDS
+
+    def park(self, job_id: uuid.UUID, attempt: int) -> Park:
+        error_class, error = self._last_transient or (None, None)
+        return Park(job_id, attempt, self.outage() or "model", self.outage_delay(), error_class, error)
 
     @staticmethod
     def read(job: ClaimedJob, content: bytes | PayloadError) -> DocumentPayload | Outcome:
@@ -190,16 +235,29 @@ class ClassifyHandler:
     def stop_reason(self) -> StepError | None:
         if self._misconfigured:
             return DependencyMisconfigured(f"the classifier refuses every call ({self._misconfigured})")
+        error_class, error = self._last_transient or (None, None)
         if self._store_down:
-            return CircuitOpen(f"the payload store is unavailable: {self._store_down}")
-        if self.breaker.is_open:
-            return CircuitOpen("transient classifier failures dominate the recent calls")
-        return None
+            stop = CircuitOpen(f"the payload store is unavailable: {self._store_down}", dependency="payload_store",
+                               delay_seconds=self.outage_delay(), error_class=error_class, error=error)  # fmt: skip
+        elif self.breaker.is_open:
+            stop = CircuitOpen("transient classifier failures dominate the recent calls", dependency="model",
+                               delay_seconds=self.outage_delay(), error_class=error_class, error=error,
+                               retry_after=self._retry_after)  # fmt: skip
+        else:
+            return None
+        # The transient failures of this try's earlier batches are what opened the circuit:
+        # the outage's, not the jobs'. The step gives those attempts back as it parks the jobs.
+        stop.give_back = dict(self._retried)
+        return stop
 
     def _failed(self, job: ClaimedJob, exc: ClassifierError, started: float) -> Outcome:
         if exc.transient:
+            self._last_transient = (exc.error_class, str(exc))
+            retry_after = bounded_retry_after(exc.retry_after)
+            if retry_after is not None:
+                self._retry_after = max(self._retry_after or 0.0, retry_after)
             self.breaker.record(True)
-            return RetryLater(job.id, job.attempt, exc.error_class, str(exc))
+            return RetryLater(job.id, job.attempt, exc.error_class, str(exc), delay_seconds=retry_after)
         self.breaker.record(False)
         if exc.error_class in MISCONFIGURED:
             self._misconfigured = exc.error_class
@@ -219,11 +277,14 @@ class ClassifyHandler:
     def one(self, job: ClaimedJob, content: bytes | PayloadError) -> Outcome:
         """The outcome of one job's attempt, given its payload (or the error reading it); never
         raises for the job's own failures."""
-        if self.breaker.is_open or self._misconfigured or self._store_down:
+        if self._misconfigured:
             return Release(job.id, job.attempt)
+        if self.outage() is not None:
+            return self.park(job.id, job.attempt)
         document = self.read(job, content)
         if not isinstance(document, DocumentPayload):
             if isinstance(document, RetryLater):  # the store failed: a transient call like any other
+                self._last_transient = (document.error_class, document.error or document.error_class)
                 self.breaker.record(True)
             return document
         request = ClassifyRequest(job_id=str(job.id), external_id=job.external_id, idempotency_key=job.idempotency_key,

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from triage.jobs.models import ClaimedJob, Outcome, Recorded, Release
@@ -43,7 +45,21 @@ class WorkRemains(StepError):
 
 
 class CircuitOpen(StepError):
-    """Transient failures dominate the recent calls: the dependency looks down."""
+    """A dependency is down (an outage): transient failures dominate the recent calls, or the
+    payload store is gone. The step parked the batch's unfinished jobs (``waiting``, reason
+    ``outage:<dependency>``) for ``delay_seconds``; ``retry_after`` is the model's own hint, if
+    it gave one (the classify task's retry policy waits that long)."""
+
+    def __init__(self, message: str, *, dependency: str = "model", delay_seconds: float = 30.0,
+                 error_class: str | None = None, error: str | None = None,
+                 retry_after: float | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.dependency, self.delay_seconds, self.retry_after = dependency, delay_seconds, retry_after
+        self.error_class, self.error = error_class, error
+        self.give_back: dict[uuid.UUID, int] = {}
+        """Jobs (id -> attempt) whose attempt failed on this outage in an earlier batch of the try,
+        before the circuit opened: the step gives that attempt back as it parks them."""
+        self.parked = 0
 
 
 class DependencyMisconfigured(StepError):
@@ -137,6 +153,8 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
             log.info("step=%s batch=%s took back %d jobs from expired leases or earlier tries (%d to review)",
                      handler.step, batch_key, rescued.retrying + rescued.to_review, rescued.to_review)  # fmt: skip
     version = handler.classifier_version
+    resume = _resumer(store, handler.step, batch_key, settings.owner, version)
+    resume()
     total = store.open_in_step(batch_key, handler.step, version)
     began = last_progress = time.perf_counter()
     log.info("step=%s batch=%s starting with %d open jobs", handler.step, batch_key, total)
@@ -165,7 +183,11 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
             if not claim.jobs:
                 if settle():
                     continue  # the batch just written may have released or requeued jobs
+                resumed, parked_due = resume()
+                if resumed:
+                    continue
                 due, now = store.next_due(batch_key, handler.step, version)
+                due = min((d for d in (due, parked_due) if d is not None), default=None)
                 if due is None:
                     break
                 wait = (due - now).total_seconds()
@@ -199,6 +221,8 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
             stop = handler.stop_reason()
             if stop is not None:
                 settle()
+                if isinstance(stop, CircuitOpen):
+                    stop.parked = _park_rest(store, handler.step, batch_key, settings.owner, version, stop)
                 raise stop
         settle()
     except StepError as exc:
@@ -213,6 +237,32 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
         log.info("%s", report.summary())
         _observe_end(store, metrics, handler.step, batch_key)
     return report
+
+
+def _resumer(store: JobStore, step: str, batch_key: str, owner: str,
+             version: str | None) -> Callable[[], tuple[int, datetime | None]]:  # fmt: skip
+    """Queue the batch's jobs parked on an outage once due (a claim of the batch is what takes
+    them up again); returns (how many, when the next parked one is due)."""
+
+    def resume() -> tuple[int, datetime | None]:
+        resumed, due = store.resume_parked(batch_key, step, actor=owner, classifier_version=version)
+        if resumed:
+            log.info("step=%s batch=%s queued %d jobs parked on an outage, now due", step, batch_key, resumed)
+        return resumed, due
+
+    return resume
+
+
+def _park_rest(store: JobStore, step: str, batch_key: str, owner: str, version: str | None,
+               stop: CircuitOpen) -> int:  # fmt: skip
+    """Park the batch's unclaimed jobs on the outage too: the task is about to fail, and its
+    failure callback must find nothing of the outage to send to review."""
+    parked = store.park_unstarted(batch_key, step, dependency=stop.dependency, delay_seconds=stop.delay_seconds,
+                                  error_class=stop.error_class, error=stop.error, actor=owner,
+                                  classifier_version=version, give_back=stop.give_back)  # fmt: skip
+    log.warning("step=%s batch=%s outage:%s: parked the batch's unfinished jobs for %.0fs (%d unclaimed); "
+                "no attempt spent", step, batch_key, stop.dependency, stop.delay_seconds, parked)  # fmt: skip
+    return parked
 
 
 def _observe_end(store: JobStore, metrics: Metrics, step: str, batch_key: str) -> None:

@@ -1,0 +1,206 @@
+"""Outages heal themselves (issue #13, item 3): the model answering 503 or timing out for every
+call, or the payload store gone, spends no job's attempt and sends nothing to manual review;
+the jobs are parked (``waiting``, ``outage:<dependency>``) until the model's ``Retry-After`` (or
+the default), the step stops with :class:`CircuitOpen`, the failed task's callback leaves them
+alone, and once the dependency is back the next try completes every job. Real PostgreSQL, the
+real classifier against the fake model server on loopback."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label
+from triage.callbacks import on_task_failure
+from triage.classifiers.llm import OpenAICompatibleClassifier
+from triage.classifiers.taxonomy import Taxonomy
+from triage.contracts.documents import DocumentPayload
+from triage.database import DatabaseUrl
+from triage.jobs.store import JobStore
+from triage.operators import ClassifyDocumentsOperator
+from triage.payloads import PayloadStore
+from triage.pipeline.classify import MAX_RETRY_AFTER_SECONDS, ClassifyHandler, ClassifySettings
+from triage.pipeline.retrieve import to_new_jobs
+from triage.pipeline.steps import CircuitOpen, RunSettings, StepReport, run_step
+from triage.sources.base import SourceDocument
+
+BATCH = "2026-11-05T00:00:00+00:00/2026-11-06T00:00:00+00:00"
+RUN = "manual__2026-11-06T00:00:00+00:00"
+TAXONOMY = Taxonomy.load()
+
+
+class Switch:
+    """The model: down (503, or a reply slower than the client's timeout) until switched back."""
+
+    def __init__(self, down: Reply) -> None:
+        self.down: Reply | None = down
+
+    def __call__(self, _body: dict[str, Any]) -> Reply:
+        return self.down if self.down is not None else fixed_label("billing", 0.95)(_body)
+
+
+@pytest.fixture
+def payloads(tmp_path: Path) -> PayloadStore:
+    return PayloadStore(tmp_path / "payloads")
+
+
+def register(store: JobStore, payloads: PayloadStore, n: int, version: str, max_attempts: int = 3) -> list[uuid.UUID]:
+    docs = [SourceDocument("test", f"O-{i:03d}", DocumentPayload(
+        external_id=f"O-{i:03d}", subject="Invoice", body=f"charged twice {i}",
+        received_at=datetime(2026, 11, 5, 9, tzinfo=UTC)).to_bytes()) for i in range(n)]  # fmt: skip
+    return list(store.register(to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify",
+                               max_attempts=max_attempts).new_ids)  # fmt: skip
+
+
+def llm(fake: FakeOpenAIServer, timeout_s: float = 5.0) -> OpenAICompatibleClassifier:
+    return OpenAICompatibleClassifier(base_url=fake.base_url, api_key=None, model="m", taxonomy=TAXONOMY,
+                                      timeout_s=timeout_s)  # fmt: skip
+
+
+def classify(store: JobStore, classifier: OpenAICompatibleClassifier, payloads: PayloadStore, *, try_number: int,
+             batch_size: int = 10) -> StepReport:  # fmt: skip
+    """One Airflow try of ``classify`` map index 0 (its lease owner names the try); the try
+    closes its classifier, as the operator does."""
+    handler = ClassifyHandler(classifier, payloads, ClassifySettings())
+    owner = f"classify_documents/{RUN}/classify/0/try{try_number}"
+    try:
+        return run_step(store, handler, batch_key=BATCH, settings=RunSettings(
+            owner=owner, batch_size=batch_size, retry_soon_seconds=0.0,
+            earlier_tries_of="classify_documents/" + RUN + "/classify/0/"))  # fmt: skip
+    finally:
+        handler.close()
+
+
+def counts(store: JobStore, sql: str) -> dict[tuple[Any, ...], int]:
+    with store.engine.connect() as conn:
+        return {tuple(r[:-1]): r[-1] for r in conn.execute(sa.text(sql))}
+
+
+def reviews(store: JobStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM triage.manual_review")).scalar_one())
+
+
+def failure_context() -> dict[str, Any]:
+    ti = SimpleNamespace(dag_id="classify_documents", run_id=RUN, task_id="classify", map_index=-1, try_number=4)
+    task = SimpleNamespace(triage_conn_id="triage_db", task_id="classify",
+                           ledger_step=ClassifyDocumentsOperator.ledger_step)  # fmt: skip
+    return {"ti": ti, "task": task, "exception": RuntimeError("outage"),
+            "data_interval_start": datetime(2026, 11, 5, tzinfo=UTC),
+            "data_interval_end": datetime(2026, 11, 6, tzinfo=UTC)}  # fmt: skip
+
+
+@pytest.fixture
+def model() -> Iterator[tuple[FakeOpenAIServer, Switch]]:
+    switch = Switch(Reply.status_only(503, retry_after="1"))
+    with FakeOpenAIServer(responder=switch) as fake:
+        yield fake, switch
+
+
+@pytest.mark.parametrize(
+    ("down", "timeout_s", "error_class"),
+    [
+        pytest.param(Reply.status_only(503, retry_after="1"), 5.0, "server_error", id="503-retry-after"),
+        pytest.param(Reply.slow(400), 0.1, "timeout", id="timeouts"),
+    ],
+)
+def test_an_outage_longer_than_every_try_spends_no_attempt_and_heals(
+    db_url: DatabaseUrl, store: JobStore, payloads: PayloadStore, model: tuple[FakeOpenAIServer, Switch],
+    monkeypatch: pytest.MonkeyPatch, down: Reply, timeout_s: float, error_class: str,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_TRIAGE_DB", db_url.airflow_connection_json())
+    fake, switch = model
+    switch.down = down
+    ids = register(store, payloads, 45, llm(fake).version, max_attempts=2)
+    for try_number in (1, 2, 3, 4):  # more tries than any job has attempts
+        with pytest.raises(CircuitOpen) as stopped:
+            classify(store, llm(fake, timeout_s), payloads, try_number=try_number)
+        assert stopped.value.dependency == "model"
+        assert counts(store, "SELECT status, attempt, status_reason, last_error_class, count(*) FROM triage.jobs"
+                             " GROUP BY 1, 2, 3, 4") == {("waiting", 0, "outage:model", error_class): 45}  # fmt: skip
+        with store.engine.connect() as conn:
+            wait = conn.execute(sa.text("SELECT max(next_attempt_at - now()) FROM triage.jobs")).scalar_one()
+        # Retry-After: 1 s is honoured; without one, the default outage wait (30 s)
+        assert wait <= timedelta(seconds=1 if down.retry_after else 30)
+        if down.retry_after is None:  # a try only resumes what is due: bring the time forward
+            with store.transaction("test") as conn:
+                conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'waiting'"))
+        else:
+            time.sleep(1.1)
+    on_task_failure(failure_context())  # Airflow gave up: the callback leaves the parked jobs alone
+    assert reviews(store) == 0
+    assert counts(store, "SELECT status, count(*) FROM triage.jobs GROUP BY 1") == {("waiting",): 45}
+
+    switch.down = None  # the model is back: the next run of the date (a new try) finishes the day
+    time.sleep(1.1)
+    report = classify(store, llm(fake, timeout_s), payloads, try_number=1)
+    assert report.claimed == 45
+    assert counts(store, "SELECT status, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == {("completed", 1): 45}
+    assert reviews(store) == 0
+    with store.engine.connect() as conn:
+        into_review = conn.execute(sa.text("SELECT count(*) FROM triage.job_events WHERE to_status = 'manual_review'"
+                                           " AND job_id = ANY(:ids)"), {"ids": ids}).scalar_one()  # fmt: skip
+    assert into_review == 0
+
+
+def test_retry_after_is_bounded(store: JobStore, payloads: PayloadStore,
+                                model: tuple[FakeOpenAIServer, Switch]) -> None:  # fmt: skip
+    fake, switch = model
+    switch.down = Reply.status_only(503, retry_after="999999")
+    classifier = OpenAICompatibleClassifier(base_url=fake.base_url, api_key=None, model="m", taxonomy=TAXONOMY)
+    register(store, payloads, 25, classifier.version)
+    with pytest.raises(CircuitOpen) as stopped:
+        classify(store, classifier, payloads, try_number=1, batch_size=25)
+    assert stopped.value.retry_after == MAX_RETRY_AFTER_SECONDS
+    with store.engine.connect() as conn:
+        lo, hi = conn.execute(sa.text("SELECT min(next_attempt_at - now()), max(next_attempt_at - now())"
+                                      " FROM triage.jobs")).one()  # fmt: skip
+    assert timedelta(seconds=MAX_RETRY_AFTER_SECONDS - 60) < lo <= hi <= timedelta(seconds=MAX_RETRY_AFTER_SECONDS)
+
+
+def test_a_per_job_429_waits_its_retry_after(store: JobStore, payloads: PayloadStore,
+                                             model: tuple[FakeOpenAIServer, Switch]) -> None:  # fmt: skip
+    fake, switch = model
+    switch.down = None
+    fake.enqueue(Reply.status_only(429, retry_after="120"))
+    classifier = OpenAICompatibleClassifier(base_url=fake.base_url, api_key=None, model="m", taxonomy=TAXONOMY)
+    register(store, payloads, 1, classifier.version)
+    with pytest.raises(Exception, match="due in"):
+        classify(store, classifier, payloads, try_number=1)
+    with store.engine.connect() as conn:
+        status, attempt, wait = conn.execute(sa.text("SELECT status, attempt, next_attempt_at - now()"
+                                                     " FROM triage.jobs")).one()  # fmt: skip
+    assert (status, attempt) == ("retryable_failed", 1)  # one job failing is not an outage
+    assert timedelta(seconds=110) < wait <= timedelta(seconds=120)
+
+
+def test_the_payload_store_gone_parks_the_batch(db_url: DatabaseUrl, store: JobStore, tmp_path: Path,
+                                                model: tuple[FakeOpenAIServer, Switch],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_TRIAGE_DB", db_url.airflow_connection_json())
+    fake, switch = model
+    switch.down = None
+    payloads = PayloadStore(tmp_path / "payloads")
+    classifier = OpenAICompatibleClassifier(base_url=fake.base_url, api_key=None, model="m", taxonomy=TAXONOMY)
+    register(store, payloads, 30, classifier.version)
+    (tmp_path / "payloads").rename(tmp_path / "unmounted")
+    with pytest.raises(CircuitOpen) as stopped:
+        classify(store, classifier, payloads, try_number=1)
+    assert stopped.value.dependency == "payload_store"
+    assert counts(store, "SELECT status, attempt, status_reason, count(*) FROM triage.jobs GROUP BY 1, 2, 3") == {
+        ("waiting", 0, "outage:payload_store"): 30}  # fmt: skip
+    on_task_failure(failure_context())
+    assert reviews(store) == 0
+    (tmp_path / "unmounted").rename(tmp_path / "payloads")
+    with store.transaction("test") as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'waiting'"))
+    classify(store, llm(fake), payloads, try_number=2)
+    assert counts(store, "SELECT status, count(*) FROM triage.jobs GROUP BY 1") == {("completed",): 30}
