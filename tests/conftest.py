@@ -101,6 +101,9 @@ class SharedServer:
       template is migrated (migrations create cluster-wide roles);
     - ``server.users``, held shared by every process that uses the server, for its lifetime.
 
+    Other locks of the server's own take other names (``locked("airflow-template.lock")``: the
+    one Airflow metadata template that every process clones, ``tests/dags/conftest.py``).
+
     The run that found the server stopped stops it at its very end (``pytest_sessionfinish`` of
     the xdist controller, after its workers exited, or of a serial run), and only if it can take
     ``server.users`` exclusively: a worker still finishing or another run keeps it up.
@@ -115,9 +118,10 @@ class SharedServer:
         return os.open(self.home / name, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Exclusive: one process at a time starts, stops or changes the cluster's roles."""
-        fd = self._open("server.lock")
+    def locked(self, name: str = "server.lock") -> Iterator[None]:
+        """Exclusive: one process at a time starts, stops or changes the cluster's roles (or,
+        with another ``name``, does what that lock guards)."""
+        fd = self._open(name)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -193,6 +197,13 @@ def pg_server() -> DatabaseUrl:
     if given:
         return DatabaseUrl.parse(given).with_database("postgres")
     return _SERVER.start()
+
+
+@pytest.fixture(scope="session")
+def shared_server(pg_server: DatabaseUrl) -> SharedServer:
+    """The test server's locks (:class:`SharedServer`), for what one process makes for all: the
+    lock files live in the test home, with ``TRIAGE_TEST_DATABASE_URL``'s server as well."""
+    return _SERVER
 
 
 def _admin(server: DatabaseUrl) -> psycopg.Connection:
