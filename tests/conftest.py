@@ -180,10 +180,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _SERVER.stop_if_unused()
 
 
+# Folders whose modules each run other programs for a minute or more (Airflow, pip's resolver):
+# collected first, so that pytest-xdist (--dist loadfile, in collection order: make test) hands
+# them out at the start and fills in with the many short modules, instead of leaving one to run
+# alone at the end while the other workers are done.
+LONG_MODULES_FIRST = ("tests/dags/", "tests/packaging/")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests (``@pytest.mark.slow``: Airflow processes) last, in a plain serial run too;
-    ``make test`` runs them in a phase of their own, after the others."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable
+    ``make test`` runs them in a phase of their own, after the others. Before them, the long
+    modules of :data:`LONG_MODULES_FIRST` first."""
+    items.sort(  # stable: the order within each group stays the collection's
+        key=lambda item: (item.get_closest_marker("slow") is not None, not item.nodeid.startswith(LONG_MODULES_FIRST))
+    )
 
 
 @pytest.fixture(scope="session")
