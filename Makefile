@@ -86,9 +86,11 @@ reset-secrets: $(STAMP)
 # its own and clones one per test, on the one embedded server they share (tests/conftest.py).
 # --dist loadfile keeps a module's tests on one worker: they share module fixtures (an Airflow
 # deployment, a private server), made once. (loadgroup would be finer but groups nothing with
-# pytest 9.2: pytest-xdist issue 1386.) Fast phase in collection order, tests/dags first: the
-# longest files start first instead of running alone at the end; the slow phase starts with the
-# file of most tests (the Fernet set). Both phases run even when the first fails. Workers: 3 and 2
+# pytest 9.2: pytest-xdist issue 1386.) Fast phase in collection order, tests/dags and
+# tests/packaging first (tests/conftest.py): the longest files start first instead of running
+# alone at the end; the slow phase starts with the file of most tests (the Fernet set). Both
+# phases run even when the first fails. The Airflow tests clone one migrated metadata database
+# (tests/dags/conftest.py) instead of migrating one per module. Workers: 3 and 2
 # were the fastest measured here (2 cores; README); the slow tests slow each other down (the drill).
 TEST_WORKERS ?= 3
 SLOW_WORKERS ?= 2

@@ -101,6 +101,9 @@ class SharedServer:
       template is migrated (migrations create cluster-wide roles);
     - ``server.users``, held shared by every process that uses the server, for its lifetime.
 
+    Other locks of the server's own take other names (``locked("airflow-template.lock")``: the
+    one Airflow metadata template that every process clones, ``tests/dags/conftest.py``).
+
     The run that found the server stopped stops it at its very end (``pytest_sessionfinish`` of
     the xdist controller, after its workers exited, or of a serial run), and only if it can take
     ``server.users`` exclusively: a worker still finishing or another run keeps it up.
@@ -115,9 +118,10 @@ class SharedServer:
         return os.open(self.home / name, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Exclusive: one process at a time starts, stops or changes the cluster's roles."""
-        fd = self._open("server.lock")
+    def locked(self, name: str = "server.lock") -> Iterator[None]:
+        """Exclusive: one process at a time starts, stops or changes the cluster's roles (or,
+        with another ``name``, does what that lock guards)."""
+        fd = self._open(name)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -176,10 +180,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _SERVER.stop_if_unused()
 
 
+# Folders whose modules each run other programs for a minute or more (Airflow, pip's resolver):
+# collected first, so that pytest-xdist (--dist loadfile, in collection order: make test) hands
+# them out at the start and fills in with the many short modules, instead of leaving one to run
+# alone at the end while the other workers are done.
+LONG_MODULES_FIRST = ("tests/dags/", "tests/packaging/")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests (``@pytest.mark.slow``: Airflow processes) last, in a plain serial run too;
-    ``make test`` runs them in a phase of their own, after the others."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable
+    ``make test`` runs them in a phase of their own, after the others. Before them, the long
+    modules of :data:`LONG_MODULES_FIRST` first."""
+    items.sort(  # stable: the order within each group stays the collection's
+        key=lambda item: (item.get_closest_marker("slow") is not None, not item.nodeid.startswith(LONG_MODULES_FIRST))
+    )
 
 
 @pytest.fixture(scope="session")
@@ -193,6 +207,13 @@ def pg_server() -> DatabaseUrl:
     if given:
         return DatabaseUrl.parse(given).with_database("postgres")
     return _SERVER.start()
+
+
+@pytest.fixture(scope="session")
+def shared_server(pg_server: DatabaseUrl) -> SharedServer:
+    """The test server's locks (:class:`SharedServer`), for what one process makes for all: the
+    lock files live in the test home, with ``TRIAGE_TEST_DATABASE_URL``'s server as well."""
+    return _SERVER
 
 
 def _admin(server: DatabaseUrl) -> psycopg.Connection:

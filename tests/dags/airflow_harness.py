@@ -4,7 +4,8 @@ No tests here. Typical use::
 
     home = server_homes.make("airflow")         # not tmp_path: see tests/conftest.py
     env = airflow_test_env(home, metadata_url=url.airflow_metadata_url(), dags_folder=dags)
-    migrate_metadata(env)                       # a fresh metadata database: ~3.5 s
+    migrate_metadata(env)                       # a fresh metadata database; the `deployment`
+                                                # fixture clones a migrated template instead
     with running_airflow(env, dags, wait_for_dags=["classify_documents"]) as af:
         airflow_cli(af.env, "dags", "unpause", "classify_documents")
         af.post("/api/v2/backfills", {"dag_id": "classify_documents",

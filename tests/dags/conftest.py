@@ -1,9 +1,13 @@
 """Airflow in this test process gets a home of its own, never the user's ~/airflow; tests that
-run Airflow processes get a fresh metadata database and a fresh job database."""
+run Airflow processes get a fresh metadata database and a fresh job database, the job database
+(and, for a deployment, the metadata database) cloned from a migrated template
+(``CREATE DATABASE … TEMPLATE``)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import tempfile
 import uuid
@@ -62,13 +66,19 @@ def dags_connection(pg_server, jobs_url):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def fresh_databases(pg_server, template_db: str, name: str) -> Iterator[tuple[DatabaseUrl, DatabaseUrl]]:  # type: ignore[no-untyped-def]
-    """An empty Airflow metadata database and a job database cloned from the migrated template,
-    on the test server, as ``(metadata, jobs)``; both dropped afterwards."""
+def fresh_databases(  # type: ignore[no-untyped-def]
+    pg_server, template_db: str, name: str, metadata_template: str | None = None
+) -> Iterator[tuple[DatabaseUrl, DatabaseUrl]]:
+    """An Airflow metadata database, empty or cloned from ``metadata_template``
+    (:func:`airflow_metadata_template`), and a job database cloned from the migrated template, on
+    the test server, as ``(metadata, jobs)``; both dropped afterwards."""
     suffix = uuid.uuid4().hex[:10]
     metadata_db, jobs_db = f"airflow_{name}_{suffix}", f"triage_{name}_{suffix}"
     with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{metadata_db}"')
+        if metadata_template is None:
+            conn.execute(f'CREATE DATABASE "{metadata_db}"')
+        else:
+            conn.execute(f'CREATE DATABASE "{metadata_db}" TEMPLATE "{metadata_template}" STRATEGY FILE_COPY')
         conn.execute(f'CREATE DATABASE "{jobs_db}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
         # A clone gets the default ACL, not its template's: the DAGs run without TEMP, as deployed.
         conn.execute(f'REVOKE TEMPORARY ON DATABASE "{jobs_db}" FROM PUBLIC')
@@ -95,19 +105,73 @@ def triage_airflow_env(pg_server, metadata_url: DatabaseUrl, jobs_url: DatabaseU
                             dags_folder=ROOT / "dags", extra={**triage, **(extra or {})})  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def deployment(pg_server, template_db, server_homes) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
-    """A migrated Airflow metadata database and a job database (cloned from the migrated
-    template) on the test server, with TRIAGE_HOME (payloads, event log, Airflow home) in a
-    folder of ``server_homes`` (not pytest's tmp root: see tests/conftest.py)."""
-    from tests.dags.airflow_harness import airflow_cli, migrate_metadata
+# What every deployment's metadata database holds besides Airflow's tables: the pool that classify
+# takes slots of (airflow_settings.yaml's llm_api), since a scheduler never queues a task whose
+# pool does not exist. Airflow CLI arguments, run once on the template.
+METADATA_SETUP = (("pools", "set", "llm_api", "32", "model calls in flight"),)
+METADATA_TEMPLATE_PREFIX = "airflow_template_"
 
-    with fresh_databases(pg_server, template_db, "test") as (metadata_url, jobs_url):
+
+@pytest.fixture(scope="session")
+def airflow_metadata_template(pg_server, shared_server, server_homes) -> str:  # type: ignore[no-untyped-def]
+    """The name of a migrated Airflow metadata database that deployments clone.
+
+    ``airflow db migrate`` and ``pools set`` cost some 9 s of CPU (two Airflow CLI processes),
+    and every module of Airflow tests ran them for a metadata database of its own. Now the first
+    process to ask (an xdist worker, or another run on the same server) makes the template under
+    a lock of the server's, and every other finds it: once per start of the test server. Its name
+    holds a digest of the Airflow version and :data:`METADATA_SETUP` and the server's start time:
+    a restarted server or another Airflow gets a new template, and older ones are dropped then.
+    The template refuses connections, so that nothing changes it after it is made."""
+    with shared_server.locked("airflow-template.lock"):
+        return _metadata_template(pg_server, server_homes)
+
+
+def _metadata_template(pg_server, server_homes) -> str:  # type: ignore[no-untyped-def]
+    from importlib import metadata
+
+    from tests.dags.airflow_harness import airflow_cli, airflow_test_env, migrate_metadata
+
+    setup = json.dumps([metadata.version("apache-airflow"), METADATA_SETUP])
+    with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
+        row = conn.execute("SELECT extract(epoch FROM pg_postmaster_start_time())::bigint").fetchone()
+        assert row is not None
+        name = f"{METADATA_TEMPLATE_PREFIX}{hashlib.sha256(setup.encode()).hexdigest()[:10]}_{row[0]}"
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            return name
+        # Templates of an earlier start of the server, or one whose making was interrupted.
+        stale = conn.execute(
+            "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (METADATA_TEMPLATE_PREFIX,)
+        ).fetchall()
+        for (old,) in stale:
+            conn.execute(f'ALTER DATABASE "{old}" WITH IS_TEMPLATE false')
+            conn.execute(f'DROP DATABASE "{old}" WITH (FORCE)')
+        making = f"{name}_partial"
+        conn.execute(f'CREATE DATABASE "{making}"')
+    home = server_homes.make("airflow-template")
+    try:
+        metadata_url = pg_server.with_database(making).airflow_metadata_url()
+        env = airflow_test_env(home, metadata_url=metadata_url, dags_folder=ROOT / "dags")
+        migrate_metadata(env)
+        for args in METADATA_SETUP:
+            airflow_cli(env, *args)
+    finally:
+        server_homes.remove(home)
+    with psycopg.connect(pg_server.libpq(), autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{making}" RENAME TO "{name}"')
+        conn.execute(f'ALTER DATABASE "{name}" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false')
+    return name
+
+
+@pytest.fixture(scope="module")
+def deployment(pg_server, template_db, airflow_metadata_template, server_homes) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
+    """An Airflow metadata database (cloned from :func:`airflow_metadata_template`) and a job
+    database (cloned from the migrated ``template_db``) on the test server, with TRIAGE_HOME
+    (payloads, event log, Airflow home) in a folder of ``server_homes`` (not pytest's tmp root:
+    see tests/conftest.py)."""
+    databases = fresh_databases(pg_server, template_db, "test", metadata_template=airflow_metadata_template)
+    with databases as (metadata_url, jobs_url):
         home = server_homes.make("deployment")
         env = triage_airflow_env(pg_server, metadata_url, jobs_url, home)
-        migrate_metadata(env)
-        # classify takes slots of the llm_api pool (airflow_settings.yaml): a scheduler never queues
-        # a task whose pool does not exist.
-        airflow_cli(env, "pools", "set", "llm_api", "32", "model calls in flight")
         yield Deployment(env=env, jobs_url=jobs_url, home=home)
     server_homes.remove(home)

@@ -290,8 +290,10 @@ class Drill:
     def supervisor(self) -> None:
         """What ``restart: always`` does in docker-compose and systemd does on a host: Airflow 3.3's
         scheduler exits when PostgreSQL drops its connection (``AdminShutdown``), and standalone
-        does not start it again. When the API server has reported the scheduler unhealthy for
-        ``grace`` seconds, restart the deployment's Airflow (its running tasks die with it)."""
+        does not start it again. When the scheduler process has exited, or the API server has
+        reported the scheduler unhealthy for ``grace`` seconds, restart the deployment's Airflow
+        (its running tasks die with it). An exit is seen within a poll, as a service manager sees
+        it; the API server only calls a scheduler unhealthy once its heartbeat is 30 s old."""
         from triage_tools import local
         from triage_tools.processes import kill_groups
 
@@ -299,11 +301,12 @@ class Drill:
         while not self._stop.wait(3.0):
             doc = local.health(local.base_url(self.env))
             healthy = bool(doc and (doc.get("scheduler") or {}).get("status") == "healthy")
-            if healthy:
+            exited = self._scheduler_exited()
+            if healthy and not exited:
                 unhealthy_since = None
                 continue
             unhealthy_since = unhealthy_since or time.monotonic()
-            if time.monotonic() - unhealthy_since < grace:
+            if not exited and time.monotonic() - unhealthy_since < grace:
                 continue
             pid = local.running_pid(self.env)
             if pid is not None:
@@ -312,9 +315,32 @@ class Drill:
                 self._fault("airflow_restart_failed", "airflow standalone", "could not start it again")
                 return
             self.api._token = None  # a new API server: ask for a new token
-            self._fault("airflow_restarted", "airflow standalone",
-                        f"scheduler unhealthy for {grace:.0f} s (exited on the database restart); restarted")  # fmt: skip
+            why = "its process exited" if exited else f"unhealthy for {grace:.0f} s"
+            self._fault(
+                "airflow_restarted", "airflow standalone", f"scheduler {why} (on the database restart); restarted"
+            )
             unhealthy_since = None
+
+    def _scheduler_exited(self) -> bool:
+        """Standalone runs, but its ``airflow scheduler`` child does not (exited, or a zombie).
+        Its other children have set titles of their own (``airflow worker -- …``, ``airflow
+        serve-logs``), so the scheduler is the one whose arguments still end in ``scheduler``."""
+        from triage_tools import local
+
+        group = local.running_pid(self.env)
+        if group is None:
+            return False  # no standalone at all: the health check's grace decides
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(fields[2]) == group and fields[0] != "Z" and b"scheduler" in argv[-2:]:
+                return False
+        return True
 
     # -- runs --------------------------------------------------------------------------------
 
