@@ -49,8 +49,10 @@ class Figure:
             "" if self.target_ratio is None else f"  target {'≥' if self.higher_is_better else '≤'} {self.target_ratio}"
         )
         verdict = {True: "  ok", False: "  MISSED", None: ""}[self.ok]
-        return (f"{self.name:<44} {self.value:>12,.1f} {self.unit:<8} vs {self.baseline_name:<36} "
-                f"{self.baseline:>12,.1f}  ratio {self.ratio:5.2f}{target}{verdict}")  # fmt: skip
+        return (
+            f"{self.name:<44} {self.value:>12,.1f} {self.unit:<8} vs {self.baseline_name:<36} "
+            f"{self.baseline:>12,.1f}  ratio {self.ratio:5.2f}{target}{verdict}"
+        )
 
 
 def server() -> DatabaseUrl:
@@ -92,8 +94,9 @@ def server_cpu_seconds() -> float | None:
             times = proc.cpu_times()
         except Exception:  # noqa: BLE001 - a backend that exited meanwhile is counted by the postmaster
             continue
-        total += times.user + times.system + (times.children_user + times.children_system if proc is postmaster
-                                              else 0.0)  # fmt: skip
+        total += (
+            times.user + times.system + (times.children_user + times.children_system if proc is postmaster else 0.0)
+        )
     return total
 
 

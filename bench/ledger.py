@@ -46,10 +46,17 @@ WHERE id = ANY(CAST(:ids AS uuid[])) AND lease_token = :token AND status = 'runn
 
 
 def _plain_params(jobs: list, batch: str) -> dict:  # type: ignore[type-arg]
-    return {"batch": batch, "ids": [uuid7() for _ in jobs], "keys": [j.idempotency_key for j in jobs],
-            "srcs": [j.source for j in jobs], "exts": [j.external_id for j in jobs],
-            "shas": [j.content_sha256 for j in jobs], "refs": [j.payload_ref for j in jobs],
-            "vers": [j.classifier_version for j in jobs], "corrs": [j.idempotency_key for j in jobs]}  # fmt: skip
+    return {
+        "batch": batch,
+        "ids": [uuid7() for _ in jobs],
+        "keys": [j.idempotency_key for j in jobs],
+        "srcs": [j.source for j in jobs],
+        "exts": [j.external_id for j in jobs],
+        "shas": [j.content_sha256 for j in jobs],
+        "refs": [j.payload_ref for j in jobs],
+        "vers": [j.classifier_version for j in jobs],
+        "corrs": [j.idempotency_key for j in jobs],
+    }
 
 
 def _prepare(url):  # type: ignore[no-untyped-def]
@@ -78,9 +85,15 @@ def bench_register() -> Figure:
         base_s, _ = timed(plain_register)
         ours_s, _ = timed(ledger_register)
         engine.dispose()
-    return Figure("register documents (job + outbox + event log)", "rows/s", REGISTER_N / ours_s,
-                  "bare INSERT…unnest ON CONFLICT", REGISTER_N / base_s, target_ratio=0.5,
-                  details={"rows": REGISTER_N, "chunk": CHUNK})  # fmt: skip
+    return Figure(
+        "register documents (job + outbox + event log)",
+        "rows/s",
+        REGISTER_N / ours_s,
+        "bare INSERT…unnest ON CONFLICT",
+        REGISTER_N / base_s,
+        target_ratio=0.5,
+        details={"rows": REGISTER_N, "chunk": CHUNK},
+    )
 
 
 def bench_claim_complete(rounds: int = 2) -> Figure:
@@ -112,8 +125,14 @@ def bench_claim_complete(rounds: int = 2) -> Figure:
         def ledger_claim_complete(batch: str) -> int:
             done = 0
             while True:
-                claim = store.claim(batch_key=batch, step="classify", limit=CLAIM_BATCH, lease_seconds=60,
-                                    owner="bench", classifier_version=VERSION)  # fmt: skip
+                claim = store.claim(
+                    batch_key=batch,
+                    step="classify",
+                    limit=CLAIM_BATCH,
+                    lease_seconds=60,
+                    owner="bench",
+                    classifier_version=VERSION,
+                )
                 if not claim.jobs:
                     return done
                 store.record(claim, [Complete(j.id, j.attempt) for j in claim.jobs])
@@ -128,10 +147,21 @@ def bench_claim_complete(rounds: int = 2) -> Figure:
             assert n == CLAIM_N
             ours.append(n / seconds)
         engine.dispose()
-    return Figure("claim + complete (fenced, logged, outbox)", "jobs/s", statistics.median(ours),
-                  "bare SKIP LOCKED claim + complete", statistics.median(base), target_ratio=0.5,
-                  details={"jobs": CLAIM_N, "claim_batch": CLAIM_BATCH, "rounds": rounds,
-                           "ours": [round(x) for x in ours], "bare": [round(x) for x in base]})  # fmt: skip
+    return Figure(
+        "claim + complete (fenced, logged, outbox)",
+        "jobs/s",
+        statistics.median(ours),
+        "bare SKIP LOCKED claim + complete",
+        statistics.median(base),
+        target_ratio=0.5,
+        details={
+            "jobs": CLAIM_N,
+            "claim_batch": CLAIM_BATCH,
+            "rounds": rounds,
+            "ours": [round(x) for x in ours],
+            "bare": [round(x) for x in base],
+        },
+    )
 
 
 def run() -> list[Figure]:

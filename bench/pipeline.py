@@ -46,24 +46,37 @@ ON CONFLICT (source, external_id) DO UPDATE SET label = excluded.label, confiden
 def _classify_worker(url: DatabaseUrl, payload_base: str, batch: str, worker: int) -> None:
     """One mapped ``classify`` task instance: its own process, engine and classifier."""
     engine = create_engine(url, pool_size=2)
-    handler = ClassifyHandler(build_classifier("keyword", taxonomy=Taxonomy.load()), PayloadStore(payload_base),
-                              ClassifySettings(0.7, 1))  # fmt: skip
+    handler = ClassifyHandler(
+        build_classifier("keyword", taxonomy=Taxonomy.load()), PayloadStore(payload_base), ClassifySettings(0.7, 1)
+    )
     try:
-        run_step(JobStore(engine), handler, batch_key=batch,
-                 settings=RunSettings(owner=f"bench/classify/{worker}/try1", progress_every_seconds=1e9))  # fmt: skip
+        run_step(
+            JobStore(engine),
+            handler,
+            batch_key=batch,
+            settings=RunSettings(owner=f"bench/classify/{worker}/try1", progress_every_seconds=1e9),
+        )
     finally:
         handler.close()
         engine.dispose()
 
 
-def _retrieve_shard(url: DatabaseUrl, payload_base: str, batch: str, n: int, version: str, shard: int,
-                    shards: int) -> None:  # fmt: skip
+def _retrieve_shard(
+    url: DatabaseUrl, payload_base: str, batch: str, n: int, version: str, shard: int, shards: int
+) -> None:
     """One mapped ``retrieve`` task instance: its shard of the source, its own process."""
     engine = create_engine(url, pool_size=2)
     try:
-        retrieve(JobStore(engine), Shard(SyntheticSource(n, seed=1), shard, shards), PayloadStore(payload_base),
-                 start=DAY, end=DAY + timedelta(days=1), batch_key=batch, classifier_version=version,
-                 max_attempts=3)  # fmt: skip
+        retrieve(
+            JobStore(engine),
+            Shard(SyntheticSource(n, seed=1), shard, shards),
+            PayloadStore(payload_base),
+            start=DAY,
+            end=DAY + timedelta(days=1),
+            batch_key=batch,
+            classifier_version=version,
+            max_attempts=3,
+        )
     finally:
         engine.dispose()
 
@@ -80,8 +93,16 @@ def _in_processes(target, args: list[tuple]) -> None:  # type: ignore[no-untyped
             raise RuntimeError(f"{target.__name__} exited {proc.exitcode}")
 
 
-def _stages(store: JobStore, url: DatabaseUrl, payload_base: str, classifier, n: int, batch: str,  # type: ignore[no-untyped-def]
-            shards: int, workers: int) -> dict[str, float]:  # fmt: skip
+def _stages(
+    store: JobStore,
+    url: DatabaseUrl,
+    payload_base: str,
+    classifier,
+    n: int,
+    batch: str,  # type: ignore[no-untyped-def]
+    shards: int,
+    workers: int,
+) -> dict[str, float]:
     """retrieve (``shards`` processes) → classify (``workers`` processes), as the DAG maps them,
     → persist; seconds per stage, and the CPU seconds its processes and PostgreSQL used."""
     seconds: dict[str, float] = {}
@@ -96,8 +117,11 @@ def _stages(store: JobStore, url: DatabaseUrl, payload_base: str, classifier, n:
             seconds[f"{name}_cpu_postgres"] = after - server_cpu
 
     start = time.perf_counter()
-    stage("retrieve", _retrieve_shard,
-          [(url, payload_base, batch, n, classifier.version, i, shards) for i in range(shards)])  # fmt: skip
+    stage(
+        "retrieve",
+        _retrieve_shard,
+        [(url, payload_base, batch, n, classifier.version, i, shards) for i in range(shards)],
+    )
     stage("classify", _classify_worker, [(url, payload_base, batch, i) for i in range(workers)])
     step = time.perf_counter()
     run_step(store, PersistHandler(store), batch_key=batch, settings=RunSettings(owner="bench"))
@@ -113,8 +137,9 @@ def _naive(engine: sa.Engine, classifier, n: int) -> float:  # type: ignore[no-u
 
     def flush() -> None:
         with engine.begin() as conn:
-            conn.execute(NAIVE_INSERT, {"e": [r[0] for r in rows], "l": [r[1] for r in rows],
-                                        "c": [r[2] for r in rows]})  # fmt: skip
+            conn.execute(
+                NAIVE_INSERT, {"e": [r[0] for r in rows], "l": [r[1] for r in rows], "c": [r[2] for r in rows]}
+            )
         rows.clear()
 
     for doc in SyntheticSource(n, seed=1).read(DAY, DAY + timedelta(days=1)):
@@ -135,8 +160,12 @@ def bench_end_to_end() -> list[Figure]:
         engine = create_engine(url, pool_size=4)
         with engine.begin() as conn:
             conn.execute(sa.text("CREATE SCHEMA naive"))
-            conn.execute(sa.text("CREATE TABLE naive.labels (source text, external_id text, label text,"
-                                 " confidence float8, PRIMARY KEY (source, external_id))"))  # fmt: skip
+            conn.execute(
+                sa.text(
+                    "CREATE TABLE naive.labels (source text, external_id text, label text,"
+                    " confidence float8, PRIMARY KEY (source, external_id))"
+                )
+            )
         naive_s = _naive(engine, classifier, E2E_N)
         stages = _stages(
             JobStore(engine), url, f"{tmp}/payloads", classifier, E2E_N, "e2e", RETRIEVE_SHARDS, CLASSIFY_WORKERS
@@ -147,15 +176,29 @@ def bench_end_to_end() -> list[Figure]:
         assert settled == E2E_N, settled
         engine.dispose()
     return [
-        Figure("end to end, keyword, 100k documents", "docs/s", E2E_N / ours_s, "target", 5000.0,
-               target_ratio=1.0, details={"seconds": round(ours_s, 2), "retrieve_shards": RETRIEVE_SHARDS,
-                                          "classify_workers": CLASSIFY_WORKERS,
-                                          **{(k if "_cpu_" in k else f"{k}_seconds"): round(v, 2) for k, v in stages.items()
-                                             if k != "total"}}),
-        Figure("reliability overhead (ledger vs naive script)", "docs/s", E2E_N / ours_s,
-               "naive: classify + upsert labels", E2E_N / naive_s, details={"naive_seconds": round(naive_s, 2),
-                                                                            "ledger_seconds": round(ours_s, 2)}),
-    ]  # fmt: skip
+        Figure(
+            "end to end, keyword, 100k documents",
+            "docs/s",
+            E2E_N / ours_s,
+            "target",
+            5000.0,
+            target_ratio=1.0,
+            details={
+                "seconds": round(ours_s, 2),
+                "retrieve_shards": RETRIEVE_SHARDS,
+                "classify_workers": CLASSIFY_WORKERS,
+                **{(k if "_cpu_" in k else f"{k}_seconds"): round(v, 2) for k, v in stages.items() if k != "total"},
+            },
+        ),
+        Figure(
+            "reliability overhead (ledger vs naive script)",
+            "docs/s",
+            E2E_N / ours_s,
+            "naive: classify + upsert labels",
+            E2E_N / naive_s,
+            details={"naive_seconds": round(naive_s, 2), "ledger_seconds": round(ours_s, 2)},
+        ),
+    ]
 
 
 def bench_llm() -> list[Figure]:
@@ -166,28 +209,56 @@ def bench_llm() -> list[Figure]:
         scratch_database() as url,
         tempfile.TemporaryDirectory() as tmp,
     ):
-        classifier = build_classifier("llm", taxonomy=taxonomy, llm_settings={
-            "base_url": server.base_url, "api_key": "bench", "model": "fake", "max_connections": LLM_CONCURRENCY,
-            "timeout_s": 30.0})  # fmt: skip
+        classifier = build_classifier(
+            "llm",
+            taxonomy=taxonomy,
+            llm_settings={
+                "base_url": server.base_url,
+                "api_key": "bench",
+                "model": "fake",
+                "max_connections": LLM_CONCURRENCY,
+                "timeout_s": 30.0,
+            },
+        )
         engine = create_engine(url, pool_size=4)
         store = JobStore(engine)
         payloads = PayloadStore(f"{tmp}/payloads")
-        retrieve(store, SyntheticSource(LLM_N, seed=2), payloads, start=DAY, end=DAY + timedelta(days=1),
-                 batch_key="llm", classifier_version=classifier.version, max_attempts=3)  # fmt: skip
+        retrieve(
+            store,
+            SyntheticSource(LLM_N, seed=2),
+            payloads,
+            start=DAY,
+            end=DAY + timedelta(days=1),
+            batch_key="llm",
+            classifier_version=classifier.version,
+            max_attempts=3,
+        )
         handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.7, LLM_CONCURRENCY))
         start = time.perf_counter()
         try:
-            run_step(store, handler, batch_key="llm", settings=RunSettings(owner=f"bench-{uuid.uuid4().hex[:6]}",
-                                                                           batch_size=500))  # fmt: skip
+            run_step(
+                store,
+                handler,
+                batch_key="llm",
+                settings=RunSettings(owner=f"bench-{uuid.uuid4().hex[:6]}", batch_size=500),
+            )
         finally:
             handler.close()
         seconds = time.perf_counter() - start
         calls = len(server.requests)
         engine.dispose()
     return [
-        Figure("llm classify, 2k docs, 200 ms, concurrency 32", "seconds", seconds, "ideal (n × latency / conc.)",
-               ideal, target_ratio=1.5, higher_is_better=False, details={"model_calls": calls}),
-    ]  # fmt: skip
+        Figure(
+            "llm classify, 2k docs, 200 ms, concurrency 32",
+            "seconds",
+            seconds,
+            "ideal (n × latency / conc.)",
+            ideal,
+            target_ratio=1.5,
+            higher_is_better=False,
+            details={"model_calls": calls},
+        ),
+    ]
 
 
 def run() -> list[Figure]:

@@ -151,15 +151,17 @@ def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: in
     # socket directory as ``?host=`` travel unchanged.
     metadata = DatabaseUrl.parse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).airflow_metadata_url()
     env.update(side_by_side_env(api_port))
-    env.update({
-        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-        "AIRFLOW__CELERY__BROKER_URL": broker_url,
-        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{metadata}",
-        "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(concurrency),
-        # Only the triggered run: unpausing the DAG must not also start its latest scheduled day.
-        "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
-        "AIRFLOW__API__WORKERS": "1",
-    })  # fmt: skip
+    env.update(
+        {
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CELERY__BROKER_URL": broker_url,
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{metadata}",
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(concurrency),
+            # Only the triggered run: unpausing the DAG must not also start its latest scheduled day.
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+            "AIRFLOW__API__WORKERS": "1",
+        }
+    )
     # Every component must sign and check the Execution API's tokens with the same key.
     env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
     # reconcile_jobs' airflow_api connection names this API server, not make up's port.
@@ -180,8 +182,9 @@ def _api_client(env: Mapping[str, str], base_url: str) -> AirflowApi:
 
 
 @contextlib.contextmanager
-def celery_deployment(base_env: Mapping[str, str], *, workers: int = 2, concurrency: int = 1,
-                      timeout: float = READY_TIMEOUT) -> Iterator[CeleryDeployment]:  # fmt: skip
+def celery_deployment(
+    base_env: Mapping[str, str], *, workers: int = 2, concurrency: int = 1, timeout: float = READY_TIMEOUT
+) -> Iterator[CeleryDeployment]:
     """Redis, the API server, scheduler, DAG processor and ``workers`` Celery workers; stops them all."""
     from triage.reconciliation.airflow_view import AirflowApiUnavailable
     from triage_tools.deployment import airflow_command
@@ -196,8 +199,23 @@ def celery_deployment(base_env: Mapping[str, str], *, workers: int = 2, concurre
         redis_dir = home / "redis"
         redis_dir.mkdir(parents=True, exist_ok=True)
         port = local_free_port()
-        processes.start("redis", [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-                                  "--dir", str(redis_dir), "--appendonly", "no", "--daemonize", "no"], base_env)  # fmt: skip
+        processes.start(
+            "redis",
+            [
+                redis_server_binary(),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(redis_dir),
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ],
+            base_env,
+        )
         broker_url = f"redis://127.0.0.1:{port}/0"
         redis_version = _wait_for_redis(broker_url, processes)
         env = celery_environment(base_env, broker_url=broker_url, api_port=local_free_port(), concurrency=concurrency)
@@ -208,18 +226,42 @@ def celery_deployment(base_env: Mapping[str, str], *, workers: int = 2, concurre
         tools_path = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(TOOLS_ROOT)) if p)
         names = [f"worker-{i}@{host}" for i in range(1, workers + 1)]
         for i, node in enumerate(names, start=1):
-            worker_env = {**env, WORKER_NAME_ENV: node, "PYTHONPATH": tools_path,
-                          "AIRFLOW__CORE__HOSTNAME_CALLABLE": "triage_tools.distributed.worker_hostname"}  # fmt: skip
-            processes.start(f"worker-{i}", [*airflow_command(), "celery", "worker", "--celery-hostname", node,
-                                            "--concurrency", str(concurrency), "--skip-serve-logs",
-                                            "--pid", str(log_dir / f"worker-{i}.pid")], worker_env)  # fmt: skip
+            worker_env = {
+                **env,
+                WORKER_NAME_ENV: node,
+                "PYTHONPATH": tools_path,
+                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "triage_tools.distributed.worker_hostname",
+            }
+            processes.start(
+                f"worker-{i}",
+                [
+                    *airflow_command(),
+                    "celery",
+                    "worker",
+                    "--celery-hostname",
+                    node,
+                    "--concurrency",
+                    str(concurrency),
+                    "--skip-serve-logs",
+                    "--pid",
+                    str(log_dir / f"worker-{i}.pid"),
+                ],
+                worker_env,
+            )
         try:
             api = _wait_ready(env, processes, broker_url, names, timeout)
         except AirflowApiUnavailable as exc:
             raise DistributedError(f"{exc}\n{processes.logs()}") from None
-        yield CeleryDeployment(env=env, base_url=env["AIRFLOW__API__BASE_URL"], broker_url=broker_url,
-                               redis_version=redis_version, workers=names, processes=processes, api=api,
-                               started_in=time.monotonic() - started)  # fmt: skip
+        yield CeleryDeployment(
+            env=env,
+            base_url=env["AIRFLOW__API__BASE_URL"],
+            broker_url=broker_url,
+            redis_version=redis_version,
+            workers=names,
+            processes=processes,
+            api=api,
+            started_in=time.monotonic() - started,
+        )
     finally:
         # The scheduler first (it would queue more), then the rest; Redis last (workers ack to it).
         processes.stop(["scheduler"])
@@ -227,8 +269,9 @@ def celery_deployment(base_env: Mapping[str, str], *, workers: int = 2, concurre
         processes.stop(["redis"])
 
 
-def _wait_ready(env: Mapping[str, str], processes: Processes, broker_url: str, workers: Sequence[str],
-                timeout: float) -> AirflowApi:  # fmt: skip
+def _wait_ready(
+    env: Mapping[str, str], processes: Processes, broker_url: str, workers: Sequence[str], timeout: float
+) -> AirflowApi:
     """Wait for healthy metadata DB, scheduler and DAG processor, the DAG parsed, and every worker
     answering a Celery ping; returns a REST client (made once the API server has written its
     generated passwords)."""
@@ -262,8 +305,10 @@ def _wait_ready(env: Mapping[str, str], processes: Processes, broker_url: str, w
             if api is not None and parsed and not pending:
                 return api
             if time.monotonic() > deadline:
-                raise DistributedError(f"not ready after {timeout:.0f}s (health {doc}, {DAG_ID} parsed {parsed}, "
-                                       f"workers not answering {sorted(pending)})\n{processes.logs()}")  # fmt: skip
+                raise DistributedError(
+                    f"not ready after {timeout:.0f}s (health {doc}, {DAG_ID} parsed {parsed}, "
+                    f"workers not answering {sorted(pending)})\n{processes.logs()}"
+                )
             time.sleep(1.0)
     finally:
         app.close()
@@ -340,13 +385,22 @@ def task_tries(api: AirflowApi, run_id: str) -> list[TaskTry]:
         map_index = int(ti.get("map_index", -1))
         path = f"{base}/{ti['task_id']}" + (f"/{map_index}" if map_index >= 0 else "") + "/tries"
         for t in api.get(path).get("task_instances", []):
-            tries.append(TaskTry(ti["task_id"], map_index, int(t.get("try_number") or 0), t.get("state"),
-                                 t.get("hostname") or None, t.get("duration")))  # fmt: skip
+            tries.append(
+                TaskTry(
+                    ti["task_id"],
+                    map_index,
+                    int(t.get("try_number") or 0),
+                    t.get("state"),
+                    t.get("hostname") or None,
+                    t.get("duration"),
+                )
+            )
     return sorted(tries, key=lambda t: (t.task_id != "retrieve", t.task_id, t.map_index, t.try_number))
 
 
-def _ledger(env: Mapping[str, str], run_id: str, batch: str,
-            since: datetime) -> tuple[Any, dict[int, int], list[Invariant]]:  # fmt: skip
+def _ledger(
+    env: Mapping[str, str], run_id: str, batch: str, since: datetime
+) -> tuple[Any, dict[int, int], list[Invariant]]:
     import sqlalchemy as sa
 
     from triage.database import DatabaseUrl, create_engine
@@ -377,8 +431,15 @@ def _ledger(env: Mapping[str, str], run_id: str, batch: str,
     return summary, by_index, invariants
 
 
-def run_distributed(base_env: Mapping[str, str], day: date, conf: Mapping[str, Any] | None = None, *,
-                    workers: int = 2, concurrency: int = 1, timeout: float = RUN_TIMEOUT) -> DistributedRun:  # fmt: skip
+def run_distributed(
+    base_env: Mapping[str, str],
+    day: date,
+    conf: Mapping[str, Any] | None = None,
+    *,
+    workers: int = 2,
+    concurrency: int = 1,
+    timeout: float = RUN_TIMEOUT,
+) -> DistributedRun:
     """One run of ``classify_documents`` for ``day`` on a Celery deployment started for it.
 
     :param base_env: an Airflow environment with a migrated metadata DB and ``triage_db``
@@ -405,30 +466,55 @@ def run_distributed(base_env: Mapping[str, str], day: date, conf: Mapping[str, A
                 with contextlib.suppress(Exception):
                     deployment.api.send("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
         workers_started = list(deployment.workers)
-        described = (f"Redis {deployment.redis_version} on {deployment.broker_url}, {workers} Celery workers "
-                     f"(concurrency {concurrency}): {', '.join(deployment.workers)}")  # fmt: skip
+        described = (
+            f"Redis {deployment.redis_version} on {deployment.broker_url}, {workers} Celery workers "
+            f"(concurrency {concurrency}): {', '.join(deployment.workers)}"
+        )
         step = time.monotonic()
     timings["stop"] = time.monotonic() - step
     summary, claims, invariants = _ledger(base_env, run_id, batch, since)
     timings["total"] = time.monotonic() - began
-    return DistributedRun(run_id=run_id, state=state, batch_key=batch, tries=tries, claims_by_map_index=claims,
-                          invariants=invariants, summary=summary, timings=timings, deployment=described,
-                          workers=workers_started)  # fmt: skip
+    return DistributedRun(
+        run_id=run_id,
+        state=state,
+        batch_key=batch,
+        tries=tries,
+        claims_by_map_index=claims,
+        invariants=invariants,
+        summary=summary,
+        timings=timings,
+        deployment=described,
+        workers=workers_started,
+    )
 
 
 def format_run(run: DistributedRun) -> str:
     from triage.jobs.batch_summary import format_summary
     from triage_tools.drill.invariants import format_invariants
 
-    lines = [f"{DAG_ID} {run.run_id}: {run.state}", run.deployment, format_summary(run.summary), "",
-             "task tries (hostname from Airflow's task instances):"]  # fmt: skip
-    lines += [f"  {t.name:<16} try {t.try_number}  {t.state or '-':<10} {t.hostname or '-':<32} "
-              f"{'' if t.duration is None else f'{t.duration:.1f}s'}" for t in run.tries]  # fmt: skip
+    lines = [
+        f"{DAG_ID} {run.run_id}: {run.state}",
+        run.deployment,
+        format_summary(run.summary),
+        "",
+        "task tries (hostname from Airflow's task instances):",
+    ]
+    lines += [
+        f"  {t.name:<16} try {t.try_number}  {t.state or '-':<10} {t.hostname or '-':<32} "
+        f"{'' if t.duration is None else f'{t.duration:.1f}s'}"
+        for t in run.tries
+    ]
     indexes = sorted({t.map_index for t in run.tries if t.task_id == "classify"} | set(run.claims_by_map_index))
-    lines.append("jobs claimed per classify map index: "
-                 + (", ".join(f"[{i}] {run.claims_by_map_index.get(i, 0)}" for i in indexes) or "none"))  # fmt: skip
-    lines += ["", format_invariants(run.invariants), "",
-              "seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in run.timings.items())]  # fmt: skip
+    lines.append(
+        "jobs claimed per classify map index: "
+        + (", ".join(f"[{i}] {run.claims_by_map_index.get(i, 0)}" for i in indexes) or "none")
+    )
+    lines += [
+        "",
+        format_invariants(run.invariants),
+        "",
+        "seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in run.timings.items()),
+    ]
     return "\n".join(lines)
 
 
@@ -449,8 +535,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
 
     from triage_tools import deployment, local
 
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=prog, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--date", default="", help="the day to process (default: yesterday, UTC)")
     parser.add_argument("--conf", default="{}", help="the run conf of classify_documents, as JSON")
     parser.add_argument("--workers", type=int, default=2, help="Celery workers (default 2)")
@@ -476,8 +563,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
         _say(f"make up's Airflow runs (pid {pid}) on the same metadata database; stop it first (make stop)")
         return 1
     try:
-        run = run_distributed(env, day, conf, workers=args.workers, concurrency=args.concurrency,
-                              timeout=args.timeout)  # fmt: skip
+        run = run_distributed(env, day, conf, workers=args.workers, concurrency=args.concurrency, timeout=args.timeout)
     except (DistributedError, ComponentExited) as exc:
         _say(str(exc))
         return 1

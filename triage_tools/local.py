@@ -255,8 +255,9 @@ def start_dags_test(
     return subprocess.Popen(argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT)
 
 
-def dags_test(dag_id: str, logical_date: str, conf: Mapping[str, Any] | None = None,
-              env: Mapping[str, str] | None = None) -> int:  # fmt: skip
+def dags_test(
+    dag_id: str, logical_date: str, conf: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> int:
     """One DAG run in this process's child (``airflow dags test``); its exit code.
 
     ``airflow dags test`` exits 1 ("DagRun failed") when the run ends failed, 0 when it succeeds.
@@ -288,42 +289,51 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
 def _main(argv: list[str], prog: str) -> int:
     if argv and argv[0] == "airflow":  # everything after it belongs to Airflow, options included
         airflow_cli(argv[1:])
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=prog, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     raw = argparse.RawDescriptionHelpFormatter
     prep = commands.add_parser(
-        "prepare", help="job migrations, Airflow metadata DB, airflow_settings.yaml", formatter_class=raw,
+        "prepare",
+        help="job migrations, Airflow metadata DB, airflow_settings.yaml",
+        formatter_class=raw,
         description="Apply the job migrations, migrate Airflow's metadata DB and apply\n"
-                    "airflow_settings.yaml, each only if it changed since the last time.",
-    )  # fmt: skip
+        "airflow_settings.yaml, each only if it changed since the last time.",
+    )
     prep.add_argument("--force", action="store_true", help="migrate and apply settings even if recorded as done")
     commands.add_parser(
-        "up", help="airflow standalone in the background (UI on localhost:8080)", formatter_class=raw,
+        "up",
+        help="airflow standalone in the background (UI on localhost:8080)",
+        formatter_class=raw,
         description="Prepare, then start airflow standalone in the background and wait until\n"
-                    "it is healthy; prints the UI's address, the login and the log file.",
-    )  # fmt: skip
+        "it is healthy; prints the UI's address, the login and the log file.",
+    )
     commands.add_parser(
-        "stop", help="stop what up started, then the embedded PostgreSQL", formatter_class=raw,
+        "stop",
+        help="stop what up started, then the embedded PostgreSQL",
+        formatter_class=raw,
         description="Stop what up started (its whole process group), then the embedded PostgreSQL\n"
-                    "(a server of TRIAGE_DATABASE_URL is left alone).",
-    )  # fmt: skip
+        "(a server of TRIAGE_DATABASE_URL is left alone).",
+    )
     test = commands.add_parser(
-        "dags-test", help="one in-process DAG run; exit code 1 if it failed", formatter_class=raw,
-        description="One in-process DAG run (airflow dags test) on this deployment; exit code 1\n"
-                    "if the run failed.",
-    )  # fmt: skip
+        "dags-test",
+        help="one in-process DAG run; exit code 1 if it failed",
+        formatter_class=raw,
+        description="One in-process DAG run (airflow dags test) on this deployment; exit code 1\nif the run failed.",
+    )
     test.add_argument("dag_id", metavar="DAG_ID")
     test.add_argument("logical_date", metavar="DATE", help="YYYY-MM-DD or an ISO timestamp")
     test.add_argument("conf", metavar="CONF", nargs="?", default="{}", help="the run conf as JSON")
     commands.add_parser("airflow", help=f"the Airflow CLI: {prog} airflow ARGS...")
     commands.add_parser(
-        "reset-secrets", help="delete the connections and variables another Fernet key encrypted",
+        "reset-secrets",
+        help="delete the connections and variables another Fernet key encrypted",
         formatter_class=raw,
         description="Delete the connections and variables that this deployment's Fernet key\n"
-                    "cannot open (another checkout's, or from before make clean); the next\n"
-                    "prepare writes Triage's own again.",
-    )  # fmt: skip
+        "cannot open (another checkout's, or from before make clean); the next\n"
+        "prepare writes Triage's own again.",
+    )
     args = parser.parse_args(argv)
     for chatty in ("pgserver", "alembic.runtime.plugins", "alembic.runtime.migration"):
         logging.getLogger(chatty).setLevel(logging.WARNING)

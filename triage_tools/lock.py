@@ -162,9 +162,13 @@ def interpreter(python: str) -> str | None:
 
 
 def resolve(
-    arguments: list[str], python: str, *, arch: str = "x86_64", uploaded_prior_to: str | None = None,
+    arguments: list[str],
+    python: str,
+    *,
+    arch: str = "x86_64",
+    uploaded_prior_to: str | None = None,
     isolated: bool = False,
-) -> dict[str, str]:  # fmt: skip
+) -> dict[str, str]:
     """What ``pip install ARGUMENTS`` would install on CPython ``python`` (Linux ``arch``), as
     ``{name: version}``; raises LockError with pip's explanation when the set does not resolve.
 
@@ -185,9 +189,18 @@ def resolve(
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         options = [
-            "install", "--dry-run", "--quiet", "--ignore-installed", "--disable-pip-version-check",
-            "--only-binary=:all:", "--python-version", python, *platforms(arch), "--report", str(report),
-        ]  # fmt: skip
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--ignore-installed",
+            "--disable-pip-version-check",
+            "--only-binary=:all:",
+            "--python-version",
+            python,
+            *platforms(arch),
+            "--report",
+            str(report),
+        ]
         if uploaded_prior_to:
             options += ["--uploaded-prior-to", uploaded_prior_to]
         env = dict(os.environ)

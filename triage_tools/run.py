@@ -51,8 +51,13 @@ def batch_key_of(day: date) -> str:
 def day_run(run_id: str, day: date, conf: Mapping[str, Any]) -> dict[str, Any]:
     """The REST body (``POST /api/v2/dags/classify_documents/dagRuns``) of a run for ``day``."""
     start, end = day_interval(day)
-    return {"dag_run_id": run_id, "logical_date": end.isoformat(), "data_interval_start": start.isoformat(),
-            "data_interval_end": end.isoformat(), "conf": dict(conf)}  # fmt: skip
+    return {
+        "dag_run_id": run_id,
+        "logical_date": end.isoformat(),
+        "data_interval_start": start.isoformat(),
+        "data_interval_end": end.isoformat(),
+        "conf": dict(conf),
+    }
 
 
 def day_and_conf(day_arg: str, conf_arg: str) -> tuple[date, dict[str, Any]]:
@@ -109,8 +114,9 @@ def _wait(process: subprocess.Popen[bytes], progress: Progress | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.run") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=prog, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--date", default="", help="the day to process (default: yesterday, UTC)")
     parser.add_argument("--conf", default="{}", help="the run conf of classify_documents, as JSON")
     parser.add_argument("--verbose", action="store_true", help="Airflow's output on screen, not in a log file")

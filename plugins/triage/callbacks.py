@@ -87,15 +87,18 @@ def on_task_failure(context: Any) -> None:
         engine = engine_from_hook(job_database_hook(conn_id), pool_size=1)
         try:
             moved = JobStore(engine).send_batch_to_review(
-                batch, reason=TASK_FAILED, error=message, owner_prefix=prefix,
+                batch,
+                reason=TASK_FAILED,
+                error=message,
+                owner_prefix=prefix,
                 context={"task_id": ti.task_id, "run_id": ti.run_id, "try_number": ti.try_number},
-                actor=f"{prefix}failure_callback", run_prefix=run_prefix(context),
+                actor=f"{prefix}failure_callback",
+                run_prefix=run_prefix(context),
                 step=None if step == _UNKNOWN else step,
                 take_unleased=step != _UNKNOWN and (map_index(context) < 0 or siblings_active(context) is False),
-            )  # fmt: skip
+            )
         finally:
             engine.dispose()
-        log.warning("failure callback moved %d unfinished jobs of %s to manual_review (%s)", moved, batch,
-                    TASK_FAILED)  # fmt: skip
+        log.warning("failure callback moved %d unfinished jobs of %s to manual_review (%s)", moved, batch, TASK_FAILED)
     except Exception:
         log.exception("failure callback could not move the batch's jobs; reconciliation will")

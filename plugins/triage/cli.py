@@ -158,9 +158,18 @@ def replay(url: DatabaseUrl, args: argparse.Namespace, prog: str = PROG) -> int:
     from triage.jobs.store import JobStore
     from triage.review.replay import run_replay
 
-    given = {"reason": args.reason, "error_class": args.error_class, "states": args.states or ["manual_review"],
-             "source": args.source, "batch_key": args.batch, "since": args.since, "until": args.until,
-             "limit": args.limit, "dry_run": not args.apply, "note": args.note}  # fmt: skip
+    given = {
+        "reason": args.reason,
+        "error_class": args.error_class,
+        "states": args.states or ["manual_review"],
+        "source": args.source,
+        "batch_key": args.batch,
+        "since": args.since,
+        "until": args.until,
+        "limit": args.limit,
+        "dry_run": not args.apply,
+        "note": args.note,
+    }
     try:
         selection = ReplayFilter.parse(given)
     except InvalidReplayFilter as exc:
@@ -190,19 +199,36 @@ def _add_replay(commands: Any) -> None:
     )
     replay_cmd.add_argument("--reason", help="the review reason or status reason, e.g. retries_exhausted")
     replay_cmd.add_argument("--error-class", help="the last error class, e.g. ModelTimeout")
-    replay_cmd.add_argument("--state", dest="states", action="append", choices=REPLAY_STATES,
-                            help="a state to take jobs from (repeatable; default manual_review)")  # fmt: skip
+    replay_cmd.add_argument(
+        "--state",
+        dest="states",
+        action="append",
+        choices=REPLAY_STATES,
+        help="a state to take jobs from (repeatable; default manual_review)",
+    )
     replay_cmd.add_argument("--source", help="the jobs' source, e.g. synthetic")
     replay_cmd.add_argument("--batch", help="the jobs' batch (a run's data interval, as in the report)")
     # --from/--to and --dry-run: the spelling of DESIGN.md's command line
-    replay_cmd.add_argument("--since", "--from", dest="since", metavar="TIME",
-                            help="failed at or after (ISO date or time; UTC by default)")  # fmt: skip
-    replay_cmd.add_argument("--until", "--to", dest="until", metavar="TIME",
-                            help="failed before (ISO date or time; UTC by default)")  # fmt: skip
-    replay_cmd.add_argument("--limit", type=int, default=DEFAULT_REPLAY_LIMIT,
-                            help=f"at most this many jobs (default {DEFAULT_REPLAY_LIMIT}, at most {MAX_REPLAY_LIMIT})")  # fmt: skip
-    replay_cmd.add_argument("--max-replays", type=int, default=3, choices=range(1, 21), metavar="N",
-                            help="leave alone jobs already replayed N times (default 3)")  # fmt: skip
+    replay_cmd.add_argument(
+        "--since", "--from", dest="since", metavar="TIME", help="failed at or after (ISO date or time; UTC by default)"
+    )
+    replay_cmd.add_argument(
+        "--until", "--to", dest="until", metavar="TIME", help="failed before (ISO date or time; UTC by default)"
+    )
+    replay_cmd.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_REPLAY_LIMIT,
+        help=f"at most this many jobs (default {DEFAULT_REPLAY_LIMIT}, at most {MAX_REPLAY_LIMIT})",
+    )
+    replay_cmd.add_argument(
+        "--max-replays",
+        type=int,
+        default=3,
+        choices=range(1, 21),
+        metavar="N",
+        help="leave alone jobs already replayed N times (default 3)",
+    )
     mode = replay_cmd.add_mutually_exclusive_group()
     mode.add_argument(
         "--dry-run", action="store_false", dest="apply", default=False, help="only say what would happen (the default)"

@@ -199,13 +199,29 @@ def log_job_outcomes(log: logging.Logger, step: str, jobs: Sequence[ClaimedJob],
         elif isinstance(outcome, SendToReview):
             # A model's doubt is routine (INFO); a failure that needs a person is not (WARNING).
             level = logging.INFO if outcome.classification is not None else logging.WARNING
-            log.log(level, "step=%s %s manual_review reason=%s error_class=%s", step, job_fields(job), outcome.reason,
-                    outcome.error_class)  # fmt: skip
+            log.log(
+                level,
+                "step=%s %s manual_review reason=%s error_class=%s",
+                step,
+                job_fields(job),
+                outcome.reason,
+                outcome.error_class,
+            )
         elif isinstance(outcome, Fail):
-            log.warning("step=%s %s terminal_failed reason=%s error_class=%s", step, job_fields(job),
-                        outcome.reason, outcome.error_class)  # fmt: skip
+            log.warning(
+                "step=%s %s terminal_failed reason=%s error_class=%s",
+                step,
+                job_fields(job),
+                outcome.reason,
+                outcome.error_class,
+            )
         elif isinstance(outcome, Park):
-            log.info("step=%s %s parked reason=outage:%s error_class=%s", step, job_fields(job), outcome.dependency,
-                     outcome.error_class)  # fmt: skip
+            log.info(
+                "step=%s %s parked reason=outage:%s error_class=%s",
+                step,
+                job_fields(job),
+                outcome.dependency,
+                outcome.error_class,
+            )
         else:
             log.info("step=%s %s released", step, job_fields(job))

@@ -44,10 +44,21 @@ from triage.payload_refs import (
 )
 
 __all__ = [  # the reference form and the errors live in triage.payload_refs; callers import them here
-    "MAX_OFFSET", "MAX_RANGE", "PACK_BYTES", "Location", "PayloadBaseMissing", "PayloadCorrupt", "PayloadError",
-    "PayloadMissing", "PayloadRefInvalid", "PayloadStore", "PayloadUnavailable", "parse_ref", "read_payload",
+    "MAX_OFFSET",
+    "MAX_RANGE",
+    "PACK_BYTES",
+    "Location",
+    "PayloadBaseMissing",
+    "PayloadCorrupt",
+    "PayloadError",
+    "PayloadMissing",
+    "PayloadRefInvalid",
+    "PayloadStore",
+    "PayloadUnavailable",
+    "parse_ref",
+    "read_payload",
     "sha256_hex",
-]  # fmt: skip
+]
 
 PACK_BYTES = 8 * 1024 * 1024
 """A pack is cut before it would pass this size (a payload larger than it is a pack of its own)."""
@@ -264,8 +275,10 @@ class PayloadStore:
             if where.offset is None and where.name != expected:
                 # A whole object is one payload named by its own hash: anything else is not a
                 # reference this store made (a pack read as one document, a mismatched row).
-                results[i] = PayloadRefInvalid(f"payload_ref {shown_ref(ref)} names a whole object that is not "
-                                               "the job's payload (its name is not the job's content hash)")  # fmt: skip
+                results[i] = PayloadRefInvalid(
+                    f"payload_ref {shown_ref(ref)} names a whole object that is not "
+                    "the job's payload (its name is not the job's content hash)"
+                )
                 continue
             by_object.setdefault(where.name, []).append((i, where))
         for name, members in by_object.items():
@@ -332,8 +345,10 @@ def _verified(
     if isinstance(content, PayloadError):
         return content
     if length is not None and len(content) != length:
-        return PayloadCorrupt(f"payload at {shown_ref(ref)} is cut short ({len(content)} of {length} bytes): the pack "
-                              "is shorter than the range")  # fmt: skip
+        return PayloadCorrupt(
+            f"payload at {shown_ref(ref)} is cut short ({len(content)} of {length} bytes): the pack "
+            "is shorter than the range"
+        )
     if sha256_hex(content) != expected_sha256:
         return PayloadCorrupt(f"payload at {shown_ref(ref)} does not match its sha256")
     return content

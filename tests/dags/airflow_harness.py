@@ -275,8 +275,9 @@ def api_client(base_url: str, username: str, password: str, timeout: float = 60)
     response = httpx.post(f"{base_url}/auth/token", json={"username": username, "password": password}, timeout=timeout)
     if response.status_code != 201:
         raise HarnessError(f"POST /auth/token as {username}: HTTP {response.status_code}: {response.text[:500]}")
-    return httpx.Client(base_url=base_url, timeout=timeout,
-                        headers={"Authorization": f"Bearer {response.json()['access_token']}"})  # fmt: skip
+    return httpx.Client(
+        base_url=base_url, timeout=timeout, headers={"Authorization": f"Bearer {response.json()['access_token']}"}
+    )
 
 
 def wait_for_first_run(api: Any, dag_id: str, timeout: float = 300) -> dict[str, Any]:
@@ -361,5 +362,7 @@ def task_states(env: Mapping[str, str], dag_id: str, run_id: str) -> dict[str, s
     base_url = env["AIRFLOW__API__BASE_URL"]
     quoted = urllib.parse.quote(run_id, safe="")
     page = _request(f"{base_url}/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances?limit=1000")
-    return {ti["task_id"] + (f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ""): ti["state"]
-            for ti in page["task_instances"]}  # fmt: skip
+    return {
+        ti["task_id"] + (f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ""): ti["state"]
+        for ti in page["task_instances"]
+    }

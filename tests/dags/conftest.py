@@ -90,8 +90,13 @@ def fresh_databases(  # type: ignore[no-untyped-def]
             conn.execute(f'DROP DATABASE IF EXISTS "{jobs_db}" WITH (FORCE)')
 
 
-def triage_airflow_env(pg_server, metadata_url: DatabaseUrl, jobs_url: DatabaseUrl, home: Path,  # type: ignore[no-untyped-def]
-                       extra: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+def triage_airflow_env(
+    pg_server,
+    metadata_url: DatabaseUrl,
+    jobs_url: DatabaseUrl,
+    home: Path,  # type: ignore[no-untyped-def]
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
     """Airflow's environment of a test deployment (:func:`tests.dags.airflow_harness.airflow_test_env`)
     with Triage's: ``triage_db`` as the DAGs log in, the job database, ``TRIAGE_HOME``; ``extra`` last."""
     from tests.dags.airflow_harness import airflow_test_env
@@ -101,8 +106,12 @@ def triage_airflow_env(pg_server, metadata_url: DatabaseUrl, jobs_url: DatabaseU
         "TRIAGE_DATABASE_URL": jobs_url.libpq(),
         "TRIAGE_HOME": str(home),
     }
-    return airflow_test_env(home / "airflow", metadata_url=metadata_url.airflow_metadata_url(),
-                            dags_folder=ROOT / "dags", extra={**triage, **(extra or {})})  # fmt: skip
+    return airflow_test_env(
+        home / "airflow",
+        metadata_url=metadata_url.airflow_metadata_url(),
+        dags_folder=ROOT / "dags",
+        extra={**triage, **(extra or {})},
+    )
 
 
 # What every deployment's metadata database holds besides Airflow's tables: the pool that classify

@@ -18,8 +18,17 @@ DOCUMENTS = 1000  # the params' default: a backfill runs with the default params
 def test_backfill_three_dates_through_the_scheduler(deployment: Deployment) -> None:
     with running_airflow(deployment.env, ROOT / "dags", timeout=180, wait_for_dags=["classify_documents"]) as af:
         airflow_cli(af.env, "dags", "unpause", "classify_documents")
-        airflow_cli(af.env, "backfill", "create", "--dag-id", "classify_documents",
-                    "--from-date", DAYS[0], "--to-date", DAYS[-1])  # fmt: skip
+        airflow_cli(
+            af.env,
+            "backfill",
+            "create",
+            "--dag-id",
+            "classify_documents",
+            "--from-date",
+            DAYS[0],
+            "--to-date",
+            DAYS[-1],
+        )
         runs = wait_for_runs(af.env, "classify_documents", 3, ("success",), timeout=420, run_type="backfill")
     assert len(runs) == 3
     assert all(run["state"] == "success" for run in runs)
@@ -28,6 +37,7 @@ def test_backfill_three_dates_through_the_scheduler(deployment: Deployment) -> N
         jobs = deployment.scalar("SELECT count(*) FROM triage.jobs WHERE starts_with(batch_key, :b)", b=batch)
         settled = deployment.scalar(
             "SELECT count(*) FROM triage.jobs WHERE starts_with(batch_key, :b)"
-            " AND status IN ('completed', 'manual_review', 'terminal_failed')", b=batch,
-        )  # fmt: skip
+            " AND status IN ('completed', 'manual_review', 'terminal_failed')",
+            b=batch,
+        )
         assert (jobs, settled) == (DOCUMENTS, DOCUMENTS), day

@@ -22,11 +22,29 @@ def test_a_small_drill_keeps_every_invariant(server_home: Path) -> None:
     home = server_home / "chaos"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TRIAGE_DATABASE_URL"))}
     env["PYTHONPATH"] = str(ROOT / "plugins")
-    argv = [sys.executable, "-m", "triage_tools.drill.chaos", "--documents", "2000", "--dates", "2", "--claim-kills", "1",
-            "--action-kills", "1", "--db-restarts", "1", "--timeout", "900", "--home", str(home)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "triage_tools.drill.chaos",
+        "--documents",
+        "2000",
+        "--dates",
+        "2",
+        "--claim-kills",
+        "1",
+        "--action-kills",
+        "1",
+        "--db-restarts",
+        "1",
+        "--timeout",
+        "900",
+        "--home",
+        str(home),
+    ]
     # Its own session: if it overruns, the whole group (standalone, its PostgreSQL) is killed with it.
-    proc = subprocess.Popen(argv, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         stdout, _ = proc.communicate(timeout=1200)
     except subprocess.TimeoutExpired:

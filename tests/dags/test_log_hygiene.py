@@ -29,8 +29,13 @@ from tests.fakes.openai_server import FakeOpenAIServer, keyword_responder
 
 API_KEY = "sk-triage-LOGSCAN-4f1c9a7e2b"
 DB_PASSWORD = "pg-triage-LOGSCAN-93d0e5aa"
-CONF = {"documents": 120, "classifier": "llm", "max_attempts": 3, "concurrency": 4,
-        "drill": {"transient_error_rate": 0.1, "permanent_error_rate": 0.05, "inconclusive_rate": 0.1, "seed": 3}}  # fmt: skip
+CONF = {
+    "documents": 120,
+    "classifier": "llm",
+    "max_attempts": 3,
+    "concurrency": 4,
+    "drill": {"transient_error_rate": 0.1, "permanent_error_rate": 0.05, "inconclusive_rate": 0.1, "seed": 3},
+}
 PER_JOB = re.compile(r"job=([0-9a-f-]{36})\b")
 
 LEAKY_DAG = """
@@ -70,8 +75,11 @@ def dags_test(
 def with_passwords(deployment: Deployment, server: FakeOpenAIServer) -> dict[str, str]:
     db = json.loads(deployment.env["AIRFLOW_CONN_TRIAGE_DB"])
     llm = {"conn_type": "http", "host": server.base_url, "password": API_KEY, "extra": {"model": "fake"}}
-    return {**deployment.env, "AIRFLOW_CONN_TRIAGE_DB": json.dumps({**db, "password": DB_PASSWORD}),
-            "AIRFLOW_CONN_TRIAGE_LLM": json.dumps(llm)}  # fmt: skip
+    return {
+        **deployment.env,
+        "AIRFLOW_CONN_TRIAGE_DB": json.dumps({**db, "password": DB_PASSWORD}),
+        "AIRFLOW_CONN_TRIAGE_LLM": json.dumps(llm),
+    }
 
 
 def written_logs(*roots: Path) -> dict[Path, str]:
@@ -111,8 +119,13 @@ def scanned(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) ->
         (leaky_dags / "triage_leaky.py").write_text(LEAKY_DAG)
         leaky = dags_test({**env, "AIRFLOW__CORE__DAGS_FOLDER": str(leaky_dags)}, "triage_leaky", "2026-11-03")
     files = written_logs(Path(deployment.env["AIRFLOW_HOME"]), deployment.home)
-    return {"run": run, "leaky": leaky, "prompts": prompts, "files": files,
-            "texts": {"stdout": run.stdout, "stderr": run.stderr, **{str(p): t for p, t in files.items()}}}  # fmt: skip
+    return {
+        "run": run,
+        "leaky": leaky,
+        "prompts": prompts,
+        "files": files,
+        "texts": {"stdout": run.stdout, "stderr": run.stderr, **{str(p): t for p, t in files.items()}},
+    }
 
 
 def test_the_run_succeeds_and_wrote_logs(scanned: dict) -> None:

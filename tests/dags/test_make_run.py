@@ -104,12 +104,16 @@ def test_an_outage_past_every_retry_fails_the_run_and_the_next_run_of_the_date_h
     assert failed.returncode != 0, failed.stdout + failed.stderr
     assert "classify_documents for 2026-11-03: FAILED" in failed.stdout + failed.stderr
     batch = "2026-11-03T00:00:00+00:00/2026-11-04T00:00:00+00:00"
-    query = ("SELECT j.status::text, j.status_reason, j.attempt, count(*) FROM triage.jobs j WHERE j.batch_key = %s"
-             " GROUP BY 1, 2, 3")  # fmt: skip
+    query = (
+        "SELECT j.status::text, j.status_reason, j.attempt, count(*) FROM triage.jobs j WHERE j.batch_key = %s"
+        " GROUP BY 1, 2, 3"
+    )
     with psycopg.connect(checkout_env["TRIAGE_DATABASE_URL"]) as conn:
         parked = conn.execute(query, (batch,)).fetchall()
-        reviews = conn.execute("SELECT count(*) FROM triage.manual_review r JOIN triage.jobs j ON j.id = r.job_id"
-                               " WHERE j.batch_key = %s", (batch,)).fetchone()  # fmt: skip
+        reviews = conn.execute(
+            "SELECT count(*) FROM triage.manual_review r JOIN triage.jobs j ON j.id = r.job_id WHERE j.batch_key = %s",
+            (batch,),
+        ).fetchone()
     assert parked == [("waiting", "outage:model", 0, 60)]
     assert reviews == (0,)
 

@@ -49,8 +49,15 @@ class Up:
 
 def triage(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """``.venv/bin/triage ARGS`` (``triage_tools.cli``) from this checkout."""
-    return subprocess.run([sys.executable, "-m", "triage_tools", *args], env=env, cwd=ROOT, text=True,
-                          capture_output=True, check=False, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "triage_tools", *args],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        check=False,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +78,10 @@ def _up(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl, server_homes: ServerHo
     )
     # Beside a `make up` on 8080/8793/8794, as the drill runs (the tasks' Execution API too).
     env.update(side_by_side_env(port))
-    env.update(AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
-               AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()))  # fmt: skip
+    env.update(
+        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
+        AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
+    )
     airflow_env = {**env, "AIRFLOW_HOME": str(home / "airflow")}
     try:
         started = triage(env, "up")
@@ -117,8 +126,15 @@ def first_reconcile_run(up: Up) -> dict[str, Any]:
 
 
 def test_dags_list_shows_the_backstop_unpaused_and_the_daily_classification_paused(up: Up) -> None:
-    listed = subprocess.run([str(ROOT / "airflow.sh"), "dags", "list", "-o", "json"], env=up.env, cwd=ROOT,
-                            text=True, capture_output=True, check=False, timeout=300)  # fmt: skip
+    listed = subprocess.run(
+        [str(ROOT / "airflow.sh"), "dags", "list", "-o", "json"],
+        env=up.env,
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        check=False,
+        timeout=300,
+    )
     assert listed.returncode == 0, listed.stderr[-3000:]
     from triage_tools.local import json_output
 
@@ -162,8 +178,11 @@ def test_the_reconcile_user_reads_and_may_not_act(up: Up) -> None:
         assert api.patch("/api/v2/dags/reconcile_jobs", json={"is_paused": True}).status_code == 403
         assert api.get("/api/v2/connections").status_code == 403
         assert api.get("/api/v2/variables").status_code == 403
-    wrong = httpx.post(f"{up.base_url}/auth/token", timeout=30,
-                       json={"username": reconcile_user.USERNAME, "password": "not-the-password"})  # fmt: skip
+    wrong = httpx.post(
+        f"{up.base_url}/auth/token",
+        timeout=30,
+        json={"username": reconcile_user.USERNAME, "password": "not-the-password"},
+    )
     assert wrong.status_code == 401
 
 

@@ -26,12 +26,17 @@ from triage.jobs.store import JobStore
 BATCH = "2026-11-10T00:00:00+00:00/2026-11-11T00:00:00+00:00"
 
 
-def dags_test(deployment: Deployment, dag_id: str, logical_date: str, conf: dict[str, Any],
-              **env: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def dags_test(
+    deployment: Deployment, dag_id: str, logical_date: str, conf: dict[str, Any], **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "airflow", "dags", "test", dag_id, logical_date, "-c", json.dumps(conf)],
-        env={**deployment.env, **env}, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        env={**deployment.env, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def unused_api() -> str:
@@ -56,18 +61,29 @@ def crafted(deployment: Deployment) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def dry(deployment: Deployment, crafted: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return dags_test(deployment, "reconcile_jobs", "2026-11-30T10:00:00+00:00", {"dry_run": True, "grace_seconds": 0},
-                     AIRFLOW__API__BASE_URL=unused_api())  # fmt: skip
+    return dags_test(
+        deployment,
+        "reconcile_jobs",
+        "2026-11-30T10:00:00+00:00",
+        {"dry_run": True, "grace_seconds": 0},
+        AIRFLOW__API__BASE_URL=unused_api(),
+    )
 
 
 @pytest.fixture(scope="module")
 def first(deployment: Deployment, dry: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    return dags_test(deployment, "reconcile_jobs", "2026-11-30T10:15:00+00:00", {"grace_seconds": 0},
-                     AIRFLOW__API__BASE_URL=unused_api())  # fmt: skip
+    return dags_test(
+        deployment,
+        "reconcile_jobs",
+        "2026-11-30T10:15:00+00:00",
+        {"grace_seconds": 0},
+        AIRFLOW__API__BASE_URL=unused_api(),
+    )
 
 
-def test_a_dry_run_succeeds_and_changes_nothing(deployment: Deployment, crafted: dict[str, Any],
-                                                dry: subprocess.CompletedProcess[str]) -> None:  # fmt: skip
+def test_a_dry_run_succeeds_and_changes_nothing(
+    deployment: Deployment, crafted: dict[str, Any], dry: subprocess.CompletedProcess[str]
+) -> None:
     assert dry.returncode == 0, dry.stdout[-4000:] + dry.stderr[-4000:]
     q = deployment.scalar
     assert q("SELECT status FROM triage.jobs WHERE id = :j", j=crafted["expired"]) == "running"
@@ -76,13 +92,16 @@ def test_a_dry_run_succeeds_and_changes_nothing(deployment: Deployment, crafted:
     assert "ALERT kind=orphans" not in dry.stdout + dry.stderr  # a dry run takes nothing back
 
 
-def test_a_run_repairs_and_reports_in_three_forms(deployment: Deployment, crafted: dict[str, Any],
-                                                  first: subprocess.CompletedProcess[str]) -> None:  # fmt: skip
+def test_a_run_repairs_and_reports_in_three_forms(
+    deployment: Deployment, crafted: dict[str, Any], first: subprocess.CompletedProcess[str]
+) -> None:
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
     q = deployment.scalar
     assert q("SELECT status FROM triage.jobs WHERE id = :j", j=crafted["expired"]) == "retryable_failed"
-    assert q("SELECT reason FROM triage.manual_review WHERE job_id = :j AND resolved_at IS NULL",
-             j=crafted["lost"]) == "reconciliation_missing_review"  # fmt: skip
+    assert (
+        q("SELECT reason FROM triage.manual_review WHERE job_id = :j AND resolved_at IS NULL", j=crafted["lost"])
+        == "reconciliation_missing_review"
+    )
     log = first.stdout + first.stderr
     assert "# Reconciliation run" in log
     assert "## Manual review queue" in log
@@ -100,8 +119,13 @@ def test_a_run_repairs_and_reports_in_three_forms(deployment: Deployment, crafte
 
 
 def test_a_second_run_repairs_nothing(deployment: Deployment, first: subprocess.CompletedProcess[str]) -> None:
-    again = dags_test(deployment, "reconcile_jobs", "2026-11-30T10:30:00+00:00", {"grace_seconds": 0},
-                      AIRFLOW__API__BASE_URL=unused_api())  # fmt: skip
+    again = dags_test(
+        deployment,
+        "reconcile_jobs",
+        "2026-11-30T10:30:00+00:00",
+        {"grace_seconds": 0},
+        AIRFLOW__API__BASE_URL=unused_api(),
+    )
     assert again.returncode == 0, again.stdout[-3000:]
     assert "ALERT kind=orphans" not in again.stdout + again.stderr
     summary: Any = deployment.scalar("SELECT summary FROM triage.reconciliation_runs ORDER BY id DESC LIMIT 1")
@@ -124,11 +148,21 @@ def api_server(deployment: Deployment) -> Iterator[str]:
 
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    env = {**deployment.env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__HOST": "127.0.0.1",
-           "AIRFLOW__API__BASE_URL": base_url}  # fmt: skip
+    env = {
+        **deployment.env,
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__BASE_URL": base_url,
+    }
     log = (deployment.home / "api-server.log").open("ab")
-    proc = subprocess.Popen([*AIRFLOW, "api-server"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*AIRFLOW, "api-server"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while health(base_url) is None:
@@ -157,8 +191,13 @@ def test_a_failed_classify_task_with_unfinished_work_is_found_through_the_rest_a
 
     with FakeOpenAIServer(responder=lambda _body: Reply.status_only(401)) as server:
         conn = json.dumps({"conn_type": "http", "host": f"{server.base_url}", "password": "sk-test"})
-        failed = dags_test(deployment, "classify_documents", "2026-11-13", {"documents": 10, "classifier": "llm"},
-                           AIRFLOW_CONN_TRIAGE_LLM=conn)  # fmt: skip
+        failed = dags_test(
+            deployment,
+            "classify_documents",
+            "2026-11-13",
+            {"documents": 10, "classifier": "llm"},
+            AIRFLOW_CONN_TRIAGE_LLM=conn,
+        )
     assert failed.returncode != 0
     batch = "2026-11-12T00:00:00+00:00/2026-11-13T00:00:00+00:00"
     engine = deployment.engine()
@@ -166,13 +205,20 @@ def test_a_failed_classify_task_with_unfinished_work_is_found_through_the_rest_a
     engine.dispose()
 
     with api_server(deployment) as base_url:
-        run = dags_test(deployment, "reconcile_jobs", "2026-11-30T11:00:00+00:00", {"grace_seconds": 0},
-                        AIRFLOW__API__BASE_URL=base_url)  # fmt: skip
+        run = dags_test(
+            deployment,
+            "reconcile_jobs",
+            "2026-11-30T11:00:00+00:00",
+            {"grace_seconds": 0},
+            AIRFLOW__API__BASE_URL=base_url,
+        )
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
         runs = _request(f"{base_url}/api/v2/dags/reconcile_jobs/dagRuns?order_by=-id&limit=1")["dag_runs"]
         run_id = urllib.parse.quote(runs[0]["dag_run_id"], safe="")
-        xcom = _request(f"{base_url}/api/v2/dags/reconcile_jobs/dagRuns/{run_id}/taskInstances/reconcile"
-                        "/xcomEntries/return_value?deserialize=true")  # fmt: skip
+        xcom = _request(
+            f"{base_url}/api/v2/dags/reconcile_jobs/dagRuns/{run_id}/taskInstances/reconcile"
+            "/xcomEntries/return_value?deserialize=true"
+        )
     summary = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
     view = next(r for r in summary["rules"] if r["rule"] == "airflow_view")
     assert view["skipped"] is None
@@ -180,5 +226,10 @@ def test_a_failed_classify_task_with_unfinished_work_is_found_through_the_rest_a
     assert [(r["action"], r["count"]) for r in view["repairs"]] == [("batch_sent_to_review", 5)]
     q = deployment.scalar
     assert q("SELECT count(*) FROM triage.jobs WHERE batch_key = :b AND status <> 'manual_review'", b=batch) == 0
-    assert q("SELECT count(*) FROM triage.manual_review WHERE context->>'repaired_by' = 'reconciliation'"
-             " AND reason = 'airflow_task_failed'") == 5  # fmt: skip
+    assert (
+        q(
+            "SELECT count(*) FROM triage.manual_review WHERE context->>'repaired_by' = 'reconciliation'"
+            " AND reason = 'airflow_task_failed'"
+        )
+        == 5
+    )

@@ -57,8 +57,16 @@ class Fab:
 
 def provision(env: dict[str, str], api_url: str) -> subprocess.CompletedProcess[str]:
     """airflow-init's step, as docker-compose.yaml runs it."""
-    argv = [sys.executable, "-m", "triage_tools.deploy.reconcile_user", "fab", "--api-url", api_url,
-            "--airflow", f"{sys.executable} -m airflow"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "triage_tools.deploy.reconcile_user",
+        "fab",
+        "--api-url",
+        api_url,
+        "--airflow",
+        f"{sys.executable} -m airflow",
+    ]
     done = subprocess.run(argv, env=env, cwd=ROOT, text=True, capture_output=True, check=False, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
@@ -70,16 +78,32 @@ def fab(pg_server: DatabaseUrl, template_db: str, server_homes: ServerHomes) -> 
         yield from _fab(pg_server, metadata_url, jobs_url, server_homes)
 
 
-def _fab(pg_server: DatabaseUrl, metadata_url: DatabaseUrl, jobs_url: DatabaseUrl,
-         server_homes: ServerHomes) -> Iterator[Fab]:  # fmt: skip
+def _fab(
+    pg_server: DatabaseUrl, metadata_url: DatabaseUrl, jobs_url: DatabaseUrl, server_homes: ServerHomes
+) -> Iterator[Fab]:
     home = server_homes.make("fab")
     env = triage_airflow_env(pg_server, metadata_url, jobs_url, home, extra={"AIRFLOW__CORE__AUTH_MANAGER": FAB})
     env.pop("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS")
     try:
         migrate_metadata(env)  # Airflow's tables and FAB's (the auth manager's DB manager)
         admin_password = secrets.token_urlsafe(16)
-        airflow_cli(env, "users", "create", "--role", "Admin", "--username", "admin", "--password", admin_password,
-                    "--email", "admin@triage.invalid", "--firstname", "a", "--lastname", "b")  # fmt: skip
+        airflow_cli(
+            env,
+            "users",
+            "create",
+            "--role",
+            "Admin",
+            "--username",
+            "admin",
+            "--password",
+            admin_password,
+            "--email",
+            "admin@triage.invalid",
+            "--firstname",
+            "a",
+            "--lastname",
+            "b",
+        )
         port = free_port()
         provision(env, f"http://127.0.0.1:{port}")  # before any service starts, as in compose
         with running_airflow(env, ROOT / "dags", timeout=240, api_port=port) as airflow:
@@ -126,8 +150,12 @@ def test_the_connection_names_the_user_and_the_api_server(fab: Fab) -> None:
 
 def test_the_role_has_the_three_read_permissions_and_nothing_else(fab: Fab) -> None:
     listed = json_output(airflow_cli(fab.airflow.env, "roles", "list", "-p", "-o", "json").stdout)
-    granted = {(action, row["resource"]) for row in listed if row["name"] == reconcile_user.FAB_ROLE
-               for action in row["action"].split(",")}  # fmt: skip
+    granted = {
+        (action, row["resource"])
+        for row in listed
+        if row["name"] == reconcile_user.FAB_ROLE
+        for action in row["action"].split(",")
+    }
     # and the UI's home page, which FAB gives every custom role when the API server starts
     assert granted == {*reconcile_user.FAB_PERMISSIONS, *reconcile_user.FAB_GIVES_EVERY_ROLE}
 

@@ -29,8 +29,9 @@ def jobs_in_review(deployment: Deployment, n: int) -> list[str]:
     engine = deployment.engine()
     try:
         store = JobStore(engine)
-        registered = store.register(new_jobs(n, prefix=f"review-{uuid.uuid4().hex[:8]}"), batch_key=BATCH,
-                                    step="classify", max_attempts=3)  # fmt: skip
+        registered = store.register(
+            new_jobs(n, prefix=f"review-{uuid.uuid4().hex[:8]}"), batch_key=BATCH, step="classify", max_attempts=3
+        )
         claim = store.claim(batch_key=BATCH, step="classify", limit=n, lease_seconds=60, owner="test-worker")
         model = ClassificationRecord("billing", 0.4, "inconclusive", "keyword-v1")
         store.record(claim, [SendToReview(j.id, j.attempt, "inconclusive", classification=model) for j in claim.jobs])
@@ -44,8 +45,12 @@ def dags_test(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "airflow", "dags", "test", dag_id, "-c", json.dumps(conf)],
-        env=deployment.env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        env=deployment.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def review_row(deployment: Deployment, job_id: str) -> tuple[Any, ...]:
@@ -54,11 +59,17 @@ def review_row(deployment: Deployment, job_id: str) -> tuple[Any, ...]:
         with engine.connect() as conn:
             import sqlalchemy as sa
 
-            return tuple(conn.execute(sa.text(
-                "SELECT j.status::text, r.resolution, r.resolved_by, r.note,"
-                " (SELECT actor FROM triage.job_events e WHERE e.job_id = j.id ORDER BY e.id DESC LIMIT 1)"
-                " FROM triage.jobs j JOIN triage.manual_review r ON r.job_id = j.id"
-                " WHERE j.id = :j ORDER BY r.id DESC LIMIT 1"), {"j": job_id}).one())  # fmt: skip
+            return tuple(
+                conn.execute(
+                    sa.text(
+                        "SELECT j.status::text, r.resolution, r.resolved_by, r.note,"
+                        " (SELECT actor FROM triage.job_events e WHERE e.job_id = j.id ORDER BY e.id DESC LIMIT 1)"
+                        " FROM triage.jobs j JOIN triage.manual_review r ON r.job_id = j.id"
+                        " WHERE j.id = :j ORDER BY r.id DESC LIMIT 1"
+                    ),
+                    {"j": job_id},
+                ).one()
+            )
     finally:
         engine.dispose()
 
@@ -83,14 +94,37 @@ def test_the_dag_is_on_demand_with_a_typed_form() -> None:
         assert isinstance(dag.timetable, NullTimetable), dag_id
         assert {"triage", "review"} <= set(dag.tags)
     params = bag.dags["review_jobs"].params
-    assert set(params.keys()) == {"job_ids", "decision", "label", "note", "max_replays", "reason", "error_class",
-                                  "states", "source", "batch_key", "since", "until", "limit", "dry_run"}  # fmt: skip
+    assert set(params.keys()) == {
+        "job_ids",
+        "decision",
+        "label",
+        "note",
+        "max_replays",
+        "reason",
+        "error_class",
+        "states",
+        "source",
+        "batch_key",
+        "since",
+        "until",
+        "limit",
+        "dry_run",
+    }
     assert "billing" in params.get_param("label").schema["enum"]
     assert params["dry_run"] is True  # a replay from the form is a dry run unless unticked
     assert params.get_param("states").resolve(["manual_review", "terminal_failed"])
-    for name, value in [("job_ids", ["not-a-uuid"]), ("decision", "approve"), ("label", "spam"), ("max_replays", 0),
-                        ("states", ["completed"]), ("states", []), ("limit", 10_001),
-                        ("reason", "x; DROP TABLE"), ("source", "a\u202eb"), ("dry_run", "no")]:  # fmt: skip
+    for name, value in [
+        ("job_ids", ["not-a-uuid"]),
+        ("decision", "approve"),
+        ("label", "spam"),
+        ("max_replays", 0),
+        ("states", ["completed"]),
+        ("states", []),
+        ("limit", 10_001),
+        ("reason", "x; DROP TABLE"),
+        ("source", "a\u202eb"),
+        ("dry_run", "no"),
+    ]:
         with pytest.raises(ParamValidationError):
             params.get_param(name).resolve(value)
     for name in params:
@@ -107,8 +141,12 @@ def test_a_label_decision_is_applied_as_the_triggering_user(deployment: Deployme
     for job_id in ids:
         # `dags test` names its runs' user "dag_test"; the UI and REST API name the logged-in user
         assert review_row(deployment, job_id) == ("completed", "labelled", "dag_test", "invoices", "dag_test")
-    assert deployment.scalar("SELECT count(*) FROM triage.document_labels WHERE job_id = ANY(:ids)",
-                             ids=[uuid.UUID(i) for i in ids]) == 2  # fmt: skip
+    assert (
+        deployment.scalar(
+            "SELECT count(*) FROM triage.document_labels WHERE job_id = ANY(:ids)", ids=[uuid.UUID(i) for i in ids]
+        )
+        == 2
+    )
 
     # the same decision again: success, reported as already applied, nothing changes
     before = transitions(deployment)
@@ -131,10 +169,11 @@ def test_one_refused_job_fails_the_run_after_the_others_are_applied(deployment: 
     ("conf", "message"),
     [
         pytest.param({"decision": "label"}, "decision 'label' needs a label", id="label-without-label"),
-        pytest.param({"decision": "requeue", "label": "billing"}, "a label is only for decision 'label'",
-                     id="label-with-requeue"),
+        pytest.param(
+            {"decision": "requeue", "label": "billing"}, "a label is only for decision 'label'", id="label-with-requeue"
+        ),
     ],
-)  # fmt: skip
+)
 def test_an_invalid_decision_changes_nothing(deployment: Deployment, conf: dict[str, Any], message: str) -> None:
     (job_id,) = jobs_in_review(deployment, 1)
     before = transitions(deployment)
@@ -189,17 +228,23 @@ def test_reviewers_are_the_airflow_users_of_the_form_and_the_question(deployment
         for dag_id in dags:
             af.unpause(dag_id)
         # the trigger form posts this
-        run = af.post("/api/v2/dags/review_jobs/dagRuns",
-                      {"logical_date": None, "conf": {"job_ids": [labelled], "decision": "requeue"}})  # fmt: skip
+        run = af.post(
+            "/api/v2/dags/review_jobs/dagRuns",
+            {"logical_date": None, "conf": {"job_ids": [labelled], "decision": "requeue"}},
+        )
         user = run["triggering_user_name"]
         assert user
-        wait_for(lambda: task_states(af.env, "review_jobs", run["dag_run_id"]).get("apply_decision") == "success",
-                 timeout=300, what="review_jobs to apply the decision")  # fmt: skip
+        wait_for(
+            lambda: task_states(af.env, "review_jobs", run["dag_run_id"]).get("apply_decision") == "success",
+            timeout=300,
+            what="review_jobs to apply the decision",
+        )
         assert review_row(deployment, labelled) == ("queued", "requeued", user, None, user)
 
         # the question: wait until it is asked, answer it as the Required-actions page does
-        asking = af.post("/api/v2/dags/review_jobs_interactive/dagRuns",
-                         {"logical_date": None, "conf": {"job_id": asked}})  # fmt: skip
+        asking = af.post(
+            "/api/v2/dags/review_jobs_interactive/dagRuns", {"logical_date": None, "conf": {"job_id": asked}}
+        )
         run_id = urllib.parse.quote(asking["dag_run_id"], safe="")
         path = f"/api/v2/dags/review_jobs_interactive/dagRuns/{run_id}/taskInstances/ask_reviewer/-1/hitlDetails"
         detail = wait_for(lambda: _awaiting(af, path), what="the question to be asked")
@@ -232,8 +277,10 @@ def test_reviewers_are_the_airflow_users_of_the_form_and_the_question(deployment
         responder = next(iter(answered.values()))
         assert states["apply_answer"] == "success", f"{states}\n{af.logs()}"
     assert review_row(deployment, asked) == ("completed", "labelled", responder, "a parcel", responder)
-    assert deployment.scalar("SELECT label FROM triage.document_labels WHERE job_id = :j",
-                             j=uuid.UUID(asked)) == "shipping"  # fmt: skip
+    assert (
+        deployment.scalar("SELECT label FROM triage.document_labels WHERE job_id = :j", j=uuid.UUID(asked))
+        == "shipping"
+    )
 
 
 def _awaiting(af: Any, path: str) -> dict[str, Any] | None:

@@ -67,12 +67,19 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     engine = create_engine(DatabaseUrl.parse(args.url), pool_size=2)
-    handler = ClassifyHandler(SlowModel(args.fast, args.slow, args.slow_from),  # type: ignore[arg-type]
-                              PayloadStore(args.payloads), ClassifySettings(0.0, 1))  # fmt: skip
+    handler = ClassifyHandler(
+        SlowModel(args.fast, args.slow, args.slow_from),  # type: ignore[arg-type]
+        PayloadStore(args.payloads),
+        ClassifySettings(0.0, 1),
+    )
     try:
-        run_step(JobStore(engine), handler, batch_key=args.batch,
-                 settings=RunSettings(owner="dag/run/classify/0/try1", batch_size=args.batch_size, lease_seconds=60),
-                 drain=operator.drain)  # fmt: skip
+        run_step(
+            JobStore(engine),
+            handler,
+            batch_key=args.batch,
+            settings=RunSettings(owner="dag/run/classify/0/try1", batch_size=args.batch_size, lease_seconds=60),
+            drain=operator.drain,
+        )
     except Drained as exc:
         print(f"drained: {exc}", flush=True)
         return 3

@@ -31,18 +31,31 @@ def main() -> None:
     store = JobStore(create_engine(url, pool_size=1))
     classifier = DrillClassifier(KeywordClassifier(Taxonomy.load()), DrillSettings(kill_on=args.kill_on))
     while True:
-        claim = store.claim(batch_key=args.batch, step="classify", limit=args.limit, lease_seconds=600,
-                            owner=f"poison-worker/{args.batch}")  # fmt: skip
+        claim = store.claim(
+            batch_key=args.batch,
+            step="classify",
+            limit=args.limit,
+            lease_seconds=600,
+            owner=f"poison-worker/{args.batch}",
+        )
         if not claim.jobs:
             return
         outcomes = []
         for job in claim.jobs:
-            request = ClassifyRequest(job_id=str(job.id), external_id=job.external_id,
-                                      idempotency_key=job.idempotency_key, correlation_id=job.correlation_id,
-                                      attempt=job.attempt, text="please refund my invoice")  # fmt: skip
+            request = ClassifyRequest(
+                job_id=str(job.id),
+                external_id=job.external_id,
+                idempotency_key=job.idempotency_key,
+                correlation_id=job.correlation_id,
+                attempt=job.attempt,
+                text="please refund my invoice",
+            )
             output = classifier.classify(request)
-            outcomes.append(Complete(job.id, job.attempt, LabelWrite(output.label or "billing", output.confidence,
-                                                                     classifier.version)))  # fmt: skip
+            outcomes.append(
+                Complete(
+                    job.id, job.attempt, LabelWrite(output.label or "billing", output.confidence, classifier.version)
+                )
+            )
         store.record(claim, outcomes)
 
 

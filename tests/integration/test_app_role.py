@@ -77,13 +77,25 @@ def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, tmp_path: P
     payloads = PayloadStore(tmp_path / "payloads")
     drill = DrillSettings(transient_error_rate=0.2, inconclusive_rate=0.2, seed=5)
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load(), drill=drill)
-    result = retrieve(app_store, SyntheticSource(60, seed=4), payloads, start=DAY, end=DAY + timedelta(days=1),
-                      batch_key=BATCH, classifier_version=classifier.version, max_attempts=3)  # fmt: skip
+    result = retrieve(
+        app_store,
+        SyntheticSource(60, seed=4),
+        payloads,
+        start=DAY,
+        end=DAY + timedelta(days=1),
+        batch_key=BATCH,
+        classifier_version=classifier.version,
+        max_attempts=3,
+    )
     assert result.registered == 60
     handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.7))
     try:
-        report = run_step(app_store, handler, batch_key=BATCH,
-                          settings=RunSettings(owner="app-role-test", batch_size=25, retry_soon_seconds=0.0))  # fmt: skip
+        report = run_step(
+            app_store,
+            handler,
+            batch_key=BATCH,
+            settings=RunSettings(owner="app-role-test", batch_size=25, retry_soon_seconds=0.0),
+        )
     except WorkRemains as exc:  # retries not due in this run: the Airflow retry's job
         report = exc.report  # type: ignore[attr-defined]
     finally:

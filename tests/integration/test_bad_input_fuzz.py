@@ -33,9 +33,14 @@ from triage.sources.jsonl import JsonlSource
 
 DAY = datetime(2026, 11, 1, tzinfo=UTC)
 FIELDS = ["id", "subject", "body", "received_at", "channel", "schema_version", "other"]
-VALUES = (st.none() | st.booleans() | st.integers() | st.text(max_size=40)
-          | st.sampled_from(["2026-11-01T08:00:00Z", "2026-11-01T08:00:00", "", "refund please", 1])
-          | timestamps)  # fmt: skip
+VALUES = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=40)
+    | st.sampled_from(["2026-11-01T08:00:00Z", "2026-11-01T08:00:00", "", "refund please", 1])
+    | timestamps
+)
 
 lines = st.one_of(
     st.binary(max_size=60),
@@ -56,11 +61,13 @@ lines = st.one_of(
 ).map(lambda b: b.replace(b"\n", b" ").replace(b"\r", b" "))
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(inbox=st.lists(lines, min_size=1, max_size=15))
-def test_every_line_of_any_inbox_ends_settled_with_a_reason(engine: sa.Engine, tmp_path: Path,
-                                                            inbox: list[bytes]) -> None:  # fmt: skip
+def test_every_line_of_any_inbox_ends_settled_with_a_reason(
+    engine: sa.Engine, tmp_path: Path, inbox: list[bytes]
+) -> None:
     store = JobStore(engine, retry_policy=RetryPolicy(base_seconds=0.01, cap_seconds=0.02))
     root = tmp_path / uuid.uuid4().hex
     (root / "2026-11-01").mkdir(parents=True)
@@ -68,8 +75,16 @@ def test_every_line_of_any_inbox_ends_settled_with_a_reason(engine: sa.Engine, t
     batch = f"fuzz-{uuid.uuid4().hex}"
     payloads = PayloadStore(root / "payloads")
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load())
-    result = retrieve(store, JsonlSource(root), payloads, start=DAY, end=DAY + timedelta(days=1), batch_key=batch,
-                      classifier_version=classifier.version, max_attempts=3)  # fmt: skip
+    result = retrieve(
+        store,
+        JsonlSource(root),
+        payloads,
+        start=DAY,
+        end=DAY + timedelta(days=1),
+        batch_key=batch,
+        classifier_version=classifier.version,
+        max_attempts=3,
+    )
     handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.5, 1, False))
     try:
         run_step(store, handler, batch_key=batch, settings=RunSettings(owner="fuzz", retry_soon_seconds=5))
@@ -78,10 +93,14 @@ def test_every_line_of_any_inbox_ends_settled_with_a_reason(engine: sa.Engine, t
 
     non_blank = sum(1 for line in inbox if line.strip())
     with engine.connect() as conn:
-        jobs = conn.execute(sa.text(
-            "SELECT j.status::text AS status, j.status_reason, r.reason FROM triage.jobs j"
-            " LEFT JOIN triage.manual_review r ON r.job_id = j.id AND r.resolved_at IS NULL"
-            " WHERE j.batch_key = :b"), {"b": batch}).all()  # fmt: skip
+        jobs = conn.execute(
+            sa.text(
+                "SELECT j.status::text AS status, j.status_reason, r.reason FROM triage.jobs j"
+                " LEFT JOIN triage.manual_review r ON r.job_id = j.id AND r.resolved_at IS NULL"
+                " WHERE j.batch_key = :b"
+            ),
+            {"b": batch},
+        ).all()
     assert result.read == non_blank
     # Lines with the same id and content are one document (a duplicate delivery), so one job.
     assert result.registered + result.existing == non_blank
@@ -102,20 +121,34 @@ def test_a_day_with_impossible_dates_still_becomes_jobs(engine: sa.Engine, tmp_p
     ids = [f"{batch}-ok-1", *(f"{batch}-{n}" for n in range(len(OUT_OF_RANGE_TIMESTAMPS))), f"{batch}-ok-2"]
     dates = ["2026-11-01T08:00:00Z", *OUT_OF_RANGE_TIMESTAMPS, "2026-11-01T09:00:00+14:00"]
     (tmp_path / "2026-11-01").mkdir()
-    (tmp_path / "2026-11-01" / "day.jsonl").write_text("".join(
-        json.dumps({"id": i, "subject": "s", "body": "b", "received_at": d}) + "\n" for i, d in zip(ids, dates, strict=True)
-    ))  # fmt: skip
+    (tmp_path / "2026-11-01" / "day.jsonl").write_text(
+        "".join(
+            json.dumps({"id": i, "subject": "s", "body": "b", "received_at": d}) + "\n"
+            for i, d in zip(ids, dates, strict=True)
+        )
+    )
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load())
-    result = retrieve(store, JsonlSource(tmp_path), PayloadStore(tmp_path / "payloads"), start=DAY,
-                      end=DAY + timedelta(days=1), batch_key=batch, classifier_version=classifier.version,
-                      max_attempts=3)  # fmt: skip
+    result = retrieve(
+        store,
+        JsonlSource(tmp_path),
+        PayloadStore(tmp_path / "payloads"),
+        start=DAY,
+        end=DAY + timedelta(days=1),
+        batch_key=batch,
+        classifier_version=classifier.version,
+        max_attempts=3,
+    )
 
     assert (result.read, result.registered, result.malformed) == (len(ids), len(ids), len(OUT_OF_RANGE_TIMESTAMPS))
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT j.external_id, j.status::text AS status, r.reason, r.context->>'malformed_reason' AS why"
-            " FROM triage.jobs j LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b"
-            " ORDER BY j.external_id"), {"b": batch}).all()  # fmt: skip
+        rows = conn.execute(
+            sa.text(
+                "SELECT j.external_id, j.status::text AS status, r.reason, r.context->>'malformed_reason' AS why"
+                " FROM triage.jobs j LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b"
+                " ORDER BY j.external_id"
+            ),
+            {"b": batch},
+        ).all()
     queued = sorted(r.external_id for r in rows if r.status == "queued")
     assert queued == [f"{batch}-ok-1", f"{batch}-ok-2"]
     reviews = [r for r in rows if r.status == "manual_review"]
@@ -133,20 +166,33 @@ def test_odd_inbox_entries_become_review_rows_not_errors(engine: sa.Engine, tmp_
     batch = f"entries-{uuid.uuid4().hex}"
     day = tmp_path / "2026-11-01"
     day.mkdir()
-    (day / os.fsdecode(b"caf\xe9.jsonl")).write_bytes(b"{broken\n" + json.dumps(
-        {"id": f"{batch}-ok", "subject": "s", "body": "b", "received_at": "2026-11-01T08:00:00Z"}).encode() + b"\n")  # fmt: skip
+    (day / os.fsdecode(b"caf\xe9.jsonl")).write_bytes(
+        b"{broken\n"
+        + json.dumps({"id": f"{batch}-ok", "subject": "s", "body": "b", "received_at": "2026-11-01T08:00:00Z"}).encode()
+        + b"\n"
+    )
     (day / "nested.jsonl").mkdir()
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load())
-    result = retrieve(store, JsonlSource(tmp_path), PayloadStore(tmp_path / "payloads"), start=DAY,
-                      end=DAY + timedelta(days=1), batch_key=batch, classifier_version=classifier.version,
-                      max_attempts=3)  # fmt: skip
+    result = retrieve(
+        store,
+        JsonlSource(tmp_path),
+        PayloadStore(tmp_path / "payloads"),
+        start=DAY,
+        end=DAY + timedelta(days=1),
+        batch_key=batch,
+        classifier_version=classifier.version,
+        max_attempts=3,
+    )
 
     assert (result.read, result.registered, result.malformed) == (3, 3, 2)
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT j.external_id, j.status::text, r.context->>'malformed_reason' FROM triage.jobs j"
-            " LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b ORDER BY 1"),
-            {"b": batch}).all()  # fmt: skip
+        rows = conn.execute(
+            sa.text(
+                "SELECT j.external_id, j.status::text, r.context->>'malformed_reason' FROM triage.jobs j"
+                " LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b ORDER BY 1"
+            ),
+            {"b": batch},
+        ).all()
     assert [tuple(r) for r in rows] == [
         ("2026-11-01/caf\\xe9.jsonl:1", "manual_review", "invalid_json"),
         ("2026-11-01/nested.jsonl", "manual_review", "not_a_file"),
@@ -172,9 +218,15 @@ def test_a_stored_payload_with_an_impossible_date_goes_to_review(engine: sa.Engi
         handler.close()
 
     with engine.connect() as conn:
-        rows = dict(conn.execute(sa.text(
-            "SELECT j.external_id, coalesce(r.reason || '/' || j.last_error_class, j.status::text) FROM triage.jobs j"
-            " LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b"), {"b": batch}).all())  # fmt: skip
+        rows = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT j.external_id, coalesce(r.reason || '/' || j.last_error_class, j.status::text) FROM triage.jobs j"
+                    " LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b"
+                ),
+                {"b": batch},
+            ).all()
+        )
     assert rows == {f"{batch}-ok": "completed", f"{batch}-bad": "malformed_input/schema_mismatch"}
 
 
@@ -182,10 +234,16 @@ def test_a_stored_payload_with_an_impossible_date_goes_to_review(engine: sa.Engi
 
 CONTENT = st.one_of(
     st.text(max_size=60),
-    st.dictionaries(st.sampled_from(["label", "confidence", "reason", "labels"]),
-                    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20)
-                    | st.sampled_from(["billing", "refund_request", "nonexistent_label"])).map(json.dumps),
-)  # fmt: skip
+    st.dictionaries(
+        st.sampled_from(["label", "confidence", "reason", "labels"]),
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=True)
+        | st.text(max_size=20)
+        | st.sampled_from(["billing", "refund_request", "nonexistent_label"]),
+    ).map(json.dumps),
+)
 REPLIES = st.one_of(
     CONTENT.map(lambda content: Reply(content=content)),
     st.binary(max_size=80).map(Reply.raw_body),
@@ -194,37 +252,51 @@ REPLIES = st.one_of(
 )
 
 
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(replies=st.lists(REPLIES, min_size=6, max_size=6))
-def test_any_model_reply_ends_each_job_settled_or_retryable_with_a_reason(engine: sa.Engine, tmp_path: Path,
-                                                                          replies: list[Reply]) -> None:  # fmt: skip
+def test_any_model_reply_ends_each_job_settled_or_retryable_with_a_reason(
+    engine: sa.Engine, tmp_path: Path, replies: list[Reply]
+) -> None:
     store = JobStore(engine, retry_policy=RetryPolicy(base_seconds=600, cap_seconds=600))
     root = tmp_path / uuid.uuid4().hex
     batch = f"fuzz-llm-{uuid.uuid4().hex}"
     payloads = PayloadStore(root / "payloads")
     with FakeOpenAIServer(responder=fixed_label("billing")) as server:
         server.enqueue(*replies)
-        classifier = OpenAICompatibleClassifier(base_url=server.base_url, api_key="sk-fuzz", model="fake",
-                                                taxonomy=Taxonomy.load(), timeout_s=2.0)  # fmt: skip
-        docs = [SourceDocument("fuzz", f"{batch}-{i}", DocumentPayload(external_id=f"{batch}-{i}", subject="s", body=f"b {i}",
-                                                                 received_at=DAY).to_bytes())
-                for i in range(len(replies))]  # fmt: skip
-        store.register(to_new_jobs(docs, payloads, classifier.version), batch_key=batch,
-                       step="classify", max_attempts=3)  # fmt: skip
+        classifier = OpenAICompatibleClassifier(
+            base_url=server.base_url, api_key="sk-fuzz", model="fake", taxonomy=Taxonomy.load(), timeout_s=2.0
+        )
+        docs = [
+            SourceDocument(
+                "fuzz",
+                f"{batch}-{i}",
+                DocumentPayload(external_id=f"{batch}-{i}", subject="s", body=f"b {i}", received_at=DAY).to_bytes(),
+            )
+            for i in range(len(replies))
+        ]
+        store.register(
+            to_new_jobs(docs, payloads, classifier.version), batch_key=batch, step="classify", max_attempts=3
+        )
         handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.5, 1, False))
         try:  # one call per job, in order; a dependency that looks down is a typed stop, not a crash
-            run_step(store, handler, batch_key=batch, settings=RunSettings(owner="fuzz", batch_size=1,
-                                                                           retry_soon_seconds=0))  # fmt: skip
+            run_step(
+                store, handler, batch_key=batch, settings=RunSettings(owner="fuzz", batch_size=1, retry_soon_seconds=0)
+            )
         except StepError:
             pass
         finally:
             handler.close()
     with engine.connect() as conn:
-        jobs = conn.execute(sa.text(
-            "SELECT j.status::text AS status, j.status_reason, j.last_error_class, r.reason FROM triage.jobs j"
-            " LEFT JOIN triage.manual_review r ON r.job_id = j.id AND r.resolved_at IS NULL"
-            " WHERE j.batch_key = :b"), {"b": batch}).all()  # fmt: skip
+        jobs = conn.execute(
+            sa.text(
+                "SELECT j.status::text AS status, j.status_reason, j.last_error_class, r.reason FROM triage.jobs j"
+                " LEFT JOIN triage.manual_review r ON r.job_id = j.id AND r.resolved_at IS NULL"
+                " WHERE j.batch_key = :b"
+            ),
+            {"b": batch},
+        ).all()
     assert len(jobs) == len(replies)  # nothing lost
     for job in jobs:  # nothing stuck: leases released, every unfinished job has a reason
         assert job.status in ("completed", "manual_review", "terminal_failed", "retryable_failed", "queued"), job

@@ -38,16 +38,21 @@ def rows(store: JobStore, sql: str, **params: object) -> list[tuple[Any, ...]]:
 
 
 def claim(store: JobStore, version: str | None, limit: int = 100) -> set[str]:
-    got = store.claim(batch_key=BATCH, step="classify", limit=limit, lease_seconds=60, owner="w",
-                      classifier_version=version)  # fmt: skip
+    got = store.claim(
+        batch_key=BATCH, step="classify", limit=limit, lease_seconds=60, owner="w", classifier_version=version
+    )
     return {j.classifier_version for j in got.jobs}
 
 
 @pytest.mark.parametrize(
     ("version", "claimed"),
-    [pytest.param("v-a", {"v-a"}, id="a-claims-a"), pytest.param("v-b", {"v-b"}, id="b-claims-b"),
-     pytest.param("v-c", set(), id="c-claims-nothing"), pytest.param(None, {"v-a", "v-b"}, id="no-classifier-any")],
-)  # fmt: skip
+    [
+        pytest.param("v-a", {"v-a"}, id="a-claims-a"),
+        pytest.param("v-b", {"v-b"}, id="b-claims-b"),
+        pytest.param("v-c", set(), id="c-claims-nothing"),
+        pytest.param(None, {"v-a", "v-b"}, id="no-classifier-any"),
+    ],
+)
 def test_a_claim_takes_only_its_classifiers_version(store: JobStore, version: str | None, claimed: set[str]) -> None:
     for v in ("v-a", "v-b"):
         store.register(new_jobs(3, prefix=v, version=v), batch_key=BATCH, step="classify", max_attempts=3)
@@ -58,11 +63,18 @@ def test_a_claim_takes_only_its_classifiers_version(store: JobStore, version: st
 
 def register(store: JobStore, payloads: PayloadStore, version: str, prefix: str, n: int) -> list[uuid.UUID]:
     docs = [
-        SourceDocument("test", f"{prefix}-{i}", DocumentPayload(
-            external_id=f"{prefix}-{i}", subject="Invoice", body="I was charged twice",
-            received_at=datetime(2026, 11, 1, 9, tzinfo=UTC)).to_bytes())
+        SourceDocument(
+            "test",
+            f"{prefix}-{i}",
+            DocumentPayload(
+                external_id=f"{prefix}-{i}",
+                subject="Invoice",
+                body="I was charged twice",
+                received_at=datetime(2026, 11, 1, 9, tzinfo=UTC),
+            ).to_bytes(),
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
     new = to_new_jobs(docs, payloads, version)
     return list(store.register(new, batch_key=BATCH, step="classify", max_attempts=3).new_ids)
 
@@ -75,8 +87,11 @@ def test_a_run_of_another_version_leaves_the_jobs_of_a_version_untouched(store: 
     got = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="old-run")
     store.record(got, [RetryLater(got.jobs[0].id, got.jobs[0].attempt, "server_error", delay_seconds=0)])
     new_ids = register(store, payloads, current.version, "new", 3)
-    before = rows(store, "SELECT id, status, attempt, updated_at FROM triage.jobs WHERE classifier_version = :v"
-                         " ORDER BY id", v=OLD)  # fmt: skip
+    before = rows(
+        store,
+        "SELECT id, status, attempt, updated_at FROM triage.jobs WHERE classifier_version = :v ORDER BY id",
+        v=OLD,
+    )
 
     handler = ClassifyHandler(current, payloads, ClassifySettings(confidence_threshold=0.0))
     try:
@@ -85,10 +100,17 @@ def test_a_run_of_another_version_leaves_the_jobs_of_a_version_untouched(store: 
         handler.close()
 
     assert report.claimed == 3  # the run ends: the old version's due retry is not waited for
-    assert rows(store, "SELECT id, status, attempt, updated_at FROM triage.jobs WHERE classifier_version = :v"
-                       " ORDER BY id", v=OLD) == before  # fmt: skip
-    assert rows(store, "SELECT count(*) FROM triage.job_events WHERE job_id = ANY(:ids) AND actor = 'new-run'",
-                ids=old_ids) == [(0,)]  # fmt: skip
+    assert (
+        rows(
+            store,
+            "SELECT id, status, attempt, updated_at FROM triage.jobs WHERE classifier_version = :v ORDER BY id",
+            v=OLD,
+        )
+        == before
+    )
+    assert rows(
+        store, "SELECT count(*) FROM triage.job_events WHERE job_id = ANY(:ids) AND actor = 'new-run'", ids=old_ids
+    ) == [(0,)]
     labelled = rows(store, "SELECT job_id, classifier_version FROM triage.document_labels")
     assert sorted(labelled) == sorted((i, current.version) for i in new_ids)
     assert {v for (v,) in rows(store, "SELECT classifier_version FROM triage.classifications")} == {current.version}
@@ -109,9 +131,17 @@ def test_the_claim_plan_reads_the_partial_claim_index(store: JobStore, versioned
     with store.engine.begin() as conn:
         conn.execute(sa.text("ANALYZE triage.jobs"))
     statement = T.claim_batch(versioned=versioned).compile(dialect=postgresql.dialect())
-    params = statement.construct_params({"p_batch_key": BATCH, "p_step": "classify", "limit": 100,
-                                         "lease_seconds": 60.0, "owner": "w", "token": uuid.uuid4(),
-                                         "p_classifier_version": "v-b"})  # fmt: skip
+    params = statement.construct_params(
+        {
+            "p_batch_key": BATCH,
+            "p_step": "classify",
+            "limit": 100,
+            "lease_seconds": 60.0,
+            "owner": "w",
+            "token": uuid.uuid4(),
+            "p_classifier_version": "v-b",
+        }
+    )
     with store.engine.connect() as conn, conn.begin() as txn:
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         cursor.execute("EXPLAIN (FORMAT JSON) " + str(statement), params)

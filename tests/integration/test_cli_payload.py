@@ -22,15 +22,27 @@ START = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 def _registered(store: JobStore, base: Path) -> dict[str, uuid.UUID]:
-    retrieve(store, SyntheticSource(5, seed=8), PayloadStore(base), start=START, end=START + timedelta(days=1),
-             batch_key="b", classifier_version="v", max_attempts=3)  # fmt: skip
+    retrieve(
+        store,
+        SyntheticSource(5, seed=8),
+        PayloadStore(base),
+        start=START,
+        end=START + timedelta(days=1),
+        batch_key="b",
+        classifier_version="v",
+        max_attempts=3,
+    )
     with store.engine.connect() as conn:
         return {r.external_id: r.id for r in conn.exec_driver_sql("SELECT external_id, id FROM triage.jobs")}
 
 
-def test_prints_the_document_of_a_job_in_a_pack(store: JobStore, db_url: DatabaseUrl, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch,
-                                                 capsysbinary: pytest.CaptureFixture[bytes]) -> None:  # fmt: skip
+def test_prints_the_document_of_a_job_in_a_pack(
+    store: JobStore,
+    db_url: DatabaseUrl,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
     ids = _registered(store, tmp_path / "payloads")
     monkeypatch.setenv("TRIAGE_DATABASE_URL", db_url.libpq())
     monkeypatch.setenv("TRIAGE_PAYLOAD_BASE", str(tmp_path / "payloads"))
@@ -45,8 +57,7 @@ def test_prints_the_document_of_a_job_in_a_pack(store: JobStore, db_url: Databas
     assert b"not a job id" in capsysbinary.readouterr().err
 
 
-def test_refuses_a_document_that_does_not_match_its_hash(store: JobStore, db_url: DatabaseUrl,
-                                                         tmp_path: Path) -> None:  # fmt: skip
+def test_refuses_a_document_that_does_not_match_its_hash(store: JobStore, db_url: DatabaseUrl, tmp_path: Path) -> None:
     ids = _registered(store, tmp_path / "payloads")
     [pack] = [p for p in (tmp_path / "payloads").rglob("*") if p.is_file()]
     pack.write_bytes(pack.read_bytes().upper())
@@ -54,9 +65,13 @@ def test_refuses_a_document_that_does_not_match_its_hash(store: JobStore, db_url
         job_payload(db_url, str(next(iter(ids.values()))), str(tmp_path / "payloads"))
 
 
-def test_reads_only_from_the_payload_base(store: JobStore, db_url: DatabaseUrl, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch,
-                                          capsysbinary: pytest.CaptureFixture[bytes]) -> None:  # fmt: skip
+def test_reads_only_from_the_payload_base(
+    store: JobStore,
+    db_url: DatabaseUrl,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
     """A row's ``payload_ref`` naming a file outside the base is refused, never printed: the
     command reads through the configured store, not through whatever path the row holds."""
     ids = _registered(store, tmp_path / "payloads")
@@ -64,8 +79,10 @@ def test_reads_only_from_the_payload_base(store: JobStore, db_url: DatabaseUrl, 
     secret.write_bytes(b"s3cr3t")
     job_id = next(iter(ids.values()))
     with store.engine.begin() as conn:  # what a holder of the app role could write into a row
-        conn.exec_driver_sql("UPDATE triage.jobs SET payload_ref = %(ref)s, content_sha256 = %(sha)s WHERE id = %(id)s",
-                             {"ref": secret.as_uri(), "sha": hashlib.sha256(b"s3cr3t").hexdigest(), "id": job_id})  # fmt: skip
+        conn.exec_driver_sql(
+            "UPDATE triage.jobs SET payload_ref = %(ref)s, content_sha256 = %(sha)s WHERE id = %(id)s",
+            {"ref": secret.as_uri(), "sha": hashlib.sha256(b"s3cr3t").hexdigest(), "id": job_id},
+        )
     monkeypatch.setenv("TRIAGE_DATABASE_URL", db_url.libpq())
     monkeypatch.setenv("TRIAGE_PAYLOAD_BASE", str(tmp_path / "payloads"))
     assert main(["payload", str(job_id)]) == 1

@@ -46,13 +46,18 @@ def test_concurrent_claims_never_double_take(store: JobStore, db_url: DatabaseUr
     assert sum(done.values()) == JOBS
     assert sum(1 for n in done.values() if n > 0) >= 2, f"work was not shared: {done}"
     with store.engine.connect() as conn:
-        doubled = conn.execute(sa.text(
-            "SELECT job_id, attempt, count(*) FROM triage.job_events WHERE to_status = 'running'"
-            " GROUP BY job_id, attempt HAVING count(*) > 1")).all()  # fmt: skip
-        completions = conn.execute(sa.text(
-            "SELECT count(*), count(DISTINCT job_id) FROM triage.job_events WHERE to_status = 'completed'")).one()  # fmt: skip
-        owners = conn.execute(sa.text(
-            "SELECT count(DISTINCT actor) FROM triage.job_events WHERE to_status = 'running'")).scalar()  # fmt: skip
+        doubled = conn.execute(
+            sa.text(
+                "SELECT job_id, attempt, count(*) FROM triage.job_events WHERE to_status = 'running'"
+                " GROUP BY job_id, attempt HAVING count(*) > 1"
+            )
+        ).all()
+        completions = conn.execute(
+            sa.text("SELECT count(*), count(DISTINCT job_id) FROM triage.job_events WHERE to_status = 'completed'")
+        ).one()
+        owners = conn.execute(
+            sa.text("SELECT count(DISTINCT actor) FROM triage.job_events WHERE to_status = 'running'")
+        ).scalar()
         labels = conn.execute(sa.text("SELECT count(*) FROM triage.document_labels")).scalar()
     assert doubled == []
     assert tuple(completions) == (JOBS, JOBS)

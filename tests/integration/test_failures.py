@@ -59,13 +59,22 @@ def q(store: JobStore, sql: str, **params: object) -> object:
 
 def register(store: JobStore, payloads: PayloadStore, n: int, *, duplicate_rate: float = 0.0) -> None:
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load())
-    retrieve(store, SyntheticSource(n, seed=3, duplicate_rate=duplicate_rate), payloads, start=DAY,
-             end=DAY + timedelta(days=1), batch_key=BATCH, classifier_version=classifier.version, max_attempts=3)  # fmt: skip
+    retrieve(
+        store,
+        SyntheticSource(n, seed=3, duplicate_rate=duplicate_rate),
+        payloads,
+        start=DAY,
+        end=DAY + timedelta(days=1),
+        batch_key=BATCH,
+        classifier_version=classifier.version,
+        max_attempts=3,
+    )
 
 
 def classify(store: JobStore, payloads: PayloadStore, *, separate_persist: bool = False) -> None:
-    handler = ClassifyHandler(build_classifier("keyword", taxonomy=Taxonomy.load()), payloads,
-                              ClassifySettings(0.0, 1, separate_persist))  # fmt: skip
+    handler = ClassifyHandler(
+        build_classifier("keyword", taxonomy=Taxonomy.load()), payloads, ClassifySettings(0.0, 1, separate_persist)
+    )
     try:
         run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w1", retry_soon_seconds=5))
     finally:
@@ -106,8 +115,11 @@ def test_2_a_worker_that_stops_after_the_external_action_causes_one_effect(
         claim = fast.claim(batch_key=BATCH, step="persist", limit=100, lease_seconds=30, owner="doomed")
         PersistHandler(fast, action).handle(claim.jobs)
         with fast.engine.begin() as conn:
-            conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second'"
-                                 " WHERE lease_owner = 'doomed'"))  # fmt: skip
+            conn.execute(
+                sa.text(
+                    "UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second' WHERE lease_owner = 'doomed'"
+                )
+            )
         assert fast.release_expired_leases().retrying == waiting  # reconciliation returns the work
         with fast.engine.begin() as conn:
             conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'retryable_failed'"))
@@ -165,17 +177,28 @@ def test_4_an_old_outcome_after_the_job_advanced_changes_nothing(fast: JobStore,
 
 
 def test_5_an_unsupported_schema_version_is_routed_not_misread(fast: JobStore, payloads: PayloadStore) -> None:
-    event = {"event_id": "7c9e6679-7425-40de-944b-e07fc1f90ae7", "job_id": "7c9e6679-7425-40de-944b-e07fc1f90ae8",
-             "event_type": "job.completed", "schema_version": 2, "attempt": 1,
-             "occurred_at": "2026-11-01T00:00:00+00:00", "correlation_id": "c", "payload_ref": "file:///x"}  # fmt: skip
+    event = {
+        "event_id": "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+        "job_id": "7c9e6679-7425-40de-944b-e07fc1f90ae8",
+        "event_type": "job.completed",
+        "schema_version": 2,
+        "attempt": 1,
+        "occurred_at": "2026-11-01T00:00:00+00:00",
+        "correlation_id": "c",
+        "payload_ref": "file:///x",
+    }
     with pytest.raises(UnsupportedSchemaVersion):
         parse_event(json.dumps(event))
     future = DocumentPayload(external_id="doc-v2", subject="s", body="b", received_at=DAY).to_bytes()
     future = future.replace(b'"schema_version":1', b'"schema_version":2')
     digest, ref = payloads.put(future)
     version = build_classifier("keyword", taxonomy=Taxonomy.load()).version  # the version classify() claims
-    fast.register([NewJob(f"jsonl/6:doc-v2/{digest}/v", "jsonl", "doc-v2", digest, ref, version)], batch_key=BATCH,
-                  step="classify", max_attempts=3)  # fmt: skip
+    fast.register(
+        [NewJob(f"jsonl/6:doc-v2/{digest}/v", "jsonl", "doc-v2", digest, ref, version)],
+        batch_key=BATCH,
+        step="classify",
+        max_attempts=3,
+    )
     classify(fast, payloads)
     assert q(fast, "SELECT status::text || ':' || status_reason FROM triage.jobs") == (
         "terminal_failed:unsupported_schema_version"
@@ -235,13 +258,20 @@ def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outco
         # The business output disagrees with the ledger, from outside the pipeline: a restore lost
         # one completed job's label, and a downstream writer labelled the document under review.
         conn.execute(sa.text("DELETE FROM triage.document_labels WHERE job_id = CAST(:id AS uuid)"), {"id": lost})
-        conn.execute(sa.text(
-            "INSERT INTO triage.document_labels (source, external_id, label, confidence, classifier_version,"
-            " content_sha256, job_id, job_created_at) SELECT source, external_id, 'billing', 0.99, classifier_version,"
-            " content_sha256, id, created_at FROM triage.jobs WHERE id = CAST(:id AS uuid)"), {"id": in_review})  # fmt: skip
+        conn.execute(
+            sa.text(
+                "INSERT INTO triage.document_labels (source, external_id, label, confidence, classifier_version,"
+                " content_sha256, job_id, job_created_at) SELECT source, external_id, 'billing', 0.99, classifier_version,"
+                " content_sha256, id, created_at FROM triage.jobs WHERE id = CAST(:id AS uuid)"
+            ),
+            {"id": in_review},
+        )
     states = "SELECT string_agg(id::text || status::text || attempt, ',' ORDER BY id) FROM triage.jobs"
-    before = (q(fast, states), q(fast, "SELECT count(*) FROM triage.job_events"),
-              q(fast, "SELECT count(*) FROM triage.manual_review"))  # fmt: skip
+    before = (
+        q(fast, states),
+        q(fast, "SELECT count(*) FROM triage.job_events"),
+        q(fast, "SELECT count(*) FROM triage.manual_review"),
+    )
     with fast.engine.connect() as conn:
         judge = {i.name: i.violations for i in check_invariants(conn, [BATCH])}
     assert judge["labels_match_completed"] == 2  # the drill's judge sees both as well
@@ -254,36 +284,53 @@ def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outco
         assert not [r for r in outcome.results for r in r.repairs]
         assert lost in outcome.markdown
         assert in_review in outcome.markdown
-        assert (q(fast, states), q(fast, "SELECT count(*) FROM triage.job_events"),
-                q(fast, "SELECT count(*) FROM triage.manual_review")) == before  # fmt: skip
+        assert (
+            q(fast, states),
+            q(fast, "SELECT count(*) FROM triage.job_events"),
+            q(fast, "SELECT count(*) FROM triage.manual_review"),
+        ) == before
 
 
 def test_a_retried_task_takes_back_what_its_killed_earlier_try_held_and_nothing_of_a_sibling(
     fast: JobStore, payloads: PayloadStore
 ) -> None:
     register(fast, payloads, 30)
-    fast.register([NewJob("other-batch-key", "s", "other", "0" * 64, "file:///x", "v")], batch_key="other",
-                  step="classify", max_attempts=3)  # fmt: skip
+    fast.register(
+        [NewJob("other-batch-key", "s", "other", "0" * 64, "file:///x", "v")],
+        batch_key="other",
+        step="classify",
+        max_attempts=3,
+    )
     elsewhere = fast.claim(batch_key="other", step="classify", limit=1, lease_seconds=600, owner="other/0/try1")
     with fast.engine.begin() as conn:  # expired, but another batch's: reconciliation's, not this step's
-        conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s'"
-                             " WHERE batch_key = 'other'"))  # fmt: skip
+        conn.execute(
+            sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s' WHERE batch_key = 'other'")
+        )
     task, sibling = "classify_documents/run1/classify/0/", "classify_documents/run1/classify/1/"
     killed = fast.claim(batch_key=BATCH, step="classify", limit=10, lease_seconds=600, owner=task + "try1")
     busy = fast.claim(batch_key=BATCH, step="classify", limit=10, lease_seconds=600, owner=sibling + "try1")
-    handler = ClassifyHandler(build_classifier("keyword", taxonomy=Taxonomy.load()), payloads,
-                              ClassifySettings(0.0, 1, False))  # fmt: skip
-    run_step(fast, handler, batch_key=BATCH,
-             settings=RunSettings(owner=task + "try2", earlier_tries_of=task, retry_soon_seconds=5))  # fmt: skip
+    handler = ClassifyHandler(
+        build_classifier("keyword", taxonomy=Taxonomy.load()), payloads, ClassifySettings(0.0, 1, False)
+    )
+    run_step(
+        fast,
+        handler,
+        batch_key=BATCH,
+        settings=RunSettings(owner=task + "try2", earlier_tries_of=task, retry_soon_seconds=5),
+    )
     handler.close()
     held = "SELECT count(*) FROM triage.jobs WHERE status = 'running' AND lease_owner = :owner"
     assert q(fast, held, owner=task + "try1") == 0  # the dead try's ten were taken back and done
     assert q(fast, held, owner=sibling + "try1") == 10  # a live sibling's lease is its own
     taken_back = [j.id for j in killed.jobs]
     with fast.engine.connect() as conn:
-        moves = conn.execute(sa.text(
-            "SELECT to_status::text, actor FROM triage.job_events WHERE job_id = ANY(:ids)"
-            " AND from_status = 'running' ORDER BY at, to_status"), {"ids": taken_back}).all()  # fmt: skip
+        moves = conn.execute(
+            sa.text(
+                "SELECT to_status::text, actor FROM triage.job_events WHERE job_id = ANY(:ids)"
+                " AND from_status = 'running' ORDER BY at, to_status"
+            ),
+            {"ids": taken_back},
+        ).all()
     assert {m.to_status for m in moves if m.actor == task + "try2"} >= {"retryable_failed", "completed"}
     assert len(busy.jobs) == 10
     assert fast.get_status(elsewhere.jobs[0].id) == "running"

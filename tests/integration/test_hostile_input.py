@@ -45,8 +45,9 @@ class EchoClassifier:
         self.labels = labels
 
     def classify(self, request: ClassifyRequest) -> ModelOutput:
-        return ModelOutput(label=self.labels[request.external_id], confidence=0.99, rejected_reason=None,
-                           latency_ms=0.1)  # fmt: skip
+        return ModelOutput(
+            label=self.labels[request.external_id], confidence=0.99, rejected_reason=None, latency_ms=0.1
+        )
 
     def close(self) -> None:
         pass
@@ -62,8 +63,16 @@ def run(store: JobStore, tmp_path: Path, labels: dict[str, str], ids: list[str])
     (inbox / "export.jsonl").write_text("\n".join(ticket(i) for i in ids) + "\n", encoding="utf-8")
     payloads = PayloadStore(tmp_path / "payloads")
     classifier = EchoClassifier(labels)
-    result = retrieve(store, JsonlSource(tmp_path / "inbox"), payloads, start=DAY, end=DAY + timedelta(days=1),
-                      batch_key=BATCH, classifier_version=classifier.version, max_attempts=2)  # fmt: skip
+    result = retrieve(
+        store,
+        JsonlSource(tmp_path / "inbox"),
+        payloads,
+        start=DAY,
+        end=DAY + timedelta(days=1),
+        batch_key=BATCH,
+        classifier_version=classifier.version,
+        max_attempts=2,
+    )
     assert result.read == len(ids)
     handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.5))
     try:
@@ -97,8 +106,16 @@ def test_ids_and_labels_are_stored_verbatim_and_harm_nothing(store: JobStore, tm
     assert all_rows(store, "SELECT count(*) FROM triage.job_events") == [(len(HOSTILE) * 3,)]
 
     # a second run of the same inbox registers nothing: the ids are keys, exactly
-    again = retrieve(store, JsonlSource(tmp_path / "inbox"), PayloadStore(tmp_path / "payloads"), start=DAY,
-                     end=DAY + timedelta(days=1), batch_key=BATCH, classifier_version="echo-v1", max_attempts=2)  # fmt: skip
+    again = retrieve(
+        store,
+        JsonlSource(tmp_path / "inbox"),
+        PayloadStore(tmp_path / "payloads"),
+        start=DAY,
+        end=DAY + timedelta(days=1),
+        batch_key=BATCH,
+        classifier_version="echo-v1",
+        max_attempts=2,
+    )
     assert (again.registered, again.existing) == (0, len(HOSTILE))
 
 

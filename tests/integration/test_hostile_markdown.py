@@ -44,8 +44,18 @@ def test_a_hostile_external_id_stays_in_its_cell_of_the_question(store: JobStore
 
     rows = question_rows(describe(case)["body"])
 
-    assert list(rows) == ["job", "document", "payload", "correlation id", "batch, step", "in review since",
-                          "reason", "attempts", "model said", "context"]  # fmt: skip
+    assert list(rows) == [
+        "job",
+        "document",
+        "payload",
+        "correlation id",
+        "batch, step",
+        "in review since",
+        "reason",
+        "attempts",
+        "model said",
+        "context",
+    ]
     document = rows["document"]
     assert [t.type for t in document] == ["code_inline", "text", "code_inline"]
     assert document[2].content == md.visible(case.external_id)
@@ -53,13 +63,13 @@ def test_a_hostile_external_id_stays_in_its_cell_of_the_question(store: JobStore
 
 
 @pytest.mark.parametrize("hostile", ["a`|b", "x\n| forged | row |", "<b>bold</b>``"])
-def test_a_hostile_id_in_a_malformed_lines_context_stays_in_its_span(store: JobStore, tmp_path: Path,
-                                                                      hostile: str) -> None:  # fmt: skip
+def test_a_hostile_id_in_a_malformed_lines_context_stays_in_its_span(
+    store: JobStore, tmp_path: Path, hostile: str
+) -> None:
     # An oversized line's review context names the id it claims: author's text, in the question.
     head = json.dumps({"id": hostile, "body": "x" * 200}).encode()
     [doc] = JsonlSource("/unused", max_line_bytes=64).read_lines("2026-11-01/f.jsonl", io.BytesIO(head + b"\n"))
-    store.register(to_new_jobs([doc], PayloadStore(tmp_path), "v1"), batch_key="b", step="classify",
-                   max_attempts=3)  # fmt: skip
+    store.register(to_new_jobs([doc], PayloadStore(tmp_path), "v1"), batch_key="b", step="classify", max_attempts=3)
     [case] = store.open_reviews()
     assert case.context["claimed_id"] == hostile
 

@@ -31,8 +31,18 @@ def test_a_huge_line_is_a_review_row_and_the_day_goes_on(engine: sa.Engine, tmp_
         results = []
         for shard in range(2):  # as the DAG maps retrieve: each shard reads the whole file
             source = Shard(JsonlSource(tmp_path / "inbox", max_line_bytes=LIMIT), shard, 2)
-            results.append(retrieve(store, source, payloads, start=DAY, end=DAY + timedelta(days=1), batch_key=batch,
-                                    classifier_version="v1", max_attempts=3))  # fmt: skip
+            results.append(
+                retrieve(
+                    store,
+                    source,
+                    payloads,
+                    start=DAY,
+                    end=DAY + timedelta(days=1),
+                    batch_key=batch,
+                    classifier_version="v1",
+                    max_attempts=3,
+                )
+            )
         _current, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -41,17 +51,28 @@ def test_a_huge_line_is_a_review_row_and_the_day_goes_on(engine: sa.Engine, tmp_
     assert sum(r.registered for r in results) == 3
     assert sum(r.malformed for r in results) == 1
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT j.external_id, j.status::text AS status, j.last_error, r.reason, r.context"
-            " FROM triage.jobs j LEFT JOIN triage.manual_review r ON r.job_id = j.id"
-            " WHERE j.batch_key = :b ORDER BY j.external_id"), {"b": batch}).all()  # fmt: skip
+        rows = conn.execute(
+            sa.text(
+                "SELECT j.external_id, j.status::text AS status, j.last_error, r.reason, r.context"
+                " FROM triage.jobs j LEFT JOIN triage.manual_review r ON r.job_id = j.id"
+                " WHERE j.batch_key = :b ORDER BY j.external_id"
+            ),
+            {"b": batch},
+        ).all()
     assert [(r.external_id, r.status) for r in rows] == [
-        ("2026-11-01/day.jsonl:2", "manual_review"), ("after", "queued"), ("before", "queued")
-    ]  # fmt: skip
+        ("2026-11-01/day.jsonl:2", "manual_review"),
+        ("after", "queued"),
+        ("before", "queued"),
+    ]
     review = rows[0]
     assert review.reason == "malformed_input"
-    assert review.context == {"external_id": "2026-11-01/day.jsonl:2", "malformed_reason": "line_too_long",
-                              "line": 2, "line_bytes": HUGE_LINE_BYTES, "claimed_id": 'T-"huge"'}  # fmt: skip
+    assert review.context == {
+        "external_id": "2026-11-01/day.jsonl:2",
+        "malformed_reason": "line_too_long",
+        "line": 2,
+        "line_bytes": HUGE_LINE_BYTES,
+        "claimed_id": 'T-"huge"',
+    }
     assert "xxxx" not in (review.last_error or "")
 
 
@@ -68,9 +89,17 @@ def test_many_long_lines_are_registered_in_chunks_bounded_by_bytes(engine: sa.En
     batch = f"long-{uuid.uuid4().hex}"
     tracemalloc.start()
     try:
-        result = retrieve(store, JsonlSource(tmp_path / "inbox"), PayloadStore(tmp_path / "payloads"), start=DAY,
-                          end=DAY + timedelta(days=1), batch_key=batch, classifier_version="v1", max_attempts=3,
-                          chunk_bytes=1 << 20)  # fmt: skip
+        result = retrieve(
+            store,
+            JsonlSource(tmp_path / "inbox"),
+            PayloadStore(tmp_path / "payloads"),
+            start=DAY,
+            end=DAY + timedelta(days=1),
+            batch_key=batch,
+            classifier_version="v1",
+            max_attempts=3,
+            chunk_bytes=1 << 20,
+        )
         _current, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

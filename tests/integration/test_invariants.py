@@ -17,8 +17,14 @@ def settle(store: JobStore) -> None:
     store.register(new_jobs(6), batch_key=BATCH, step="classify", max_attempts=3)
     claim = store.claim(batch_key=BATCH, step="classify", limit=6, lease_seconds=60, owner="w")
     a, b, *rest = claim.jobs
-    store.record(claim, [SendToReview(a.id, a.attempt, "inconclusive"), SendToReview(b.id, b.attempt, "inconclusive"),
-                         *[Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "v")) for j in rest]])  # fmt: skip
+    store.record(
+        claim,
+        [
+            SendToReview(a.id, a.attempt, "inconclusive"),
+            SendToReview(b.id, b.attempt, "inconclusive"),
+            *[Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "v")) for j in rest],
+        ],
+    )
     store.relay(lambda events: None)
 
 
@@ -36,20 +42,38 @@ def test_a_settled_batch_keeps_every_invariant(store: JobStore) -> None:
     ("damage", "expected"),
     [
         pytest.param(["UPDATE triage.jobs SET lease_expires_at = lease_expires_at"], {}, id="harmless"),
-        pytest.param(["DELETE FROM triage.document_labels WHERE ctid IN (SELECT ctid FROM triage.document_labels LIMIT 1)"],
-                     {"labels_match_completed": 1}, id="lost-label"),
-        pytest.param(["UPDATE triage.manual_review SET resolved_at = now(), resolution = 'superseded'"
-                      " WHERE id = (SELECT min(id) FROM triage.manual_review)"],
-                     {"one_open_review_per_review_job": 1}, id="lost-review-row"),
-        pytest.param(["UPDATE triage.outbox SET published_at = NULL WHERE event_id = (SELECT event_id FROM"
-                      " triage.outbox WHERE event_type = 'job.completed' LIMIT 1)"],
-                     {"one_published_event_per_completion": 1}, id="unpublished-completion"),
-        pytest.param(["INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
-                      " classifier_version, correlation_id, batch_key, step, status, max_attempts)"
-                      " VALUES ('k', 's', 'e', 'h', 'r', 'v', 'c', 'inv', 'classify', 'queued', 3)"],
-                     {"all_settled": 1}, id="unsettled-job"),
+        pytest.param(
+            ["DELETE FROM triage.document_labels WHERE ctid IN (SELECT ctid FROM triage.document_labels LIMIT 1)"],
+            {"labels_match_completed": 1},
+            id="lost-label",
+        ),
+        pytest.param(
+            [
+                "UPDATE triage.manual_review SET resolved_at = now(), resolution = 'superseded'"
+                " WHERE id = (SELECT min(id) FROM triage.manual_review)"
+            ],
+            {"one_open_review_per_review_job": 1},
+            id="lost-review-row",
+        ),
+        pytest.param(
+            [
+                "UPDATE triage.outbox SET published_at = NULL WHERE event_id = (SELECT event_id FROM"
+                " triage.outbox WHERE event_type = 'job.completed' LIMIT 1)"
+            ],
+            {"one_published_event_per_completion": 1},
+            id="unpublished-completion",
+        ),
+        pytest.param(
+            [
+                "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
+                " classifier_version, correlation_id, batch_key, step, status, max_attempts)"
+                " VALUES ('k', 's', 'e', 'h', 'r', 'v', 'c', 'inv', 'classify', 'queued', 3)"
+            ],
+            {"all_settled": 1},
+            id="unsettled-job",
+        ),
     ],
-)  # fmt: skip
+)
 def test_each_break_is_caught(store: JobStore, damage: list[str], expected: dict[str, int]) -> None:
     settle(store)
     with store.engine.begin() as conn:

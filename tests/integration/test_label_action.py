@@ -34,8 +34,9 @@ TAXONOMY = frozenset({"billing", "shipping"})  # as the seamed review operator's
 def version_of(store: JobStore, external_id: str, content: str) -> uuid.UUID:
     """Register one version of a document (an edit is new content: a new, newer job)."""
     digest = hashlib.sha256(content.encode()).hexdigest()
-    job = NewJob(f"tickets:{external_id}:{digest}:{VERSION}", "tickets", external_id, digest, f"file:///p/{digest}",
-                 VERSION)  # fmt: skip
+    job = NewJob(
+        f"tickets:{external_id}:{digest}:{VERSION}", "tickets", external_id, digest, f"file:///p/{digest}", VERSION
+    )
     return store.register([job], batch_key=BATCH, step="classify", max_attempts=3).new_ids[0]
 
 
@@ -43,8 +44,13 @@ def classified(store: JobStore, labels: dict[uuid.UUID, str]) -> tuple[uuid.UUID
     """Classify the jobs (accepted) and hand them to persist; return them claimed at persist,
     with the claim's lease token."""
     claim = store.claim(batch_key=BATCH, step="classify", limit=len(labels), lease_seconds=60, owner="classify")
-    store.record(claim, [Advance(j.id, j.attempt, "persist", ClassificationRecord(labels[j.id], 0.9, "accepted",
-                                                                                  VERSION)) for j in claim.jobs])  # fmt: skip
+    store.record(
+        claim,
+        [
+            Advance(j.id, j.attempt, "persist", ClassificationRecord(labels[j.id], 0.9, "accepted", VERSION))
+            for j in claim.jobs
+        ],
+    )
     claim = store.claim(batch_key=BATCH, step="persist", limit=len(labels), lease_seconds=60, owner="persist")
     return claim.token, {j.id: j for j in claim.jobs}
 
@@ -77,8 +83,9 @@ def action(provider: FakeProvider) -> Any:
 # -- item 11: an edited document's labels reach the provider in order ---------------------------
 
 
-def test_an_older_jobs_action_after_the_newer_ones_is_skipped(store: JobStore, provider: FakeProvider,
-                                                              action: WebhookLabelAction) -> None:  # fmt: skip
+def test_an_older_jobs_action_after_the_newer_ones_is_skipped(
+    store: JobStore, provider: FakeProvider, action: WebhookLabelAction
+) -> None:
     older = version_of(store, "T-7", "my parcel is late")
     newer = version_of(store, "T-7", "my parcel is late, and I want a refund")  # the ticket was edited
     token, jobs = classified(store, {older: "shipping", newer: "refund_request"})
@@ -91,8 +98,9 @@ def test_an_older_jobs_action_after_the_newer_ones_is_skipped(store: JobStore, p
     assert rows(store, "SELECT status::text, count(*) FROM triage.jobs GROUP BY 1") == [("completed", 2)]
 
 
-def test_each_action_carries_its_order_and_the_provider_keeps_the_newest(store: JobStore, provider: FakeProvider,
-                                                                         action: WebhookLabelAction) -> None:  # fmt: skip
+def test_each_action_carries_its_order_and_the_provider_keeps_the_newest(
+    store: JobStore, provider: FakeProvider, action: WebhookLabelAction
+) -> None:
     """Both in flight in one batch, the older sent last: neither label is recorded yet, so both
     go out, each with its job's order, and a provider that honours it keeps the newer."""
     older = version_of(store, "T-8", "first text")
@@ -113,10 +121,17 @@ def test_each_action_carries_its_order_and_the_provider_keeps_the_newest(store: 
 def test_the_order_sorts_as_the_ledger_orders_label_writes(store: JobStore) -> None:
     ids = [version_of(store, "T-9", f"text {i}") for i in range(5)]
     with store.engine.connect() as conn:
-        ledger = [r.id for r in conn.execute(sa.text(
-            "SELECT id, created_at FROM triage.jobs WHERE id = ANY(:ids) ORDER BY created_at, id"), {"ids": ids})]  # fmt: skip
-        orders = {r.id: label_order(r.created_at, r.id) for r in conn.execute(
-            sa.text("SELECT id, created_at FROM triage.jobs WHERE id = ANY(:ids)"), {"ids": ids})}  # fmt: skip
+        ledger = [
+            r.id
+            for r in conn.execute(
+                sa.text("SELECT id, created_at FROM triage.jobs WHERE id = ANY(:ids) ORDER BY created_at, id"),
+                {"ids": ids},
+            )
+        ]
+        orders = {
+            r.id: label_order(r.created_at, r.id)
+            for r in conn.execute(sa.text("SELECT id, created_at FROM triage.jobs WHERE id = ANY(:ids)"), {"ids": ids})
+        }
     assert sorted(ids, key=orders.__getitem__) == ledger
 
 
@@ -133,32 +148,57 @@ def to_review(store: JobStore, external_id: str, content: str = "hard to tell") 
 
 
 def label_decision(job_ids: list[uuid.UUID], label: str = "shipping") -> ReviewRunConfig:
-    return ReviewRunConfig.from_params({"job_ids": [str(j) for j in job_ids], "decision": "label", "label": label,
-                                        "note": "checked by hand"})  # fmt: skip
+    return ReviewRunConfig.from_params(
+        {"job_ids": [str(j) for j in job_ids], "decision": "label", "label": label, "note": "checked by hand"}
+    )
 
 
 def review_key(store: JobStore, job_id: uuid.UUID) -> str:
-    (key,) = rows(store, "SELECT j.idempotency_key || '/review/' || r.id FROM triage.jobs j"
-                         " JOIN triage.manual_review r ON r.job_id = j.id WHERE j.id = :j", j=job_id)[0]  # fmt: skip
+    (key,) = rows(
+        store,
+        "SELECT j.idempotency_key || '/review/' || r.id FROM triage.jobs j"
+        " JOIN triage.manual_review r ON r.job_id = j.id WHERE j.id = :j",
+        j=job_id,
+    )[0]
     return str(key)
 
 
-def test_a_reviewers_label_reaches_the_provider_once(store: JobStore, provider: FakeProvider,
-                                                    action: WebhookLabelAction) -> None:  # fmt: skip
+def test_a_reviewers_label_reaches_the_provider_once(
+    store: JobStore, provider: FakeProvider, action: WebhookLabelAction
+) -> None:
     job_id = to_review(store, "T-20")
-    first = apply_review(store, [str(job_id)], label_decision([job_id]), reviewer="alice",
-                         taxonomy_names=TAXONOMY, send_label=action.send)  # fmt: skip
-    again = apply_review(store, [str(job_id)], label_decision([job_id]), reviewer="bob",  # a retry of the run
-                         taxonomy_names=TAXONOMY, send_label=action.send)  # fmt: skip
-    assert [(j.outcome, j.action) for j in first.jobs + again.jobs] == [("applied", "sent"),
-                                                                         ("already_applied", "sent")]  # fmt: skip
+    first = apply_review(
+        store,
+        [str(job_id)],
+        label_decision([job_id]),
+        reviewer="alice",
+        taxonomy_names=TAXONOMY,
+        send_label=action.send,
+    )
+    again = apply_review(
+        store,
+        [str(job_id)],
+        label_decision([job_id]),
+        reviewer="bob",  # a retry of the run
+        taxonomy_names=TAXONOMY,
+        send_label=action.send,
+    )
+    assert [(j.outcome, j.action) for j in first.jobs + again.jobs] == [
+        ("applied", "sent"),
+        ("already_applied", "sent"),
+    ]
     key = review_key(store, job_id)
     assert provider.requests == {key: 2}  # asked twice, under one key ...
     assert list(provider.effects) == [key]  # ... applied once
     body = provider.effects[key]
     (created_at,) = rows(store, "SELECT created_at FROM triage.jobs WHERE id = :j", j=job_id)[0]
     assert (body["job_id"], body["external_id"], body["label"], body["classifier_version"], body["label_order"]) == (
-        str(job_id), "T-20", "shipping", "human:alice", label_order(created_at, job_id))  # fmt: skip
+        str(job_id),
+        "T-20",
+        "shipping",
+        "human:alice",
+        label_order(created_at, job_id),
+    )
     assert provider.labels == {("tickets", "T-20"): (label_order(created_at, job_id), "shipping")}
 
 
@@ -169,8 +209,9 @@ def test_a_reviewers_label_on_an_older_job_is_not_sent_over_a_newer_label(
     newer = version_of(store, "T-21", "edited text")
     token, jobs = classified(store, {newer: "billing"})
     persist(store, action, token, [jobs[newer]])
-    report = apply_review(store, [str(older)], label_decision([older]), reviewer="alice", taxonomy_names=TAXONOMY,
-                          send_label=action.send)  # fmt: skip
+    report = apply_review(
+        store, [str(older)], label_decision([older]), reviewer="alice", taxonomy_names=TAXONOMY, send_label=action.send
+    )
     assert report.jobs[0].action == "skipped: a newer job's label stands for this document"
     assert list(provider.effects) == [jobs[newer].idempotency_key]
     assert rows(store, "SELECT label, job_id FROM triage.document_labels") == [("billing", newer)]
@@ -181,14 +222,26 @@ def test_a_label_the_provider_refused_keeps_its_decision_and_the_retry_sends_it(
 ) -> None:
     job_id = to_review(store, "T-22")
     provider.fail_next = 1  # the provider is briefly down: 503
-    first = apply_review(store, [str(job_id)], label_decision([job_id]), reviewer="alice", taxonomy_names=TAXONOMY,
-                         send_label=action.send)  # fmt: skip
+    first = apply_review(
+        store,
+        [str(job_id)],
+        label_decision([job_id]),
+        reviewer="alice",
+        taxonomy_names=TAXONOMY,
+        send_label=action.send,
+    )
     assert (first.jobs[0].outcome, first.jobs[0].status) == ("applied", "completed")  # the decision stands
     assert first.jobs[0].action == "failed: ActionFailed: HTTP 503 from the action endpoint"
     assert [j.job_id for j in first.unsent] == [str(job_id)]
     assert provider.effects == {}
-    retry = apply_review(store, [str(job_id)], label_decision([job_id]), reviewer="alice", taxonomy_names=TAXONOMY,
-                         send_label=action.send)  # fmt: skip
+    retry = apply_review(
+        store,
+        [str(job_id)],
+        label_decision([job_id]),
+        reviewer="alice",
+        taxonomy_names=TAXONOMY,
+        send_label=action.send,
+    )
     assert (retry.jobs[0].outcome, retry.jobs[0].action, retry.unsent) == ("already_applied", "sent", ())
     assert list(provider.effects) == [review_key(store, job_id)]
 
@@ -198,11 +251,18 @@ def test_the_review_operator_sends_through_the_label_action_connection_and_retri
 ) -> None:
     """The operator finds the provider through ``triage_label_action``, as persist does; a label
     the provider did not confirm fails the task for Airflow's retry (not without retry)."""
-    monkeypatch.setenv("AIRFLOW_CONN_TRIAGE_LABEL_ACTION", json.dumps({"conn_type": "http", "host": provider.url,
-                                                                        "extra": {"timeout": 5}}))  # fmt: skip
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TRIAGE_LABEL_ACTION",
+        json.dumps({"conn_type": "http", "host": provider.url, "extra": {"timeout": 5}}),
+    )
     ids = [to_review(store, "T-23"), to_review(store, "T-24")]
-    params = {"job_ids": [str(i) for i in ids], "decision": "label", "label": "shipping", "note": None,
-              "max_replays": 3}  # fmt: skip
+    params = {
+        "job_ids": [str(i) for i in ids],
+        "decision": "label",
+        "label": "shipping",
+        "note": None,
+        "max_replays": 3,
+    }
     provider.fail_next = 1
     with pytest.raises(AirflowException, match="1 reviewer labels not confirmed") as failed:
         seamed(ReviewJobsOperator, store.engine).execute(context(params))

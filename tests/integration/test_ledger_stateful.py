@@ -41,8 +41,12 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
 
         def statuses(self, claim: Claim) -> dict[uuid.UUID, str]:
             with store.engine.connect() as conn:
-                return dict(conn.execute(sa.text("SELECT id, status::text FROM triage.jobs WHERE id = ANY(:ids)"),
-                                         {"ids": [j.id for j in claim.jobs]}).all())  # fmt: skip
+                return dict(
+                    conn.execute(
+                        sa.text("SELECT id, status::text FROM triage.jobs WHERE id = ANY(:ids)"),
+                        {"ids": [j.id for j in claim.jobs]},
+                    ).all()
+                )
 
         @rule(actor=st.sampled_from(ACTORS), limit=st.integers(1, 3))
         def claim(self, actor: str, limit: int) -> None:
@@ -80,8 +84,12 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
             if claim is None:
                 return
             with store.engine.begin() as conn:
-                conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second'"
-                                     " WHERE lease_token = :t"), {"t": claim.token})  # fmt: skip
+                conn.execute(
+                    sa.text(
+                        "UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second' WHERE lease_token = :t"
+                    ),
+                    {"t": claim.token},
+                )
             self.fresh[actor] = False
 
         @rule()
@@ -91,8 +99,13 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
         @rule()
         def make_due(self) -> None:
             with store.engine.begin() as conn:
-                conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() - interval '1 second'"
-                                     " WHERE batch_key = :b AND status = 'retryable_failed'"), {"b": self.batch})  # fmt: skip
+                conn.execute(
+                    sa.text(
+                        "UPDATE triage.jobs SET next_attempt_at = now() - interval '1 second'"
+                        " WHERE batch_key = :b AND status = 'retryable_failed'"
+                    ),
+                    {"b": self.batch},
+                )
 
         @precondition(lambda self: True)
         @rule(pick=st.integers(0, JOBS - 1))
@@ -111,17 +124,25 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
 
         @invariant()
         def no_attempt_claimed_twice(self) -> None:
-            assert self.q(
-                "SELECT e.job_id, e.attempt FROM triage.job_events e JOIN triage.jobs j ON j.id = e.job_id"
-                " WHERE j.batch_key = :b AND e.to_status = 'running' AND j.replays = 0"
-                " GROUP BY 1, 2 HAVING count(*) > 1") == []  # fmt: skip
+            assert (
+                self.q(
+                    "SELECT e.job_id, e.attempt FROM triage.job_events e JOIN triage.jobs j ON j.id = e.job_id"
+                    " WHERE j.batch_key = :b AND e.to_status = 'running' AND j.replays = 0"
+                    " GROUP BY 1, 2 HAVING count(*) > 1"
+                )
+                == []
+            )
 
         @invariant()
         def review_rows_match_review_state(self) -> None:
-            assert self.q(
-                "SELECT j.id FROM triage.jobs j LEFT JOIN triage.manual_review r"
-                " ON r.job_id = j.id AND r.resolved_at IS NULL WHERE j.batch_key = :b"
-                " GROUP BY j.id, j.status HAVING count(r.id) <> (j.status = 'manual_review')::int") == []  # fmt: skip
+            assert (
+                self.q(
+                    "SELECT j.id FROM triage.jobs j LEFT JOIN triage.manual_review r"
+                    " ON r.job_id = j.id AND r.resolved_at IS NULL WHERE j.batch_key = :b"
+                    " GROUP BY j.id, j.status HAVING count(r.id) <> (j.status = 'manual_review')::int"
+                )
+                == []
+            )
 
         @invariant()
         def completions_have_one_label_and_one_event(self) -> None:
@@ -133,17 +154,27 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
                 "   WHERE x.batch_key = :b),"
                 " (SELECT count(*) FROM triage.outbox o JOIN triage.jobs x ON x.id = o.job_id"
                 "   WHERE x.batch_key = :b AND o.event_type = 'job.completed')"
-                " FROM triage.jobs j WHERE j.batch_key = :b")[0]  # fmt: skip
+                " FROM triage.jobs j WHERE j.batch_key = :b"
+            )[0]
             assert completed == events == labels == outbox
 
         @invariant()
         def settled_jobs_hold_no_lease(self) -> None:
-            assert self.q("SELECT count(*) FROM triage.jobs WHERE batch_key = :b AND status <> 'running'"
-                          " AND lease_token IS NOT NULL")[0][0] == 0  # fmt: skip
+            assert (
+                self.q(
+                    "SELECT count(*) FROM triage.jobs WHERE batch_key = :b AND status <> 'running'"
+                    " AND lease_token IS NOT NULL"
+                )[0][0]
+                == 0
+            )
 
     run_state_machine_as_test(
         Ledger,
-        settings=settings(max_examples=30, stateful_step_count=25, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]),
-    )  # fmt: skip
+        settings=settings(
+            max_examples=30,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
+    )
     assert issubclass(LeaseLost, LedgerError)

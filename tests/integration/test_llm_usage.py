@@ -36,13 +36,21 @@ GOOD = Reply.ok("billing", 0.95, prompt_tokens=120, completion_tokens=12)
 
 def register(store: JobStore, payloads: PayloadStore, version: str) -> list[uuid.UUID]:
     docs = [
-        SourceDocument("test", f"T-{i:03d}", DocumentPayload(
-            external_id=f"T-{i:03d}", subject="Invoice", body=f"I was charged twice, ticket {i}",
-            received_at=datetime(2026, 11, 1, 9, tzinfo=UTC)).to_bytes())
+        SourceDocument(
+            "test",
+            f"T-{i:03d}",
+            DocumentPayload(
+                external_id=f"T-{i:03d}",
+                subject="Invoice",
+                body=f"I was charged twice, ticket {i}",
+                received_at=datetime(2026, 11, 1, 9, tzinfo=UTC),
+            ).to_bytes(),
+        )
         for i in range(DOCUMENTS)
-    ]  # fmt: skip
-    return list(store.register(to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify",
-                               max_attempts=3).new_ids)  # fmt: skip
+    ]
+    return list(
+        store.register(to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify", max_attempts=3).new_ids
+    )
 
 
 def user_text(body: dict[str, Any]) -> str:
@@ -75,10 +83,17 @@ def test_one_out_of_range_usage_figure_never_fails_the_batch(
 ) -> None:
     payloads = PayloadStore(tmp_path / "payloads")
     odd = Reply.ok("refund_request", 0.93, usage=usage)
-    with FakeOpenAIServer(responder=lambda body: odd if user_text(body).endswith(f"ticket {ODD_ONE}") else GOOD) \
-            as server:  # fmt: skip
-        classifier = OpenAICompatibleClassifier(base_url=server.base_url, api_key=None, model="m", taxonomy=TAXONOMY,
-                                                price_per_1k_prompt=1.0, price_per_1k_completion=1.0)  # fmt: skip
+    with FakeOpenAIServer(
+        responder=lambda body: odd if user_text(body).endswith(f"ticket {ODD_ONE}") else GOOD
+    ) as server:
+        classifier = OpenAICompatibleClassifier(
+            base_url=server.base_url,
+            api_key=None,
+            model="m",
+            taxonomy=TAXONOMY,
+            price_per_1k_prompt=1.0,
+            price_per_1k_completion=1.0,
+        )
         ids = register(store, payloads, classifier.version)
         handler = ClassifyHandler(classifier, payloads, ClassifySettings(concurrency=4))
         try:
@@ -96,8 +111,9 @@ def test_one_out_of_range_usage_figure_never_fails_the_batch(
     for name in discarded.split(","):
         if name != "usage":
             assert getattr(odd_row, name) is None
-    assert {(r.label, r.prompt_tokens, r.completion_tokens, r.cost_usd, r.usage_discarded) for r in rows.values()} \
-        == {("billing", 120, 12, Decimal("0.132000"), None)}  # fmt: skip
+    assert {(r.label, r.prompt_tokens, r.completion_tokens, r.cost_usd, r.usage_discarded) for r in rows.values()} == {
+        ("billing", 120, 12, Decimal("0.132000"), None)
+    }
 
 
 @pytest.mark.parametrize(
@@ -131,11 +147,18 @@ def test_the_store_bounds_usage_whoever_made_the_record(
     claim = store.claim(batch_key=BATCH, step="classify", limit=2, lease_seconds=60, owner="w")
     odd, fine = claim.jobs
     odd_record = ClassificationRecord("billing", 0.9, "accepted", "v", **record)
-    store.record(claim, [
-        Complete(odd.id, odd.attempt, LabelWrite("billing", 0.9, "v"), classification=odd_record),
-        Complete(fine.id, fine.attempt, LabelWrite("billing", 0.9, "v"),
-                 classification=ClassificationRecord("billing", 0.9, "accepted", "v", prompt_tokens=7)),
-    ])  # fmt: skip
+    store.record(
+        claim,
+        [
+            Complete(odd.id, odd.attempt, LabelWrite("billing", 0.9, "v"), classification=odd_record),
+            Complete(
+                fine.id,
+                fine.attempt,
+                LabelWrite("billing", 0.9, "v"),
+                classification=ClassificationRecord("billing", 0.9, "accepted", "v", prompt_tokens=7),
+            ),
+        ],
+    )
     with store.engine.connect() as conn:
         got = {r.job_id: r for r in conn.execute(sa.text("SELECT * FROM triage.classifications"))}
     row = got[odd.id]
@@ -149,8 +172,9 @@ def test_a_price_that_is_not_a_number_spoils_only_the_cost(store: JobStore, tmp_
     """The prices come from the connection's extra, as written there."""
     payloads = PayloadStore(tmp_path / "payloads")
     with FakeOpenAIServer(responder=lambda _body: GOOD) as server:
-        classifier = OpenAICompatibleClassifier(base_url=server.base_url, api_key=None, model="m", taxonomy=TAXONOMY,
-                                                price_per_1k_prompt=price)  # fmt: skip
+        classifier = OpenAICompatibleClassifier(
+            base_url=server.base_url, api_key=None, model="m", taxonomy=TAXONOMY, price_per_1k_prompt=price
+        )
         register(store, payloads, classifier.version)
         handler = ClassifyHandler(classifier, payloads, ClassifySettings())
         try:
@@ -158,6 +182,10 @@ def test_a_price_that_is_not_a_number_spoils_only_the_cost(store: JobStore, tmp_
         finally:
             handler.close()
     with store.engine.connect() as conn:
-        got = conn.execute(sa.text("SELECT outcome, prompt_tokens, cost_usd, usage_discarded, count(*)"
-                                   " FROM triage.classifications GROUP BY 1, 2, 3, 4")).all()  # fmt: skip
+        got = conn.execute(
+            sa.text(
+                "SELECT outcome, prompt_tokens, cost_usd, usage_discarded, count(*)"
+                " FROM triage.classifications GROUP BY 1, 2, 3, 4"
+            )
+        ).all()
     assert [tuple(r) for r in got] == [("accepted", 120, None, "cost_usd", DOCUMENTS)]

@@ -82,11 +82,14 @@ def test_0006_upgrades_a_database_of_0005_with_jobs_mid_life(fresh_database: Dat
     migrations.upgrade(fresh_database, "0005")
     engine = create_engine(fresh_database, poolclass=sa.NullPool)
     with engine.begin() as conn:
-        job_id = conn.execute(sa.text(
-            "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
-            " classifier_version, correlation_id, batch_key, step, status, status_reason, attempt, max_attempts)"
-            " VALUES ('k', 's', 'e', 'h', 'ref', 'v', 'c', 'b', 'classify', 'manual_review', 'inconclusive', 2, 3)"
-            " RETURNING id")).scalar_one()  # fmt: skip
+        job_id = conn.execute(
+            sa.text(
+                "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
+                " classifier_version, correlation_id, batch_key, step, status, status_reason, attempt, max_attempts)"
+                " VALUES ('k', 's', 'e', 'h', 'ref', 'v', 'c', 'b', 'classify', 'manual_review', 'inconclusive', 2, 3)"
+                " RETURNING id"
+            )
+        ).scalar_one()
     migrations.upgrade(fresh_database)
     assert _diff(fresh_database) == []
     JobStore(engine).resolve_with_requeue(job_id, actor="alice")

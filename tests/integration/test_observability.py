@@ -30,8 +30,16 @@ DRILL = DrillSettings(transient_error_rate=0.15, permanent_error_rate=0.05, inco
 def classify(store: JobStore, tmp_path: Path, metrics: object, n: int = 300, max_attempts: int = 2) -> StepReport:
     payloads = PayloadStore(tmp_path / "payloads")
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load(), drill=DRILL)
-    retrieve(store, SyntheticSource(n, seed=2), payloads, start=DAY, end=DAY + timedelta(days=1), batch_key=BATCH,
-             classifier_version=classifier.version, max_attempts=max_attempts)  # fmt: skip
+    retrieve(
+        store,
+        SyntheticSource(n, seed=2),
+        payloads,
+        start=DAY,
+        end=DAY + timedelta(days=1),
+        batch_key=BATCH,
+        classifier_version=classifier.version,
+        max_attempts=max_attempts,
+    )
     handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.7))
     settings = RunSettings(owner="observed", batch_size=64, retry_soon_seconds=5.0)
     try:

@@ -53,28 +53,56 @@ def payloads(tmp_path: Path) -> PayloadStore:
 
 
 def register(store: JobStore, payloads: PayloadStore, n: int, version: str, max_attempts: int = 3) -> list[uuid.UUID]:
-    docs = [SourceDocument("test", f"O-{i:03d}", DocumentPayload(
-        external_id=f"O-{i:03d}", subject="Invoice", body=f"charged twice {i}",
-        received_at=datetime(2026, 11, 5, 9, tzinfo=UTC)).to_bytes()) for i in range(n)]  # fmt: skip
-    return list(store.register(to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify",
-                               max_attempts=max_attempts).new_ids)  # fmt: skip
+    docs = [
+        SourceDocument(
+            "test",
+            f"O-{i:03d}",
+            DocumentPayload(
+                external_id=f"O-{i:03d}",
+                subject="Invoice",
+                body=f"charged twice {i}",
+                received_at=datetime(2026, 11, 5, 9, tzinfo=UTC),
+            ).to_bytes(),
+        )
+        for i in range(n)
+    ]
+    return list(
+        store.register(
+            to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify", max_attempts=max_attempts
+        ).new_ids
+    )
 
 
 def llm(fake: FakeOpenAIServer, timeout_s: float = 5.0) -> OpenAICompatibleClassifier:
-    return OpenAICompatibleClassifier(base_url=fake.base_url, api_key=None, model="m", taxonomy=TAXONOMY,
-                                      timeout_s=timeout_s)  # fmt: skip
+    return OpenAICompatibleClassifier(
+        base_url=fake.base_url, api_key=None, model="m", taxonomy=TAXONOMY, timeout_s=timeout_s
+    )
 
 
-def classify(store: JobStore, classifier: OpenAICompatibleClassifier, payloads: PayloadStore, *, try_number: int,
-             batch_size: int = 10) -> StepReport:  # fmt: skip
+def classify(
+    store: JobStore,
+    classifier: OpenAICompatibleClassifier,
+    payloads: PayloadStore,
+    *,
+    try_number: int,
+    batch_size: int = 10,
+) -> StepReport:
     """One Airflow try of ``classify`` map index 0 (its lease owner names the try); the try
     closes its classifier, as the operator does."""
     handler = ClassifyHandler(classifier, payloads, ClassifySettings())
     owner = f"classify_documents/{RUN}/classify/0/try{try_number}"
     try:
-        return run_step(store, handler, batch_key=BATCH, settings=RunSettings(
-            owner=owner, batch_size=batch_size, retry_soon_seconds=0.0,
-            earlier_tries_of="classify_documents/" + RUN + "/classify/0/"))  # fmt: skip
+        return run_step(
+            store,
+            handler,
+            batch_key=BATCH,
+            settings=RunSettings(
+                owner=owner,
+                batch_size=batch_size,
+                retry_soon_seconds=0.0,
+                earlier_tries_of="classify_documents/" + RUN + "/classify/0/",
+            ),
+        )
     finally:
         handler.close()
 
@@ -91,11 +119,16 @@ def reviews(store: JobStore) -> int:
 
 def failure_context() -> dict[str, Any]:
     ti = SimpleNamespace(dag_id="classify_documents", run_id=RUN, task_id="classify", map_index=-1, try_number=4)
-    task = SimpleNamespace(triage_conn_id="triage_db", task_id="classify",
-                           ledger_step=ClassifyDocumentsOperator.ledger_step)  # fmt: skip
-    return {"ti": ti, "task": task, "exception": RuntimeError("outage"),
-            "data_interval_start": datetime(2026, 11, 5, tzinfo=UTC),
-            "data_interval_end": datetime(2026, 11, 6, tzinfo=UTC)}  # fmt: skip
+    task = SimpleNamespace(
+        triage_conn_id="triage_db", task_id="classify", ledger_step=ClassifyDocumentsOperator.ledger_step
+    )
+    return {
+        "ti": ti,
+        "task": task,
+        "exception": RuntimeError("outage"),
+        "data_interval_start": datetime(2026, 11, 5, tzinfo=UTC),
+        "data_interval_end": datetime(2026, 11, 6, tzinfo=UTC),
+    }
 
 
 @pytest.fixture
@@ -113,9 +146,15 @@ def model() -> Iterator[tuple[FakeOpenAIServer, Switch]]:
     ],
 )
 def test_an_outage_longer_than_every_try_spends_no_attempt_and_heals(
-    db_url: DatabaseUrl, store: JobStore, payloads: PayloadStore, model: tuple[FakeOpenAIServer, Switch],
-    monkeypatch: pytest.MonkeyPatch, down: Reply, timeout_s: float, error_class: str,
-) -> None:  # fmt: skip
+    db_url: DatabaseUrl,
+    store: JobStore,
+    payloads: PayloadStore,
+    model: tuple[FakeOpenAIServer, Switch],
+    monkeypatch: pytest.MonkeyPatch,
+    down: Reply,
+    timeout_s: float,
+    error_class: str,
+) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_TRIAGE_DB", db_url.airflow_connection_json())
     fake, switch = model
     switch.down = down
@@ -124,8 +163,10 @@ def test_an_outage_longer_than_every_try_spends_no_attempt_and_heals(
         with pytest.raises(CircuitOpen) as stopped:
             classify(store, llm(fake, timeout_s), payloads, try_number=try_number)
         assert stopped.value.dependency == "model"
-        assert counts(store, "SELECT status, attempt, status_reason, last_error_class, count(*) FROM triage.jobs"
-                             " GROUP BY 1, 2, 3, 4") == {("waiting", 0, "outage:model", error_class): 45}  # fmt: skip
+        assert counts(
+            store,
+            "SELECT status, attempt, status_reason, last_error_class, count(*) FROM triage.jobs GROUP BY 1, 2, 3, 4",
+        ) == {("waiting", 0, "outage:model", error_class): 45}
         with store.engine.connect() as conn:
             wait = conn.execute(sa.text("SELECT max(next_attempt_at - now()) FROM triage.jobs")).scalar_one()
         # Retry-After: 1 s is honoured; without one, the default outage wait (30 s)
@@ -146,13 +187,16 @@ def test_an_outage_longer_than_every_try_spends_no_attempt_and_heals(
     assert counts(store, "SELECT status, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == {("completed", 1): 45}
     assert reviews(store) == 0
     with store.engine.connect() as conn:
-        into_review = conn.execute(sa.text("SELECT count(*) FROM triage.job_events WHERE to_status = 'manual_review'"
-                                           " AND job_id = ANY(:ids)"), {"ids": ids}).scalar_one()  # fmt: skip
+        into_review = conn.execute(
+            sa.text("SELECT count(*) FROM triage.job_events WHERE to_status = 'manual_review' AND job_id = ANY(:ids)"),
+            {"ids": ids},
+        ).scalar_one()
     assert into_review == 0
 
 
-def test_retry_after_is_bounded(store: JobStore, payloads: PayloadStore,
-                                model: tuple[FakeOpenAIServer, Switch]) -> None:  # fmt: skip
+def test_retry_after_is_bounded(
+    store: JobStore, payloads: PayloadStore, model: tuple[FakeOpenAIServer, Switch]
+) -> None:
     fake, switch = model
     switch.down = Reply.status_only(503, retry_after="999999")
     classifier = OpenAICompatibleClassifier(base_url=fake.base_url, api_key=None, model="m", taxonomy=TAXONOMY)
@@ -161,13 +205,15 @@ def test_retry_after_is_bounded(store: JobStore, payloads: PayloadStore,
         classify(store, classifier, payloads, try_number=1, batch_size=25)
     assert stopped.value.retry_after == MAX_RETRY_AFTER_SECONDS
     with store.engine.connect() as conn:
-        lo, hi = conn.execute(sa.text("SELECT min(next_attempt_at - now()), max(next_attempt_at - now())"
-                                      " FROM triage.jobs")).one()  # fmt: skip
+        lo, hi = conn.execute(
+            sa.text("SELECT min(next_attempt_at - now()), max(next_attempt_at - now()) FROM triage.jobs")
+        ).one()
     assert timedelta(seconds=MAX_RETRY_AFTER_SECONDS - 60) < lo <= hi <= timedelta(seconds=MAX_RETRY_AFTER_SECONDS)
 
 
-def test_a_per_job_429_waits_its_retry_after(store: JobStore, payloads: PayloadStore,
-                                             model: tuple[FakeOpenAIServer, Switch]) -> None:  # fmt: skip
+def test_a_per_job_429_waits_its_retry_after(
+    store: JobStore, payloads: PayloadStore, model: tuple[FakeOpenAIServer, Switch]
+) -> None:
     fake, switch = model
     switch.down = None
     fake.enqueue(Reply.status_only(429, retry_after="120"))
@@ -176,15 +222,20 @@ def test_a_per_job_429_waits_its_retry_after(store: JobStore, payloads: PayloadS
     with pytest.raises(Exception, match="due in"):
         classify(store, classifier, payloads, try_number=1)
     with store.engine.connect() as conn:
-        status, attempt, wait = conn.execute(sa.text("SELECT status, attempt, next_attempt_at - now()"
-                                                     " FROM triage.jobs")).one()  # fmt: skip
+        status, attempt, wait = conn.execute(
+            sa.text("SELECT status, attempt, next_attempt_at - now() FROM triage.jobs")
+        ).one()
     assert (status, attempt) == ("retryable_failed", 1)  # one job failing is not an outage
     assert timedelta(seconds=110) < wait <= timedelta(seconds=120)
 
 
-def test_the_payload_store_gone_parks_the_batch(db_url: DatabaseUrl, store: JobStore, tmp_path: Path,
-                                                model: tuple[FakeOpenAIServer, Switch],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_payload_store_gone_parks_the_batch(
+    db_url: DatabaseUrl,
+    store: JobStore,
+    tmp_path: Path,
+    model: tuple[FakeOpenAIServer, Switch],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_TRIAGE_DB", db_url.airflow_connection_json())
     fake, switch = model
     switch.down = None
@@ -196,7 +247,8 @@ def test_the_payload_store_gone_parks_the_batch(db_url: DatabaseUrl, store: JobS
         classify(store, classifier, payloads, try_number=1)
     assert stopped.value.dependency == "payload_store"
     assert counts(store, "SELECT status, attempt, status_reason, count(*) FROM triage.jobs GROUP BY 1, 2, 3") == {
-        ("waiting", 0, "outage:payload_store"): 30}  # fmt: skip
+        ("waiting", 0, "outage:payload_store"): 30
+    }
     on_task_failure(failure_context())
     assert reviews(store) == 0
     (tmp_path / "unmounted").rename(tmp_path / "payloads")

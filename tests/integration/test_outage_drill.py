@@ -37,9 +37,14 @@ def finish(store: JobStore, *, review_one: bool = False, attempts: int = 1) -> N
     for _ in range(attempts - 1):  # a spent attempt: claimed and given up as retryable
         claim = store.claim(batch_key=PHASE.batch_key, step="classify", limit=1, lease_seconds=60, owner="t")
         with store.transaction("t") as conn:
-            conn.execute(sa.text("UPDATE triage.jobs SET status = 'retryable_failed', next_attempt_at = now(),"
-                                 " lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL"
-                                 " WHERE id = :id"), {"id": claim.jobs[0].id})  # fmt: skip
+            conn.execute(
+                sa.text(
+                    "UPDATE triage.jobs SET status = 'retryable_failed', next_attempt_at = now(),"
+                    " lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL"
+                    " WHERE id = :id"
+                ),
+                {"id": claim.jobs[0].id},
+            )
     claim = store.claim(batch_key=PHASE.batch_key, step="classify", limit=10, lease_seconds=60, owner="t")
     record = ClassificationRecord(label="billing", confidence=0.9, outcome="accepted", classifier_version="keyword-v1")
     outcomes: list[Complete | SendToReview] = [Complete(j.id, j.attempt, classification=record) for j in claim.jobs]
@@ -61,9 +66,10 @@ def test_a_healed_outage_breaks_nothing(store: JobStore) -> None:
         pytest.param(False, 1, {**RAN, PHASE.outage_run: "success"}, {"outage_run_failed": 1}, id="run-not-failed"),
         pytest.param(False, 1, {PHASE.outage_run: "failed"}, {"outage_recovered": 1}, id="no-recovery-run"),
     ],
-)  # fmt: skip
-def test_each_way_the_outage_could_go_wrong_is_counted(store: JobStore, review_one: bool, attempts: int,
-                                                      ran: dict[str, str], broken: dict[str, int]) -> None:  # fmt: skip
+)
+def test_each_way_the_outage_could_go_wrong_is_counted(
+    store: JobStore, review_one: bool, attempts: int, ran: dict[str, str], broken: dict[str, int]
+) -> None:
     finish(store, review_one=review_one, attempts=attempts)
     assert {k: v for k, v in violations(store, ran).items() if v} == broken
 

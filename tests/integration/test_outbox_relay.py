@@ -35,8 +35,9 @@ BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
 def register(store: JobStore, n: int, prefix: str = "doc") -> None:
     for start in range(0, n, 5000):
-        store.register(new_jobs(min(5000, n - start), prefix=f"{prefix}{start}"), batch_key=BATCH, step="classify",
-                       max_attempts=3)  # fmt: skip
+        store.register(
+            new_jobs(min(5000, n - start), prefix=f"{prefix}{start}"), batch_key=BATCH, step="classify", max_attempts=3
+        )
 
 
 def scalar(store: JobStore, sql: str, **params: object) -> Any:
@@ -115,9 +116,15 @@ def test_a_relay_never_cuts_a_line_another_relay_is_appending(store: JobStore, t
 
 
 def _event(i: int) -> WorkEvent:
-    return WorkEvent(event_id=uuid.uuid4(), job_id=uuid.uuid4(), event_type="job.registered", attempt=0,
-                     occurred_at=datetime(2026, 11, 1, tzinfo=UTC), correlation_id=f"c{i}",
-                     payload_ref=f"file:///p/{i}")  # fmt: skip
+    return WorkEvent(
+        event_id=uuid.uuid4(),
+        job_id=uuid.uuid4(),
+        event_type="job.registered",
+        attempt=0,
+        occurred_at=datetime(2026, 11, 1, tzinfo=UTC),
+        correlation_id=f"c{i}",
+        payload_ref=f"file:///p/{i}",
+    )
 
 
 def _bytes_read() -> int:
@@ -195,13 +202,17 @@ class SlowHook:
 
     def look(self, store: JobStore, second: JobStore, tmp_path: Path, event_id: str) -> None:
         with store.engine.connect() as conn:
-            self.seen["open_transactions"] = conn.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()")).scalar()  # fmt: skip
+            self.seen["open_transactions"] = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+                )
+            ).scalar()
         try:
             with store.engine.begin() as conn:
-                conn.execute(sa.text("SELECT 1 FROM triage.outbox WHERE event_id = :e FOR UPDATE NOWAIT"),
-                             {"e": event_id})  # fmt: skip
+                conn.execute(
+                    sa.text("SELECT 1 FROM triage.outbox WHERE event_id = :e FOR UPDATE NOWAIT"), {"e": event_id}
+                )
             self.seen["lockable"] = True
         except sa.exc.OperationalError:  # lock_not_available: the relay still holds the row
             self.seen["lockable"] = False
@@ -225,8 +236,9 @@ def second_store(db_url: DatabaseUrl) -> Iterator[JobStore]:
     other.dispose()
 
 
-def test_a_relay_holds_no_transaction_while_the_webhook_is_called(store: JobStore, second_store: JobStore,
-                                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_a_relay_holds_no_transaction_while_the_webhook_is_called(
+    store: JobStore, second_store: JobStore, tmp_path: Path
+) -> None:
     register(store, 20)
     with SlowHook(store, second_store, tmp_path) as hook:
         sink = WebhookEventSink(hook.url)
@@ -239,8 +251,9 @@ def test_a_relay_holds_no_transaction_while_the_webhook_is_called(store: JobStor
     assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 0
 
 
-def test_a_relay_that_died_mid_send_leaves_its_events_to_the_next_once_its_claim_runs_out(store: JobStore,
-                                                                                          tmp_path: Path) -> None:  # fmt: skip
+def test_a_relay_that_died_mid_send_leaves_its_events_to_the_next_once_its_claim_runs_out(
+    store: JobStore, tmp_path: Path
+) -> None:
     register(store, 30)
     dead = uuid.uuid4()
     with store.transaction(None) as conn:  # what the relay committed before it died sending
@@ -262,8 +275,9 @@ def test_a_relay_that_died_mid_send_leaves_its_events_to_the_next_once_its_claim
 # -- the upgrade ---------------------------------------------------------------------------
 
 
-def test_events_left_unsent_before_the_upgrade_are_relayed_after_it(fresh_database: DatabaseUrl,
-                                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_events_left_unsent_before_the_upgrade_are_relayed_after_it(
+    fresh_database: DatabaseUrl, tmp_path: Path
+) -> None:
     migrations.upgrade(fresh_database, "0006")
     engine = create_engine(fresh_database, poolclass=sa.NullPool)
     try:

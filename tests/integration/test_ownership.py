@@ -38,13 +38,22 @@ JOBS = 10
 
 def register(store: JobStore, payloads: PayloadStore, n: int = JOBS) -> None:
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load())
-    retrieve(store, SyntheticSource(n, seed=5), payloads, start=DAY, end=DAY + timedelta(days=1), batch_key=BATCH,
-             classifier_version=classifier.version, max_attempts=3)  # fmt: skip
+    retrieve(
+        store,
+        SyntheticSource(n, seed=5),
+        payloads,
+        start=DAY,
+        end=DAY + timedelta(days=1),
+        batch_key=BATCH,
+        classifier_version=classifier.version,
+        max_attempts=3,
+    )
 
 
 def classify(store: JobStore, payloads: PayloadStore, *, separate_persist: bool = False, owner: str = "w") -> None:
-    handler = ClassifyHandler(build_classifier("keyword", taxonomy=Taxonomy.load()), payloads,
-                              ClassifySettings(0.0, 1, separate_persist))  # fmt: skip
+    handler = ClassifyHandler(
+        build_classifier("keyword", taxonomy=Taxonomy.load()), payloads, ClassifySettings(0.0, 1, separate_persist)
+    )
     try:
         run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner=owner, lease_seconds=60))
     finally:
@@ -82,8 +91,9 @@ def steal_the_leases(store: JobStore, thief: str) -> None:
     worker claimed them (in as many claims as poison isolation allows: the jobs of a claim taken
     back are suspects, claimed in halves)."""
     with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second'"
-                             " WHERE status = 'running'"))  # fmt: skip
+        conn.execute(
+            sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second' WHERE status = 'running'")
+        )
     store.release_expired_leases(batch_key=BATCH)
     while store.claim(batch_key=BATCH, step="persist", limit=100, lease_seconds=60, owner=thief).jobs:
         pass
@@ -132,8 +142,11 @@ def test_a_classify_worker_that_lost_its_lease_calls_the_model_no_more(store: Jo
     def lost_at_the_second(n: int) -> None:
         if n == 2:
             with store.engine.begin() as conn:
-                conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second'"
-                                     " WHERE status = 'running'"))  # fmt: skip
+                conn.execute(
+                    sa.text(
+                        "UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second' WHERE status = 'running'"
+                    )
+                )
             store.release_expired_leases(batch_key=BATCH)
             time.sleep(1.5)  # the heartbeat (every lease/3 = 1 s) hears of it
 
@@ -156,9 +169,14 @@ class Worker:
 
     def __init__(self, db_url: DatabaseUrl, payloads: Path, **options: float) -> None:
         args = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.slow_worker", db_url.libpq(), str(payloads),
-                                      BATCH, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "plugins")})  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fakes.slow_worker", db_url.libpq(), str(payloads), BATCH, *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "plugins")},
+        )
         self.calls: list[str] = []
         self.lines: list[str] = []
         self._started = threading.Condition()
@@ -195,11 +213,14 @@ def wait_until(check: Any, timeout: float) -> float:
 def assert_nothing_half_written(store: JobStore) -> None:
     """Every job completed (label, classification, one completion event) or queued with no lease,
     no label and its attempt given back."""
-    jobs = rows(store, "SELECT j.id, j.status::text AS status, j.attempt, j.lease_owner, "
-                       "(SELECT count(*) FROM triage.document_labels l WHERE l.job_id = j.id) AS labels, "
-                       "(SELECT count(*) FROM triage.classifications c WHERE c.job_id = j.id) AS classifications, "
-                       "(SELECT count(*) FROM triage.outbox o WHERE o.job_id = j.id "
-                       " AND o.event_type = 'job.completed') AS events FROM triage.jobs j")  # fmt: skip
+    jobs = rows(
+        store,
+        "SELECT j.id, j.status::text AS status, j.attempt, j.lease_owner, "
+        "(SELECT count(*) FROM triage.document_labels l WHERE l.job_id = j.id) AS labels, "
+        "(SELECT count(*) FROM triage.classifications c WHERE c.job_id = j.id) AS classifications, "
+        "(SELECT count(*) FROM triage.outbox o WHERE o.job_id = j.id "
+        " AND o.event_type = 'job.completed') AS events FROM triage.jobs j",
+    )
     for job in jobs:
         if job.status == "completed":
             assert (job.labels, job.classifications, job.events, job.lease_owner) == (1, 1, 1, None), job
@@ -216,8 +237,9 @@ def assert_nothing_half_written(store: JobStore) -> None:
         pytest.param({"fast": 0.2, "slow": 5.0, "slow_from": 6, "grace": 0.5}, "queued", id="in-flight-abandoned"),
     ],
 )
-def test_sigterm_drains_a_classify_worker(store: JobStore, db_url: DatabaseUrl, tmp_path: Path,
-                                          options: dict[str, float], in_flight_ends: str) -> None:  # fmt: skip
+def test_sigterm_drains_a_classify_worker(
+    store: JobStore, db_url: DatabaseUrl, tmp_path: Path, options: dict[str, float], in_flight_ends: str
+) -> None:
     payloads = PayloadStore(tmp_path / "payloads")
     register(store, payloads)
     worker = Worker(db_url, tmp_path / "payloads", batch_size=4, **options)
@@ -270,8 +292,13 @@ def test_an_execution_timeout_mid_batch_settles_the_claim(store: JobStore, tmp_p
     calls = model.calls
     handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))  # type: ignore[arg-type]
     with pytest.raises(AirflowTaskTimeout):
-        run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w1", lease_seconds=60),
-                 drain=Drain(grace_seconds=0.2))  # fmt: skip
+        run_step(
+            store,
+            handler,
+            batch_key=BATCH,
+            settings=RunSettings(owner="w1", lease_seconds=60),
+            drain=Drain(grace_seconds=0.2),
+        )
     now = statuses(store)
     assert {now[j] for j in calls[:2]} == {"completed"}
     assert sorted(now.values()) == ["completed"] * 2 + ["queued"] * 4

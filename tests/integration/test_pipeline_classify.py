@@ -91,12 +91,19 @@ def by_external_id(answers: dict[str, Script], default: Script | None = None) ->
 
 
 def document(external_id: str, body: str = "Please help", subject: str = "Hello") -> bytes:
-    return DocumentPayload(external_id=external_id, subject=subject, body=body,
-                           received_at=datetime(2026, 11, 1, 9, tzinfo=UTC)).to_bytes()  # fmt: skip
+    return DocumentPayload(
+        external_id=external_id, subject=subject, body=body, received_at=datetime(2026, 11, 1, 9, tzinfo=UTC)
+    ).to_bytes()
 
 
-def register(store: JobStore, payloads: PayloadStore, docs: dict[str, bytes], *, max_attempts: int = 3,
-             version: str = ScriptedClassifier.version) -> dict[str, uuid.UUID]:  # fmt: skip
+def register(
+    store: JobStore,
+    payloads: PayloadStore,
+    docs: dict[str, bytes],
+    *,
+    max_attempts: int = 3,
+    version: str = ScriptedClassifier.version,
+) -> dict[str, uuid.UUID]:
     """Register each (external id, payload bytes) as a queued job; returns external id -> job id."""
     new = to_new_jobs([SourceDocument("test", ext, content) for ext, content in docs.items()], payloads, version)
     result = store.register(new, batch_key=BATCH, step="classify", max_attempts=max_attempts)
@@ -127,8 +134,9 @@ def settings(**kw: object) -> RunSettings:
     return RunSettings(**{**base, **kw})  # type: ignore[arg-type]
 
 
-def classify(store: JobStore, classifier: Classifier, payloads: PayloadStore, *, run: RunSettings | None = None,
-             **kw: Any) -> StepReport:  # fmt: skip
+def classify(
+    store: JobStore, classifier: Classifier, payloads: PayloadStore, *, run: RunSettings | None = None, **kw: Any
+) -> StepReport:
     handler = ClassifyHandler(classifier, payloads, ClassifySettings(**kw))
     try:
         return run_step(store, handler, batch_key=BATCH, settings=run or settings())
@@ -178,8 +186,12 @@ def test_accepted_completes_with_label_classification_and_event_in_one_transacti
 
 
 def test_inconclusive_goes_to_review(store: JobStore, payloads: PayloadStore) -> None:
-    ids = register(store, payloads, {"T-1": document("T-1", "I contacted you last week and I am still waiting.")},
-                   version=KeywordClassifier(TAXONOMY).version)  # fmt: skip
+    ids = register(
+        store,
+        payloads,
+        {"T-1": document("T-1", "I contacted you last week and I am still waiting.")},
+        version=KeywordClassifier(TAXONOMY).version,
+    )
     classify(store, KeywordClassifier(TAXONOMY), payloads)
     j = job(store, ids["T-1"])
     assert (j.status, j.status_reason) == ("manual_review", "inconclusive")
@@ -197,14 +209,33 @@ def test_inconclusive_goes_to_review(store: JobStore, payloads: PayloadStore) ->
     [
         pytest.param(ok("billing", 0.7), 0.7, "completed", "completed", "accepted", id="at-threshold-accepted"),
         pytest.param(ok("billing", 0.69), 0.7, "manual_review", "inconclusive", "inconclusive", id="below"),
-        pytest.param(ModelOutput(None, 0.0, "label_outside_taxonomy", 2.0), 0.7, "manual_review", "rejected_output",
-                     "rejected", id="rejected"),
-        pytest.param(ModelOutput("billing", 0.99, "schema_mismatch", 2.0), 0.0, "manual_review", "rejected_output",
-                     "rejected", id="rejected-wins-over-confidence"),
+        pytest.param(
+            ModelOutput(None, 0.0, "label_outside_taxonomy", 2.0),
+            0.7,
+            "manual_review",
+            "rejected_output",
+            "rejected",
+            id="rejected",
+        ),
+        pytest.param(
+            ModelOutput("billing", 0.99, "schema_mismatch", 2.0),
+            0.0,
+            "manual_review",
+            "rejected_output",
+            "rejected",
+            id="rejected-wins-over-confidence",
+        ),
     ],
-)  # fmt: skip
-def test_model_outputs_are_routed(store: JobStore, payloads: PayloadStore, output: ModelOutput, threshold: float,
-                                  status: str, reason: str, outcome: str) -> None:  # fmt: skip
+)
+def test_model_outputs_are_routed(
+    store: JobStore,
+    payloads: PayloadStore,
+    output: ModelOutput,
+    threshold: float,
+    status: str,
+    reason: str,
+    outcome: str,
+) -> None:
     ids = register(store, payloads, {"T-1": document("T-1")})
     classify(store, ScriptedClassifier(lambda _r: output), payloads, confidence_threshold=threshold)
     j = job(store, ids["T-1"])
@@ -230,7 +261,11 @@ def test_permanent_error_goes_to_review_at_once(fast_store: JobStore, payloads: 
     classify(fast_store, classifier, payloads)
     bad = job(fast_store, ids["T-1"])
     assert (bad.status, bad.status_reason, bad.last_error_class, bad.attempt) == (
-        "manual_review", "permanent_error", "bad_request", 1)  # fmt: skip
+        "manual_review",
+        "permanent_error",
+        "bad_request",
+        1,
+    )
     [review] = review_of(fast_store, bad.id)
     assert (review.reason, review.error_class, review.last_error) == ("permanent_error", "bad_request", "HTTP 400")
     assert "latency_ms" in review.context
@@ -245,16 +280,31 @@ def test_transient_retries_then_exhausts_into_review(fast_store: JobStore, paylo
     assert report.outcomes["exhausted"] == 1
     j = job(fast_store, ids["T-1"])
     assert (j.status, j.status_reason, j.attempt, j.last_error_class, j.next_attempt_at) == (
-        "manual_review", "retries_exhausted", 3, "server_error", None)  # fmt: skip
+        "manual_review",
+        "retries_exhausted",
+        3,
+        "server_error",
+        None,
+    )
     [review] = review_of(fast_store, j.id)
     assert (review.reason, review.error_class, review.attempts, review.resolved_at) == (
-        "retries_exhausted", "server_error", 3, None)  # fmt: skip
-    path = rows(fast_store, "SELECT from_status, to_status FROM triage.job_events WHERE job_id = :id ORDER BY id",
-                id=j.id)  # fmt: skip
+        "retries_exhausted",
+        "server_error",
+        3,
+        None,
+    )
+    path = rows(
+        fast_store, "SELECT from_status, to_status FROM triage.job_events WHERE job_id = :id ORDER BY id", id=j.id
+    )
     assert [tuple(p) for p in path] == [
-        (None, "queued"), ("queued", "running"), ("running", "retryable_failed"), ("retryable_failed", "running"),
-        ("running", "retryable_failed"), ("retryable_failed", "running"), ("running", "manual_review"),
-    ]  # fmt: skip
+        (None, "queued"),
+        ("queued", "running"),
+        ("running", "retryable_failed"),
+        ("retryable_failed", "running"),
+        ("running", "retryable_failed"),
+        ("retryable_failed", "running"),
+        ("running", "manual_review"),
+    ]
     assert [c.attempt for c in classifier.calls if c.external_id == "T-1"] == [1, 2, 3]
     assert job(fast_store, ids["T-2"]).status == "completed"
 
@@ -294,7 +344,13 @@ def test_jobs_retryable_soon_are_retried_in_the_same_run(fast_store: JobStore, p
     assert report.outcomes["RetryLater"] == 2
     assert fast_store.status_counts(BATCH)[JobStatus.COMPLETED] == 6
     assert {ext: job(fast_store, i).attempt for ext, i in ids.items()} == {
-        "T-0": 1, "T-1": 2, "T-2": 1, "T-3": 1, "T-4": 2, "T-5": 1}  # fmt: skip
+        "T-0": 1,
+        "T-1": 2,
+        "T-2": 1,
+        "T-3": 1,
+        "T-4": 2,
+        "T-5": 1,
+    }
     assert scalar(fast_store, "SELECT count(*) FROM triage.classifications") == 6  # only attempts with an output
 
 
@@ -312,8 +368,11 @@ def test_a_payload_gone_from_a_healthy_store_goes_to_review(store: JobStore, pay
     classify(store, classifier, payloads)
     for i in ids.values():
         j = job(store, i)
-        assert (j.status, j.status_reason, j.last_error_class) == ("manual_review", "missing_payload",
-                                                                   "missing_payload")  # fmt: skip
+        assert (j.status, j.status_reason, j.last_error_class) == (
+            "manual_review",
+            "missing_payload",
+            "missing_payload",
+        )
         assert [(r.reason, r.resolved_at) for r in review_of(store, j.id)] == [("missing_payload", None)]
     assert classifier.calls == []
 
@@ -333,8 +392,9 @@ def _empty_mount_point(base: Path) -> None:
     base.mkdir()
 
 
-@pytest.mark.parametrize("unmount", [pytest.param(_unmount, id="base-absent"),
-                                     pytest.param(_empty_mount_point, id="base-empty")])  # fmt: skip
+@pytest.mark.parametrize(
+    "unmount", [pytest.param(_unmount, id="base-absent"), pytest.param(_empty_mount_point, id="base-empty")]
+)
 def test_a_missing_payload_mount_parks_the_batch_and_stops_the_step(
     store: JobStore, payloads: PayloadStore, tmp_path: Path, unmount: Callable[[Path], None]
 ) -> None:
@@ -349,7 +409,8 @@ def test_a_missing_payload_mount_parks_the_batch_and_stops_the_step(
     with pytest.raises(CircuitOpen, match="payload store is unavailable"):
         classify(store, classifier, payloads, run=settings(batch_size=10))
     assert rows(store, "SELECT status, attempt, status_reason, count(*) FROM triage.jobs GROUP BY 1, 2, 3") == [
-        ("waiting", 0, "outage:payload_store", 30)]  # fmt: skip
+        ("waiting", 0, "outage:payload_store", 30)
+    ]
     assert scalar(store, "SELECT count(*) FROM triage.manual_review") == 0
     assert classifier.calls == []
     end_parking(store)
@@ -378,8 +439,9 @@ def test_an_absent_pack_folder_is_retried_not_failed(store: JobStore, payloads: 
     assert classifier.calls == []
 
 
-def test_a_payload_ref_outside_the_store_is_refused_and_never_read(store: JobStore, payloads: PayloadStore,
-                                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_a_payload_ref_outside_the_store_is_refused_and_never_read(
+    store: JobStore, payloads: PayloadStore, tmp_path: Path
+) -> None:
     """``payload_ref`` is data in a row. One naming another file, ``..``, another store or a URL
     goes to review (``payload_ref_invalid``) whatever hash it claims: a right guess of a
     secret's byte and a wrong one end the same way, so the verified read is no oracle."""
@@ -395,25 +457,34 @@ def test_a_payload_ref_outside_the_store_is_refused_and_never_read(store: JobSto
     hostile = {
         "right-guess": (f"{secret.as_uri()}#offset=0&length=1", hashlib.sha256(b"s").hexdigest()),
         "wrong-guess": (f"{secret.as_uri()}#offset=0&length=1", hashlib.sha256(b"x").hexdigest()),
-        "dot-dot": (f"{own_ref.rsplit('/', 2)[0]}/{own_digest[:2]}/../../secret.txt",
-                    hashlib.sha256(b"s3cr3t").hexdigest()),
+        "dot-dot": (
+            f"{own_ref.rsplit('/', 2)[0]}/{own_digest[:2]}/../../secret.txt",
+            hashlib.sha256(b"s3cr3t").hexdigest(),
+        ),
         "other-store": (foreign, hashlib.sha256(foreign_doc).hexdigest()),
         "url": (remote_ref, hashlib.sha256(remote_doc).hexdigest()),
         "plain-path": (str(other.object_path(foreign)), hashlib.sha256(foreign_doc).hexdigest()),
-    }  # fmt: skip
+    }
     ids = {}
     for name, (ref, digest) in hostile.items():
         key = idempotency_key("test", name, digest, ScriptedClassifier.version)
-        result = store.register([NewJob(key, "test", name, digest, ref, ScriptedClassifier.version)],
-                                batch_key=BATCH, step="classify", max_attempts=3)  # fmt: skip
+        result = store.register(
+            [NewJob(key, "test", name, digest, ref, ScriptedClassifier.version)],
+            batch_key=BATCH,
+            step="classify",
+            max_attempts=3,
+        )
         ids[name] = result.new_ids[0]
     classifier = ScriptedClassifier(lambda _r: ok())
     classify(store, classifier, payloads)
     assert classifier.calls == []
     for name, i in ids.items():
         j = job(store, i)
-        assert (j.status, j.status_reason, j.last_error_class) == ("manual_review", "payload_ref_invalid",
-                                                                   "payload_ref_invalid"), name  # fmt: skip
+        assert (j.status, j.status_reason, j.last_error_class) == (
+            "manual_review",
+            "payload_ref_invalid",
+            "payload_ref_invalid",
+        ), name
         assert [r.reason for r in review_of(store, i)] == ["payload_ref_invalid"], name
         assert "s3cr3t" not in (j.last_error or "")
 
@@ -455,29 +526,54 @@ def test_an_unreadable_pack_is_retried_not_failed(store: JobStore, payloads: Pay
 def register_raw(store: JobStore, payloads: PayloadStore, external_id: str, content: bytes) -> uuid.UUID:
     digest, ref = payloads.put(content)
     key = idempotency_key("test", external_id, digest, ScriptedClassifier.version)
-    result = store.register([NewJob(key, "test", external_id, digest, ref, ScriptedClassifier.version)],
-                            batch_key=BATCH, step="classify", max_attempts=3)  # fmt: skip
+    result = store.register(
+        [NewJob(key, "test", external_id, digest, ref, ScriptedClassifier.version)],
+        batch_key=BATCH,
+        step="classify",
+        max_attempts=3,
+    )
     return result.new_ids[0]
 
 
-V2 = canonical_json_bytes({"schema_version": 2, "external_id": "T-9", "subject": "s", "body": "b",
-                           "received_at": "2026-11-01T09:00:00Z", "channel": None, "language": "en"})  # fmt: skip
+V2 = canonical_json_bytes(
+    {
+        "schema_version": 2,
+        "external_id": "T-9",
+        "subject": "s",
+        "body": "b",
+        "received_at": "2026-11-01T09:00:00Z",
+        "channel": None,
+        "language": "en",
+    }
+)
 
 
 @pytest.mark.parametrize(
     ("content", "status", "reason", "error_class"),
     [
-        pytest.param(V2, "terminal_failed", "unsupported_schema_version", "unsupported_schema_version",
-                     id="schema-version-2"),
-        pytest.param(b'{"schema_version": 1, "external_id": "T-9"', "manual_review", "malformed_input",
-                     "invalid_json", id="invalid-json"),
+        pytest.param(
+            V2, "terminal_failed", "unsupported_schema_version", "unsupported_schema_version", id="schema-version-2"
+        ),
+        pytest.param(
+            b'{"schema_version": 1, "external_id": "T-9"',
+            "manual_review",
+            "malformed_input",
+            "invalid_json",
+            id="invalid-json",
+        ),
         pytest.param(b"\xff\xfe", "manual_review", "malformed_input", "invalid_utf8", id="invalid-utf8"),
-        pytest.param(canonical_json_bytes({"schema_version": 1, "external_id": "T-9"}), "manual_review",
-                     "malformed_input", "schema_mismatch", id="schema-mismatch"),
+        pytest.param(
+            canonical_json_bytes({"schema_version": 1, "external_id": "T-9"}),
+            "manual_review",
+            "malformed_input",
+            "schema_mismatch",
+            id="schema-mismatch",
+        ),
     ],
-)  # fmt: skip
-def test_unreadable_payloads_are_routed(store: JobStore, payloads: PayloadStore, content: bytes, status: str,
-                                        reason: str, error_class: str) -> None:  # fmt: skip
+)
+def test_unreadable_payloads_are_routed(
+    store: JobStore, payloads: PayloadStore, content: bytes, status: str, reason: str, error_class: str
+) -> None:
     job_id = register_raw(store, payloads, "T-9", content)
     classifier = ScriptedClassifier(lambda _r: ok())
     classify(store, classifier, payloads)
@@ -491,8 +587,9 @@ def test_unreadable_payloads_are_routed(store: JobStore, payloads: PayloadStore,
 
 
 @pytest.mark.parametrize("error_class", ["unauthorized", "forbidden", "not_found"])
-def test_misconfigured_dependency_releases_the_job_and_stops(store: JobStore, payloads: PayloadStore,
-                                                             error_class: str) -> None:  # fmt: skip
+def test_misconfigured_dependency_releases_the_job_and_stops(
+    store: JobStore, payloads: PayloadStore, error_class: str
+) -> None:
     def refuse(_r: ClassifyRequest) -> ModelOutput:
         raise PermanentClassifierError(error_class, "HTTP 4xx")
 
@@ -512,8 +609,9 @@ def test_misconfigured_dependency_releases_the_job_and_stops(store: JobStore, pa
     ("concurrency", "exact"),
     [pytest.param(1, True, id="sequential"), pytest.param(4, False, id="concurrent")],
 )
-def test_circuit_breaker_stops_before_burning_every_attempt(fast_store: JobStore, payloads: PayloadStore,
-                                                            concurrency: int, exact: bool) -> None:  # fmt: skip
+def test_circuit_breaker_stops_before_burning_every_attempt(
+    fast_store: JobStore, payloads: PayloadStore, concurrency: int, exact: bool
+) -> None:
     register(fast_store, payloads, {f"T-{i:02d}": document(f"T-{i:02d}") for i in range(30)}, max_attempts=3)
     classifier = ScriptedClassifier(transient)
     with pytest.raises(CircuitOpen) as raised:
@@ -532,11 +630,15 @@ def test_circuit_breaker_stops_before_burning_every_attempt(fast_store: JobStore
 # -- a separate persist step ----------------------------------------------------------------
 
 
-def test_separate_persist_advances_then_completes_with_the_classified_label(store: JobStore,
-                                                                           payloads: PayloadStore) -> None:  # fmt: skip
+def test_separate_persist_advances_then_completes_with_the_classified_label(
+    store: JobStore, payloads: PayloadStore
+) -> None:
     ids = register(store, payloads, {"T-1": document("T-1"), "T-2": document("T-2"), "T-3": document("T-3")})
-    answers = {"T-1": lambda _r: ok("shipping", 0.95), "T-2": lambda _r: ok("refund_request", 0.8),
-               "T-3": lambda _r: ok("billing", 0.1)}  # fmt: skip
+    answers = {
+        "T-1": lambda _r: ok("shipping", 0.95),
+        "T-2": lambda _r: ok("refund_request", 0.8),
+        "T-3": lambda _r: ok("billing", 0.1),
+    }
     classify(store, ScriptedClassifier(by_external_id(answers)), payloads, separate_persist=True)
     assert {ext: (job(store, i).status, job(store, i).step, job(store, i).attempt) for ext, i in ids.items()} == {
         "T-1": ("queued", "persist", 1),  # attempts are numbered on; persist's budget starts after 1
@@ -550,10 +652,14 @@ def test_separate_persist_advances_then_completes_with_the_classified_label(stor
     handler = PersistHandler(store, action=lambda j, label: actions.append((j.idempotency_key, label.label)))
     report = run_step(store, handler, batch_key=BATCH, settings=settings())
     assert report.outcomes["Complete"] == 2
-    labels = {r.external_id: (r.label, r.confidence, r.classifier_version, r.job_id)
-              for r in rows(store, "SELECT * FROM triage.document_labels")}  # fmt: skip
-    assert labels == {"T-1": ("shipping", 0.95, "scripted-v1", ids["T-1"]),
-                      "T-2": ("refund_request", 0.8, "scripted-v1", ids["T-2"])}  # fmt: skip
+    labels = {
+        r.external_id: (r.label, r.confidence, r.classifier_version, r.job_id)
+        for r in rows(store, "SELECT * FROM triage.document_labels")
+    }
+    assert labels == {
+        "T-1": ("shipping", 0.95, "scripted-v1", ids["T-1"]),
+        "T-2": ("refund_request", 0.8, "scripted-v1", ids["T-2"]),
+    }
     assert sorted(label for _key, label in actions) == ["refund_request", "shipping"]
     assert {key for key, _ in actions} == {job(store, ids[e]).idempotency_key for e in ("T-1", "T-2")}
     assert {(job(store, ids[e]).status, job(store, ids[e]).step) for e in ("T-1", "T-2")} == {("completed", "persist")}
@@ -607,18 +713,30 @@ def drill_run(store: JobStore, base: Path) -> dict[str, tuple[object, ...]]:
     payloads = PayloadStore(base)
     classifier = build_classifier("keyword", taxonomy=TAXONOMY, drill=DRILL)
     assert type(classifier).__name__ == "DrillClassifier"
-    retrieve(store, SyntheticSource(60, seed=1), payloads, start=START, end=END, batch_key=BATCH,
-             classifier_version=classifier.version, max_attempts=3)  # fmt: skip
+    retrieve(
+        store,
+        SyntheticSource(60, seed=1),
+        payloads,
+        start=START,
+        end=END,
+        batch_key=BATCH,
+        classifier_version=classifier.version,
+        max_attempts=3,
+    )
     classify(store, classifier, payloads, run=settings(batch_size=16), concurrency=4)
-    result = rows(store, """
+    result = rows(
+        store,
+        """
         SELECT j.idempotency_key, j.status, j.status_reason, j.attempt, j.last_error_class, l.label
         FROM triage.jobs j LEFT JOIN triage.document_labels l ON l.job_id = j.id
-    """)  # fmt: skip
+    """,
+    )
     return {r[0]: tuple(r[1:]) for r in result}
 
 
-def test_drill_is_deterministic_and_every_job_settles(fast_store: JobStore, second_engine: sa.Engine,
-                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_drill_is_deterministic_and_every_job_settles(
+    fast_store: JobStore, second_engine: sa.Engine, tmp_path: Path
+) -> None:
     first = drill_run(fast_store, tmp_path / "one")
     second = drill_run(JobStore(second_engine, retry_policy=FAST, rng=random.Random(99)), tmp_path / "two")
     assert first == second
@@ -631,8 +749,14 @@ def test_drill_is_deterministic_and_every_job_settles(fast_store: JobStore, seco
     completed = sum(1 for v in first.values() if v[0] == "completed")
     assert scalar(fast_store, "SELECT count(*) FROM triage.document_labels") == completed
     assert all((v[4] is not None) == (v[0] == "completed") for v in first.values())
-    assert scalar(fast_store, """
+    assert (
+        scalar(
+            fast_store,
+            """
         SELECT count(*) FROM triage.jobs j
         WHERE (j.status = 'manual_review') <> EXISTS (
             SELECT 1 FROM triage.manual_review r WHERE r.job_id = j.id AND r.resolved_at IS NULL)
-    """) == 0  # fmt: skip
+    """,
+        )
+        == 0
+    )

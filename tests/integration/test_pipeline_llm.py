@@ -55,27 +55,43 @@ def payloads(tmp_path: Path) -> PayloadStore:
 
 
 def llm(server: FakeOpenAIServer, **kw: Any) -> OpenAICompatibleClassifier:
-    return OpenAICompatibleClassifier(base_url=server.base_url, api_key="sk-test", model="fake-model",
-                                      taxonomy=TAXONOMY, **kw)  # fmt: skip
+    return OpenAICompatibleClassifier(
+        base_url=server.base_url, api_key="sk-test", model="fake-model", taxonomy=TAXONOMY, **kw
+    )
 
 
 def register(
     store: JobStore, payloads: PayloadStore, n: int, version: str, *, max_attempts: int = 3
 ) -> list[uuid.UUID]:
     docs = [
-        SourceDocument("test", f"T-{i:03d}", DocumentPayload(
-            external_id=f"T-{i:03d}", subject="Invoice", body=f"I was charged twice, ticket {i}",
-            received_at=datetime(2026, 11, 1, 9, tzinfo=UTC)).to_bytes())
+        SourceDocument(
+            "test",
+            f"T-{i:03d}",
+            DocumentPayload(
+                external_id=f"T-{i:03d}",
+                subject="Invoice",
+                body=f"I was charged twice, ticket {i}",
+                received_at=datetime(2026, 11, 1, 9, tzinfo=UTC),
+            ).to_bytes(),
+        )
         for i in range(n)
-    ]  # fmt: skip
-    result = store.register(to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify",
-                            max_attempts=max_attempts)  # fmt: skip
+    ]
+    result = store.register(
+        to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify", max_attempts=max_attempts
+    )
     assert result.new == n
     return list(result.new_ids)
 
 
-def classify(store: JobStore, classifier: OpenAICompatibleClassifier, payloads: PayloadStore, *,
-             concurrency: int = 1, batch_size: int = 50, retry_soon_seconds: float = 0.0) -> StepReport:  # fmt: skip
+def classify(
+    store: JobStore,
+    classifier: OpenAICompatibleClassifier,
+    payloads: PayloadStore,
+    *,
+    concurrency: int = 1,
+    batch_size: int = 50,
+    retry_soon_seconds: float = 0.0,
+) -> StepReport:
     handler = ClassifyHandler(classifier, payloads, ClassifySettings(concurrency=concurrency))
     try:
         return run_step(
@@ -104,8 +120,9 @@ def header(headers: dict[str, str], name: str) -> str | None:
     return next((v for k, v in headers.items() if k.lower() == name.lower()), None)
 
 
-def test_a_valid_answer_completes_with_latency_and_tokens(store: JobStore, server: FakeOpenAIServer,
-                                                          payloads: PayloadStore) -> None:  # fmt: skip
+def test_a_valid_answer_completes_with_latency_and_tokens(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
     classifier = llm(server, price_per_1k_prompt=0.5, price_per_1k_completion=1.5)
     [job_id] = register(store, payloads, 1, classifier.version)
     server.enqueue(Reply.ok("shipping", 0.93, prompt_tokens=321, completion_tokens=17))
@@ -114,7 +131,12 @@ def test_a_valid_answer_completes_with_latency_and_tokens(store: JobStore, serve
     assert (job.status, job.attempt) == ("completed", 1)
     [c] = rows(store, "SELECT * FROM triage.classifications")
     assert (c.job_id, c.label, c.confidence, c.outcome, c.classifier_version) == (
-        job_id, "shipping", 0.93, "accepted", classifier.version)  # fmt: skip
+        job_id,
+        "shipping",
+        0.93,
+        "accepted",
+        classifier.version,
+    )
     assert (c.prompt_tokens, c.completion_tokens) == (321, 17)
     assert c.latency_ms is not None
     assert c.latency_ms > 0
@@ -137,8 +159,9 @@ def test_a_valid_answer_completes_with_latency_and_tokens(store: JobStore, serve
         pytest.param(Reply.status_only(408), "timeout", id="408"),
     ],
 )
-def test_transient_replies_are_retryable(store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore,
-                                         reply: Reply, error_class: str) -> None:  # fmt: skip
+def test_transient_replies_are_retryable(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, reply: Reply, error_class: str
+) -> None:
     classifier = llm(server)
     register(store, payloads, 1, classifier.version)
     server.enqueue(reply)
@@ -146,14 +169,19 @@ def test_transient_replies_are_retryable(store: JobStore, server: FakeOpenAIServ
         classify(store, classifier, payloads)
     job = the_job(store)
     assert (job.status, job.attempt, job.last_error_class, job.status_reason) == (
-        "retryable_failed", 1, error_class, error_class)  # fmt: skip
+        "retryable_failed",
+        1,
+        error_class,
+        error_class,
+    )
     assert job.next_attempt_at is not None
     assert rows(store, "SELECT * FROM triage.classifications") == []
     assert rows(store, "SELECT * FROM triage.manual_review") == []
 
 
-def test_a_slow_reply_times_out_and_is_retryable(store: JobStore, server: FakeOpenAIServer,
-                                                 payloads: PayloadStore) -> None:  # fmt: skip
+def test_a_slow_reply_times_out_and_is_retryable(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
     classifier = llm(server, timeout_s=0.2)
     register(store, payloads, 1, classifier.version)
     server.enqueue(Reply.slow(1000))
@@ -163,8 +191,9 @@ def test_a_slow_reply_times_out_and_is_retryable(store: JobStore, server: FakeOp
     assert (job.status, job.last_error_class) == ("retryable_failed", "timeout")
 
 
-def test_a_transient_failure_then_success_completes_in_one_run(engine: sa.Engine, server: FakeOpenAIServer,
-                                                               payloads: PayloadStore) -> None:  # fmt: skip
+def test_a_transient_failure_then_success_completes_in_one_run(
+    engine: sa.Engine, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
     store = JobStore(engine, retry_policy=RetryPolicy(base_seconds=0.01, cap_seconds=0.05), rng=random.Random(1))
     classifier = llm(server)
     register(store, payloads, 1, classifier.version)
@@ -180,8 +209,9 @@ def test_a_dependency_that_is_down_opens_the_circuit(store: JobStore, payloads: 
     with socket.socket() as probe:  # a loopback port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    classifier = OpenAICompatibleClassifier(base_url=f"http://127.0.0.1:{port}/v1", api_key=None, model="m",
-                                            taxonomy=TAXONOMY, timeout_s=2)  # fmt: skip
+    classifier = OpenAICompatibleClassifier(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key=None, model="m", taxonomy=TAXONOMY, timeout_s=2
+    )
     register(store, payloads, 25, classifier.version)
     with pytest.raises(CircuitOpen):
         classify(store, classifier, payloads, batch_size=25)
@@ -200,8 +230,9 @@ def test_a_dependency_that_is_down_opens_the_circuit(store: JobStore, payloads: 
         pytest.param(Reply.raw_body(b"<html>gateway</html>"), "invalid_response", id="not-a-completion"),
     ],
 )
-def test_bad_answers_are_rejected_into_review(store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore,
-                                              reply: Reply, rejected_reason: str) -> None:  # fmt: skip
+def test_bad_answers_are_rejected_into_review(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, reply: Reply, rejected_reason: str
+) -> None:
     classifier = llm(server)
     register(store, payloads, 1, classifier.version)
     server.enqueue(reply)
@@ -215,8 +246,9 @@ def test_bad_answers_are_rejected_into_review(store: JobStore, server: FakeOpenA
     assert server.request_count == 1  # a bad answer is not retried
 
 
-def test_a_low_confidence_answer_is_inconclusive(store: JobStore, server: FakeOpenAIServer,
-                                                 payloads: PayloadStore) -> None:  # fmt: skip
+def test_a_low_confidence_answer_is_inconclusive(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
     classifier = llm(server)
     register(store, payloads, 1, classifier.version)
     server.enqueue(Reply.ok("billing", 0.3))
@@ -229,8 +261,9 @@ def test_a_low_confidence_answer_is_inconclusive(store: JobStore, server: FakeOp
     ("status", "error_class"),
     [pytest.param(400, "bad_request", id="400"), pytest.param(422, "client_error", id="422")],
 )
-def test_a_refused_request_goes_to_review(store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore,
-                                          status: int, error_class: str) -> None:  # fmt: skip
+def test_a_refused_request_goes_to_review(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, status: int, error_class: str
+) -> None:
     classifier = llm(server)
     register(store, payloads, 1, classifier.version)
     server.enqueue(Reply.status_only(status))
@@ -243,8 +276,9 @@ def test_a_refused_request_goes_to_review(store: JobStore, server: FakeOpenAISer
 
 
 @pytest.mark.parametrize("status", [401, 403, 404])
-def test_a_misconfigured_endpoint_releases_and_stops(store: JobStore, server: FakeOpenAIServer,
-                                                     payloads: PayloadStore, status: int) -> None:  # fmt: skip
+def test_a_misconfigured_endpoint_releases_and_stops(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, status: int
+) -> None:
     classifier = llm(server)
     register(store, payloads, 3, classifier.version)
     server.responder = lambda _body: Reply.status_only(status)
@@ -256,18 +290,21 @@ def test_a_misconfigured_endpoint_releases_and_stops(store: JobStore, server: Fa
     assert rows(store, "SELECT * FROM triage.manual_review") == []
 
 
-def test_a_wrong_base_url_is_a_misconfiguration(store: JobStore, server: FakeOpenAIServer,
-                                                payloads: PayloadStore) -> None:  # fmt: skip
-    classifier = OpenAICompatibleClassifier(base_url=server.base_url + "/wrong", api_key=None, model="m",
-                                            taxonomy=TAXONOMY)  # fmt: skip
+def test_a_wrong_base_url_is_a_misconfiguration(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
+    classifier = OpenAICompatibleClassifier(
+        base_url=server.base_url + "/wrong", api_key=None, model="m", taxonomy=TAXONOMY
+    )
     register(store, payloads, 2, classifier.version)
     with pytest.raises(DependencyMisconfigured):
         classify(store, classifier, payloads)
     assert {s.status for s in rows(store, "SELECT status FROM triage.jobs")} == {"queued"}
 
 
-def test_concurrent_calls_complete_every_job_with_one_call_each(store: JobStore, server: FakeOpenAIServer,
-                                                                payloads: PayloadStore) -> None:  # fmt: skip
+def test_concurrent_calls_complete_every_job_with_one_call_each(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
     server.responder = keyword_responder(TAXONOMY)
     classifier = llm(server)
     register(store, payloads, 50, classifier.version)
@@ -310,8 +347,9 @@ def test_an_undecodable_reply_is_a_job_outcome_not_a_crash(store: JobStore, payl
     thread.start()
     try:
         host, port = server.server_address[:2]
-        classifier = OpenAICompatibleClassifier(base_url=f"http://{host!s}:{port}/v1", api_key=None, model="m",
-                                                taxonomy=TAXONOMY)  # fmt: skip
+        classifier = OpenAICompatibleClassifier(
+            base_url=f"http://{host!s}:{port}/v1", api_key=None, model="m", taxonomy=TAXONOMY
+        )
         register(store, payloads, 2, classifier.version)
         with contextlib.suppress(StepError):  # stopping the step is fine; any other exception is not
             classify(store, classifier, payloads)

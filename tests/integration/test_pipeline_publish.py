@@ -84,8 +84,7 @@ def test_jsonl_sink_writes_each_event_exactly_once(store: JobStore, tmp_path: Pa
     assert len(ids) == len(set(ids)) == 14
 
 
-def test_a_failing_sink_leaves_events_unsent_and_a_later_run_sends_them_once(store: JobStore,
-                                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_a_failing_sink_leaves_events_unsent_and_a_later_run_sends_them_once(store: JobStore, tmp_path: Path) -> None:
     register(store, 6)
     failing = Failing()
     with pytest.raises(ConnectionError):
@@ -101,8 +100,9 @@ def test_a_failing_sink_leaves_events_unsent_and_a_later_run_sends_them_once(sto
 
 
 @pytest.mark.parametrize("fresh_sink", [pytest.param(False, id="same-sink"), pytest.param(True, id="restarted")])
-def test_jsonl_sink_skips_ids_already_written_after_a_crash_before_marking(store: JobStore, tmp_path: Path,
-                                                                           fresh_sink: bool) -> None:  # fmt: skip
+def test_jsonl_sink_skips_ids_already_written_after_a_crash_before_marking(
+    store: JobStore, tmp_path: Path, fresh_sink: bool
+) -> None:
     register(store, 5)
     path = tmp_path / "out.jsonl"
     sink = JsonlEventSink(path)

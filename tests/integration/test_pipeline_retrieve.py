@@ -25,8 +25,17 @@ VERSION = "keyword-v1+tax-test"
 
 
 def run(store: JobStore, source: object, payloads: PayloadStore, *, version: str = VERSION, chunk: int = 5000):  # type: ignore[no-untyped-def]
-    return retrieve(store, source, payloads, start=START, end=END, batch_key=BATCH,  # type: ignore[arg-type]
-                    classifier_version=version, max_attempts=3, chunk=chunk)  # fmt: skip
+    return retrieve(
+        store,
+        source,
+        payloads,
+        start=START,
+        end=END,
+        batch_key=BATCH,  # type: ignore[arg-type]
+        classifier_version=version,
+        max_attempts=3,
+        chunk=chunk,
+    )
 
 
 def rows(store: JobStore, sql: str, **params: object) -> list[sa.Row]:
@@ -125,8 +134,12 @@ def test_a_payload_alone_is_its_own_object_and_refs_are_checked(tmp_path: Path) 
     assert payloads.get(ref, digest) == b"one document"
     [(_, packed)] = [r for r in payloads.put_many([b"a", b"b"]) if r[0] == hashlib.sha256(b"b").hexdigest()]
     assert packed.endswith("#offset=1&length=1")
-    for broken in (f"{ref}#offset=x&length=1", f"{ref}#offset=0", f"{ref}#offset=-1&length=1",
-                   f"{ref}#offset=0&length={2**40}"):  # fmt: skip
+    for broken in (
+        f"{ref}#offset=x&length=1",
+        f"{ref}#offset=0",
+        f"{ref}#offset=-1&length=1",
+        f"{ref}#offset=0&length={2**40}",
+    ):
         with pytest.raises(PayloadRefInvalid):
             payloads.get(broken, digest)
     with pytest.raises(PayloadCorrupt, match="cut short"):
@@ -160,21 +173,29 @@ def test_a_new_classifier_version_is_new_work(store: JobStore, tmp_path: Path) -
     second = run(store, source, payloads, version="v2")
     assert (second.registered, second.existing) == (12, 0)
     assert rows(store, "SELECT classifier_version, count(*) FROM triage.jobs GROUP BY 1 ORDER BY 1") == [
-        ("v1", 12), ("v2", 12)
-    ]  # fmt: skip
+        ("v1", 12),
+        ("v2", 12),
+    ]
     assert len(payload_files(base)) == 1  # same documents, same pack
     assert run(store, source, payloads, version="v2").registered == 0
 
 
 def test_every_registered_job_has_one_registered_event(store: JobStore, tmp_path: Path) -> None:
     run(store, SyntheticSource(20, seed=9, duplicate_rate=0.3), PayloadStore(tmp_path / "p"))
-    assert rows(store, """
+    assert rows(
+        store,
+        """
         SELECT count(*) FILTER (WHERE o.event_type = 'job.registered' AND o.attempt = 0 AND o.published_at IS NULL),
                count(*)
         FROM triage.jobs j LEFT JOIN triage.outbox o ON o.job_id = j.id
-    """) == [(20, 20)]  # fmt: skip
-    assert scalar(store, "SELECT count(*) FROM triage.outbox o LEFT JOIN triage.jobs j ON j.id = o.job_id"
-                         " WHERE j.id IS NULL") == 0  # fmt: skip
+    """,
+    ) == [(20, 20)]
+    assert (
+        scalar(
+            store, "SELECT count(*) FROM triage.outbox o LEFT JOIN triage.jobs j ON j.id = o.job_id WHERE j.id IS NULL"
+        )
+        == 0
+    )
 
 
 # -- jsonl inbox ----------------------------------------------------------------------------
@@ -230,14 +251,21 @@ def test_jsonl_malformed_lines_go_to_review_and_nothing_is_lost(store: JobStore,
     assert (result.read, result.registered, result.malformed) == (non_blank, non_blank, len(MALFORMED))
     assert scalar(store, "SELECT count(*) FROM triage.jobs") == non_blank
 
-    review = rows(store, """
+    review = rows(
+        store,
+        """
         SELECT j.external_id, j.status, j.status_reason, j.last_error, r.reason, r.context, r.resolved_at
         FROM triage.jobs j JOIN triage.manual_review r ON r.job_id = j.id
-    """)  # fmt: skip
+    """,
+    )
     assert {r.external_id: r.last_error for r in review} == MALFORMED
     for r in review:
-        assert (r.status, r.status_reason, r.reason, r.resolved_at) == ("manual_review", "malformed_input",
-                                                                        "malformed_input", None)  # fmt: skip
+        assert (r.status, r.status_reason, r.reason, r.resolved_at) == (
+            "manual_review",
+            "malformed_input",
+            "malformed_input",
+            None,
+        )
         assert r.context == {"external_id": r.external_id, "malformed_reason": MALFORMED[r.external_id]}
     queued = rows(store, "SELECT external_id FROM triage.jobs WHERE status = 'queued' ORDER BY 1")
     assert [r.external_id for r in queued] == ["T-1", "T-5"]
@@ -245,8 +273,9 @@ def test_jsonl_malformed_lines_go_to_review_and_nothing_is_lost(store: JobStore,
 
     # The raw bytes of a malformed line are kept for the reviewer, hash-verified.
     payloads = PayloadStore(tmp_path / "payloads")
-    ref, digest = rows(store, "SELECT payload_ref, content_sha256 FROM triage.jobs"
-                              " WHERE external_id = '2026-11-01/a.jsonl:2'")[0]  # fmt: skip
+    ref, digest = rows(
+        store, "SELECT payload_ref, content_sha256 FROM triage.jobs WHERE external_id = '2026-11-01/a.jsonl:2'"
+    )[0]
     assert payloads.get(ref, digest) == b"{not json"
 
     again = run(store, JsonlSource(inbox), PayloadStore(tmp_path / "payloads"))
@@ -256,11 +285,16 @@ def test_jsonl_malformed_lines_go_to_review_and_nothing_is_lost(store: JobStore,
 
 def test_jsonl_same_instant_in_another_offset_is_the_same_document(store: JobStore, tmp_path: Path) -> None:
     inbox = tmp_path / "inbox"
-    write_inbox(inbox, {"a.jsonl": [
-        line(id="T-1", subject="s", body="b", received_at="2026-11-01T09:30:00+01:00"),
-        line(id="T-1", subject="s", body="b", received_at="2026-11-01T08:30:00Z"),
-        line(id="T-1", subject="s", body="edited", received_at="2026-11-01T08:30:00Z"),
-    ]})  # fmt: skip
+    write_inbox(
+        inbox,
+        {
+            "a.jsonl": [
+                line(id="T-1", subject="s", body="b", received_at="2026-11-01T09:30:00+01:00"),
+                line(id="T-1", subject="s", body="b", received_at="2026-11-01T08:30:00Z"),
+                line(id="T-1", subject="s", body="edited", received_at="2026-11-01T08:30:00Z"),
+            ]
+        },
+    )
     result = run(store, JsonlSource(inbox), PayloadStore(tmp_path / "payloads"))
     assert (result.read, result.registered, result.existing) == (3, 2, 1)  # an edit is new work
 
@@ -278,8 +312,9 @@ H1, H2 = "a" * 64, "b" * 64
         pytest.param(("s:a", "b", H1, "v"), ("s", "a:b", H1, "v"), ":", id="source-and-id"),
     ],
 )
-def test_idempotency_key_is_unambiguous(one: tuple[str, str, str, str], other: tuple[str, str, str, str],
-                                        naive_separator: str) -> None:  # fmt: skip
+def test_idempotency_key_is_unambiguous(
+    one: tuple[str, str, str, str], other: tuple[str, str, str, str], naive_separator: str
+) -> None:
     assert naive_separator.join(one) == naive_separator.join(other)  # a plain join would collide
     assert idempotency_key(*one) != idempotency_key(*other)
 

@@ -45,11 +45,13 @@ FENCED = {
     "complete": (T.complete, {}),
     "advance": (T.advance, {"next_step": "persist"}),
     "retry_later": (T.retry_later, {"error_class": "timeout", "error": None, "delay_seconds": 1.0}),
-    "send_to_review": (T.send_to_review, {"reason": "inconclusive", "error_class": None, "error": None,
-                                          "context": "{}"}),
+    "send_to_review": (
+        T.send_to_review,
+        {"reason": "inconclusive", "error_class": None, "error": None, "context": "{}"},
+    ),
     "fail": (T.fail, {"reason": "missing_payload", "error_class": "missing_payload", "error": None}),
     "release": (T.release, {}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(FENCED))
@@ -57,8 +59,7 @@ def test_fenced_writes_read_the_batch_once(store: JobStore, name: str) -> None:
     store.register(new_jobs(REGISTERED), batch_key="b", step="classify", max_attempts=3)  # never analyzed
     claim = store.claim(batch_key="b", step="classify", limit=N, lease_seconds=60, owner="w")
     build, extra = FENCED[name]
-    params = {"token": claim.token, **rowset("held", ({"id": j.id, "attempt": j.attempt, **extra}
-                                                         for j in claim.jobs))}  # fmt: skip
+    params = {"token": claim.token, **rowset("held", ({"id": j.id, "attempt": j.attempt, **extra} for j in claim.jobs))}
     with store.engine.connect() as conn, conn.begin() as txn:
         conn.execute(session.fenced_write_joins())
         nodes = _explain(conn, build(), params)
@@ -74,8 +75,9 @@ def test_record_leaves_the_planner_as_it_found_it(store: JobStore) -> None:
     store.register(new_jobs(3), batch_key="b", step="classify", max_attempts=3)
     claim = store.claim(batch_key="b", step="classify", limit=3, lease_seconds=60, owner="w")
     with store.transaction(None) as conn:
-        record_txn(conn, claim.token, [Release(j.id, j.attempt) for j in claim.jobs], store.retry_policy,
-                   random.Random(1))  # fmt: skip
+        record_txn(
+            conn, claim.token, [Release(j.id, j.attempt) for j in claim.jobs], store.retry_policy, random.Random(1)
+        )
         assert conn.execute(sa.text("SHOW enable_nestloop")).scalar() == "on"
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SHOW enable_nestloop")).scalar() == "on"

@@ -30,10 +30,18 @@ POISON = "doc-137"
 
 
 def run_worker(db_url: DatabaseUrl, kill_on: str) -> int:
-    env = {**os.environ, "TRIAGE_DATABASE_URL": db_url.libpq(),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)])}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "tests.integration.poison_worker", BATCH, kill_on],
-                          cwd=ROOT, env=env, timeout=120, check=False)  # fmt: skip
+    env = {
+        **os.environ,
+        "TRIAGE_DATABASE_URL": db_url.libpq(),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integration.poison_worker", BATCH, kill_on],
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     return done.returncode
 
 
@@ -52,15 +60,20 @@ def test_only_the_poison_document_ends_in_review(store: JobStore, db_url: Databa
         assert deaths <= bound, f"more than {bound} worker deaths for one poison document in {N}"
         # What reconcile_jobs does once the dead claim's lease has run out.
         with store.engine.begin() as conn:
-            conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s'"
-                                 " WHERE status = 'running'"))  # fmt: skip
+            conn.execute(
+                sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s' WHERE status = 'running'")
+            )
         store.release_expired_leases()
     assert deaths >= 2  # the first claim took the whole batch down with it
     assert rows(store, "SELECT status::text, count(*) FROM triage.jobs GROUP BY 1 ORDER BY 1") == [
-        ("completed", N - 1), ("manual_review", 1)]  # fmt: skip
-    assert rows(store, "SELECT j.external_id, j.status_reason, r.reason FROM triage.jobs j"
-                       " JOIN triage.manual_review r ON r.job_id = j.id AND r.resolved_at IS NULL") == [
-        (POISON, "poison", "poison")]  # fmt: skip
+        ("completed", N - 1),
+        ("manual_review", 1),
+    ]
+    assert rows(
+        store,
+        "SELECT j.external_id, j.status_reason, r.reason FROM triage.jobs j"
+        " JOIN triage.manual_review r ON r.job_id = j.id AND r.resolved_at IS NULL",
+    ) == [(POISON, "poison", "poison")]
     # No neighbour was charged for the poison's deaths: each shared death grew its budget by the
     # attempt it cost, so each completed with its whole budget but the completing attempt left.
     assert rows(store, "SELECT DISTINCT max_attempts - attempt FROM triage.jobs WHERE status = 'completed'") == [(2,)]
@@ -68,17 +81,20 @@ def test_only_the_poison_document_ends_in_review(store: JobStore, db_url: Databa
     # Every claim of the isolation was a halving: the poison's rescues are the deaths.
     assert rows(store, f"SELECT lease_rescues FROM triage.jobs WHERE external_id = '{POISON}'") == [(deaths,)]
     # The log says what happened, move by move.
-    assert rows(store, "SELECT e.reason, e.actor FROM triage.job_events e JOIN triage.jobs j ON j.id = e.job_id"
-                       f" WHERE j.external_id = '{POISON}' AND e.to_status = 'manual_review'") == [
-        ("poison", "reconciliation")]  # fmt: skip
+    assert rows(
+        store,
+        "SELECT e.reason, e.actor FROM triage.job_events e JOIN triage.jobs j ON j.id = e.job_id"
+        f" WHERE j.external_id = '{POISON}' AND e.to_status = 'manual_review'",
+    ) == [("poison", "reconciliation")]
 
 
 def test_clean_claims_never_mix_with_suspects(store: JobStore) -> None:
     store.register(new_jobs(10), batch_key=BATCH, step="classify", max_attempts=3)
     first = store.claim(batch_key=BATCH, step="classify", limit=6, lease_seconds=60, owner="w/1")
     with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s'"
-                             " WHERE status = 'running'"))  # fmt: skip
+        conn.execute(
+            sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s' WHERE status = 'running'")
+        )
     assert store.release_expired_leases().retrying == 6
     dead = {j.id for j in first.jobs}
     # Six suspects (cap 3) and four clean jobs: suspects first, three at a time, alone.

@@ -24,8 +24,9 @@ BATCH = "2026-11-05T00:00:00+00:00/2026-11-06T00:00:00+00:00"
 RUN = "manual__2026-11-06T00:00:00+00:00"
 
 
-def run(run_id: str = RUN, state: str = "failed", start: str = "2026-11-05T00:00:00Z",
-        end: str = "2026-11-06T00:00:00Z") -> dict[str, Any]:  # fmt: skip
+def run(
+    run_id: str = RUN, state: str = "failed", start: str = "2026-11-05T00:00:00Z", end: str = "2026-11-06T00:00:00Z"
+) -> dict[str, Any]:
     return {"dag_run_id": run_id, "state": state, "data_interval_start": start, "data_interval_end": end}
 
 
@@ -90,8 +91,14 @@ def test_a_failed_task_of_a_finished_run_sends_its_unfinished_batch_to_review(st
     assert result.skipped is None
     assert [(f.check, f.count, f.repair) for f in result.findings] == [("task_failed", 4, "send_batch_to_review")]
     assert [(r.action, r.count) for r in result.repairs] == [("batch_sent_to_review", 4)]
-    assert q(store, "SELECT count(*) FROM triage.manual_review WHERE reason = 'airflow_task_failed'"
-                    " AND context->>'repaired_by' = 'reconciliation'") == 4  # fmt: skip
+    assert (
+        q(
+            store,
+            "SELECT count(*) FROM triage.manual_review WHERE reason = 'airflow_task_failed'"
+            " AND context->>'repaired_by' = 'reconciliation'",
+        )
+        == 4
+    )
     assert all(r.headers.get("Authorization") == "Bearer tok-123" for r in fake.requests if r.url.path != "/auth/token")
     assert [r.method for r in fake.requests if r.url.path == "/auth/token"] == ["GET"]  # all-admins token, once
     again = airflow_view(store, ReconcileParams(), api(fake))
@@ -102,8 +109,9 @@ def test_a_failed_task_of_a_finished_run_sends_its_unfinished_batch_to_review(st
 def test_a_failed_map_index_is_named_and_its_siblings_live_lease_is_spared(store: JobStore) -> None:
     """``classify`` is mapped: the repair takes what the failed map index held, not a sibling's lease."""
     unfinished(store)
-    sibling = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=300,
-                          owner=f"classify_documents/{RUN}/classify/0/try1")  # fmt: skip
+    sibling = store.claim(
+        batch_key=BATCH, step="classify", limit=1, lease_seconds=300, owner=f"classify_documents/{RUN}/classify/0/try1"
+    )
     failed = {**ti(), "map_index": 1}
     result = airflow_view(store, ReconcileParams(), api(FakeAirflow([run()], [failed])))
     assert [(f.check, f.count, f.data["map_index"]) for f in result.findings] == [("task_failed", 4, 1)]

@@ -25,22 +25,30 @@ def batch(store: JobStore, key: str, n: int = 4) -> None:
     done = store.claim(batch_key=key, step="classify", limit=1, lease_seconds=60, owner=f"{key}/w")
     store.record(done, [Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "keyword-v1")) for j in done.jobs])
     store.claim(batch_key=key, step="classify", limit=1, lease_seconds=60, owner=f"{key}/w")
-    sql(store, "UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s' WHERE status = 'running'"
-               " AND batch_key = :b", b=key)  # fmt: skip
+    sql(
+        store,
+        "UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s' WHERE status = 'running' AND batch_key = :b",
+        b=key,
+    )
     store.release_expired_leases(batch_key=key)
 
 
 def age(store: JobStore, key: str) -> None:
     """The batch's last write, and its retryable job's due time, 13 hours ago."""
-    sql(store, f"UPDATE triage.jobs SET updated_at = now() - {HOURS_13},"
-               f" next_attempt_at = CASE WHEN status = 'retryable_failed' THEN now() - {HOURS_13} END"
-               " WHERE batch_key = :b", b=key)  # fmt: skip
+    sql(
+        store,
+        f"UPDATE triage.jobs SET updated_at = now() - {HOURS_13},"
+        f" next_attempt_at = CASE WHEN status = 'retryable_failed' THEN now() - {HOURS_13} END"
+        " WHERE batch_key = :b",
+        b=key,
+    )
 
 
 def states(store: JobStore, key: str) -> dict[str, int]:
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT status::text, count(*) FROM triage.jobs WHERE batch_key = :b"
-                                    " GROUP BY 1"), {"b": key}).all()  # fmt: skip
+        rows = conn.execute(
+            sa.text("SELECT status::text, count(*) FROM triage.jobs WHERE batch_key = :b GROUP BY 1"), {"b": key}
+        ).all()
     return {s: n for s, n in rows}
 
 
@@ -49,12 +57,19 @@ def test_a_dead_runs_jobs_go_to_review_as_orphaned_and_live_batches_are_left_alo
         batch(store, key)
         age(store, key)
     # A live run: one of its jobs moved a minute ago (a claim, a heartbeat, a completion).
-    sql(store, "UPDATE triage.jobs SET updated_at = now() - interval '1 minute' WHERE batch_key = :b"
-               " AND status = 'completed'", b=LIVE)  # fmt: skip
+    sql(
+        store,
+        "UPDATE triage.jobs SET updated_at = now() - interval '1 minute' WHERE batch_key = :b AND status = 'completed'",
+        b=LIVE,
+    )
     # A batch parked on a dependency (waiting): its run comes back for it.
     store.claim(batch_key=PARKED, step="classify", limit=1, lease_seconds=60, owner=f"{PARKED}/w")
-    sql(store, "UPDATE triage.jobs SET status = 'waiting', lease_owner = NULL, lease_token = NULL,"
-               " lease_expires_at = NULL WHERE batch_key = :b AND status = 'running'", b=PARKED)  # fmt: skip
+    sql(
+        store,
+        "UPDATE triage.jobs SET status = 'waiting', lease_owner = NULL, lease_token = NULL,"
+        " lease_expires_at = NULL WHERE batch_key = :b AND status = 'running'",
+        b=PARKED,
+    )
     age(store, PARKED)
     before = {key: states(store, key) for key in (LIVE, PARKED)}
 
@@ -73,13 +88,26 @@ def test_a_dead_runs_jobs_go_to_review_as_orphaned_and_live_batches_are_left_alo
     assert {key: states(store, key) for key in (LIVE, PARKED)} == before
     # Each move went through the state machine, logged with its reason and actor, and has its
     # open review row with the reason a reviewer (and replay by reason) filters on.
-    assert q(store, "SELECT count(*) FROM triage.job_events e JOIN triage.jobs j ON j.id = e.job_id"
-                    " WHERE j.batch_key = :b AND e.to_status = 'manual_review' AND e.reason = 'orphaned'"
-                    " AND e.actor = 'reconciliation' AND e.from_status IN ('queued', 'retryable_failed')",
-             b=DEAD) == 3  # fmt: skip
-    assert q(store, "SELECT count(*) FROM triage.manual_review r JOIN triage.jobs j ON j.id = r.job_id"
-                    " WHERE j.batch_key = :b AND r.resolved_at IS NULL AND r.reason = 'orphaned'"
-                    " AND r.context ->> 'repaired_by' = 'reconciliation'", b=DEAD) == 3  # fmt: skip
+    assert (
+        q(
+            store,
+            "SELECT count(*) FROM triage.job_events e JOIN triage.jobs j ON j.id = e.job_id"
+            " WHERE j.batch_key = :b AND e.to_status = 'manual_review' AND e.reason = 'orphaned'"
+            " AND e.actor = 'reconciliation' AND e.from_status IN ('queued', 'retryable_failed')",
+            b=DEAD,
+        )
+        == 3
+    )
+    assert (
+        q(
+            store,
+            "SELECT count(*) FROM triage.manual_review r JOIN triage.jobs j ON j.id = r.job_id"
+            " WHERE j.batch_key = :b AND r.resolved_at IS NULL AND r.reason = 'orphaned'"
+            " AND r.context ->> 'repaired_by' = 'reconciliation'",
+            b=DEAD,
+        )
+        == 3
+    )
 
     again = reconcile(store, ReconcileParams())
     assert not [r for r in again.summary["repairs"] if r["action"] == "orphans_sent_to_review"]
@@ -96,7 +124,10 @@ def test_a_batch_within_the_threshold_or_holding_a_lease_is_not_orphaned(store: 
     assert rules.orphaned_work(store, ReconcileParams()).repairs == ()
     assert states(store, DEAD)["running"] == 1
     # Within the threshold (14 hours here) nothing is orphaned either.
-    sql(store, "UPDATE triage.jobs SET status = 'queued', lease_owner = NULL, lease_token = NULL,"
-               " lease_expires_at = NULL, updated_at = now() - interval '13 hours' WHERE status = 'running'")  # fmt: skip
+    sql(
+        store,
+        "UPDATE triage.jobs SET status = 'queued', lease_owner = NULL, lease_token = NULL,"
+        " lease_expires_at = NULL, updated_at = now() - interval '13 hours' WHERE status = 'running'",
+    )
     assert rules.orphaned_work(store, ReconcileParams(orphan_seconds=14 * 3600)).findings == ()
     assert rules.orphaned_work(store, ReconcileParams(orphan_seconds=12 * 3600)).repairs != ()

@@ -24,16 +24,21 @@ def test_a_dead_workers_job_is_rescued_once_and_then_completes(store: JobStore) 
     dead = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="worker-that-died")
     job = dead.jobs[0]
     with store.engine.begin() as conn:  # the worker was SIGKILLed: nobody heartbeats, the lease runs out
-        conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s' WHERE id = :j"),
-                     {"j": job.id})  # fmt: skip
+        conn.execute(
+            sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s' WHERE id = :j"), {"j": job.id}
+        )
 
     first = reconcile(store, ReconcileParams())
     second = reconcile(store, ReconcileParams())
 
     assert [r["action"] for r in first.summary["repairs"]] == ["lease_released"]
     assert second.summary["repairs"] == []
-    rescues = q(store, "SELECT count(*) FROM triage.job_events WHERE job_id = :j AND from_status = 'running'"
-                       " AND to_status = 'retryable_failed' AND actor = 'reconciliation'", j=job.id)  # fmt: skip
+    rescues = q(
+        store,
+        "SELECT count(*) FROM triage.job_events WHERE job_id = :j AND from_status = 'running'"
+        " AND to_status = 'retryable_failed' AND actor = 'reconciliation'",
+        j=job.id,
+    )
     assert rescues == 1
     assert q(store, "SELECT lease_rescues FROM triage.jobs WHERE id = :j", j=job.id) == 1
 
@@ -44,8 +49,9 @@ def test_a_dead_workers_job_is_rescued_once_and_then_completes(store: JobStore) 
 
     assert q(store, "SELECT status FROM triage.jobs WHERE id = :j", j=job.id) == "completed"
     assert q(store, "SELECT job_id FROM triage.document_labels") == job.id
-    assert q(store, "SELECT count(*) FROM triage.outbox WHERE job_id = :j AND event_type = 'job.completed'",
-             j=job.id) == 1  # fmt: skip
+    assert (
+        q(store, "SELECT count(*) FROM triage.outbox WHERE job_id = :j AND event_type = 'job.completed'", j=job.id) == 1
+    )
     third = reconcile(store, ReconcileParams(grace_seconds=0))
     assert third.summary["repairs"] == []
     assert third.summary["conflicts"] == []

@@ -25,34 +25,65 @@ from triage.reconciliation.render import TEMPLATE_ENV
 from triage.reconciliation.runner import RunOutcome, reconcile
 
 BATCH = "2026-11-07T00:00:00+00:00/2026-11-08T00:00:00+00:00"
-SECTIONS = ["Jobs by state and step", "Queue age", "Time in each state", "Attempts", "Retry reasons",
-            "Manual review queue", "Repairs made", "Conflicts", "Schema-version mismatches",
-            "Model outputs rejected by validation", "Outbox"]  # fmt: skip
+SECTIONS = [
+    "Jobs by state and step",
+    "Queue age",
+    "Time in each state",
+    "Attempts",
+    "Retry reasons",
+    "Manual review queue",
+    "Repairs made",
+    "Conflicts",
+    "Schema-version mismatches",
+    "Model outputs rejected by validation",
+    "Outbox",
+]
 
 
 def record(kind: str, label: str | None = None, reason: str | None = None) -> ClassificationRecord:
-    return ClassificationRecord(label, 0.9 if kind == "accepted" else None, kind, "keyword-v1",  # type: ignore[arg-type]
-                                rejected_reason=reason)  # fmt: skip
+    return ClassificationRecord(
+        label,
+        0.9 if kind == "accepted" else None,
+        kind,
+        "keyword-v1",  # type: ignore[arg-type]
+        rejected_reason=reason,
+    )
 
 
 def craft(store: JobStore) -> None:
     """Ten documents and every outcome; a malformed arrival; a lost review row; an expired lease."""
     docs = new_jobs(10, prefix="rep")
-    arrival = NewJob(idempotency_key="s:bad:h:v", source="s", external_id="bad", content_sha256="h",
-                     payload_ref="ref", classifier_version="v", status=JobStatus.MANUAL_REVIEW,
-                     reason="malformed_input", error="unsupported_schema_version",
-                     review_context={"malformed_reason": "unsupported_schema_version"})  # fmt: skip
+    arrival = NewJob(
+        idempotency_key="s:bad:h:v",
+        source="s",
+        external_id="bad",
+        content_sha256="h",
+        payload_ref="ref",
+        classifier_version="v",
+        status=JobStatus.MANUAL_REVIEW,
+        reason="malformed_input",
+        error="unsupported_schema_version",
+        review_context={"malformed_reason": "unsupported_schema_version"},
+    )
     store.register([*docs, arrival], batch_key=BATCH, step="classify", max_attempts=3)
     got = store.claim(batch_key=BATCH, step="classify", limit=9, lease_seconds=60, owner="w1")
     j = got.jobs
-    store.record(got, [
-        *(Complete(x.id, 1, LabelWrite("billing", 0.9, "keyword-v1"), record("accepted", "billing")) for x in j[:4]),
-        RetryLater(j[4].id, 1, "timeout", delay_seconds=3600),
-        RetryLater(j[5].id, 1, "rate_limited", delay_seconds=3600),
-        RetryLater(j[6].id, 1, "rate_limited", delay_seconds=3600),
-        SendToReview(j[7].id, 1, "rejected_output", "invalid_json", classification=record("rejected", None, "invalid_json")),
-        Fail(j[8].id, 1, "unsupported_schema_version", "unsupported_schema_version", "v9"),
-    ])  # fmt: skip
+    store.record(
+        got,
+        [
+            *(
+                Complete(x.id, 1, LabelWrite("billing", 0.9, "keyword-v1"), record("accepted", "billing"))
+                for x in j[:4]
+            ),
+            RetryLater(j[4].id, 1, "timeout", delay_seconds=3600),
+            RetryLater(j[5].id, 1, "rate_limited", delay_seconds=3600),
+            RetryLater(j[6].id, 1, "rate_limited", delay_seconds=3600),
+            SendToReview(
+                j[7].id, 1, "rejected_output", "invalid_json", classification=record("rejected", None, "invalid_json")
+            ),
+            Fail(j[8].id, 1, "unsupported_schema_version", "unsupported_schema_version", "v9"),
+        ],
+    )
     store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="w2")  # the tenth
     with store.engine.begin() as conn:
         conn.execute(
@@ -74,11 +105,16 @@ def test_the_json_summary_counts_everything(outcome: RunOutcome, store: JobStore
     assert summary["by_state"]["retryable_failed"] == 4  # three retries and the rescued lease
     assert summary["by_state"]["terminal_failed"] == 1
     assert summary["by_state"]["manual_review"] == 3
-    assert {(r["reason"], r["count"]) for r in summary["retry_reasons"]} >= {("rate_limited", 2), ("timeout", 1),
-                                                                              ("lease_expired", 1)}  # fmt: skip
+    assert {(r["reason"], r["count"]) for r in summary["retry_reasons"]} >= {
+        ("rate_limited", 2),
+        ("timeout", 1),
+        ("lease_expired", 1),
+    }
     assert summary["rejected_outputs"] == [{"reason": "invalid_json", "count": 1}]
     assert {(r["found_by"], r["status"], r["count"]) for r in summary["schema_mismatches"]} == {
-        ("classify", "terminal_failed", 1), ("retrieval", "manual_review", 1)}  # fmt: skip
+        ("classify", "terminal_failed", 1),
+        ("retrieval", "manual_review", 1),
+    }
     queue = summary["review_queue"]
     assert queue["total"] == 3
     ages = [r["age_seconds"] for r in queue["rows"]]
@@ -126,8 +162,14 @@ def test_the_html_page_has_its_charts_and_numbers_and_nothing_external(outcome: 
     page = outcome.html_path.read_text()
     assert (outcome.html_path.parent / "reconciliation-latest.html").read_text() == page
     assert page.count("<svg") == 6
-    for title in ("Jobs by state", "Oldest job per state", "Time in state", "Attempts per job", "Retry reasons",
-                  "Rejected model outputs"):  # fmt: skip
+    for title in (
+        "Jobs by state",
+        "Oldest job per state",
+        "Time in state",
+        "Attempts per job",
+        "Retry reasons",
+        "Rejected model outputs",
+    ):
         assert f"<title>{title}</title>" in page
     assert '<div class="tile" id="total-jobs"><b>12</b>' in page
     assert ">rate_limited<" in page
@@ -137,9 +179,9 @@ def test_the_html_page_has_its_charts_and_numbers_and_nothing_external(outcome: 
     assert "http://www.w3.org/2000/svg" in page  # the SVG namespace is the only URL
 
 
-def test_a_page_that_cannot_be_rendered_does_not_fail_the_run(store: JobStore, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_a_page_that_cannot_be_rendered_does_not_fail_the_run(
+    store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     craft(store)
     monkeypatch.setenv(TEMPLATE_ENV, str(tmp_path / "no-templates-here"))
     outcome = reconcile(store, ReconcileParams(grace_seconds=0), reports_dir=tmp_path / "reports")
@@ -170,8 +212,16 @@ def chromium() -> str:
 
 
 def headless(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}"]  # fmt: skip
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+    ]
     return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -21,8 +21,15 @@ from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
-NOW = ReconcileParams(grace_seconds=0, received_seconds=0, queued_seconds=0, retryable_seconds=0,
-                      waiting_seconds=0, running_seconds=0, outbox_age_seconds=0)  # fmt: skip
+NOW = ReconcileParams(
+    grace_seconds=0,
+    received_seconds=0,
+    queued_seconds=0,
+    retryable_seconds=0,
+    waiting_seconds=0,
+    running_seconds=0,
+    outbox_age_seconds=0,
+)
 """Every threshold at zero: anything crafted counts as stuck at once."""
 
 
@@ -73,13 +80,16 @@ def in_state(store: JobStore, state: JobStatus) -> uuid.UUID:
 def ledger_snapshot(store: JobStore) -> dict[str, Any]:
     """Everything a repair could change (the runs table aside)."""
     return {
-        "jobs": q(store, "SELECT md5(string_agg(id::text || status || coalesce(status_reason, '') || attempt"
-                         " || coalesce(lease_owner, ''), ',' ORDER BY id)) FROM triage.jobs"),
+        "jobs": q(
+            store,
+            "SELECT md5(string_agg(id::text || status || coalesce(status_reason, '') || attempt"
+            " || coalesce(lease_owner, ''), ',' ORDER BY id)) FROM triage.jobs",
+        ),
         "events": q(store, "SELECT count(*) FROM triage.job_events"),
         "outbox": q(store, "SELECT count(*) || '/' || count(published_at) FROM triage.outbox"),
         "reviews": q(store, "SELECT count(*) || '/' || count(resolved_at) FROM triage.manual_review"),
         "labels": q(store, "SELECT count(*) FROM triage.document_labels"),
-    }  # fmt: skip
+    }
 
 
 # -- expired leases -----------------------------------------------------------------------------
@@ -96,8 +106,10 @@ def test_expired_leases_go_back_to_retryable_failed(store: JobStore) -> None:
     result = rules.expired_leases(store, ReconcileParams())
     assert repaired(result) == {"lease_released": 3}
     assert q(store, "SELECT count(*) FROM triage.jobs WHERE status = 'retryable_failed' AND lease_rescues = 1") == 3
-    assert q(store, "SELECT count(*) FROM triage.job_events WHERE actor = 'reconciliation'"
-                    " AND reason = 'lease_expired'") == 3  # fmt: skip
+    assert (
+        q(store, "SELECT count(*) FROM triage.job_events WHERE actor = 'reconciliation' AND reason = 'lease_expired'")
+        == 3
+    )
 
 
 def test_a_live_lease_and_a_completed_job_are_never_touched(store: JobStore) -> None:
@@ -146,8 +158,9 @@ def test_a_received_job_is_queued_with_its_registered_event(store: JobStore) -> 
     assert checks(result) == {"stuck_received": 1}
     assert repaired(result) == {"queued_received": 1}
     assert status(store, job) == "queued"
-    assert q(store, "SELECT count(*) FROM triage.outbox WHERE job_id = :j AND event_type = 'job.registered'",
-             j=job) == 1  # fmt: skip
+    assert (
+        q(store, "SELECT count(*) FROM triage.outbox WHERE job_id = :j AND event_type = 'job.registered'", j=job) == 1
+    )
     assert rules.stuck_work(store, NOW).repairs == ()
 
 
@@ -188,8 +201,10 @@ def test_a_retryable_job_with_every_attempt_spent_goes_to_review(store: JobStore
     result = rules.stuck_work(store, ReconcileParams(grace_seconds=0))
     assert repaired(result) == {"exhausted_unclaimable": 1}
     assert status(store, job) == "manual_review"
-    assert q(store, "SELECT reason FROM triage.manual_review WHERE job_id = :j AND resolved_at IS NULL",
-             j=job) == "retries_exhausted"  # fmt: skip
+    assert (
+        q(store, "SELECT reason FROM triage.manual_review WHERE job_id = :j AND resolved_at IS NULL", j=job)
+        == "retries_exhausted"
+    )
 
 
 def test_the_state_repairs_are_transitions_that_log_why(store: JobStore) -> None:
@@ -261,8 +276,11 @@ def test_a_job_in_review_without_its_review_row_gets_one(store: JobStore) -> Non
         job = insert_job(conn, JobStatus.MANUAL_REVIEW, batch_key=BATCH)  # ad hoc: no review row
     result = rules.consistency(store, ReconcileParams(grace_seconds=0))
     assert repaired(result) == {"insert_missing_review": 1}
-    row = one(store, "SELECT reason, attempts, context FROM triage.manual_review WHERE job_id = :j"
-                     " AND resolved_at IS NULL", j=job)  # fmt: skip
+    row = one(
+        store,
+        "SELECT reason, attempts, context FROM triage.manual_review WHERE job_id = :j AND resolved_at IS NULL",
+        j=job,
+    )
     assert row.reason == "reconciliation_missing_review"
     assert row.context["repaired_by"] == "reconciliation"
     assert rules.consistency(store, ReconcileParams(grace_seconds=0)).repairs == ()
@@ -311,8 +329,12 @@ def test_a_completed_job_without_its_event_gets_one_and_its_missing_label_is_a_c
 
 def test_a_label_whose_job_is_not_completed_is_a_conflict(store: JobStore) -> None:
     job = in_state(store, JobStatus.QUEUED)
-    sql(store, "INSERT INTO triage.document_labels (source, external_id, label, classifier_version, content_sha256,"
-               " job_id, job_created_at) VALUES ('s', 'x', 'billing', 'v', 'h', :j, now())", j=job)  # fmt: skip
+    sql(
+        store,
+        "INSERT INTO triage.document_labels (source, external_id, label, classifier_version, content_sha256,"
+        " job_id, job_created_at) VALUES ('s', 'x', 'billing', 'v', 'h', :j, now())",
+        j=job,
+    )
     result = rules.consistency(store, ReconcileParams(grace_seconds=0))
     assert [(c.check, c.job_ids) for c in result.conflicts] == [("label_without_completed_job", (str(job),))]
 
@@ -367,8 +389,13 @@ def test_a_second_run_repairs_nothing(store: JobStore) -> None:
     sent: list[WorkEvent] = []
     first = reconcile(store, NOW, publish=sent.extend)
     actions = {r["action"] for r in first.summary["repairs"]}
-    assert {"lease_released", "queued_received", "republished", "insert_missing_review",
-            "append_completed_event"} <= actions  # fmt: skip
+    assert {
+        "lease_released",
+        "queued_received",
+        "republished",
+        "insert_missing_review",
+        "append_completed_event",
+    } <= actions
     before = ledger_snapshot(store)
     second = reconcile(store, NOW.model_copy(update={"outbox_age_seconds": 3600}), publish=sent.extend)
     assert second.summary["repairs"] == []

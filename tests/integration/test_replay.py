@@ -46,8 +46,9 @@ def make_due(store: JobStore) -> None:
 
 def expire(store: JobStore) -> None:
     with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second'"
-                             " WHERE status = 'running'"))  # fmt: skip
+        conn.execute(
+            sa.text("UPDATE triage.jobs SET lease_expires_at = now() - interval '1 second' WHERE status = 'running'")
+        )
 
 
 def claim_one(store: JobStore, owner: str = "worker") -> Any:
@@ -70,15 +71,18 @@ def test_a_requeued_job_gets_a_fresh_budget_and_a_short_backoff(engine: sa.Engin
     assert (got.jobs[0].attempt, got.jobs[0].max_attempts, got.jobs[0].attempt_in_budget) == (3, 4, 1)
     store.record(got, [RetryLater(job_id, 3, "rate_limited", "HTTP 429")])
     # the first retry of the new budget: not the last attempt, and the first step's backoff (<= 10 s)
-    [(status, wait)] = rows(store, "SELECT status::text, extract(epoch FROM next_attempt_at - updated_at)"
-                                   " FROM triage.jobs")  # fmt: skip
+    [(status, wait)] = rows(
+        store, "SELECT status::text, extract(epoch FROM next_attempt_at - updated_at) FROM triage.jobs"
+    )
     assert status == "retryable_failed"
     assert 5 <= float(wait) <= 10
     make_due(store)
     got = claim_one(store)
     store.record(got, [RetryLater(job_id, 4, "rate_limited", "HTTP 429")])
     assert rows(store, "SELECT reason, attempts, resolved_at IS NULL FROM triage.manual_review ORDER BY id") == [
-        ("retries_exhausted", 2, False), ("retries_exhausted", 4, True)]  # fmt: skip
+        ("retries_exhausted", 2, False),
+        ("retries_exhausted", 4, True),
+    ]
 
 
 def test_a_requeued_job_starts_without_lease_rescues_or_last_error(store: JobStore) -> None:
@@ -89,10 +93,14 @@ def test_a_requeued_job_starts_without_lease_rescues_or_last_error(store: JobSto
         store.release_expired_leases(max_rescues=1)
         make_due(store)
     assert rows(store, "SELECT status::text, status_reason, lease_rescues FROM triage.jobs") == [
-        ("manual_review", "poison", 2)]  # fmt: skip
+        ("manual_review", "poison", 2)
+    ]
     store.resolve_with_requeue(job_id, actor="alice")
-    assert rows(store, "SELECT status::text, lease_rescues, last_error_class, last_error, attempt, attempt_base,"
-                       " max_attempts FROM triage.jobs") == [("queued", 0, None, None, 2, 2, 7)]  # fmt: skip
+    assert rows(
+        store,
+        "SELECT status::text, lease_rescues, last_error_class, last_error, attempt, attempt_base,"
+        " max_attempts FROM triage.jobs",
+    ) == [("queued", 0, None, None, 2, 2, 7)]
     claim_one(store)
     expire(store)
     # Its rescues start again from 0, but it stays a suspect (claimed alone): a requeued poison
@@ -100,15 +108,21 @@ def test_a_requeued_job_starts_without_lease_rescues_or_last_error(store: JobSto
     assert store.release_expired_leases(max_rescues=1).to_review == 1
     # the history stays where it was: the review row and the log
     assert rows(store, "SELECT resolution, last_error IS NOT NULL FROM triage.manual_review ORDER BY id") == [
-        ("requeued", True), (None, True)]  # fmt: skip
+        ("requeued", True),
+        (None, True),
+    ]
 
 
 TAXONOMY = Taxonomy.load()
 
 
 def register_document(store: JobStore, payloads: PayloadStore, version: str) -> uuid.UUID:
-    payload = DocumentPayload(external_id="T-1", subject="Parcel", body="Where is my parcel?",
-                              received_at=datetime(2026, 11, 1, 9, tzinfo=UTC)).to_bytes()  # fmt: skip
+    payload = DocumentPayload(
+        external_id="T-1",
+        subject="Parcel",
+        body="Where is my parcel?",
+        received_at=datetime(2026, 11, 1, 9, tzinfo=UTC),
+    ).to_bytes()
     new = to_new_jobs([SourceDocument("test", "T-1", payload)], payloads, version)
     [job_id] = store.register(new, batch_key=BATCH, step="classify", max_attempts=3).new_ids
     return job_id
@@ -146,13 +160,21 @@ def test_requeued_twice_then_accepted_the_job_completes_with_label_action_and_hi
     assert rows(store, "SELECT label, job_id FROM triage.document_labels") == [("shipping", job_id)]
     [(key,)] = rows(store, "SELECT idempotency_key FROM triage.jobs")
     assert provider.effects[key]["label"] == "shipping"
-    assert rows(store, "SELECT attempt, outcome, label, rejected_reason FROM triage.classifications ORDER BY attempt") == [
-        (1, "inconclusive", "shipping", None), (2, "rejected", None, "label_outside_taxonomy"),
-        (3, "accepted", "shipping", None)]  # fmt: skip
+    assert rows(
+        store, "SELECT attempt, outcome, label, rejected_reason FROM triage.classifications ORDER BY attempt"
+    ) == [
+        (1, "inconclusive", "shipping", None),
+        (2, "rejected", None, "label_outside_taxonomy"),
+        (3, "accepted", "shipping", None),
+    ]
     assert rows(store, "SELECT resolution, resolved_by, attempts FROM triage.manual_review ORDER BY id") == [
-        ("requeued", "alice", 1), ("requeued", "bob", 2)]  # fmt: skip
-    history = rows(store, "SELECT from_status::text, to_status::text, step, attempt, actor, reason"
-                          " FROM triage.job_events ORDER BY id")  # fmt: skip
+        ("requeued", "alice", 1),
+        ("requeued", "bob", 2),
+    ]
+    history = rows(
+        store,
+        "SELECT from_status::text, to_status::text, step, attempt, actor, reason FROM triage.job_events ORDER BY id",
+    )
     w, p = "classify-worker", "persist-worker"
     assert history == [
         (None, "queued", "classify", 0, "triage", "registered"),
@@ -169,8 +191,7 @@ def test_requeued_twice_then_accepted_the_job_completes_with_label_action_and_hi
     ]
     assert [a for (_f, _t, _s, a, _a, _r) in history] == sorted(a for (_f, _t, _s, a, _a, _r) in history)
     events = rows(store, "SELECT event_type, attempt FROM triage.outbox ORDER BY created_at, event_type")
-    assert sorted(events) == [("job.completed", 4), ("job.registered", 0), ("job.requeued", 1),
-                              ("job.requeued", 2)]  # fmt: skip
+    assert sorted(events) == [("job.completed", 4), ("job.registered", 0), ("job.requeued", 1), ("job.requeued", 2)]
 
 
 @pytest.mark.parametrize("replays", [pytest.param(1, id="one-requeue"), pytest.param(3, id="three-requeues")])

@@ -22,8 +22,17 @@ DAY1 = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 DAY2 = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
 
 
-def failed(store: JobStore, n: int, *, batch: str = DAY1, source: str = "synthetic", reason: str = "retries_exhausted",
-           error_class: str | None = "ModelTimeout", terminal: bool = False, prefix: str | None = None) -> list[uuid.UUID]:  # fmt: skip
+def failed(
+    store: JobStore,
+    n: int,
+    *,
+    batch: str = DAY1,
+    source: str = "synthetic",
+    reason: str = "retries_exhausted",
+    error_class: str | None = "ModelTimeout",
+    terminal: bool = False,
+    prefix: str | None = None,
+) -> list[uuid.UUID]:
     """``n`` jobs brought to ``manual_review`` (or ``terminal_failed``) by a worker's outcome."""
     prefix = prefix or f"{source}-{reason}-{error_class}-{terminal}-{batch[:10]}"
     store.register(new_jobs(n, prefix=prefix, source=source), batch_key=batch, step="classify", max_attempts=3)
@@ -41,13 +50,16 @@ def rows(store: JobStore, sql: str, **params: object) -> list[tuple[Any, ...]]:
 
 def snapshot(store: JobStore) -> dict[str, list[tuple[Any, ...]]]:
     return {
-        "jobs": rows(store, "SELECT id, status, status_reason, attempt, attempt_base, max_attempts, replays, updated_at"
-                            " FROM triage.jobs ORDER BY id"),
+        "jobs": rows(
+            store,
+            "SELECT id, status, status_reason, attempt, attempt_base, max_attempts, replays, updated_at"
+            " FROM triage.jobs ORDER BY id",
+        ),
         "events": rows(store, "SELECT id FROM triage.job_events ORDER BY id"),
         "reviews": rows(store, "SELECT id, resolution, resolved_by, note FROM triage.manual_review ORDER BY id"),
         "outbox": rows(store, "SELECT event_id FROM triage.outbox ORDER BY event_id"),
         "requests": rows(store, "SELECT replay_key FROM triage.replay_requests"),
-    }  # fmt: skip
+    }
 
 
 def flt(**data: Any) -> ReplayFilter:
@@ -74,15 +86,17 @@ def ledger(store: JobStore) -> dict[str, list[uuid.UUID]]:
 
 
 def test_each_field_selects_exactly_its_jobs(store: JobStore, ledger: dict[str, list[uuid.UUID]]) -> None:
-    everything_in_review = set(ledger["base"] + ledger["other_reason"] + ledger["other_class"]
-                               + ledger["other_source"] + ledger["other_batch"])  # fmt: skip
+    everything_in_review = set(
+        ledger["base"] + ledger["other_reason"] + ledger["other_class"] + ledger["other_source"] + ledger["other_batch"]
+    )
     assert selected(store, reason="retries_exhausted") == everything_in_review - set(ledger["other_reason"])
     assert selected(store, reason="inconclusive") == set(ledger["other_reason"])
     assert selected(store, error_class="RateLimited") == set(ledger["other_class"])
     assert selected(store, source="jsonl") == set(ledger["other_source"])
     assert selected(store, batch_key=DAY2) == set(ledger["other_batch"])
-    assert selected(store, batch_key=DAY1, source="synthetic", reason="retries_exhausted",
-                    error_class="ModelTimeout") == set(ledger["base"])  # fmt: skip
+    assert selected(
+        store, batch_key=DAY1, source="synthetic", reason="retries_exhausted", error_class="ModelTimeout"
+    ) == set(ledger["base"])
     # states: manual_review by default; terminal_failed only when asked for
     assert selected(store, reason="retries_exhausted", states=["terminal_failed"]) == set(ledger["terminal"])
     both = selected(store, reason="retries_exhausted", states=["manual_review", "terminal_failed"])
@@ -100,32 +114,53 @@ def test_a_preview_changes_nothing_and_lists_the_jobs(store: JobStore, ledger: d
     assert snapshot(store) == before
     assert (preview.matching, preview.would_replay, preview.request) == (4, 2, None)
     first = preview.jobs[0]
-    assert (first.status, first.reason, first.error_class) == (JobStatus.MANUAL_REVIEW, "retries_exhausted",
-                                                               "ModelTimeout")  # fmt: skip
+    assert (first.status, first.reason, first.error_class) == (
+        JobStatus.MANUAL_REVIEW,
+        "retries_exhausted",
+        "ModelTimeout",
+    )
 
 
-def test_apply_requeues_through_the_state_machine_with_actor_and_note(store: JobStore,
-                                                                      ledger: dict[str, list[uuid.UUID]]) -> None:  # fmt: skip
-    selection = flt(reason="retries_exhausted", batch_key=DAY1, source="synthetic", error_class="ModelTimeout",
-                    states=["manual_review", "terminal_failed"], dry_run=False, note="model API was down 02:00-03:00")  # fmt: skip
+def test_apply_requeues_through_the_state_machine_with_actor_and_note(
+    store: JobStore, ledger: dict[str, list[uuid.UUID]]
+) -> None:
+    selection = flt(
+        reason="retries_exhausted",
+        batch_key=DAY1,
+        source="synthetic",
+        error_class="ModelTimeout",
+        states=["manual_review", "terminal_failed"],
+        dry_run=False,
+        note="model API was down 02:00-03:00",
+    )
     done = store.replay(selection, actor="alice")
     wanted = set(ledger["base"] + ledger["terminal"])
     assert (done.outcome, done.replayed_now, set(done.job_ids)) == ("applied", 4, wanted)
     assert done.request.requested_by == "alice"
     assert done.request.applied_at is not None
     reason = f"replayed:{selection.replay_key()}"
-    events = rows(store, "SELECT job_id, from_status::text, to_status::text, actor, reason FROM triage.job_events"
-                         " WHERE reason LIKE 'replayed:%'")  # fmt: skip
+    events = rows(
+        store,
+        "SELECT job_id, from_status::text, to_status::text, actor, reason FROM triage.job_events"
+        " WHERE reason LIKE 'replayed:%'",
+    )
     assert sorted(events) == sorted(
         [(j, "manual_review", "queued", "alice", reason) for j in ledger["base"]]
         + [(j, "terminal_failed", "queued", "alice", reason) for j in ledger["terminal"]]
     )
     # a fresh budget, a replay counted, the last error cleared; the review rows resolved with the note
-    jobs = rows(store, "SELECT status::text, attempt_base = attempt, max_attempts - attempt, replays, last_error_class"
-                       " FROM triage.jobs WHERE id = ANY(:ids)", ids=list(wanted))  # fmt: skip
+    jobs = rows(
+        store,
+        "SELECT status::text, attempt_base = attempt, max_attempts - attempt, replays, last_error_class"
+        " FROM triage.jobs WHERE id = ANY(:ids)",
+        ids=list(wanted),
+    )
     assert set(jobs) == {("queued", True, 3, 1, None)}
-    reviews = rows(store, "SELECT job_id, resolution, resolved_by, note FROM triage.manual_review"
-                          " WHERE job_id = ANY(:ids)", ids=ledger["base"])  # fmt: skip
+    reviews = rows(
+        store,
+        "SELECT job_id, resolution, resolved_by, note FROM triage.manual_review WHERE job_id = ANY(:ids)",
+        ids=ledger["base"],
+    )
     assert sorted(reviews) == sorted((j, "requeued", "alice", "model API was down 02:00-03:00") for j in ledger["base"])
     assert rows(store, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.requeued'") == [(4,)]
     note = rows(store, "SELECT requested_by, note, replayed FROM triage.replay_requests")
@@ -140,8 +175,9 @@ def test_a_second_identical_apply_changes_nothing(store: JobStore, ledger: dict[
     assert store.replay(selection, actor="alice").outcome == "applied"
     # one of the replayed jobs fails again: the same submission still leaves it alone
     claim = store.claim(batch_key=DAY1, step="classify", limit=1, lease_seconds=60, owner="worker-2")
-    store.record(claim, [SendToReview(claim.jobs[0].id, claim.jobs[0].attempt, "retries_exhausted",
-                                      error_class="ModelTimeout")])  # fmt: skip
+    store.record(
+        claim, [SendToReview(claim.jobs[0].id, claim.jobs[0].attempt, "retries_exhausted", error_class="ModelTimeout")]
+    )
     before = snapshot(store)
     again = store.replay(selection, actor="bob")
     assert (again.outcome, again.replayed_now, again.request.requested_by) == ("already_applied", 0, "alice")
@@ -171,8 +207,11 @@ def test_jobs_replayed_max_replays_times_are_left_alone(store: JobStore) -> None
     store.record(claim, [Fail(job, claim.jobs[0].attempt, "retries_exhausted", error_class="ModelTimeout")])
     preview = store.preview_replay(flt(reason="retries_exhausted", states=["terminal_failed"]), max_replays=1)
     assert (preview.matching, preview.at_replay_limit) == (0, 1)
-    done = store.replay(flt(reason="retries_exhausted", states=["terminal_failed"], dry_run=False, note="second"),
-                        actor="a", max_replays=1)  # fmt: skip
+    done = store.replay(
+        flt(reason="retries_exhausted", states=["terminal_failed"], dry_run=False, note="second"),
+        actor="a",
+        max_replays=1,
+    )
     assert done.replayed_now == 0
     assert store.get_status(job) == JobStatus.TERMINAL_FAILED
 

@@ -22,8 +22,21 @@ def _job_database(db_url: DatabaseUrl, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_dry_run_prints_the_preview_and_changes_nothing(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
     ids = failed(store, 2) + failed(store, 1, terminal=True)
     before = snapshot(store)
-    argv = ["replay", "--reason", "retries_exhausted", "--state", "manual_review", "--state", "terminal_failed",
-            "--batch", DAY1, "--since", "2026-01-01", "--limit", "10"]  # fmt: skip
+    argv = [
+        "replay",
+        "--reason",
+        "retries_exhausted",
+        "--state",
+        "manual_review",
+        "--state",
+        "terminal_failed",
+        "--batch",
+        DAY1,
+        "--since",
+        "2026-01-01",
+        "--limit",
+        "10",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "**dry run**: 3 jobs match, 3 would be replayed" in out

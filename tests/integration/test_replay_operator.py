@@ -36,8 +36,9 @@ def test_the_form_has_the_filter_fields_and_a_dry_run_by_default() -> None:
     assert list(schemas)[:2] == ["job_ids", "decision"]  # the decision first, the filter after it
 
 
-def test_a_dry_run_logs_and_returns_the_preview_and_changes_nothing(store: JobStore,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_a_dry_run_logs_and_returns_the_preview_and_changes_nothing(
+    store: JobStore, caplog: pytest.LogCaptureFixture
+) -> None:
     ids = failed(store, 3)
     before = snapshot(store)
     with caplog.at_level("INFO"):
@@ -51,8 +52,9 @@ def test_a_dry_run_logs_and_returns_the_preview_and_changes_nothing(store: JobSt
 
 def test_an_apply_is_recorded_as_the_triggering_user_and_a_second_one_changes_nothing(store: JobStore) -> None:
     ids = failed(store, 2, terminal=True)
-    params = form(reason="retries_exhausted", batch_key=DAY1, states=["terminal_failed"], dry_run=False,
-                  note="provider fixed")  # fmt: skip
+    params = form(
+        reason="retries_exhausted", batch_key=DAY1, states=["terminal_failed"], dry_run=False, note="provider fixed"
+    )
     out = seamed(ReviewJobsOperator, store.engine).execute(context(params, user="alice"))
     assert (out["outcome"], out["replayed"], set(out["job_ids"])) == ("applied", 2, {str(i) for i in ids})
     actors = rows(
@@ -76,12 +78,14 @@ def test_an_apply_is_recorded_as_the_triggering_user_and_a_second_one_changes_no
         pytest.param({"source": "a\u202eb"}, "source", id="bidi"),
         pytest.param({"reason": "x", "until": "2026-11-01", "since": "2026-11-02"}, "before until", id="backwards"),
         pytest.param({"reason": "x", "since": "yesterday"}, "since", id="since-not-a-date"),
-        pytest.param({"decision": "reject", "job_ids": [str(uuid.uuid4())], "reason": "x"}, "replay' only",
-                     id="filter-on-reject"),
+        pytest.param(
+            {"decision": "reject", "job_ids": [str(uuid.uuid4())], "reason": "x"}, "replay' only", id="filter-on-reject"
+        ),
     ],
-)  # fmt: skip
-def test_hostile_form_input_fails_the_run_before_anything_changes(store: JobStore, params: dict[str, Any],
-                                                                  message: str) -> None:  # fmt: skip
+)
+def test_hostile_form_input_fails_the_run_before_anything_changes(
+    store: JobStore, params: dict[str, Any], message: str
+) -> None:
     failed(store, 1)
     before = snapshot(store)
     with pytest.raises(AirflowFailException, match=message):

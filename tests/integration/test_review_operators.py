@@ -62,8 +62,12 @@ def test_a_missing_taxonomy_never_breaks_parsing(monkeypatch: pytest.MonkeyPatch
 
 def test_every_option_is_a_whole_decision() -> None:
     opts = options(["billing", "shipping"])
-    assert [decision_of(o) for o in opts] == [("label", "billing"), ("label", "shipping"), ("requeue", None),
-                                              ("reject", None)]  # fmt: skip
+    assert [decision_of(o) for o in opts] == [
+        ("label", "billing"),
+        ("label", "shipping"),
+        ("requeue", None),
+        ("reject", None),
+    ]
     with pytest.raises(ValueError, match="not a review option"):
         decision_of("Approve")
 
@@ -118,8 +122,15 @@ def test_the_reviewer_is_the_triggering_user_or_the_run() -> None:
 def test_the_operator_applies_the_valid_jobs_then_fails_listing_the_refused(store: JobStore) -> None:
     good = to_review(store, 2)
     unknown, malformed = str(uuid.uuid4()), "not-a-uuid"
-    ctx = context({"job_ids": [str(good[0]), unknown, malformed, str(good[1]), str(good[0])], "decision": "reject",
-                   "label": None, "note": "spam", "max_replays": 3})  # fmt: skip
+    ctx = context(
+        {
+            "job_ids": [str(good[0]), unknown, malformed, str(good[1]), str(good[0])],
+            "decision": "reject",
+            "label": None,
+            "note": "spam",
+            "max_replays": 3,
+        }
+    )
     with pytest.raises(AirflowFailException, match=r"2 of 4 jobs refused") as caught:
         seamed(ReviewJobsOperator, store.engine).execute(ctx)
     assert f"{unknown}: JobNotFound" in str(caught.value)
@@ -147,19 +158,24 @@ def test_an_invalid_run_fails_before_touching_anything(store: JobStore) -> None:
         seamed(ReviewJobsOperator, store.engine).execute(context({"job_ids": ids, "decision": "label"}))
     with pytest.raises(AirflowFailException, match="'spam' is not in the taxonomy"):
         seamed(ReviewJobsOperator, store.engine).execute(
-            context({"job_ids": ids, "decision": "label", "label": "spam"}))  # fmt: skip
+            context({"job_ids": ids, "decision": "label", "label": "spam"})
+        )
     assert snapshot(store) == before
 
 
 def test_the_answer_is_applied_as_the_user_who_answered(store: JobStore) -> None:
     (job_id,) = to_review(store)
-    answer = {"chosen_options": ["Reject"], "params_input": {"note": "duplicate"},
-              "responded_by_user": {"id": "7", "name": "erin"}}  # fmt: skip
+    answer = {
+        "chosen_options": ["Reject"],
+        "params_input": {"note": "duplicate"},
+        "responded_by_user": {"id": "7", "name": "erin"},
+    }
     ctx = context({"job_id": None, "max_replays": 3}, user="Anonymous", pick={"job_id": str(job_id)}, ask=answer)
     result = seamed(ApplyReviewAnswerOperator, store.engine, case_task_id="pick", answer_task_id="ask").execute(ctx)
     assert result["applied"] == 1
     assert rows(store, "SELECT resolution, resolved_by, note FROM triage.manual_review") == [
-        ("rejected", "erin", "duplicate")]  # fmt: skip
+        ("rejected", "erin", "duplicate")
+    ]
 
 
 def test_picking_a_case(store: JobStore) -> None:

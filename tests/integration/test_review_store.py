@@ -22,12 +22,18 @@ TAXONOMY = frozenset({"billing", "shipping", "refund_request"})
 
 def to_review(store: JobStore, n: int = 1, *, prefix: str = "doc", version: str = "keyword-v1") -> list[uuid.UUID]:
     """Register ``n`` documents and send them to review as the model's inconclusive answers."""
-    registered = store.register(new_jobs(n, prefix=prefix, version=version), batch_key=BATCH, step="classify",
-                                max_attempts=3)  # fmt: skip
+    registered = store.register(
+        new_jobs(n, prefix=prefix, version=version), batch_key=BATCH, step="classify", max_attempts=3
+    )
     claim = store.claim(batch_key=BATCH, step="classify", limit=n, lease_seconds=60, owner="worker-1")
     model = ClassificationRecord("billing", 0.41, "inconclusive", version)
-    store.record(claim, [SendToReview(j.id, j.attempt, "inconclusive", context={"confidence": 0.41},
-                                      classification=model) for j in claim.jobs])  # fmt: skip
+    store.record(
+        claim,
+        [
+            SendToReview(j.id, j.attempt, "inconclusive", context={"confidence": 0.41}, classification=model)
+            for j in claim.jobs
+        ],
+    )
     return list(registered.new_ids)
 
 
@@ -68,8 +74,12 @@ def label(store: JobStore, job_id: uuid.UUID, name: str = "billing", actor: str 
 
 
 def last_event(store: JobStore, job_id: uuid.UUID) -> tuple[Any, ...]:
-    return rows(store, "SELECT from_status, to_status, actor, reason FROM triage.job_events WHERE job_id = :j"
-                       " ORDER BY id DESC LIMIT 1", j=job_id)[0]  # fmt: skip
+    return rows(
+        store,
+        "SELECT from_status, to_status, actor, reason FROM triage.job_events WHERE job_id = :j"
+        " ORDER BY id DESC LIMIT 1",
+        j=job_id,
+    )[0]
 
 
 def test_a_label_completes_the_job_with_its_label_review_row_and_event(store: JobStore) -> None:
@@ -77,12 +87,20 @@ def test_a_label_completes_the_job_with_its_label_review_row_and_event(store: Jo
     classifications_before = rows(store, "SELECT count(*) FROM triage.classifications")
     result = label(store, job_id)
     assert (result.already_applied, result.status, result.resolved_by, result.label_written) == (
-        False, JobStatus.COMPLETED, "alice", True)  # fmt: skip
+        False,
+        JobStatus.COMPLETED,
+        "alice",
+        True,
+    )
     assert last_event(store, job_id) == ("manual_review", "completed", "alice", "labelled")
     assert rows(store, "SELECT label, confidence, classifier_version, job_id FROM triage.document_labels") == [
-        ("billing", None, "human:alice", job_id)]  # fmt: skip
-    review = rows(store, "SELECT resolution, resolved_by, note, context->>'resolved_label', resolved_at IS NOT NULL"
-                         " FROM triage.manual_review")  # fmt: skip
+        ("billing", None, "human:alice", job_id)
+    ]
+    review = rows(
+        store,
+        "SELECT resolution, resolved_by, note, context->>'resolved_label', resolved_at IS NOT NULL"
+        " FROM triage.manual_review",
+    )
     assert review == [("labelled", "alice", "clearly an invoice", "billing", True)]
     assert rows(
         store,
@@ -101,8 +119,12 @@ def test_a_reject_fails_the_job_for_good(store: JobStore) -> None:
     assert rows(store, "SELECT resolution, resolved_by, note FROM triage.manual_review") == [
         ("rejected", "bob", "spam")
     ]
-    assert rows(store, "SELECT event_type, payload->>'resolution' FROM triage.outbox WHERE job_id = :j"
-                       " AND event_type <> 'job.registered'", j=job_id) == [("job.reviewed", "rejected")]  # fmt: skip
+    assert rows(
+        store,
+        "SELECT event_type, payload->>'resolution' FROM triage.outbox WHERE job_id = :j"
+        " AND event_type <> 'job.registered'",
+        j=job_id,
+    ) == [("job.reviewed", "rejected")]
     assert rows(store, "SELECT count(*) FROM triage.document_labels") == [(0,)]
 
 
@@ -229,7 +251,8 @@ def test_a_reviewer_label_on_the_newer_job_replaces_an_older_label(store: JobSto
     (new_job,) = to_review(store, prefix="doc", version="keyword-v2")
     assert label(store, new_job).label_written is True
     assert rows(store, "SELECT label, job_id, classifier_version FROM triage.document_labels") == [
-        ("billing", new_job, "human:alice")]  # fmt: skip
+        ("billing", new_job, "human:alice")
+    ]
 
 
 def test_decision_events_are_valid_work_events(store: JobStore) -> None:
@@ -255,8 +278,10 @@ def test_two_reviewers_at_once_one_decision_wins(store: JobStore) -> None:
         except LedgerError as exc:
             outcomes.append(exc)
 
-    threads = [threading.Thread(target=decide, args=("alice", "label")),
-               threading.Thread(target=decide, args=("bob", "reject"))]  # fmt: skip
+    threads = [
+        threading.Thread(target=decide, args=("alice", "label")),
+        threading.Thread(target=decide, args=("bob", "reject")),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -273,7 +298,11 @@ def test_open_reviews_show_what_a_reviewer_needs_and_never_the_document(store: J
     assert [c.job_id for c in cases] == ids
     case = cases[0]
     assert (case.reason, case.model_label, case.model_confidence, case.model_outcome) == (
-        "inconclusive", "billing", 0.41, "inconclusive")  # fmt: skip
+        "inconclusive",
+        "billing",
+        0.41,
+        "inconclusive",
+    )
     assert case.payload_ref.startswith("file:///payloads/")
     assert [c.job_id for c in store.open_reviews([ids[1]])] == [ids[1]]
     label(store, ids[0])

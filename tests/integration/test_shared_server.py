@@ -32,8 +32,14 @@ sys.stdin.read()
 
 def worker(home: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "plugins"), str(ROOT)))}
-    return subprocess.Popen([sys.executable, "-c", WORKER, str(home)], cwd=ROOT, env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(home)],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
 
 
 def finish(proc: subprocess.Popen[str]) -> None:

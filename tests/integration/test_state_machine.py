@@ -130,12 +130,17 @@ def test_history_and_identity_cannot_be_rewritten(engine: sa.Engine, statement: 
 @pytest.mark.parametrize(
     ("sql", "constraint"),
     [
-        pytest.param("UPDATE triage.jobs SET lease_owner = 'x'", "jobs_lease_only_while_running_check", id="lease-not-running"),
-        pytest.param("UPDATE triage.jobs SET next_attempt_at = now()", "jobs_next_attempt_only_while_retryable_or_parked_check",
-                     id="next-attempt-not-retryable"),
+        pytest.param(
+            "UPDATE triage.jobs SET lease_owner = 'x'", "jobs_lease_only_while_running_check", id="lease-not-running"
+        ),
+        pytest.param(
+            "UPDATE triage.jobs SET next_attempt_at = now()",
+            "jobs_next_attempt_only_while_retryable_or_parked_check",
+            id="next-attempt-not-retryable",
+        ),
         pytest.param("UPDATE triage.jobs SET attempt = 9", "jobs_attempt_bounds_check", id="attempt-over-max"),
     ],
-)  # fmt: skip
+)
 def test_check_constraints_tie_columns_to_states(engine: sa.Engine, sql: str, constraint: str) -> None:
     with engine.begin() as conn:
         insert_job(conn, JobStatus.QUEUED)

@@ -89,10 +89,17 @@ def test_a_new_classifier_version_is_new_work(store: JobStore) -> None:
 
 def test_malformed_input_is_registered_straight_into_review(store: JobStore) -> None:
     bad = NewJob(
-        idempotency_key="jsonl:bad-1", source="jsonl", external_id="2026-11-01/a.jsonl:3", content_sha256="h",
-        payload_ref="file:///x", classifier_version="v", status=JobStatus.MANUAL_REVIEW, reason="malformed_input",
-        error="invalid_json", review_context={"line": 3},
-    )  # fmt: skip
+        idempotency_key="jsonl:bad-1",
+        source="jsonl",
+        external_id="2026-11-01/a.jsonl:3",
+        content_sha256="h",
+        payload_ref="file:///x",
+        classifier_version="v",
+        status=JobStatus.MANUAL_REVIEW,
+        reason="malformed_input",
+        error="invalid_json",
+        review_context={"line": 3},
+    )
     result = store.register([bad, *new_jobs(2)], batch_key=BATCH, step="classify", max_attempts=3)
     assert result.new == 3
     review = rows(store, "SELECT reason, error_class, context FROM triage.manual_review")
@@ -106,11 +113,14 @@ def test_malformed_input_is_registered_straight_into_review(store: JobStore) -> 
 def test_duplicate_key_by_ad_hoc_insert_is_a_named_error(store: JobStore) -> None:
     register(store, 1)
     with pytest.raises(DuplicateKey), store.transaction() as conn:
-        conn.execute(sa.text(
-            "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
-            " classifier_version, correlation_id, batch_key, step, status, max_attempts)"
-            " SELECT idempotency_key, source, external_id, content_sha256, payload_ref, classifier_version,"
-            " correlation_id, batch_key, step, 'queued', 3 FROM triage.jobs"))  # fmt: skip
+        conn.execute(
+            sa.text(
+                "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
+                " classifier_version, correlation_id, batch_key, step, status, max_attempts)"
+                " SELECT idempotency_key, source, external_id, content_sha256, payload_ref, classifier_version,"
+                " correlation_id, batch_key, step, 'queued', 3 FROM triage.jobs"
+            )
+        )
 
 
 # -- claims and leases -------------------------------------------------------------------
@@ -162,8 +172,9 @@ def test_complete_upserts_the_label_and_appends_the_event_in_one_transaction(sto
     register(store, 2)
     got = claim(store)
     record = ClassificationRecord("billing", 0.9, "accepted", "keyword-v1", latency_ms=1.5)
-    result = store.record(got, [Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "keyword-v1"), record)
-                                for j in got.jobs])  # fmt: skip
+    result = store.record(
+        got, [Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "keyword-v1"), record) for j in got.jobs]
+    )
     assert result.completed == 2
     assert scalar(store, "SELECT count(*) FROM triage.document_labels WHERE label = 'billing'") == 2
     assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.completed'") == 2
@@ -176,8 +187,13 @@ def test_a_batch_with_one_lost_job_is_rolled_back_whole(store: JobStore) -> None
     got = claim(store)
     outcomes = [Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "v")) for j in got.jobs]
     with store.engine.begin() as conn:  # somebody else moves one job on
-        conn.execute(sa.text("UPDATE triage.jobs SET status = 'manual_review', lease_owner = NULL, lease_token = NULL,"
-                             " lease_expires_at = NULL WHERE id = :id"), {"id": got.jobs[1].id})  # fmt: skip
+        conn.execute(
+            sa.text(
+                "UPDATE triage.jobs SET status = 'manual_review', lease_owner = NULL, lease_token = NULL,"
+                " lease_expires_at = NULL WHERE id = :id"
+            ),
+            {"id": got.jobs[1].id},
+        )
     with pytest.raises(LeaseLost, match=str(got.jobs[1].id)):
         store.record(got, outcomes)
     assert scalar(store, "SELECT count(*) FROM triage.jobs WHERE status = 'completed'") == 0
@@ -228,19 +244,36 @@ def test_review_fail_advance_and_release(store: JobStore) -> None:
     register(store, 4)
     got = claim(store)
     a, b, c, d = got.jobs
-    result = store.record(got, [
-        SendToReview(a.id, a.attempt, "inconclusive", context={"confidence": 0.2},
-                     classification=ClassificationRecord("billing", 0.2, "inconclusive", "v")),
-        Fail(b.id, b.attempt, "unsupported_schema_version", "permanent", "v9"),
-        Advance(c.id, c.attempt, "persist"),
-        Release(d.id, d.attempt),
-    ])  # fmt: skip
+    result = store.record(
+        got,
+        [
+            SendToReview(
+                a.id,
+                a.attempt,
+                "inconclusive",
+                context={"confidence": 0.2},
+                classification=ClassificationRecord("billing", 0.2, "inconclusive", "v"),
+            ),
+            Fail(b.id, b.attempt, "unsupported_schema_version", "permanent", "v9"),
+            Advance(c.id, c.attempt, "persist"),
+            Release(d.id, d.attempt),
+        ],
+    )
     assert (result.to_review, result.failed, result.advanced, result.released) == (1, 1, 1, 1)
-    states = dict(rows(store, "SELECT id, status::text || ':' || step || ':' || attempt || '/' || attempt_base"
-                              " || '-' || max_attempts FROM triage.jobs"))  # fmt: skip
+    states = dict(
+        rows(
+            store,
+            "SELECT id, status::text || ':' || step || ':' || attempt || '/' || attempt_base"
+            " || '-' || max_attempts FROM triage.jobs",
+        )
+    )
     # The advanced job keeps its attempt number and starts a fresh budget of 3 after it.
-    assert states == {a.id: "manual_review:classify:1/0-3", b.id: "terminal_failed:classify:1/0-3",
-                      c.id: "queued:persist:1/1-4", d.id: "queued:classify:0/0-3"}  # fmt: skip
+    assert states == {
+        a.id: "manual_review:classify:1/0-3",
+        b.id: "terminal_failed:classify:1/0-3",
+        c.id: "queued:persist:1/1-4",
+        d.id: "queued:classify:0/0-3",
+    }
     assert scalar(store, "SELECT context->>'confidence' FROM triage.manual_review") == "0.2"
 
 
@@ -272,8 +305,9 @@ def test_release_expired_leases_is_fenced_and_bounded(store: JobStore) -> None:
         conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'retryable_failed'"))
     # The dead claim left two: neither is charged the attempt (its budget grows by one) and each
     # is now claimed alone (poison isolation); dying alone again makes it poison.
-    assert rows(store, "SELECT attempt, max_attempts, suspect_cap FROM triage.jobs"
-                       " WHERE status = 'retryable_failed'") == [(1, 4, 1), (1, 4, 1)]  # fmt: skip
+    assert rows(
+        store, "SELECT attempt, max_attempts, suspect_cap FROM triage.jobs WHERE status = 'retryable_failed'"
+    ) == [(1, 4, 1), (1, 4, 1)]
     for _ in range(2):
         assert len(claim(store)) == 1
         expire(store)
@@ -286,8 +320,9 @@ def test_batch_to_review_takes_unfinished_work_and_spares_live_leases(store: Job
     register(store, 4)
     mine = claim(store, limit=1, owner="dag/run/classify/-1/try1")
     theirs = claim(store, limit=1, owner="dag/run/classify/0/try1")
-    moved = store.send_batch_to_review(BATCH, reason="airflow_task_failed", error="boom",
-                                       owner_prefix="dag/run/classify/-1/")  # fmt: skip
+    moved = store.send_batch_to_review(
+        BATCH, reason="airflow_task_failed", error="boom", owner_prefix="dag/run/classify/-1/"
+    )
     assert moved == 3
     assert store.get_status(theirs.jobs[0].id) == JobStatus.RUNNING
     assert store.get_status(mine.jobs[0].id) == JobStatus.MANUAL_REVIEW

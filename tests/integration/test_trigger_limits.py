@@ -24,8 +24,13 @@ DRILL = {"transient_error_rate": 0.2, "seed": 3}
 
 
 def context(params: dict[str, Any]) -> dict[str, Any]:
-    ti = SimpleNamespace(dag_id="classify_documents", run_id=f"manual__{uuid.uuid4().hex}", task_id="retrieve",
-                         map_index=-1, try_number=1)  # fmt: skip
+    ti = SimpleNamespace(
+        dag_id="classify_documents",
+        run_id=f"manual__{uuid.uuid4().hex}",
+        task_id="retrieve",
+        map_index=-1,
+        try_number=1,
+    )
     return {"params": params, "data_interval_start": DAY, "data_interval_end": DAY + timedelta(days=1), "ti": ti}
 
 
@@ -42,8 +47,12 @@ def seamed(cls: type, engine: sa.Engine, **kwargs: Any) -> Any:
 
 def jobs_of(engine: sa.Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(sa.text("SELECT count(*) FROM triage.jobs WHERE batch_key = :b"),
-                                {"b": batch_key_for(DAY, DAY + timedelta(days=1))}).scalar_one())  # fmt: skip
+        return int(
+            conn.execute(
+                sa.text("SELECT count(*) FROM triage.jobs WHERE batch_key = :b"),
+                {"b": batch_key_for(DAY, DAY + timedelta(days=1))},
+            ).scalar_one()
+        )
 
 
 @pytest.fixture
@@ -70,8 +79,9 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         pytest.param("http://127.0.0.1:9/inbox", id="url"),
     ],
 )
-def test_an_inbox_outside_the_roots_fails_the_task_without_retry(engine: sa.Engine, deployment: Path,
-                                                                  inbox: str) -> None:  # fmt: skip
+def test_an_inbox_outside_the_roots_fails_the_task_without_retry(
+    engine: sa.Engine, deployment: Path, inbox: str
+) -> None:
     operator = seamed(RetrieveDocumentsOperator, engine, payload_base=str(deployment / "payloads"))
 
     with pytest.raises(AirflowFailException, match=r"allowed: .*/inbox \(TRIAGE_INBOX_ROOTS\)"):
@@ -89,18 +99,19 @@ def test_an_inbox_inside_the_roots_is_read(engine: sa.Engine, deployment: Path) 
 
 
 @pytest.mark.parametrize("cls", [RetrieveDocumentsOperator, ClassifyDocumentsOperator, PersistLabelsOperator])
-def test_a_drill_where_drills_are_off_fails_every_task_without_retry(engine: sa.Engine, deployment: Path,
-                                                                     cls: type) -> None:  # fmt: skip
-    operator = seamed(cls, engine, **({"payload_base": str(deployment / "payloads")} if cls is not
-                                      PersistLabelsOperator else {}))  # fmt: skip
+def test_a_drill_where_drills_are_off_fails_every_task_without_retry(
+    engine: sa.Engine, deployment: Path, cls: type
+) -> None:
+    operator = seamed(
+        cls, engine, **({"payload_base": str(deployment / "payloads")} if cls is not PersistLabelsOperator else {})
+    )
 
     with pytest.raises(AirflowFailException, match="does not run failure drills"):
         operator.execute(context({"documents": 5, "drill": DRILL}))
     assert jobs_of(engine) == 0
 
 
-def test_a_drill_where_drills_are_on_runs(engine: sa.Engine, deployment: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_drill_where_drills_are_on_runs(engine: sa.Engine, deployment: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(settings.ENV_ALLOW_DRILL, "1")
     operator = seamed(RetrieveDocumentsOperator, engine, payload_base=str(deployment / "payloads"))
 

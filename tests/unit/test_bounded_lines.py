@@ -36,16 +36,21 @@ def lines_of(data: bytes, limit: int, block: int = 4) -> list[tuple[bytes, int, 
         pytest.param(b"123456\r\n", 5, [(b"12345", 6, True, False)], id="crlf-one-over"),
         pytest.param(b"12345\r", 5, [(b"12345", 5, False, False)], id="final-cr"),
         pytest.param(b"a\rb\n", 5, [(b"a\rb", 3, False, False)], id="inner-cr-kept"),
-        pytest.param(b"x" * 50 + b"\nok\n", 5, [(b"xxxxx", 50, True, False), (b"ok", 2, False, False)],
-                     id="oversized-then-a-line"),
+        pytest.param(
+            b"x" * 50 + b"\nok\n",
+            5,
+            [(b"xxxxx", 50, True, False), (b"ok", 2, False, False)],
+            id="oversized-then-a-line",
+        ),
         pytest.param(b" " * 50 + b"\n", 5, [(b"     ", 50, True, True)], id="oversized-blank"),
         pytest.param(b" " * 49 + b"x\n", 5, [(b"     ", 50, True, False)], id="oversized-not-blank-at-its-end"),
         pytest.param(b"y" * 50, 5, [(b"yyyyy", 50, True, False)], id="oversized-last-line"),
     ],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("block", [1, 2, 3, 4, 7, 64])
-def test_lines_and_their_bounds(data: bytes, limit: int, expected: list[tuple[bytes, int, bool, bool]],
-                                block: int) -> None:  # fmt: skip
+def test_lines_and_their_bounds(
+    data: bytes, limit: int, expected: list[tuple[bytes, int, bool, bool]], block: int
+) -> None:
     assert lines_of(data, limit, block) == expected
 
 
@@ -62,8 +67,12 @@ def reference(data: bytes, limit: int) -> list[tuple[bytes, int, bool, bool]]:
 
 
 @settings(max_examples=400)
-@given(data=st.binary(max_size=200) | st.lists(st.sampled_from([b"a", b" ", b"\r", b"\n", b"\r\n"]), max_size=60)
-       .map(b"".join), limit=st.integers(1, 12), block=st.integers(1, 16))  # fmt: skip
+@given(
+    data=st.binary(max_size=200)
+    | st.lists(st.sampled_from([b"a", b" ", b"\r", b"\n", b"\r\n"]), max_size=60).map(b"".join),
+    limit=st.integers(1, 12),
+    block=st.integers(1, 16),
+)
 def test_bounded_lines_agree_with_splitting_the_whole_input(data: bytes, limit: int, block: int) -> None:
     assert lines_of(data, limit, block) == reference(data, limit)
     numbers = [x.number for x in bounded_lines(io.BytesIO(data), limit, block=block)]
@@ -117,8 +126,10 @@ def test_a_huge_line_is_never_held_whole(tmp_path: Path, limit: int) -> None:
     # The line's head (twice: the buffer and its copy) and two blocks; nothing near 64 MiB.
     assert peak < 2 * limit + (1 << 20), f"reading a {HUGE >> 20} MiB line peaked at {peak / (1 << 20):.1f} MiB"
     assert [(d.external_id, d.malformed_reason) for d in documents] == [
-        ("before", None), ("2026-11-01/day.jsonl:2", "line_too_long"), ("after", None)
-    ]  # fmt: skip
+        ("before", None),
+        ("2026-11-01/day.jsonl:2", "line_too_long"),
+        ("after", None),
+    ]
     huge = documents[1]
     assert len(huge.content) == limit  # the head, for the reviewer; the rest was skipped
     assert dict(huge.detail) == {"line": 2, "line_bytes": HUGE_LINE_BYTES, "claimed_id": 'T-"huge"'}

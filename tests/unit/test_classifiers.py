@@ -403,8 +403,14 @@ def test_the_drill_names_its_poison_document_by_external_id_or_content_hash() ->
     from triage.classifiers.base import ClassifyRequest
     from triage.classifiers.drill import is_document
 
-    request = ClassifyRequest(job_id="j", external_id="doc-7", idempotency_key="synthetic/5:doc-7/abc123/keyword-v1",
-                              correlation_id="c", attempt=1, text="t")  # fmt: skip
+    request = ClassifyRequest(
+        job_id="j",
+        external_id="doc-7",
+        idempotency_key="synthetic/5:doc-7/abc123/keyword-v1",
+        correlation_id="c",
+        attempt=1,
+        text="t",
+    )
     assert is_document(request, "doc-7")
     assert is_document(request, "abc123")
     assert not is_document(request, "doc-8")

@@ -278,8 +278,9 @@ def test_triage_home_is_on_the_data_volume(common_env: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("name", COMMON_SERVICES)
-def test_the_failure_drill_is_off_and_documented(name: str, services: dict[str, Any],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_failure_drill_is_off_and_documented(
+    name: str, services: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from triage import settings
 
     env = {k: with_defaults(str(v)) for k, v in services[name]["environment"].items()}
@@ -294,8 +295,9 @@ def test_the_failure_drill_is_off_and_documented(name: str, services: dict[str, 
 
 
 @pytest.mark.parametrize("name", COMMON_SERVICES)
-def test_inbox_roots_are_mounted_folders(name: str, common: dict[str, Any], services: dict[str, Any],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_inbox_roots_are_mounted_folders(
+    name: str, common: dict[str, Any], services: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from triage import settings
 
     monkeypatch.setenv(settings.ENV_INBOX_ROOTS, services[name]["environment"][settings.ENV_INBOX_ROOTS])
@@ -318,13 +320,16 @@ def test_init_sql_creates_the_triage_database_and_roles(services: dict[str, Any]
 def test_init_step_applies_the_settings_module(services: dict[str, Any]) -> None:
     init = services["airflow-init"]
     script = init["command"][-1]
-    assert ("PYTHONPATH=/opt/triage:/opt/airflow/plugins /entrypoint python -m triage_tools.deploy.airflow_settings"
-            " /opt/airflow/airflow_settings.yaml") in script  # fmt: skip
+    assert (
+        "PYTHONPATH=/opt/triage:/opt/airflow/plugins /entrypoint python -m triage_tools.deploy.airflow_settings"
+        " /opt/airflow/airflow_settings.yaml"
+    ) in script
     assert importlib.util.find_spec("triage_tools.deploy.airflow_settings") is not None
     # The developer tools are not in the image: only this one-shot service mounts them.
     assert TOOLS_MOUNT in init["volumes"]
-    mounting = [name for name, service in services.items() if any("triage_tools" in str(v) for v in
-                service.get("volumes", []))]  # fmt: skip
+    mounting = [
+        name for name, service in services.items() if any("triage_tools" in str(v) for v in service.get("volumes", []))
+    ]
     assert mounting == ["airflow-init"]
 
 

@@ -43,7 +43,14 @@ def test_every_supported_version_and_only_those_is_published() -> None:
 
 @pytest.mark.parametrize("event_type", ["job.registered", "job.completed", "job.requeued", "job.reviewed"])
 def test_what_the_relay_writes_validates_against_the_published_schema(event_type: str) -> None:
-    event = WorkEvent(event_id=uuid.uuid4(), job_id=uuid.uuid4(), event_type=event_type, attempt=1,  # type: ignore[arg-type]
-                      occurred_at=datetime(2026, 11, 1, tzinfo=UTC), correlation_id="c-1", payload_ref="p")  # fmt: skip
+    event = WorkEvent(
+        event_id=uuid.uuid4(),
+        job_id=uuid.uuid4(),
+        event_type=event_type,
+        attempt=1,  # type: ignore[arg-type]
+        occurred_at=datetime(2026, 11, 1, tzinfo=UTC),
+        correlation_id="c-1",
+        payload_ref="p",
+    )
     written = json.loads(event.model_dump_json())  # the sinks' encoding (triage.pipeline.publish)
     jsonschema.validate(written, json.loads(published(SCHEMA_VERSION)), format_checker=jsonschema.FormatChecker())

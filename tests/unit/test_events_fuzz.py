@@ -19,10 +19,15 @@ TYPED = (MalformedEvent, UnsupportedSchemaVersion)
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 VALID: dict[str, Any] = {
-    "event_id": str(uuid.uuid4()), "job_id": str(uuid.uuid4()), "event_type": "job.completed",
-    "schema_version": 1, "attempt": 2, "occurred_at": "2026-11-01T00:00:00+00:00",
-    "correlation_id": "corr-1", "payload_ref": "file:///payloads/ab/abcd",
-}  # fmt: skip
+    "event_id": str(uuid.uuid4()),
+    "job_id": str(uuid.uuid4()),
+    "event_type": "job.completed",
+    "schema_version": 1,
+    "attempt": 2,
+    "occurred_at": "2026-11-01T00:00:00+00:00",
+    "correlation_id": "corr-1",
+    "payload_ref": "file:///payloads/ab/abcd",
+}
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -22,11 +22,13 @@ def conn(**fields: Any) -> SimpleNamespace:
         ({"host": "http://127.0.0.1:9000/labels"}, "http://127.0.0.1:9000/labels"),  # JSON form, whole URL
         ({"host": "h.example", "port": 8000, "schema": "labels"}, "http://h.example:8000/labels"),  # URI form
         ({"conn_type": "https", "host": "h.example", "schema": "v1/labels"}, "https://h.example/v1/labels"),
-        ({"host": "h.example", "schema": "https", "extra_dejson": {"scheme": "https", "path": "/labels"}},
-         "https://h.example/labels"),
+        (
+            {"host": "h.example", "schema": "https", "extra_dejson": {"scheme": "https", "path": "/labels"}},
+            "https://h.example/labels",
+        ),
         ({"host": "h.example"}, "http://h.example"),
     ],
-)  # fmt: skip
+)
 def test_http_url(fields: dict[str, Any], url: str) -> None:
     assert http_url(conn(**fields)) == url
 
@@ -39,7 +41,7 @@ def test_http_url(fields: dict[str, Any], url: str) -> None:
         ({"host": "model.example", "schema": "api/v2"}, "http://model.example/api/v2"),  # URI form: its path wins
         ({"host": "http://127.0.0.1:9/v1/"}, "http://127.0.0.1:9/v1/"),  # a whole URL, exactly as given
     ],
-)  # fmt: skip
+)
 def test_http_url_default_path(fields: dict[str, Any], url: str) -> None:
     assert http_url(conn(**fields), default_path="/v1") == url
 

@@ -142,8 +142,9 @@ def test_the_default_roots_hold_the_default_inbox(monkeypatch: pytest.MonkeyPatc
         pytest.param("", (), id="set-and-empty-is-none"),
     ],
 )
-def test_inbox_roots_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str,
-                                          expected: tuple[str, ...]) -> None:  # fmt: skip
+def test_inbox_roots_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: tuple[str, ...]
+) -> None:
     monkeypatch.setenv(settings.ENV_INBOX_ROOTS, value)
     assert settings.inbox_roots() == expected
 
@@ -160,8 +161,9 @@ def test_inbox_roots_from_the_environment(monkeypatch: pytest.MonkeyPatch, value
         pytest.param("yes", True, id="yes"),
     ],
 )
-def test_drills_are_allowed_only_where_the_environment_says_so(monkeypatch: pytest.MonkeyPatch, value: str | None,
-                                                               allowed: bool) -> None:  # fmt: skip
+def test_drills_are_allowed_only_where_the_environment_says_so(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, allowed: bool
+) -> None:
     if value is None:
         monkeypatch.delenv(settings.ENV_ALLOW_DRILL, raising=False)
     else:

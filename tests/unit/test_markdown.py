@@ -156,15 +156,23 @@ def test_a_table_without_rows_says_none() -> None:
 
 @settings(max_examples=200)
 @given(job_ids=st.lists(ids, min_size=1, max_size=4), reviewer=ids, label=st.none() | ids)
-def test_the_review_report_keeps_any_job_id_reviewer_and_label_in_place(job_ids: list[str], reviewer: str,
-                                                                        label: str | None) -> None:  # fmt: skip
+def test_the_review_report_keeps_any_job_id_reviewer_and_label_in_place(
+    job_ids: list[str], reviewer: str, label: str | None
+) -> None:
     from triage.review.decisions import JobReport, ReviewReport
 
     jobs = tuple(JobReport(raw, "refused", None, f"NotAJobId: {raw}") for raw in job_ids)
     tokens = PARSER.parse(ReviewReport("label", label, reviewer, jobs).to_markdown())
 
-    assert [t.type for t in tokens[:7]] == ["heading_open", "inline", "heading_close", "paragraph_open", "inline",
-                                            "paragraph_close", "table_open"]  # fmt: skip
+    assert [t.type for t in tokens[:7]] == [
+        "heading_open",
+        "inline",
+        "heading_close",
+        "paragraph_open",
+        "inline",
+        "paragraph_close",
+        "table_open",
+    ]
     heading = rendered(inline_children(tokens[1]))
     assert heading.startswith("review_jobs: label")
     assert heading.endswith(f"by {md.visible(reviewer)}".rstrip())

@@ -35,9 +35,13 @@ def test_anything_else_gets_the_standard_retry(exc: BaseException) -> None:
 
 @pytest.mark.parametrize(
     ("given", "bounded"),
-    [pytest.param(None, None, id="none"), pytest.param(-5.0, 0.0, id="negative"), pytest.param(30.0, 30.0, id="as-is"),
-     pytest.param(1e9, MAX_RETRY_AFTER_SECONDS, id="capped")],
-)  # fmt: skip
+    [
+        pytest.param(None, None, id="none"),
+        pytest.param(-5.0, 0.0, id="negative"),
+        pytest.param(30.0, 30.0, id="as-is"),
+        pytest.param(1e9, MAX_RETRY_AFTER_SECONDS, id="capped"),
+    ],
+)
 def test_retry_after_is_bounded(given: float | None, bounded: float | None) -> None:
     assert bounded_retry_after(given) == bounded
 

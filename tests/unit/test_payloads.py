@@ -114,8 +114,9 @@ def test_every_reference_of_the_store_s_form_round_trips(name: str, fragment: tu
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.binary(max_size=40), min_size=1, max_size=8))
-def test_every_reference_the_store_writes_is_one_it_reads(tmp_path_factory: pytest.TempPathFactory,
-                                                          contents: list[bytes]) -> None:  # fmt: skip
+def test_every_reference_the_store_writes_is_one_it_reads(
+    tmp_path_factory: pytest.TempPathFactory, contents: list[bytes]
+) -> None:
     payloads = PayloadStore(tmp_path_factory.mktemp("payloads"))
     for content, (digest, ref) in zip(contents, payloads.put_many(contents), strict=True):
         assert parse_ref(ref, payloads.prefix).name == payloads.object_path(ref).name
@@ -146,8 +147,7 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
 sys.addaudithook(_audit)  # cannot be removed: it only records while a test holds `opened`
 
 
-def test_a_reference_outside_the_base_is_refused_before_anything_is_opened(tmp_path: Path,
-                                                                            opened: list[str]) -> None:  # fmt: skip
+def test_a_reference_outside_the_base_is_refused_before_anything_is_opened(tmp_path: Path, opened: list[str]) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_bytes(b"s3cr3t")
     other = PayloadStore(tmp_path / "other")
@@ -232,8 +232,9 @@ def _empty_base(base: Path) -> None:
         pytest.param("empty", PayloadBaseMissing, id="base-empty"),
     ],
 )
-def test_an_absent_object_says_whether_the_store_or_the_payload_is_gone(tmp_path: Path, breakage: str,
-                                                                        error: type[Exception]) -> None:  # fmt: skip
+def test_an_absent_object_says_whether_the_store_or_the_payload_is_gone(
+    tmp_path: Path, breakage: str, error: type[Exception]
+) -> None:
     base = tmp_path / "payloads"
     payloads = PayloadStore(base)
     digest, ref = payloads.put(b"a document")
@@ -262,8 +263,9 @@ def _flip(path: Path) -> None:
     path.write_bytes(bytes(body))
 
 
-@pytest.mark.parametrize("contents", [pytest.param([b"one document"], id="alone"),
-                                      pytest.param([b"first", b"second", b"third"], id="pack")])  # fmt: skip
+@pytest.mark.parametrize(
+    "contents", [pytest.param([b"one document"], id="alone"), pytest.param([b"first", b"second", b"third"], id="pack")]
+)
 def test_a_stored_pack_of_the_right_size_with_other_bytes_is_rewritten(tmp_path: Path, contents: list[bytes]) -> None:
     payloads = PayloadStore(tmp_path / "payloads")
     stored = payloads.put_many(contents)

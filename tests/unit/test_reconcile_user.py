@@ -82,8 +82,13 @@ def test_concurrent_first_uses_agree_on_one_password(env: dict[str, str]) -> Non
 def test_the_connection_names_the_api_server_and_the_user(env: dict[str, str]) -> None:
     settings = ru.local_settings(env)
     conn = json.loads(settings[ru.CONN_ENV])
-    assert conn == {"conn_type": "http", "host": "http://localhost:8080", "login": ru.USERNAME,
-                    "password": stored(env)[ru.USERNAME], "description": ru.DESCRIPTION}  # fmt: skip
+    assert conn == {
+        "conn_type": "http",
+        "host": "http://localhost:8080",
+        "login": ru.USERNAME,
+        "password": stored(env)[ru.USERNAME],
+        "description": ru.DESCRIPTION,
+    }
     side_by_side = {**env, "AIRFLOW__API__PORT": "9191"}
     assert json.loads(ru.local_settings(side_by_side)[ru.CONN_ENV])["host"] == "http://localhost:9191"
     with_base = {**side_by_side, "AIRFLOW__API__BASE_URL": "http://127.0.0.1:9191"}
@@ -110,7 +115,10 @@ def test_the_fab_role_reads_classify_documents_runs_and_task_instances_and_nothi
     assert ru.WATCHED_DAG == airflow_view.DAG_ID
     assert {action for action, _ in ru.FAB_PERMISSIONS} == {"can_read"}
     assert {resource for _, resource in ru.FAB_PERMISSIONS} == {
-        "DAG Runs", "Task Instances", f"DAG:{airflow_view.DAG_ID}"}  # fmt: skip
+        "DAG Runs",
+        "Task Instances",
+        f"DAG:{airflow_view.DAG_ID}",
+    }
 
 
 def test_the_fab_connection_keeps_its_password_out_of_the_import_commands() -> None:
@@ -119,5 +127,6 @@ def test_the_fab_connection_keeps_its_password_out_of_the_import_commands() -> N
     settings = AirflowSettings(connections=(ru.fab_connection(ru.COMPOSE_API_URL, "pa55-word"),))
     commands = apply_commands(settings, connections_file="c.json")
     assert commands == [["airflow", "connections", "import", "c.json", "--overwrite"]]
-    assert json.loads(connections_import_json(settings)) == {ru.CONN_ID: {
-        "conn_type": "http", "host": ru.COMPOSE_API_URL, "login": ru.USERNAME, "password": "pa55-word"}}  # fmt: skip
+    assert json.loads(connections_import_json(settings)) == {
+        ru.CONN_ID: {"conn_type": "http", "host": ru.COMPOSE_API_URL, "login": ru.USERNAME, "password": "pa55-word"}
+    }

@@ -54,29 +54,72 @@ def test_empty_charts_say_so() -> None:
 
 def summary() -> dict[str, Any]:
     return {
-        "run": {"id": 7, "started_at": "2026-11-30T10:00:00+00:00", "finished_at": "2026-11-30T10:00:02+00:00",
-                "dry_run": True, "params": {}},
-        "totals": {"jobs": 42, "findings": 2, "repaired": 0, "conflicts": 1, "open_reviews": 1,
-                   "skipped": {"airflow_view": "Airflow's REST API is unavailable: ConnectError"}},
-        "rules": [{"rule": "consistency", "skipped": None,
-                   "findings": [{"check": "completed_without_label", "count": 1, "detail": "completed job without its label",
-                                 "job_ids": ["j1"], "repair": None, "data": {}}],
-                   "repairs": [], "conflicts": []}],
+        "run": {
+            "id": 7,
+            "started_at": "2026-11-30T10:00:00+00:00",
+            "finished_at": "2026-11-30T10:00:02+00:00",
+            "dry_run": True,
+            "params": {},
+        },
+        "totals": {
+            "jobs": 42,
+            "findings": 2,
+            "repaired": 0,
+            "conflicts": 1,
+            "open_reviews": 1,
+            "skipped": {"airflow_view": "Airflow's REST API is unavailable: ConnectError"},
+        },
+        "rules": [
+            {
+                "rule": "consistency",
+                "skipped": None,
+                "findings": [
+                    {
+                        "check": "completed_without_label",
+                        "count": 1,
+                        "detail": "completed job without its label",
+                        "job_ids": ["j1"],
+                        "repair": None,
+                        "data": {},
+                    }
+                ],
+                "repairs": [],
+                "conflicts": [],
+            }
+        ],
         "repairs": [],
-        "conflicts": [{"rule": "consistency", "check": "completed_without_label", "count": 1,
-                       "detail": "completed job without its label", "job_ids": ["j1"]}],
+        "conflicts": [
+            {
+                "rule": "consistency",
+                "check": "completed_without_label",
+                "count": 1,
+                "detail": "completed job without its label",
+                "job_ids": ["j1"],
+            }
+        ],
         "by_state": {"queued": 30, "completed": 11, "manual_review": 1},
         "by_state_and_step": [{"status": "queued", "step": "classify", "count": 30}],
         "queue_age": [{"status": "queued", "count": 30, "oldest_seconds": 7200.0}],
         "time_in_state": [{"status": "running", "transitions": 11, "median_seconds": 0.2, "p95_seconds": 1.5}],
         "attempts": [{"attempt": 0, "count": 30}, {"attempt": 1, "count": 12}],
         "retry_reasons": [{"reason": "timeout", "count": 3}],
-        "review_queue": {"total": 1, "rows": [{"job_id": "j9", "batch_key": "b", "reason": "inconclusive",
-                                               "attempts": 1, "last_error_class": "inconclusive", "age_seconds": 90.0}]},
+        "review_queue": {
+            "total": 1,
+            "rows": [
+                {
+                    "job_id": "j9",
+                    "batch_key": "b",
+                    "reason": "inconclusive",
+                    "attempts": 1,
+                    "last_error_class": "inconclusive",
+                    "age_seconds": 90.0,
+                }
+            ],
+        },
         "schema_mismatches": [{"found_by": "classify", "status": "terminal_failed", "count": 2}],
         "rejected_outputs": [{"reason": "label_outside_taxonomy", "count": 4}],
         "outbox": {"unsent": 3, "oldest_seconds": 12.0, "old": 0},
-    }  # fmt: skip
+    }
 
 
 def test_the_markdown_names_the_dry_run_and_every_section() -> None:

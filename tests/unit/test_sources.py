@@ -241,12 +241,17 @@ def test_jsonl_channel_is_optional(tmp_path: Path) -> None:
         pytest.param(line(ticket(received_at="2026-11-01T10:00:00")), "naive_received_at", id="naive-timestamp"),
         pytest.param(line(ticket(received_at="next tuesday")), "invalid_field", id="bad-timestamp"),
         pytest.param(line(ticket(channel=3)), "invalid_field", id="channel-not-string"),
-        pytest.param(b'{"id": "\\ud800", "subject": "", "body": "", "received_at": "2026-11-01T00:00:00Z"}',
-                     "invalid_json", id="lone-surrogate"),
-        *[pytest.param(line(ticket(received_at=ts)), "received_at_out_of_range", id=f"out-of-range-{ts}")
-          for ts in OUT_OF_RANGE_TIMESTAMPS],
+        pytest.param(
+            b'{"id": "\\ud800", "subject": "", "body": "", "received_at": "2026-11-01T00:00:00Z"}',
+            "invalid_json",
+            id="lone-surrogate",
+        ),
+        *[
+            pytest.param(line(ticket(received_at=ts)), "received_at_out_of_range", id=f"out-of-range-{ts}")
+            for ts in OUT_OF_RANGE_TIMESTAMPS
+        ],
     ],
-)  # fmt: skip
+)
 def test_jsonl_malformed_line_is_kept_with_a_reason(tmp_path: Path, raw: bytes, reason: str) -> None:
     write_day(tmp_path, "2026-11-01", "tickets.jsonl", [line(ticket("T-1")), b"", raw])
 
@@ -291,9 +296,13 @@ def test_jsonl_reads_only_the_interval_days_in_order(tmp_path: Path) -> None:
     ids = [d.external_id for d in JsonlSource(tmp_path).read(DAY + timedelta(days=1), DAY + timedelta(days=3))]
 
     assert ids == [
-        "2026-11-02-a1", "2026-11-02-a2", "2026-11-02-b",
-        "2026-11-03-a1", "2026-11-03-a2", "2026-11-03-b",
-    ]  # fmt: skip
+        "2026-11-02-a1",
+        "2026-11-02-a2",
+        "2026-11-02-b",
+        "2026-11-03-a1",
+        "2026-11-03-a2",
+        "2026-11-03-b",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -134,8 +134,15 @@ def api_base_url(env: Mapping[str, str]) -> str:
 
 def api_connection(env: Mapping[str, str], password: str) -> str:
     """The ``airflow_api`` connection in Airflow's JSON form, for ``AIRFLOW_CONN_AIRFLOW_API``."""
-    return json.dumps({"conn_type": "http", "host": api_base_url(env), "login": USERNAME, "password": password,
-                       "description": DESCRIPTION})  # fmt: skip
+    return json.dumps(
+        {
+            "conn_type": "http",
+            "host": api_base_url(env),
+            "login": USERNAME,
+            "password": password,
+            "description": DESCRIPTION,
+        }
+    )
 
 
 def local_settings(env: Mapping[str, str]) -> dict[str, str]:
@@ -160,8 +167,13 @@ def human_logins(passwords: Mapping[str, str]) -> dict[str, str]:
 
 
 def fab_connection(api_url: str, password: str) -> ConnectionSetting:
-    return ConnectionSetting(conn_id=CONN_ID, conn_type="http", conn_host=api_url, conn_login=USERNAME,
-                             conn_password=password)  # type: ignore[arg-type]  # fmt: skip
+    return ConnectionSetting(
+        conn_id=CONN_ID,
+        conn_type="http",
+        conn_host=api_url,
+        conn_login=USERNAME,
+        conn_password=password,  # type: ignore[arg-type]
+    )
 
 
 def provision_fab(api_url: str = COMPOSE_API_URL, *, airflow: Sequence[str] = ("airflow",)) -> None:
@@ -195,8 +207,11 @@ def provision_fab(api_url: str = COMPOSE_API_URL, *, airflow: Sequence[str] = ("
         if user is None:
             raise RuntimeError(f"could not create the Airflow user {USERNAME}")
     apply(AirflowSettings(connections=(fab_connection(api_url, password),)), airflow=airflow)
-    print(f"{USERNAME}: role {FAB_ROLE} ({', '.join(f'{a} on {r}' for a, r in FAB_PERMISSIONS)}), "
-          f"connection {CONN_ID} -> {api_url}", flush=True)  # fmt: skip
+    print(
+        f"{USERNAME}: role {FAB_ROLE} ({', '.join(f'{a} on {r}' for a, r in FAB_PERMISSIONS)}), "
+        f"connection {CONN_ID} -> {api_url}",
+        flush=True,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,8 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     fab = commands.add_parser("fab", help="role TriageReconcile, user triage_reconcile, connection airflow_api")
-    fab.add_argument("--api-url", default=os.environ.get("TRIAGE_AIRFLOW_API_URL", COMPOSE_API_URL),
-                     help=f"the API server as the workers reach it (default: $TRIAGE_AIRFLOW_API_URL or {COMPOSE_API_URL})")  # fmt: skip
+    fab.add_argument(
+        "--api-url",
+        default=os.environ.get("TRIAGE_AIRFLOW_API_URL", COMPOSE_API_URL),
+        help=f"the API server as the workers reach it (default: $TRIAGE_AIRFLOW_API_URL or {COMPOSE_API_URL})",
+    )
     fab.add_argument("--airflow", default="airflow", help="command running the Airflow CLI (default: airflow)")
     args = parser.parse_args(argv)
     provision_fab(args.api_url, airflow=args.airflow.split())

@@ -125,14 +125,22 @@ class DrillReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "ok": self.ok, "error": self.error, "seconds": round(self.seconds, 1), "runs": self.runs,
+            "ok": self.ok,
+            "error": self.error,
+            "seconds": round(self.seconds, 1),
+            "runs": self.runs,
             "faults": dict(Counter(f.kind for f in self.faults)),
-            "fault_log": [f.__dict__ for f in self.faults], "states": self.states,
-            "review_reasons": self.review_reasons, "task_tries": self.task_tries, "provider": self.provider,
-            "settle_rounds": self.settle_rounds, "airflow_view": dict(self.airflow_view),
-            "invariants": [{"name": i.name, "description": i.description, "violations": i.violations}
-                           for i in self.invariants],
-        }  # fmt: skip
+            "fault_log": [f.__dict__ for f in self.faults],
+            "states": self.states,
+            "review_reasons": self.review_reasons,
+            "task_tries": self.task_tries,
+            "provider": self.provider,
+            "settle_rounds": self.settle_rounds,
+            "airflow_view": dict(self.airflow_view),
+            "invariants": [
+                {"name": i.name, "description": i.description, "violations": i.violations} for i in self.invariants
+            ],
+        }
 
     def table(self) -> str:
         from triage_tools.drill.invariants import format_invariants
@@ -147,9 +155,14 @@ class DrillReport:
         lines += [f"  {k:<34} {n:>7}" for k, n in sorted(self.task_tries.items())]
         lines += ["", "label provider", "--------------"]
         lines += [f"  {k:<34} {n:>7}" for k, n in sorted(self.provider.items())]
-        lines += ["", f"runs: {json.dumps(self.runs)}", f"settle rounds: {self.settle_rounds}",
-                  f"reconciliation's Airflow view: {json.dumps(dict(self.airflow_view))}",
-                  f"drill time: {self.seconds:.0f} s", ""]  # fmt: skip
+        lines += [
+            "",
+            f"runs: {json.dumps(self.runs)}",
+            f"settle rounds: {self.settle_rounds}",
+            f"reconciliation's Airflow view: {json.dumps(dict(self.airflow_view))}",
+            f"drill time: {self.seconds:.0f} s",
+            "",
+        ]
         if self.invariants:
             lines += [format_invariants(self.invariants), ""]
         held = len(self.invariants) - len(self.broken)
@@ -172,8 +185,11 @@ class Drill:
         self.report = DrillReport()
         self.started = time.monotonic()
         self.run_ids = {f"chaos__{d.isoformat()}": d for d in options.days}
-        self.outage = (OutagePhase(options.first_date - timedelta(days=1), options.outage_documents, options.seed)
-                       if options.outage_documents else None)  # fmt: skip
+        self.outage = (
+            OutagePhase(options.first_date - timedelta(days=1), options.outage_documents, options.seed)
+            if options.outage_documents
+            else None
+        )
         self._action_kills_left = options.action_kills
         self._next_action_kill = 200
         self._lock = threading.Lock()
@@ -266,12 +282,16 @@ class Drill:
         while self.options.claim_kills > len(claim_targets):
             claim_targets.append(claim_targets[-1] if claim_targets else next(iter(self.run_ids)))
         restarts_left = self.options.db_restarts
-        restart_at = [self.options.documents * (i + 1) // (self.options.db_restarts + 2)
-                      for i in range(self.options.db_restarts)]  # fmt: skip
+        restart_at = [
+            self.options.documents * (i + 1) // (self.options.db_restarts + 2) for i in range(self.options.db_restarts)
+        ]
         while not self._stop.wait(0.2):
             try:
-                if (claim_targets and self._running_claims(claim_targets[0]) > 0
-                        and self._kill("kill_during_claim", claim_targets[0], "classify", "while it holds a claim")):  # fmt: skip
+                if (
+                    claim_targets
+                    and self._running_claims(claim_targets[0]) > 0
+                    and self._kill("kill_during_claim", claim_targets[0], "classify", "while it holds a claim")
+                ):
                     claim_targets.pop(0)
                     time.sleep(2.0)
                 if restarts_left and self._completed() >= restart_at[0]:
@@ -279,8 +299,11 @@ class Drill:
                     embedded.restart(self.home)
                     restarts_left -= 1
                     restart_at.pop(0)
-                    self._fault("postgres_restart", "embedded PostgreSQL",
-                                f"pg_ctl restart in {time.monotonic() - began:.1f} s; every connection broken")  # fmt: skip
+                    self._fault(
+                        "postgres_restart",
+                        "embedded PostgreSQL",
+                        f"pg_ctl restart in {time.monotonic() - began:.1f} s; every connection broken",
+                    )
                 if not claim_targets and not restarts_left:
                     return
             except Exception as exc:  # noqa: BLE001 - the database may be restarting right now
@@ -356,8 +379,11 @@ class Drill:
         if self.outage is not None:
             body = day_run(self.outage.outage_run, self.outage.day, self.outage.outage_conf())
             self.api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {**body, "note": "make chaos: model outage"})
-            self._fault("model_outage", self.outage.outage_run,
-                        f"every model call of {self.outage.documents} documents fails, past every retry")  # fmt: skip
+            self._fault(
+                "model_outage",
+                self.outage.outage_run,
+                f"every model call of {self.outage.documents} documents fails, past every retry",
+            )
 
     def recover_from_outage(self) -> None:
         """The model is back: the next run of the outage's date, which must finish every job."""
@@ -405,16 +431,22 @@ class Drill:
         run_id = f"chaos_reconcile__{round_no}"
         with self.engine.connect() as conn:
             before = conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM triage.reconciliation_runs")).scalar_one()
-        self.api.send("POST", f"/api/v2/dags/{RECONCILE_DAG_ID}/dagRuns",
-                      {"dag_run_id": run_id, "logical_date": None,
-                       "conf": {"grace_seconds": 0, "outbox_age_seconds": 0}})  # fmt: skip
+        self.api.send(
+            "POST",
+            f"/api/v2/dags/{RECONCILE_DAG_ID}/dagRuns",
+            {"dag_run_id": run_id, "logical_date": None, "conf": {"grace_seconds": 0, "outbox_age_seconds": 0}},
+        )
         state = self.wait_runs([run_id], RECONCILE_DAG_ID)[run_id]
         if state != "success":
             raise RuntimeError(f"{RECONCILE_DAG_ID} run {run_id} ended {state}")
         with self.engine.connect() as conn:  # this run's, and a scheduled one's that ran meanwhile
-            rows = conn.execute(sa.text(
-                "SELECT repairs, summary -> 'totals' -> 'skipped' ->> 'airflow_view' FROM triage.reconciliation_runs"
-                " WHERE finished_at IS NOT NULL AND id > :before"), {"before": before}).all()  # fmt: skip
+            rows = conn.execute(
+                sa.text(
+                    "SELECT repairs, summary -> 'totals' -> 'skipped' ->> 'airflow_view' FROM triage.reconciliation_runs"
+                    " WHERE finished_at IS NOT NULL AND id > :before"
+                ),
+                {"before": before},
+            ).all()
         # The cross-check logs in as triage_reconcile (the deployment's airflow_api connection).
         self.report.airflow_view.update("checked" if skipped is None else f"skipped: {skipped}" for _, skipped in rows)
         return sum(int(r.get("count", 0)) for repairs, _ in rows for r in repairs or [] if isinstance(r, dict))
@@ -433,9 +465,18 @@ class Drill:
 
     def clear_from_classify(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
-            self.api.send("POST", f"/api/v2/dags/{DAG_ID}/clearTaskInstances", {
-                "dry_run": False, "dag_run_id": run_id, "task_ids": ["classify"], "include_downstream": True,
-                "only_failed": False, "reset_dag_runs": True})  # fmt: skip
+            self.api.send(
+                "POST",
+                f"/api/v2/dags/{DAG_ID}/clearTaskInstances",
+                {
+                    "dry_run": False,
+                    "dag_run_id": run_id,
+                    "task_ids": ["classify"],
+                    "include_downstream": True,
+                    "only_failed": False,
+                    "reset_dag_runs": True,
+                },
+            )
         _say(f"cleared {list(run_ids)} from classify on (unfinished jobs after reconciliation)")
 
     def settle(self) -> None:
@@ -467,10 +508,16 @@ class Drill:
         from triage_tools.drill.invariants import Invariant, check_invariants
 
         with self.engine.connect() as conn:
-            self.report.states = {r[0]: int(r[1]) for r in conn.execute(sa.text(
-                "SELECT status::text, count(*) FROM triage.jobs GROUP BY 1"))}  # fmt: skip
-            self.report.review_reasons = {r[0]: int(r[1]) for r in conn.execute(sa.text(
-                "SELECT reason, count(*) FROM triage.manual_review WHERE resolved_at IS NULL GROUP BY 1"))}  # fmt: skip
+            self.report.states = {
+                r[0]: int(r[1])
+                for r in conn.execute(sa.text("SELECT status::text, count(*) FROM triage.jobs GROUP BY 1"))
+            }
+            self.report.review_reasons = {
+                r[0]: int(r[1])
+                for r in conn.execute(
+                    sa.text("SELECT reason, count(*) FROM triage.manual_review WHERE resolved_at IS NULL GROUP BY 1")
+                )
+            }
             # The jobs whose label is a document's: an older job of an edited document completes
             # without its action once the newer job's label stands (see triage.pipeline.persist).
             labelled_jobs = {
@@ -492,11 +539,19 @@ class Drill:
         # The provider's side: one effect per document (a duplicate delivery is one job, so one
         # key), and every document's label reached it (nothing completed without its effect).
         per_document = Counter((b.get("source"), b.get("external_id")) for b in self.provider.effects.values())
-        invariants.append(Invariant("one_effect_per_document", "the provider applied one label per document",
-                                    sum(1 for n in per_document.values() if n > 1)))  # fmt: skip
+        invariants.append(
+            Invariant(
+                "one_effect_per_document",
+                "the provider applied one label per document",
+                sum(1 for n in per_document.values() if n > 1),
+            )
+        )
         applied_jobs = {str(b.get("job_id")) for b in self.provider.effects.values()}
-        invariants.append(Invariant("completed_has_effect", "every document's label reached the provider",
-                                    len(labelled_jobs - applied_jobs)))  # fmt: skip
+        invariants.append(
+            Invariant(
+                "completed_has_effect", "every document's label reached the provider", len(labelled_jobs - applied_jobs)
+            )
+        )
         self.report.invariants = invariants
         self.report.provider = {
             "requests": sum(self.provider.requests.values()),
@@ -628,8 +683,9 @@ is written to report.json in the drill's home.
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.drill.chaos") -> int:
     defaults = DrillOptions()
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=prog, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--documents",
         type=int,
@@ -693,9 +749,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
     from triage.settings import triage_home
 
     home = (args.home or triage_home() / "chaos").resolve()
-    options = DrillOptions(documents=args.documents, dates=args.dates, seed=args.seed, claim_kills=args.claim_kills,
-                           action_kills=args.action_kills, db_restarts=args.db_restarts, timeout_s=args.timeout,
-                           outage_documents=args.outage_documents)  # fmt: skip
+    options = DrillOptions(
+        documents=args.documents,
+        dates=args.dates,
+        seed=args.seed,
+        claim_kills=args.claim_kills,
+        action_kills=args.action_kills,
+        db_restarts=args.db_restarts,
+        timeout_s=args.timeout,
+        outage_documents=args.outage_documents,
+    )
     report = run(options, home)
     print(report.table())
     print(f"report: {home / 'report.json'}")

@@ -152,8 +152,9 @@ CHECKS: dict[str, tuple[str, Callable[[], sa.Select[Any]]]] = {
 """Each invariant's description (what the drill prints) and the query counting its violations."""
 
 
-def check_invariants(conn: sa.Connection, batches: list[str] | None = None,
-                     effects_per_key: Mapping[str, int] | None = None) -> list[Invariant]:  # fmt: skip
+def check_invariants(
+    conn: sa.Connection, batches: list[str] | None = None, effects_per_key: Mapping[str, int] | None = None
+) -> list[Invariant]:
     """Count the violations of every invariant (of ``batches``, or of every job).
 
     :param effects_per_key: how many different effects an external sink was asked for under
@@ -165,8 +166,13 @@ def check_invariants(conn: sa.Connection, batches: list[str] | None = None,
         for name, (description, query) in CHECKS.items()
     ]
     if effects_per_key is not None:
-        results.append(Invariant("external_effect_once", "the external sink saw one effect per idempotency key",
-                                 sum(1 for n in effects_per_key.values() if n > 1)))  # fmt: skip
+        results.append(
+            Invariant(
+                "external_effect_once",
+                "the external sink saw one effect per idempotency key",
+                sum(1 for n in effects_per_key.values() if n > 1),
+            )
+        )
     return results
 
 

@@ -82,13 +82,25 @@ def outage_invariants(conn: sa.Connection, phase: OutagePhase, run_states: dict[
     ).scalar_one()
     outage_state, recovery_state = run_states.get(phase.outage_run), run_states.get(phase.recovery_run)
     return [
-        Invariant("outage_not_reviewed", "no job of the outage's date entered manual_review but for the model's verdict",
-                  int(conn.execute(ever_reviewed).scalar_one())),
-        Invariant("outage_settled", f"every job of the outage's date classified after it ({total} jobs)",
-                  int(unsettled) + (0 if total else 1)),
+        Invariant(
+            "outage_not_reviewed",
+            "no job of the outage's date entered manual_review but for the model's verdict",
+            int(conn.execute(ever_reviewed).scalar_one()),
+        ),
+        Invariant(
+            "outage_settled",
+            f"every job of the outage's date classified after it ({total} jobs)",
+            int(unsettled) + (0 if total else 1),
+        ),
         Invariant("outage_spent_no_attempt", "each was classified on its first real attempt", int(spent)),
-        Invariant("outage_run_failed", f"the run during the outage failed visibly (it was {outage_state})",
-                  int(outage_state != "failed")),
-        Invariant("outage_recovered", f"the next run of the date succeeded (it was {recovery_state})",
-                  int(recovery_state != "success")),
-    ]  # fmt: skip
+        Invariant(
+            "outage_run_failed",
+            f"the run during the outage failed visibly (it was {outage_state})",
+            int(outage_state != "failed"),
+        ),
+        Invariant(
+            "outage_recovered",
+            f"the next run of the date succeeded (it was {recovery_state})",
+            int(recovery_state != "success"),
+        ),
+    ]

@@ -30,8 +30,15 @@ class FakeProvider:
         is applied and before the answer is sent.
     """
 
-    def __init__(self, *, late_rate: float = 0.0, late_by_s: float = 0.0, seed: int = 0,
-                 on_effect: Callable[[str, int], None] | None = None, port: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        late_rate: float = 0.0,
+        late_by_s: float = 0.0,
+        seed: int = 0,
+        on_effect: Callable[[str, int], None] | None = None,
+        port: int = 0,
+    ) -> None:
         self.effects: dict[str, dict[str, Any]] = {}  # idempotency key -> the first body applied
         self.requests: Counter[str] = Counter()
         # Every distinct effect asked for under each key (body as canonical JSON). The provider

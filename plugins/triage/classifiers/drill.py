@@ -55,8 +55,9 @@ class DrillClassifier:
         draw = drill_fraction(settings.seed, request.idempotency_key, request.attempt)
         threshold = settings.transient_error_rate
         if draw < threshold:
-            raise TransientClassifierError("drill_transient", "injected transient failure",
-                                           retry_after=settings.retry_after_seconds)  # fmt: skip
+            raise TransientClassifierError(
+                "drill_transient", "injected transient failure", retry_after=settings.retry_after_seconds
+            )
         threshold += settings.permanent_error_rate
         if draw < threshold:
             raise PermanentClassifierError("drill_permanent", "injected permanent failure")

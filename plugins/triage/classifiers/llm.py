@@ -81,16 +81,18 @@ class _ChatCompletion(BaseModel):
     usage: Any = None
 
 
-def _usage(usage: Any, price_per_1k_prompt: float | None,
-           price_per_1k_completion: float | None) -> tuple[dict[str, Any], tuple[str, ...]]:  # fmt: skip
+def _usage(
+    usage: Any, price_per_1k_prompt: float | None, price_per_1k_completion: float | None
+) -> tuple[dict[str, Any], tuple[str, ...]]:
     """``prompt_tokens``, ``completion_tokens`` and ``cost_usd`` within the columns' bounds
     (:mod:`triage.jobs.usage`), and the names of the figures left out because they were not."""
     if usage is None:
         return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ()
     if not isinstance(usage, dict):
         return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ("usage",)
-    figures, discarded = bounded(prompt_tokens=usage.get("prompt_tokens"),
-                                 completion_tokens=usage.get("completion_tokens"))  # fmt: skip
+    figures, discarded = bounded(
+        prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens")
+    )
     prompt, completion = figures["prompt_tokens"], figures["completion_tokens"]
     cost: object = None
     if (price_per_1k_prompt is not None or price_per_1k_completion is not None) and (

@@ -36,14 +36,18 @@ class DrillSettings(BaseModel):
     )
     seed: int = Field(default=0, description="Seed of every drill decision.")
     kill_on: str | None = Field(
-        default=None, min_length=1, max_length=256,
+        default=None,
+        min_length=1,
+        max_length=256,
         description="A document (its external_id, or its content sha256) whose classification SIGKILLs the "
         "worker process, every attempt: a poison document (segfault, OOM) for the poison-isolation drill.",
-    )  # fmt: skip
+    )
     retry_after_seconds: float | None = Field(
-        default=None, ge=0.0, le=900.0,
+        default=None,
+        ge=0.0,
+        le=900.0,
         description="Retry-After the injected transient errors carry, as a model's 429/503 would (none: no hint).",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _fault_rates_fit_in_one(self) -> DrillSettings:

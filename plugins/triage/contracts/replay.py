@@ -43,52 +43,71 @@ class ReplaySelection(BaseModel):
     """The fields of a replay's filter (all optional here; :class:`ReplayFilter` checks them as a whole)."""
 
     reason: str | None = Field(
-        default=None, pattern=_NAME, title="Reason",
+        default=None,
+        pattern=_NAME,
+        title="Reason",
         description="Replay: only jobs whose review reason (manual_review) or status reason (terminal_failed) "
         "is this, e.g. retries_exhausted.",
         json_schema_extra={"section": "Replay by filter"},
-    )  # fmt: skip
+    )
     error_class: str | None = Field(
-        default=None, pattern=_NAME, title="Error class",
+        default=None,
+        pattern=_NAME,
+        title="Error class",
         description="Replay: only jobs whose last error class is this, e.g. ModelTimeout.",
         json_schema_extra={"section": "Replay by filter"},
-    )  # fmt: skip
+    )
     states: list[ReplayState] = Field(
-        default=["manual_review"], min_length=1, max_length=2, title="States",
+        default=["manual_review"],
+        min_length=1,
+        max_length=2,
+        title="States",
         description="Replay: the states to take jobs from (manual_review, terminal_failed, or both).",
         json_schema_extra={"section": "Replay by filter", "examples": list(REPLAY_STATES), "uniqueItems": True},
-    )  # fmt: skip
+    )
     source: str | None = Field(
-        default=None, pattern=_PRINTABLE, title="Source",
+        default=None,
+        pattern=_PRINTABLE,
+        title="Source",
         description="Replay: only jobs of this source (e.g. synthetic, jsonl).",
         json_schema_extra={"section": "Replay by filter"},
-    )  # fmt: skip
+    )
     batch_key: str | None = Field(
-        default=None, pattern=_PRINTABLE, title="Batch",
+        default=None,
+        pattern=_PRINTABLE,
+        title="Batch",
         description="Replay: only jobs of this batch (a classify_documents run's data interval, as in the report).",
         json_schema_extra={"section": "Replay by filter"},
-    )  # fmt: skip
+    )
     since: datetime | None = Field(
-        default=None, title="Failed since",
+        default=None,
+        title="Failed since",
         description="Replay: only jobs that entered their state at or after this time (UTC when no zone is given).",
         json_schema_extra={"section": "Replay by filter"},
-    )  # fmt: skip
+    )
     until: datetime | None = Field(
-        default=None, title="Failed until",
+        default=None,
+        title="Failed until",
         description="Replay: only jobs that entered their state before this time (UTC when no zone is given).",
         json_schema_extra={"section": "Replay by filter"},
-    )  # fmt: skip
+    )
     limit: int = Field(
-        default=DEFAULT_REPLAY_LIMIT, ge=1, le=MAX_REPLAY_LIMIT, strict=True, title="Limit",
+        default=DEFAULT_REPLAY_LIMIT,
+        ge=1,
+        le=MAX_REPLAY_LIMIT,
+        strict=True,
+        title="Limit",
         description=f"Replay: move at most this many jobs (at most {MAX_REPLAY_LIMIT:,}), oldest failure first.",
         json_schema_extra={"section": "Replay by filter"},
-    )  # fmt: skip
+    )
     dry_run: bool = Field(
-        default=True, strict=True, title="Dry run",
+        default=True,
+        strict=True,
+        title="Dry run",
         description="Replay: only say how many jobs match and which (the first "
         f"{PREVIEW_ROWS}); change nothing. Untick to apply (a note is then required).",
         json_schema_extra={"section": "Replay by filter"},
-    )  # fmt: skip
+    )
 
     @field_validator("since", "until")
     @classmethod
@@ -145,8 +164,9 @@ class ReplayFilter(ReplaySelection):
     @model_validator(mode="after")
     def _a_filter_that_may_run(self) -> ReplayFilter:
         if not self.narrows():
-            raise ValueError(f"name at least one of {', '.join(NARROWING_FIELDS)}: a replay never takes every "
-                             "failed job by accident")  # fmt: skip
+            raise ValueError(
+                f"name at least one of {', '.join(NARROWING_FIELDS)}: a replay never takes every failed job by accident"
+            )
         if self.since is not None and self.until is not None and self.since >= self.until:
             raise ValueError("since must be before until")
         if not self.dry_run and not self.note:

@@ -39,55 +39,74 @@ class ClassifyRunConfig(DagParams):
     invalid: ClassVar[type[InvalidParams]] = InvalidRunConfig
 
     source: Literal["synthetic", "jsonl"] = Field(
-        default="synthetic", title="Source",
+        default="synthetic",
+        title="Source",
         description="Where documents come from: generated tickets (synthetic) or an inbox of JSON-lines files (jsonl).",
         json_schema_extra={"section": "Retrieval"},
-    )  # fmt: skip
+    )
     documents: int = Field(
-        default=1000, ge=0, le=1_000_000, title="Synthetic documents",
+        default=1000,
+        ge=0,
+        le=1_000_000,
+        title="Synthetic documents",
         description="How many synthetic documents the run's data interval holds (source = synthetic).",
         json_schema_extra={"section": "Retrieval"},
-    )  # fmt: skip
+    )
     inbox: str = Field(
-        default="include/sample_inbox", title="Inbox",
+        default="include/sample_inbox",
+        title="Inbox",
         description="Folder or object-storage URL of the jsonl inbox, one sub-folder per day (YYYY-MM-DD); "
         "relative paths are taken from the project folder; it must lie inside one of the deployment's inbox "
         "roots (TRIAGE_INBOX_ROOTS) (source = jsonl).",
         json_schema_extra={"section": "Retrieval"},
-    )  # fmt: skip
+    )
     classifier: Literal["keyword", "llm"] = Field(
-        default="keyword", title="Classifier",
+        default="keyword",
+        title="Classifier",
         description="keyword: the taxonomy's keywords; llm: an OpenAI-compatible model through the triage_llm connection.",
         json_schema_extra={"section": "Classification"},
-    )  # fmt: skip
+    )
     confidence_threshold: float = Field(
-        default=0.7, ge=0.0, le=1.0, title="Confidence threshold",
+        default=0.7,
+        ge=0.0,
+        le=1.0,
+        title="Confidence threshold",
         description="Below this confidence a label is inconclusive and the document goes to manual review.",
         json_schema_extra={"section": "Classification"},
-    )  # fmt: skip
+    )
     max_attempts: int = Field(
-        default=4, ge=1, le=20, title="Max attempts",
+        default=4,
+        ge=1,
+        le=20,
+        title="Max attempts",
         description="Attempts per document before a transient failure goes to manual review (retries_exhausted).",
         json_schema_extra={"section": "Reliability"},
-    )  # fmt: skip
+    )
     lease_seconds: int = Field(
-        default=300, ge=10, le=3600, title="Lease (seconds)",
+        default=300,
+        ge=10,
+        le=3600,
+        title="Lease (seconds)",
         description="How long a worker owns a claimed batch without a heartbeat before reconciliation takes it back.",
         json_schema_extra={"section": "Reliability"},
-    )  # fmt: skip
+    )
     concurrency: int = Field(
-        default=8, ge=1, le=256, title="Concurrency",
+        default=8,
+        ge=1,
+        le=256,
+        title="Concurrency",
         description="Classifier calls in flight at once in one classify task (the llm classifier; keyword runs "
-                    "inline), at most the task's 8 slots of the llm_api pool.",
+        "inline), at most the task's 8 slots of the llm_api pool.",
         json_schema_extra={"section": "Reliability"},
-    )  # fmt: skip
+    )
     drill: DrillSettings = Field(
-        default_factory=DrillSettings, title="Failure drill",
+        default_factory=DrillSettings,
+        title="Failure drill",
         description="Injected fault rates (transient_error_rate, permanent_error_rate, inconclusive_rate, "
         "duplicate_rate in [0, 1]) and their seed; all zero is no drill. A drill runs only where the deployment "
         "allows it (TRIAGE_ALLOW_DRILL=1: make run, make chaos); elsewhere the run fails at once.",
         json_schema_extra={"section": "Failure drill"},
-    )  # fmt: skip
+    )
 
 
 def check_drill(config: ClassifyRunConfig, *, allowed: bool) -> None:

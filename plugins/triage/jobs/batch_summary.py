@@ -49,12 +49,17 @@ def batch_summary(conn: sa.Connection, batch_key: str, since: datetime | None = 
     """Jobs of the batch by state and open reviews by reason; the throughput counts only the
     transitions at or after ``since`` (one run's work, not the batch's whole history)."""
     in_batch = sa.select(jobs.c.id).where(jobs.c.batch_key == batch_key)
-    reasons: dict[str, int] = dict(conn.execute(
-        sa.select(manual_review.c.reason, sa.func.count())
-        .join(jobs, jobs.c.id == manual_review.c.job_id)
-        .where(jobs.c.batch_key == batch_key, manual_review.c.resolved_at.is_(None))
-        .group_by(manual_review.c.reason).order_by(sa.func.count().desc())
-    ).tuples().all())  # fmt: skip
+    reasons: dict[str, int] = dict(
+        conn.execute(
+            sa.select(manual_review.c.reason, sa.func.count())
+            .join(jobs, jobs.c.id == manual_review.c.job_id)
+            .where(jobs.c.batch_key == batch_key, manual_review.c.resolved_at.is_(None))
+            .group_by(manual_review.c.reason)
+            .order_by(sa.func.count().desc())
+        )
+        .tuples()
+        .all()
+    )
     settled = sorted(s.value for s in SETTLED)
     first, last, registered_now = conn.execute(
         sa.select(
@@ -85,7 +90,9 @@ def format_summary(summary: BatchSummary) -> str:
         lines += [f"    {reason:<26}{n:>8}" for reason, n in summary.review_reasons.items()]
     lines.append(f"  registered by this run: {summary.registered}")
     if summary.documents_per_second is not None:
-        lines.append(f"  {summary.documents_per_second:,.0f} documents/s from its first registration to its last"
-                     f" settled job ({summary.seconds:.1f} s)")  # fmt: skip
+        lines.append(
+            f"  {summary.documents_per_second:,.0f} documents/s from its first registration to its last"
+            f" settled job ({summary.seconds:.1f} s)"
+        )
     lines.append(f"  outbox events not yet published: {summary.events_unpublished}")
     return "\n".join(lines)

@@ -152,9 +152,11 @@ def orphaned() -> list[ColumnElement[bool]]:
     batch = jobs.alias("batch")
     active = sa.exists().where(
         batch.c.batch_key == jobs.c.batch_key,
-        sa.or_(batch.c.updated_at >= NOW - seconds("threshold"),
-               batch.c.status.in_([status_literal(S.RUNNING), status_literal(S.WAITING)])),
-    )  # fmt: skip
+        sa.or_(
+            batch.c.updated_at >= NOW - seconds("threshold"),
+            batch.c.status.in_([status_literal(S.RUNNING), status_literal(S.WAITING)]),
+        ),
+    )
     idle_since = sa.func.greatest(jobs.c.updated_at, jobs.c.next_attempt_at)
     return [in_state(*CLAIMABLE), idle_since < NOW - seconds("threshold"), ~active]
 
@@ -180,10 +182,14 @@ def unclaimable_version() -> sa.Select[Any]:
     classifier's version, so no run of this deployment will ever take them."""
     rows = (
         sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
-        .where(in_state(*CLAIMABLE), jobs.c.step == Step.CLASSIFY.value, settled(),
-               jobs.c.classifier_version != sa.all_(sa.bindparam("versions", type_=pg.ARRAY(sa.Text))))
+        .where(
+            in_state(*CLAIMABLE),
+            jobs.c.step == Step.CLASSIFY.value,
+            settled(),
+            jobs.c.classifier_version != sa.all_(sa.bindparam("versions", type_=pg.ARRAY(sa.Text))),
+        )
         .subquery()
-    )  # fmt: skip
+    )
     return summarise(rows)
 
 
@@ -265,7 +271,9 @@ def unfinished_by_batch() -> sa.Select[Any]:
     """Unfinished jobs of each given batch (``:batch_keys``), with a sample of their ids."""
     return (
         sa.select(jobs.c.batch_key, *_summary(jobs.c.id, jobs.c.updated_at))
-        .where(jobs.c.batch_key == sa.any_(sa.bindparam("batch_keys", type_=pg.ARRAY(sa.Text))),
-               jobs.c.status.in_(UNFINISHED_VALUES))
+        .where(
+            jobs.c.batch_key == sa.any_(sa.bindparam("batch_keys", type_=pg.ARRAY(sa.Text))),
+            jobs.c.status.in_(UNFINISHED_VALUES),
+        )
         .group_by(jobs.c.batch_key)
-    )  # fmt: skip
+    )

@@ -88,11 +88,12 @@ def review_rows(moved: Any, reason: ColumnElement[Any], context: ColumnElement[A
         pg.insert(manual_review)
         .from_select(
             ["job_id", "reason", "error_class", "attempts", "last_error", "context"],
-            sa.select(moved.c.id, reason, moved.c.last_error_class, moved.c.attempt, moved.c.last_error, context)
-            .where(moved.c.status == status_literal(S.MANUAL_REVIEW)),
+            sa.select(moved.c.id, reason, moved.c.last_error_class, moved.c.attempt, moved.c.last_error, context).where(
+                moved.c.status == status_literal(S.MANUAL_REVIEW)
+            ),
         )
         .on_conflict_do_nothing(index_elements=["job_id"], index_where=manual_review.c.resolved_at.is_(None))
-    )  # fmt: skip
+    )
 
 
 def fresh_budget() -> dict[str, Any]:

@@ -42,8 +42,9 @@ def _newer_label_stands() -> ColumnElement[bool]:
 @cache
 def superseded_jobs() -> Any:
     """Of the jobs ``:ids``, those whose document has a newer job's label."""
-    return sa.select(jobs.c.id).where(jobs.c.id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))),
-                                      _newer_label_stands())  # fmt: skip
+    return sa.select(jobs.c.id).where(
+        jobs.c.id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))), _newer_label_stands()
+    )
 
 
 @cache
@@ -52,14 +53,27 @@ def reviewed_label_of() -> Any:
     review row and whether a newer job's label has since become the document's."""
     review = latest_review()
     return (
-        sa.select(jobs.c.id, jobs.c.idempotency_key, jobs.c.created_at, jobs.c.source, jobs.c.external_id,
-                  jobs.c.correlation_id, review.c.id.label("review_id"), review.c.resolved_label.label("label"),
-                  review.c.resolved_by, _newer_label_stands().label("superseded"))
+        sa.select(
+            jobs.c.id,
+            jobs.c.idempotency_key,
+            jobs.c.created_at,
+            jobs.c.source,
+            jobs.c.external_id,
+            jobs.c.correlation_id,
+            review.c.id.label("review_id"),
+            review.c.resolved_label.label("label"),
+            review.c.resolved_by,
+            _newer_label_stands().label("superseded"),
+        )
         .select_from(jobs)
         .join(review, sa.true())
-        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == status_literal(S.COMPLETED),
-               review.c.resolution == "labelled", review.c.resolved_label.is_not(None))
-    )  # fmt: skip
+        .where(
+            jobs.c.id == sa.bindparam("p_job_id", type_=UUID),
+            jobs.c.status == status_literal(S.COMPLETED),
+            review.c.resolution == "labelled",
+            review.c.resolved_label.is_not(None),
+        )
+    )
 
 
 def superseded(conn: sa.Connection, job_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
@@ -90,5 +104,14 @@ def reviewed_label(conn: sa.Connection, job_id: uuid.UUID) -> ReviewedLabel | No
     row = conn.execute(reviewed_label_of(), {"p_job_id": job_id}).first()
     if row is None:
         return None
-    return ReviewedLabel(row.id, f"{row.idempotency_key}/review/{row.review_id}", row.created_at, row.source,
-                         row.external_id, row.correlation_id, row.label, row.resolved_by, bool(row.superseded))  # fmt: skip
+    return ReviewedLabel(
+        row.id,
+        f"{row.idempotency_key}/review/{row.review_id}",
+        row.created_at,
+        row.source,
+        row.external_id,
+        row.correlation_id,
+        row.label,
+        row.resolved_by,
+        bool(row.superseded),
+    )

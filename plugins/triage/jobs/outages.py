@@ -58,15 +58,20 @@ def park_unstarted() -> Any:
     )
     return (
         sa.update(jobs)
-        .where(jobs.c.id == target.c.id, jobs.c.status.in_([status_literal(S.QUEUED), status_literal(S.RETRYABLE_FAILED)]))
-        .values(status=status_literal(S.WAITING),
-                status_reason=sa.func.concat(OUTAGE_PREFIX, sa.bindparam("dependency", type_=sa.Text)),
-                attempt=jobs.c.attempt - sa.case((give_back, 1), else_=0),
-                next_attempt_at=sa.func.greatest(sa.func.coalesce(jobs.c.next_attempt_at, until), until),
-                last_error_class=sa.bindparam("error_class", type_=sa.Text),
-                last_error=sa.bindparam("error", type_=sa.Text), updated_at=NOW)
+        .where(
+            jobs.c.id == target.c.id, jobs.c.status.in_([status_literal(S.QUEUED), status_literal(S.RETRYABLE_FAILED)])
+        )
+        .values(
+            status=status_literal(S.WAITING),
+            status_reason=sa.func.concat(OUTAGE_PREFIX, sa.bindparam("dependency", type_=sa.Text)),
+            attempt=jobs.c.attempt - sa.case((give_back, 1), else_=0),
+            next_attempt_at=sa.func.greatest(sa.func.coalesce(jobs.c.next_attempt_at, until), until),
+            last_error_class=sa.bindparam("error_class", type_=sa.Text),
+            last_error=sa.bindparam("error", type_=sa.Text),
+            updated_at=NOW,
+        )
         .returning(jobs.c.id)
-    )  # fmt: skip
+    )
 
 
 @cache

@@ -46,30 +46,38 @@ def claim_events() -> Any:
     """
     live = sa.select(sa.func.unnest(outbox_claims.c.event_ids)).where(outbox_claims.c.claimed_until > NOW)
     picked = (
-        sa.select(outbox.c.event_id, outbox.c.job_id, outbox.c.event_type, outbox.c.schema_version,
-                  outbox.c.attempt, outbox.c.created_at.label("occurred_at"), jobs.c.correlation_id,
-                  jobs.c.payload_ref,
-                  # As text: most payloads are empty, and decoding each JSON value in the driver
-                  # cost a tenth of the relay's time (measured); the event decodes the others.
-                  sa.cast(outbox.c.payload, sa.Text).label("payload"))
+        sa.select(
+            outbox.c.event_id,
+            outbox.c.job_id,
+            outbox.c.event_type,
+            outbox.c.schema_version,
+            outbox.c.attempt,
+            outbox.c.created_at.label("occurred_at"),
+            jobs.c.correlation_id,
+            jobs.c.payload_ref,
+            # As text: most payloads are empty, and decoding each JSON value in the driver
+            # cost a tenth of the relay's time (measured); the event decodes the others.
+            sa.cast(outbox.c.payload, sa.Text).label("payload"),
+        )
         .join_from(outbox, jobs, jobs.c.id == outbox.c.job_id)
         .where(outbox.c.published_at.is_(None), outbox.c.event_id.not_in(live))
         .order_by(outbox.c.created_at)
         .limit(sa.bindparam("limit", type_=sa.Integer))
         .cte("picked")
-    )  # fmt: skip
+    )
     expired = sa.delete(outbox_claims).where(outbox_claims.c.claimed_until <= NOW).cte("expired")
     claim = (
         sa.insert(outbox_claims)
         .from_select(
             ["token", "claimed_until", "event_ids"],
-            sa.select(sa.bindparam("token", type_=UUID),
-                      NOW + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam("lease_seconds", type_=sa.Float)),
-                      sa.func.array_agg(picked.c.event_id))
-            .having(sa.func.count() > 0),
+            sa.select(
+                sa.bindparam("token", type_=UUID),
+                NOW + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam("lease_seconds", type_=sa.Float)),
+                sa.func.array_agg(picked.c.event_id),
+            ).having(sa.func.count() > 0),
         )
         .cte("claim")
-    )  # fmt: skip
+    )
     return sa.select(picked).order_by(picked.c.occurred_at, picked.c.event_id).add_cte(expired, claim)
 
 

@@ -23,17 +23,33 @@ def upsert_labels() -> Any:
     never replaces a newer one, so a stale retry or an older classifier version loses."""
     given = recordset("given", id=UUID, label=sa.Text, confidence=sa.Float, classifier_version=sa.Text)
     newest = (
-        sa.select(jobs.c.source, jobs.c.external_id, given.c.label, given.c.confidence,
-                  given.c.classifier_version, jobs.c.content_sha256, jobs.c.id, jobs.c.created_at)
+        sa.select(
+            jobs.c.source,
+            jobs.c.external_id,
+            given.c.label,
+            given.c.confidence,
+            given.c.classifier_version,
+            jobs.c.content_sha256,
+            jobs.c.id,
+            jobs.c.created_at,
+        )
         .join_from(given, jobs, jobs.c.id == given.c.id)
         .distinct(jobs.c.source, jobs.c.external_id)  # DISTINCT ON; SQLAlchemy 2.0 (Airflow's pin)
         .order_by(jobs.c.source, jobs.c.external_id, jobs.c.created_at.desc(), jobs.c.id.desc())
-    )  # fmt: skip
+    )
     stmt = pg.insert(document_labels).from_select(
-        ["source", "external_id", "label", "confidence", "classifier_version", "content_sha256", "job_id",
-         "job_created_at"],
+        [
+            "source",
+            "external_id",
+            "label",
+            "confidence",
+            "classifier_version",
+            "content_sha256",
+            "job_id",
+            "job_created_at",
+        ],
         newest,
-    )  # fmt: skip
+    )
     current = document_labels
     return stmt.on_conflict_do_update(
         index_elements=["source", "external_id"],
@@ -55,10 +71,20 @@ def upsert_labels() -> Any:
 def record_classifications() -> Any:
     """One row per job and attempt that produced a model outcome (idempotent per attempt)."""
     given = recordset(
-        "given", job_id=UUID, attempt=sa.Integer, label=sa.Text, confidence=sa.Float, outcome=sa.Text,
-        rejected_reason=sa.Text, classifier_version=sa.Text, latency_ms=sa.Float, prompt_tokens=sa.Integer,
-        completion_tokens=sa.Integer, cost_usd=sa.Numeric(12, 6), usage_discarded=sa.Text,
-    )  # fmt: skip
+        "given",
+        job_id=UUID,
+        attempt=sa.Integer,
+        label=sa.Text,
+        confidence=sa.Float,
+        outcome=sa.Text,
+        rejected_reason=sa.Text,
+        classifier_version=sa.Text,
+        latency_ms=sa.Float,
+        prompt_tokens=sa.Integer,
+        completion_tokens=sa.Integer,
+        cost_usd=sa.Numeric(12, 6),
+        usage_discarded=sa.Text,
+    )
     names = [c.name for c in given.c]
     return (
         pg.insert(classifications)

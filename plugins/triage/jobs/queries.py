@@ -56,13 +56,19 @@ def open_in_step() -> Any:
 def accepted_classifications() -> Any:
     """The latest accepted classification of each given job: what persistence writes."""
     return (
-        sa.select(classifications.c.job_id, classifications.c.label, classifications.c.confidence,
-                  classifications.c.classifier_version)
-        .where(classifications.c.job_id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))),
-               classifications.c.outcome == "accepted")
+        sa.select(
+            classifications.c.job_id,
+            classifications.c.label,
+            classifications.c.confidence,
+            classifications.c.classifier_version,
+        )
+        .where(
+            classifications.c.job_id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(UUID))),
+            classifications.c.outcome == "accepted",
+        )
         .distinct(classifications.c.job_id)  # DISTINCT ON; SQLAlchemy 2.0 has no .ext(distinct_on)
         .order_by(classifications.c.job_id, classifications.c.attempt.desc())
-    )  # fmt: skip
+    )
 
 
 def latest_review() -> Any:
@@ -89,12 +95,18 @@ def review_state() -> Any:
     not in review, already decided the same way or otherwise, replays spent)."""
     latest = latest_review()
     return (
-        sa.select(jobs.c.status, jobs.c.replays, latest.c.resolution, latest.c.resolved_by, latest.c.resolved_at,
-                  latest.c.resolved_label)
+        sa.select(
+            jobs.c.status,
+            jobs.c.replays,
+            latest.c.resolution,
+            latest.c.resolved_by,
+            latest.c.resolved_at,
+            latest.c.resolved_label,
+        )
         .select_from(jobs)
         .outerjoin(latest, sa.true())
         .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID))
-    )  # fmt: skip
+    )
 
 
 @cache
@@ -113,18 +125,35 @@ def open_review_cases() -> Any:
     ids = sa.bindparam("ids", type_=pg.ARRAY(UUID))
     return (
         sa.select(
-            jobs.c.id.label("job_id"), jobs.c.correlation_id, jobs.c.source, jobs.c.external_id, jobs.c.payload_ref,
-            jobs.c.classifier_version, jobs.c.batch_key, jobs.c.step, jobs.c.attempt, jobs.c.max_attempts,
-            jobs.c.replays, jobs.c.attempt_base, manual_review.c.reason, manual_review.c.error_class, manual_review.c.last_error,
-            manual_review.c.context, manual_review.c.created_at.label("opened_at"),
-            model.c.label.label("model_label"), model.c.confidence.label("model_confidence"),
+            jobs.c.id.label("job_id"),
+            jobs.c.correlation_id,
+            jobs.c.source,
+            jobs.c.external_id,
+            jobs.c.payload_ref,
+            jobs.c.classifier_version,
+            jobs.c.batch_key,
+            jobs.c.step,
+            jobs.c.attempt,
+            jobs.c.max_attempts,
+            jobs.c.replays,
+            jobs.c.attempt_base,
+            manual_review.c.reason,
+            manual_review.c.error_class,
+            manual_review.c.last_error,
+            manual_review.c.context,
+            manual_review.c.created_at.label("opened_at"),
+            model.c.label.label("model_label"),
+            model.c.confidence.label("model_confidence"),
             model.c.outcome.label("model_outcome"),
         )
         .select_from(manual_review)
         .join(jobs, jobs.c.id == manual_review.c.job_id)
         .outerjoin(model, sa.true())
-        .where(manual_review.c.resolved_at.is_(None), jobs.c.status == status_literal(S.MANUAL_REVIEW),
-               sa.or_(ids.is_(None), jobs.c.id == sa.any_(ids)))
+        .where(
+            manual_review.c.resolved_at.is_(None),
+            jobs.c.status == status_literal(S.MANUAL_REVIEW),
+            sa.or_(ids.is_(None), jobs.c.id == sa.any_(ids)),
+        )
         .order_by(manual_review.c.created_at, manual_review.c.id)
         .limit(sa.bindparam("limit", type_=sa.Integer))
-    )  # fmt: skip
+    )

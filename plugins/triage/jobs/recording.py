@@ -37,8 +37,9 @@ from triage.jobs.models import (
 from triage.jobs.states import JobStatus
 
 
-def register_txn(conn: sa.Connection, new_jobs: Sequence[NewJob], *, batch_key: str, step: str,
-                 max_attempts: int) -> Registered:  # fmt: skip
+def register_txn(
+    conn: sa.Connection, new_jobs: Sequence[NewJob], *, batch_key: str, step: str, max_attempts: int
+) -> Registered:
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
     queued = [j for j in new_jobs if j.status == JobStatus.QUEUED]
@@ -52,8 +53,18 @@ def register_txn(conn: sa.Connection, new_jobs: Sequence[NewJob], *, batch_key: 
         rows = rowset("new", (_new_job_row(j) for j in queued))
         new_ids += conn.execute(T.register_queued(), {**scalars, **rows}).scalars().all()
     if review:
-        rows = rowset("new", ({**_new_job_row(j), "reason": j.reason or "malformed_input", "error": j.error,
-                                 "context": context_json(j.review_context)} for j in review))  # fmt: skip
+        rows = rowset(
+            "new",
+            (
+                {
+                    **_new_job_row(j),
+                    "reason": j.reason or "malformed_input",
+                    "error": j.error,
+                    "context": context_json(j.review_context),
+                }
+                for j in review
+            ),
+        )
         new_ids += conn.execute(T.register_for_review(), {**scalars, **rows}).scalars().all()
     return Registered(new=len(new_ids), existing=len(new_jobs) - len(new_ids), new_ids=tuple(new_ids))
 
@@ -62,13 +73,26 @@ def _new_job_row(job: NewJob) -> dict[str, Any]:
     # Time-ordered ids (UUIDv7): a batch registered together sits together in every index
     # keyed by job id (jobs, job_events, outbox), instead of touching a random page per row.
     job_id = uuid7()
-    return {"id": job_id, "idempotency_key": job.idempotency_key, "source": job.source,
-            "external_id": job.external_id, "content_sha256": job.content_sha256, "payload_ref": job.payload_ref,
-            "classifier_version": job.classifier_version, "correlation_id": job.correlation_id or str(job_id)}  # fmt: skip
+    return {
+        "id": job_id,
+        "idempotency_key": job.idempotency_key,
+        "source": job.source,
+        "external_id": job.external_id,
+        "content_sha256": job.content_sha256,
+        "payload_ref": job.payload_ref,
+        "classifier_version": job.classifier_version,
+        "correlation_id": job.correlation_id or str(job_id),
+    }
 
 
-def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome], policy: RetryPolicy,
-               rng: random.Random, bases: Mapping[uuid.UUID, int] | None = None) -> Recorded:  # fmt: skip
+def record_txn(
+    conn: sa.Connection,
+    token: uuid.UUID,
+    outcomes: Sequence[Outcome],
+    policy: RetryPolicy,
+    rng: random.Random,
+    bases: Mapping[uuid.UUID, int] | None = None,
+) -> Recorded:
     """Record outcomes set-based: one statement per kind, all fenced on (job, attempt, token);
     then, once the fence held for every job, the classifications and the labels.
 
@@ -89,8 +113,9 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
     def run(statement: Any, kind: type, extra: Callable[[Any], dict[str, Any]] | None = None) -> Sequence[Any]:
         """The fenced statement over the outcomes of ``kind``: one row each (id, attempt, and
         what ``extra`` adds); the ids it touched are kept for the fence check."""
-        rows = rowset("held", ({"id": o.job_id, "attempt": o.attempt, **(extra(o) if extra else {})}
-                                 for o in by_kind[kind]))  # fmt: skip
+        rows = rowset(
+            "held", ({"id": o.job_id, "attempt": o.attempt, **(extra(o) if extra else {})} for o in by_kind[kind])
+        )
         moved = conn.execute(statement, {"token": token, **rows}).all()
         touched.update(r[0] for r in moved)
         return moved
@@ -110,17 +135,37 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
         exhausted = sum(1 for r in moved if r.status == JobStatus.MANUAL_REVIEW.value)
         counts["exhausted"], counts["retrying"] = exhausted, len(moved) - exhausted
     if SendToReview in by_kind:
-        counts["to_review"] = len(run(T.send_to_review(), SendToReview, lambda o: {
-            "reason": o.reason, "error_class": o.error_class, "error": o.error, "context": context_json(o.context)}))  # fmt: skip
+        counts["to_review"] = len(
+            run(
+                T.send_to_review(),
+                SendToReview,
+                lambda o: {
+                    "reason": o.reason,
+                    "error_class": o.error_class,
+                    "error": o.error,
+                    "context": context_json(o.context),
+                },
+            )
+        )
     if Fail in by_kind:
-        counts["failed"] = len(run(T.fail(), Fail, lambda o: {
-            "reason": o.reason, "error_class": o.error_class, "error": o.error}))  # fmt: skip
+        counts["failed"] = len(
+            run(T.fail(), Fail, lambda o: {"reason": o.reason, "error_class": o.error_class, "error": o.error})
+        )
     if Release in by_kind:
         counts["released"] = len(run(T.release(), Release))
     if Park in by_kind:
-        counts["parked"] = len(run(T.park(), Park, lambda o: {
-            "dependency": o.dependency, "delay_seconds": o.delay_seconds, "error_class": o.error_class,
-            "error": o.error}))  # fmt: skip
+        counts["parked"] = len(
+            run(
+                T.park(),
+                Park,
+                lambda o: {
+                    "dependency": o.dependency,
+                    "delay_seconds": o.delay_seconds,
+                    "error_class": o.error_class,
+                    "error": o.error,
+                },
+            )
+        )
     check_fenced(conn, ids, touched, token, attempts)
     conn.execute(session.default_joins())
 
@@ -128,9 +173,21 @@ def record_txn(conn: sa.Connection, token: uuid.UUID, outcomes: Sequence[Outcome
     if classified:
         conn.execute(outputs.record_classifications(), rowset("given", map(_classification_row, classified)))
     if labelled := [o for o in by_kind.get(Complete, ()) if o.label is not None]:
-        conn.execute(outputs.upsert_labels(), rowset("given", (
-            {"id": o.job_id, "label": o.label.label, "confidence": o.label.confidence,
-             "classifier_version": o.label.classifier_version} for o in labelled)))  # fmt: skip
+        conn.execute(
+            outputs.upsert_labels(),
+            rowset(
+                "given",
+                (
+                    {
+                        "id": o.job_id,
+                        "label": o.label.label,
+                        "confidence": o.label.confidence,
+                        "classifier_version": o.label.classifier_version,
+                    }
+                    for o in labelled
+                ),
+            ),
+        )
     return Recorded(**counts)
 
 
@@ -138,18 +195,34 @@ def _classification_row(outcome: Any) -> dict[str, Any]:
     """The row of an outcome's classification. Usage figures are bounded here too, whoever made
     the record: one the columns cannot hold would fail the whole batch (:mod:`triage.jobs.usage`)."""
     record: ClassificationRecord = outcome.classification
-    usage, discarded = usage_bounds.bounded(latency_ms=record.latency_ms, prompt_tokens=record.prompt_tokens,
-                                            completion_tokens=record.completion_tokens, cost_usd=record.cost_usd)  # fmt: skip
+    usage, discarded = usage_bounds.bounded(
+        latency_ms=record.latency_ms,
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        cost_usd=record.cost_usd,
+    )
     named = [n for n in (record.usage_discarded or "").split(",") if n]
     named += [n for n in discarded if n not in named]
-    return {"job_id": outcome.job_id, "attempt": outcome.attempt, "label": record.label,
-            "confidence": record.confidence, "outcome": record.outcome, "rejected_reason": record.rejected_reason,
-            "classifier_version": record.classifier_version, **usage,
-            "usage_discarded": ",".join(named) or None}  # fmt: skip
+    return {
+        "job_id": outcome.job_id,
+        "attempt": outcome.attempt,
+        "label": record.label,
+        "confidence": record.confidence,
+        "outcome": record.outcome,
+        "rejected_reason": record.rejected_reason,
+        "classifier_version": record.classifier_version,
+        **usage,
+        "usage_discarded": ",".join(named) or None,
+    }
 
 
-def check_fenced(conn: sa.Connection, wanted: Sequence[uuid.UUID], got: set[uuid.UUID], token: uuid.UUID,
-                  attempts: Mapping[uuid.UUID, int] | None) -> None:  # fmt: skip
+def check_fenced(
+    conn: sa.Connection,
+    wanted: Sequence[uuid.UUID],
+    got: set[uuid.UUID],
+    token: uuid.UUID,
+    attempts: Mapping[uuid.UUID, int] | None,
+) -> None:
     """Raise the named error for the first job a fenced write missed."""
     missing = [i for i in wanted if i not in got]
     if not missing:

@@ -50,12 +50,19 @@ def release_expired_leases() -> Any:
     counted among the rows this statement takes (``:limit``): a claim split across two releases
     gets smaller caps, never larger.
     """
-    earlier_try = sa.and_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
-                          jobs.c.lease_owner != sa.bindparam("owner", type_=sa.Text))  # fmt: skip
-    in_batch = sa.or_(sa.bindparam("p_batch_key", type_=sa.Text).is_(None),
-                      jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text))  # fmt: skip
-    expired_now = sa.and_(jobs.c.status == status_literal(S.RUNNING), in_batch,
-                          sa.or_(jobs.c.lease_expires_at < NOW, sa.func.coalesce(earlier_try, False)))  # fmt: skip
+    earlier_try = sa.and_(
+        sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
+        jobs.c.lease_owner != sa.bindparam("owner", type_=sa.Text),
+    )
+    in_batch = sa.or_(
+        sa.bindparam("p_batch_key", type_=sa.Text).is_(None),
+        jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+    )
+    expired_now = sa.and_(
+        jobs.c.status == status_literal(S.RUNNING),
+        in_batch,
+        sa.or_(jobs.c.lease_expires_at < NOW, sa.func.coalesce(earlier_try, False)),
+    )
     expired = (
         sa.select(jobs.c.id, jobs.c.lease_token)
         .where(expired_now)
@@ -80,8 +87,9 @@ def release_expired_leases() -> Any:
         sa.update(jobs)
         .where(jobs.c.id == expired.c.id, dead.c.lease_token == jobs.c.lease_token, expired_now)
         .values(
-            status=sa.case((review_reason.is_not(None), status_literal(S.MANUAL_REVIEW)),
-                           else_=status_literal(S.RETRYABLE_FAILED)),
+            status=sa.case(
+                (review_reason.is_not(None), status_literal(S.MANUAL_REVIEW)), else_=status_literal(S.RETRYABLE_FAILED)
+            ),
             status_reason=sa.func.coalesce(review_reason, "lease_expired"),
             next_attempt_at=sa.case((review_reason.is_not(None), None), else_=NOW),
             # A death shared with other jobs is not charged to this one (any of them may have
@@ -92,8 +100,10 @@ def release_expired_leases() -> Any:
             lease_rescues=jobs.c.lease_rescues + 1,
             last_error_class="lease_expired",
             last_error=sa.case(
-                (jobs.c.lease_expires_at < NOW,
-                 sa.func.concat("lease of ", jobs.c.lease_owner, " expired at ", jobs.c.lease_expires_at)),
+                (
+                    jobs.c.lease_expires_at < NOW,
+                    sa.func.concat("lease of ", jobs.c.lease_owner, " expired at ", jobs.c.lease_expires_at),
+                ),
                 else_=sa.func.concat("lease of ", jobs.c.lease_owner, " taken back by a retry of its task"),
             ),
             updated_at=NOW,
@@ -101,7 +111,7 @@ def release_expired_leases() -> Any:
         )
         .returning(*MOVED)
         .cte("moved")
-    )  # fmt: skip
+    )
     context = sa.func.jsonb_build_object("lease_expired", True)
     reviews = review_rows(moved, moved.c.status_reason, context).cte("reviews")
     return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
@@ -147,29 +157,42 @@ def send_batch_to_review() -> Any:
             jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
             sa.or_(step.is_(None), jobs.c.step == step),
             sa.or_(
-                sa.and_(sa.bindparam("take_unleased", type_=sa.Boolean), jobs.c.status.in_(open_states),
-                        sa.not_(parked()),
-                        sa.or_(run_prefix.is_(None), sa.func.starts_with(_last_actor(), run_prefix))),
+                sa.and_(
+                    sa.bindparam("take_unleased", type_=sa.Boolean),
+                    jobs.c.status.in_(open_states),
+                    sa.not_(parked()),
+                    sa.or_(run_prefix.is_(None), sa.func.starts_with(_last_actor(), run_prefix)),
+                ),
                 sa.and_(
                     jobs.c.status == status_literal(S.RUNNING),
-                    sa.or_(sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
-                           sa.and_(jobs.c.lease_expires_at < NOW,
-                                   sa.or_(run_prefix.is_(None), sa.func.starts_with(jobs.c.lease_owner, run_prefix)))),
+                    sa.or_(
+                        sa.func.starts_with(jobs.c.lease_owner, sa.bindparam("owner_prefix", type_=sa.Text)),
+                        sa.and_(
+                            jobs.c.lease_expires_at < NOW,
+                            sa.or_(run_prefix.is_(None), sa.func.starts_with(jobs.c.lease_owner, run_prefix)),
+                        ),
+                    ),
                 ),
             ),
         )
         .with_for_update(skip_locked=True)
         .cte("target")
-    )  # fmt: skip
+    )
     moved = (
         sa.update(jobs)
         .where(jobs.c.id == target.c.id)
-        .values(status=status_literal(S.MANUAL_REVIEW), status_reason=sa.bindparam("reason", type_=sa.Text),
-                last_error_class=sa.bindparam("reason", type_=sa.Text),
-                last_error=sa.bindparam("error", type_=sa.Text), next_attempt_at=None, updated_at=NOW, **NO_LEASE)
+        .values(
+            status=status_literal(S.MANUAL_REVIEW),
+            status_reason=sa.bindparam("reason", type_=sa.Text),
+            last_error_class=sa.bindparam("reason", type_=sa.Text),
+            last_error=sa.bindparam("error", type_=sa.Text),
+            next_attempt_at=None,
+            updated_at=NOW,
+            **NO_LEASE,
+        )
         .returning(*MOVED)
         .cte("moved")
-    )  # fmt: skip
+    )
     context = sa.cast(sa.bindparam("context", type_=sa.Text), pg.JSONB)
     reviews = review_rows(moved, moved.c.status_reason, context).cte("reviews")
     return sa.select(moved.c.id, moved.c.status).add_cte(reviews)

@@ -60,11 +60,15 @@ def send_spent_retries_to_review() -> Any:
     moved = (
         sa.update(jobs)
         .where(*C.spent_retryable())
-        .values(status=status_literal(S.MANUAL_REVIEW), status_reason="retries_exhausted", next_attempt_at=None,
-                updated_at=NOW)
+        .values(
+            status=status_literal(S.MANUAL_REVIEW),
+            status_reason="retries_exhausted",
+            next_attempt_at=None,
+            updated_at=NOW,
+        )
         .returning(*MOVED)
         .cte("moved")
-    )  # fmt: skip
+    )
     context = sa.func.jsonb_build_object("repaired_by", REPAIRER, "retryable", True)
     reviews = review_rows(moved, sa.literal("retries_exhausted"), context).cte("reviews")
     return sa.select(moved.c.id).add_cte(reviews)
@@ -86,10 +90,14 @@ def supersede_reviews_of_terminal_jobs() -> Any:
     return (
         sa.update(manual_review)
         .where(*C.open_review_of_job_in(*TERMINAL))
-        .values(resolved_at=NOW, resolution="superseded", resolved_by=REPAIRER,
-                note=sa.func.concat("the job was already ", jobs.c.status, " (reconciliation)"))
+        .values(
+            resolved_at=NOW,
+            resolution="superseded",
+            resolved_by=REPAIRER,
+            note=sa.func.concat("the job was already ", jobs.c.status, " (reconciliation)"),
+        )
         .returning(manual_review.c.job_id)
-    )  # fmt: skip
+    )
 
 
 @cache
@@ -109,12 +117,12 @@ def send_orphans_to_review() -> Any:
     moved = (
         sa.update(jobs)
         .where(*C.orphaned())
-        .values(status=status_literal(S.MANUAL_REVIEW), status_reason=ORPHANED, next_attempt_at=None,
-                updated_at=NOW)
+        .values(status=status_literal(S.MANUAL_REVIEW), status_reason=ORPHANED, next_attempt_at=None, updated_at=NOW)
         .returning(*MOVED)
         .cte("moved")
-    )  # fmt: skip
-    context = sa.func.jsonb_build_object("repaired_by", REPAIRER, "orphaned", True,
-                                         "threshold_seconds", sa.bindparam("threshold", type_=sa.Float))  # fmt: skip
+    )
+    context = sa.func.jsonb_build_object(
+        "repaired_by", REPAIRER, "orphaned", True, "threshold_seconds", sa.bindparam("threshold", type_=sa.Float)
+    )
     reviews = review_rows(moved, sa.literal(ORPHANED), context).cte("reviews")
     return sa.select(moved.c.id).add_cte(reviews)

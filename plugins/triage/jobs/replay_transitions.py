@@ -65,20 +65,31 @@ def preview_counts(selection: ReplayFilter) -> Any:
     """``(matching, at_replay_limit)``: the jobs the filter selects that a replay may move, and
     those it selects but that were replayed ``:max_replays`` times already (left alone)."""
     spent = sa.not_(_replays_left())
-    return sa.select(sa.func.count().filter(_replays_left()), sa.func.count().filter(spent)).select_from(
-        _JOINED).where(*_conditions(selection))  # fmt: skip
+    return (
+        sa.select(sa.func.count().filter(_replays_left()), sa.func.count().filter(spent))
+        .select_from(_JOINED)
+        .where(*_conditions(selection))
+    )
 
 
 def preview_rows(selection: ReplayFilter) -> Any:
     """The first ``:preview_rows`` jobs a replay would move, in its order (oldest failure first)."""
     return (
-        sa.select(jobs.c.id, jobs.c.status, job_reason.label("reason"), job_error_class.label("error_class"), jobs.c.source,
-                  jobs.c.batch_key, jobs.c.updated_at, jobs.c.replays)
+        sa.select(
+            jobs.c.id,
+            jobs.c.status,
+            job_reason.label("reason"),
+            job_error_class.label("error_class"),
+            jobs.c.source,
+            jobs.c.batch_key,
+            jobs.c.updated_at,
+            jobs.c.replays,
+        )
         .select_from(_JOINED)
         .where(*_conditions(selection), _replays_left())
         .order_by(jobs.c.updated_at, jobs.c.id)
         .limit(sa.bindparam("preview_rows", type_=sa.Integer))
-    )  # fmt: skip
+    )
 
 
 def replay_batch(selection: ReplayFilter) -> Any:
@@ -93,8 +104,9 @@ def replay_batch(selection: ReplayFilter) -> Any:
     this replay moved before (a resumed replay) never match again.
     """
     conditions = _conditions(selection)
-    moved_before = sa.exists().where(job_events.c.job_id == jobs.c.id,
-                                     job_events.c.reason == sa.bindparam("p_replay_reason", type_=sa.Text))  # fmt: skip
+    moved_before = sa.exists().where(
+        job_events.c.job_id == jobs.c.id, job_events.c.reason == sa.bindparam("p_replay_reason", type_=sa.Text)
+    )
     picked = (
         sa.select(jobs.c.id)
         .select_from(_JOINED)
@@ -107,19 +119,32 @@ def replay_batch(selection: ReplayFilter) -> Any:
     moved = (
         sa.update(jobs)
         .where(jobs.c.id.in_(sa.select(picked.c.id)), conditions[0], _replays_left())
-        .values(status=status_literal(S.QUEUED), status_reason=sa.bindparam("p_replay_reason", type_=sa.Text),
-                replays=jobs.c.replays + 1, lease_rescues=0, last_error_class=None, last_error=None,
-                next_attempt_at=None, updated_at=NOW, **NO_LEASE, **fresh_budget())
+        .values(
+            status=status_literal(S.QUEUED),
+            status_reason=sa.bindparam("p_replay_reason", type_=sa.Text),
+            replays=jobs.c.replays + 1,
+            lease_rescues=0,
+            last_error_class=None,
+            last_error=None,
+            next_attempt_at=None,
+            updated_at=NOW,
+            **NO_LEASE,
+            **fresh_budget(),
+        )
         .returning(jobs.c.id, jobs.c.attempt)
         .cte("moved")
-    )  # fmt: skip
+    )
     resolved = (
         sa.update(manual_review)
         .where(manual_review.c.job_id.in_(sa.select(moved.c.id)), manual_review.c.resolved_at.is_(None))
-        .values(resolved_at=NOW, resolution="requeued", resolved_by=sa.bindparam("p_actor", type_=sa.Text),
-                note=sa.bindparam("p_note", type_=sa.Text))
+        .values(
+            resolved_at=NOW,
+            resolution="requeued",
+            resolved_by=sa.bindparam("p_actor", type_=sa.Text),
+            note=sa.bindparam("p_note", type_=sa.Text),
+        )
         .cte("resolved")
-    )  # fmt: skip
+    )
     return outbox_insert(moved, EventType.REQUEUED).returning(outbox.c.job_id).add_cte(resolved)
 
 
@@ -128,10 +153,14 @@ def open_request() -> Any:
     """Record the request ``:p_key`` unless it exists (the same submission again)."""
     return (
         pg.insert(replay_requests)
-        .values(replay_key=sa.bindparam("p_key", type_=sa.Text), filter=sa.bindparam("p_filter", type_=pg.JSONB),
-                requested_by=sa.bindparam("p_actor", type_=sa.Text), note=sa.bindparam("p_note", type_=sa.Text))
+        .values(
+            replay_key=sa.bindparam("p_key", type_=sa.Text),
+            filter=sa.bindparam("p_filter", type_=pg.JSONB),
+            requested_by=sa.bindparam("p_actor", type_=sa.Text),
+            note=sa.bindparam("p_note", type_=sa.Text),
+        )
         .on_conflict_do_nothing(index_elements=["replay_key"])
-    )  # fmt: skip
+    )
 
 
 @cache
@@ -156,7 +185,9 @@ def count_replayed() -> Any:
     return (
         sa.update(replay_requests)
         .where(replay_requests.c.replay_key == sa.bindparam("p_key", type_=sa.Text))
-        .values(replayed=replay_requests.c.replayed + sa.bindparam("moved", type_=sa.Integer),
-                applied_at=sa.case((finished, NOW), else_=replay_requests.c.applied_at))
+        .values(
+            replayed=replay_requests.c.replayed + sa.bindparam("moved", type_=sa.Integer),
+            applied_at=sa.case((finished, NOW), else_=replay_requests.c.applied_at),
+        )
         .returning(replay_requests)
-    )  # fmt: skip
+    )

@@ -84,28 +84,41 @@ def _request(row: Any) -> ReplayRequest | None:
     return ReplayRequest(row.replay_key, row.requested_by, row.note, row.requested_at, row.applied_at, row.replayed)
 
 
-def preview(conn: sa.Connection, selection: ReplayFilter, *, max_replays: int,
-            rows: int = PREVIEW_ROWS) -> ReplayPreview:  # fmt: skip
+def preview(
+    conn: sa.Connection, selection: ReplayFilter, *, max_replays: int, rows: int = PREVIEW_ROWS
+) -> ReplayPreview:
     key = selection.replay_key()
     matching, spent = conn.execute(R.preview_counts(selection), {"max_replays": max_replays}).one()
     listed = conn.execute(R.preview_rows(selection), {"max_replays": max_replays, "preview_rows": rows}).all()
-    jobs = tuple(PreviewedJob(r.id, parse_status(r.status), r.reason, r.error_class, r.source, r.batch_key,
-                              r.updated_at, r.replays) for r in listed)  # fmt: skip
+    jobs = tuple(
+        PreviewedJob(
+            r.id, parse_status(r.status), r.reason, r.error_class, r.source, r.batch_key, r.updated_at, r.replays
+        )
+        for r in listed
+    )
     request = _request(conn.execute(R.read_request(), {"p_key": key}).first())
     return ReplayPreview(key, matching, spent, min(matching, selection.limit), jobs, request)
 
 
-def apply(transaction: Transaction, selection: ReplayFilter, *, actor: str, max_replays: int,
-          batch_size: int = BATCH_SIZE) -> ReplayApplied:  # fmt: skip
+def apply(
+    transaction: Transaction, selection: ReplayFilter, *, actor: str, max_replays: int, batch_size: int = BATCH_SIZE
+) -> ReplayApplied:
     """Replay the selection as ``actor``, one transaction per batch (see the module doc)."""
     if selection.note is None:  # ReplayFilter refuses an apply without one; this is for direct callers
         raise ValueError("applying a replay needs a note saying why")
     key = selection.replay_key()
-    params = {"p_key": key, "p_replay_reason": R.replay_reason(key), "p_actor": actor, "p_note": selection.note,
-              "max_replays": max_replays}  # fmt: skip
+    params = {
+        "p_key": key,
+        "p_replay_reason": R.replay_reason(key),
+        "p_actor": actor,
+        "p_note": selection.note,
+        "max_replays": max_replays,
+    }
     with transaction(actor) as conn:
-        conn.execute(R.open_request(), {"p_key": key, "p_filter": selection.selection(), "p_actor": actor,
-                                        "p_note": selection.note})  # fmt: skip
+        conn.execute(
+            R.open_request(),
+            {"p_key": key, "p_filter": selection.selection(), "p_actor": actor, "p_note": selection.note},
+        )
     moved: list[uuid.UUID] = []
     while True:
         with transaction(actor) as conn:
@@ -118,8 +131,9 @@ def apply(transaction: Transaction, selection: ReplayFilter, *, actor: str, max_
             ids = list(conn.execute(R.replay_batch(selection), {**params, "batch": room}).scalars()) if room else []
             moved += ids
             finished = not ids or request.replayed + len(ids) >= selection.limit
-            done = _request(conn.execute(R.count_replayed(), {"p_key": key, "moved": len(ids),
-                                                               "finished": finished}).one())  # fmt: skip
+            done = _request(
+                conn.execute(R.count_replayed(), {"p_key": key, "moved": len(ids), "finished": finished}).one()
+            )
         if finished:
             assert done is not None
             return ReplayApplied(key, "applied", len(moved), done, tuple(moved))

@@ -17,16 +17,35 @@ from triage.jobs.states import JobStatus, parse_status
 _DECISION_ENDS = {"label": JobStatus.COMPLETED, "reject": JobStatus.TERMINAL_FAILED}
 
 
-def applied(conn: sa.Connection, job_id: uuid.UUID, decision: ReviewDecision, *, label: str | None = None,
-                    label_written: bool | None = None) -> ReviewResult:  # fmt: skip
+def applied(
+    conn: sa.Connection,
+    job_id: uuid.UUID,
+    decision: ReviewDecision,
+    *,
+    label: str | None = None,
+    label_written: bool | None = None,
+) -> ReviewResult:
     row = conn.execute(queries.review_state(), {"p_job_id": job_id}).one()
-    return ReviewResult(job_id, decision, already_applied=False, status=parse_status(row.status),
-                        resolved_by=row.resolved_by, resolved_at=row.resolved_at, label=label,
-                        label_written=label_written)  # fmt: skip
+    return ReviewResult(
+        job_id,
+        decision,
+        already_applied=False,
+        status=parse_status(row.status),
+        resolved_by=row.resolved_by,
+        resolved_at=row.resolved_at,
+        label=label,
+        label_written=label_written,
+    )
 
 
-def missed(conn: sa.Connection, job_id: uuid.UUID, decision: ReviewDecision, *, label: str | None = None,
-                 max_replays: int | None = None) -> ReviewResult:  # fmt: skip
+def missed(
+    conn: sa.Connection,
+    job_id: uuid.UUID,
+    decision: ReviewDecision,
+    *,
+    label: str | None = None,
+    max_replays: int | None = None,
+) -> ReviewResult:
     """Why a decision's fenced write matched nothing: the same decision stands already (returned
     as ``already_applied``), or a named refusal. Only reads; the transaction wrote nothing."""
     row = conn.execute(queries.review_state(), {"p_job_id": job_id}).first()
@@ -43,10 +62,19 @@ def missed(conn: sa.Connection, job_id: uuid.UUID, decision: ReviewDecision, *, 
         and (decision != "label" or row.resolved_label == label)
     )
     if same:
-        return ReviewResult(job_id, decision, already_applied=True, status=status, resolved_by=row.resolved_by,
-                            resolved_at=row.resolved_at, label=label)  # fmt: skip
+        return ReviewResult(
+            job_id,
+            decision,
+            already_applied=True,
+            status=status,
+            resolved_by=row.resolved_by,
+            resolved_at=row.resolved_at,
+            label=label,
+        )
     if row.resolution is None:
         raise NotInReview(f"job {job_id} is {status.value}, not in manual_review")
     earlier = f"{row.resolution}" + (f" as {row.resolved_label!r}" if row.resolved_label else "")
-    raise NotInReview(f"job {job_id} is {status.value}, not in manual_review: its review was already resolved "
-                      f"({earlier} by {row.resolved_by} at {row.resolved_at:%Y-%m-%d %H:%M:%S %Z})")  # fmt: skip
+    raise NotInReview(
+        f"job {job_id} is {status.value}, not in manual_review: its review was already resolved "
+        f"({earlier} by {row.resolved_by} at {row.resolved_at:%Y-%m-%d %H:%M:%S %Z})"
+    )

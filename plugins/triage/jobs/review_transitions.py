@@ -35,20 +35,35 @@ def requeue_from_review() -> Any:
     counted (bounded by ``:max_replays``), the review row resolved and a ``job.requeued`` event."""
     moved = (
         sa.update(jobs)
-        .where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == status_literal(S.MANUAL_REVIEW),
-               jobs.c.replays < sa.bindparam("max_replays", type_=sa.Integer))
-        .values(status=status_literal(S.QUEUED), status_reason="requeued", replays=jobs.c.replays + 1,
-                lease_rescues=0, last_error_class=None, last_error=None, updated_at=NOW, **fresh_budget())
+        .where(
+            jobs.c.id == sa.bindparam("p_job_id", type_=UUID),
+            jobs.c.status == status_literal(S.MANUAL_REVIEW),
+            jobs.c.replays < sa.bindparam("max_replays", type_=sa.Integer),
+        )
+        .values(
+            status=status_literal(S.QUEUED),
+            status_reason="requeued",
+            replays=jobs.c.replays + 1,
+            lease_rescues=0,
+            last_error_class=None,
+            last_error=None,
+            updated_at=NOW,
+            **fresh_budget(),
+        )
         .returning(*EVENT_COLUMNS)
         .cte("moved")
-    )  # fmt: skip
+    )
     resolved = (
         sa.update(manual_review)
         .where(manual_review.c.job_id == sa.select(moved.c.id).scalar_subquery(), manual_review.c.resolved_at.is_(None))
-        .values(resolved_at=NOW, resolution="requeued", resolved_by=sa.bindparam("p_actor", type_=sa.Text),
-                note=sa.bindparam("p_note", type_=sa.Text))
+        .values(
+            resolved_at=NOW,
+            resolution="requeued",
+            resolved_by=sa.bindparam("p_actor", type_=sa.Text),
+            note=sa.bindparam("p_note", type_=sa.Text),
+        )
         .cte("resolved")
-    )  # fmt: skip
+    )
     return outbox_insert(moved, EventType.REQUEUED).returning(outbox.c.job_id).add_cte(resolved)
 
 
@@ -70,8 +85,12 @@ def _decided(to: S, reason: str) -> Any:
 
 def _resolve_review(moved: Any, resolution: str, context: ColumnElement[Any] | None = None) -> Any:
     """Resolve the open review row of the moved job, naming the reviewer and their note."""
-    values: dict[str, Any] = {"resolved_at": NOW, "resolution": resolution, "resolved_by": _text("p_actor"),
-                              "note": sa.bindparam("p_note", type_=sa.Text)}  # fmt: skip
+    values: dict[str, Any] = {
+        "resolved_at": NOW,
+        "resolution": resolution,
+        "resolved_by": _text("p_actor"),
+        "note": sa.bindparam("p_note", type_=sa.Text),
+    }
     if context is not None:
         values["context"] = manual_review.c.context.op("||")(context)
     return (
@@ -98,8 +117,9 @@ def label_from_review() -> Any:
     newer job's label is never overwritten by a reviewer either."""
     moved = _decided(S.COMPLETED, "labelled")
     resolved = _resolve_review(moved, "labelled", sa.func.jsonb_build_object("resolved_label", _text("p_label")))
-    payload = sa.func.jsonb_build_object("resolution", "labelled", "label", _text("p_label"),
-                                         "resolved_by", _text("p_actor"))  # fmt: skip
+    payload = sa.func.jsonb_build_object(
+        "resolution", "labelled", "label", _text("p_label"), "resolved_by", _text("p_actor")
+    )
     return _review_event(moved, EventType.COMPLETED, payload).returning(outbox.c.job_id).add_cte(resolved)
 
 

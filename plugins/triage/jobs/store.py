@@ -71,8 +71,9 @@ class JobStore:
     :param rng: source of jitter (seed it in tests).
     """
 
-    def __init__(self, engine: sa.Engine, *, retry_policy: RetryPolicy | None = None,
-                 rng: random.Random | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, engine: sa.Engine, *, retry_policy: RetryPolicy | None = None, rng: random.Random | None = None
+    ) -> None:
         self.engine = engine
         self.retry_policy = retry_policy or RetryPolicy()
         self._rng = rng or random.Random()
@@ -104,8 +105,9 @@ class JobStore:
 
     # -- retrieval ------------------------------------------------------------------------
 
-    def register(self, new_jobs: Sequence[NewJob], *, batch_key: str, step: str, max_attempts: int,
-                 actor: str = DEFAULT_ACTOR) -> Registered:  # fmt: skip
+    def register(
+        self, new_jobs: Sequence[NewJob], *, batch_key: str, step: str, max_attempts: int, actor: str = DEFAULT_ACTOR
+    ) -> Registered:
         """Register documents idempotently: job and outbox event in one transaction.
 
         A key registered before (in this call or any earlier one) adds nothing.
@@ -115,8 +117,17 @@ class JobStore:
 
     # -- a worker's lease -----------------------------------------------------------------
 
-    def claim(self, *, batch_key: str, step: str, limit: int, lease_seconds: float, owner: str,
-              actor: str | None = None, classifier_version: str | None = None) -> Claim:  # fmt: skip
+    def claim(
+        self,
+        *,
+        batch_key: str,
+        step: str,
+        limit: int,
+        lease_seconds: float,
+        owner: str,
+        actor: str | None = None,
+        classifier_version: str | None = None,
+    ) -> Claim:
         """Claim up to ``limit`` claimable jobs of a batch and step under one fresh lease token.
 
         :param classifier_version: only jobs registered for this version (the classify step
@@ -128,9 +139,16 @@ class JobStore:
         with self.transaction(actor) as conn:  # None: the trigger names the new lease owner
             rows = conn.execute(
                 T.claim_batch(versioned=classifier_version is not None),
-                {"p_batch_key": batch_key, "p_step": step, "limit": limit, "lease_seconds": lease_seconds,
-                 "owner": owner, "token": token, "p_classifier_version": classifier_version},
-            ).all()  # fmt: skip
+                {
+                    "p_batch_key": batch_key,
+                    "p_step": step,
+                    "limit": limit,
+                    "lease_seconds": lease_seconds,
+                    "owner": owner,
+                    "token": token,
+                    "p_classifier_version": classifier_version,
+                },
+            ).all()
         expires = min((r.lease_expires_at for r in rows), default=None)
         # RETURNING lists ClaimedJob's fields in order; positional construction keeps a claim of
         # thousands of jobs cheap.
@@ -144,8 +162,9 @@ class JobStore:
         """
         ids = list(job_ids if job_ids is not None else (j.id for j in claim.jobs))
         with self.transaction(claim.owner) as conn:
-            rows = conn.execute(T.extend_leases(), {"ids": ids, "token": claim.token,
-                                                    "lease_seconds": lease_seconds}).all()  # fmt: skip
+            rows = conn.execute(
+                T.extend_leases(), {"ids": ids, "token": claim.token, "lease_seconds": lease_seconds}
+            ).all()
             check_fenced(conn, ids, {r.id for r in rows}, claim.token, None)
         return min((r.lease_expires_at for r in rows), default=claim.expires_at)
 
@@ -155,46 +174,81 @@ class JobStore:
         Given the :class:`Claim`, a retry's backoff grows with the attempt within the job's
         current budget; given only its token, with the job's attempt (never a shorter wait).
         """
-        token, bases = (claim.token, {j.id: j.attempt_base for j in claim.jobs}) if isinstance(claim, Claim) \
-            else (claim, None)  # fmt: skip
+        token, bases = (
+            (claim.token, {j.id: j.attempt_base for j in claim.jobs}) if isinstance(claim, Claim) else (claim, None)
+        )
         with self.transaction(actor) as conn:  # None: the trigger names the lease owner
             return record_txn(conn, token, outcomes, self.retry_policy, self._rng, bases)
 
     # -- recovery -------------------------------------------------------------------------
 
-    def release_expired_leases(self, *, max_rescues: int = 3, limit: int = 10_000, actor: str = REPAIRER,
-                               earlier_tries_of: str | None = None, owner: str | None = None,
-                               batch_key: str | None = None) -> LeaseRelease:  # fmt: skip
+    def release_expired_leases(
+        self,
+        *,
+        max_rescues: int = 3,
+        limit: int = 10_000,
+        actor: str = REPAIRER,
+        earlier_tries_of: str | None = None,
+        owner: str | None = None,
+        batch_key: str | None = None,
+    ) -> LeaseRelease:
         """Return every job whose lease ran out (see :func:`recovery.release_expired_leases`).
 
         :param earlier_tries_of: an owner prefix (a task instance); its leases other than
             ``owner`` (the current try) are returned too, expired or not.
         :param batch_key: only jobs of this batch.
         """
-        params = {"max_rescues": max_rescues, "limit": limit, "owner_prefix": earlier_tries_of, "owner": owner,
-                  "p_batch_key": batch_key}  # fmt: skip
+        params = {
+            "max_rescues": max_rescues,
+            "limit": limit,
+            "owner_prefix": earlier_tries_of,
+            "owner": owner,
+            "p_batch_key": batch_key,
+        }
         with self.transaction(actor) as conn:
             rows = conn.execute(recovery.release_expired_leases(), params).all()
         to_review = sum(1 for r in rows if r.status == JobStatus.MANUAL_REVIEW.value)
         return LeaseRelease(retrying=len(rows) - to_review, to_review=to_review, job_ids=tuple(r.id for r in rows))
 
-    def park_unstarted(self, batch_key: str, step: str, *, dependency: str, delay_seconds: float,
-                       error_class: str | None, error: str | None, actor: str,
-                       classifier_version: str | None = None,
-                       give_back: Mapping[uuid.UUID, int] | None = None) -> int:  # fmt: skip
+    def park_unstarted(
+        self,
+        batch_key: str,
+        step: str,
+        *,
+        dependency: str,
+        delay_seconds: float,
+        error_class: str | None,
+        error: str | None,
+        actor: str,
+        classifier_version: str | None = None,
+        give_back: Mapping[uuid.UUID, int] | None = None,
+    ) -> int:
         """Park the batch's unclaimed jobs at ``step`` in ``waiting`` on an outage of
         ``dependency`` for ``delay_seconds`` (:func:`triage.jobs.outages.park_unstarted`); how many.
 
         :param give_back: job id -> attempt that failed on the outage before it was recognised
             as one: that attempt is given back if it is still the job's latest."""
-        params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version,
-                  "dependency": dependency, "delay_seconds": delay_seconds, "error_class": error_class, "error": error,
-                  **rowset("given", ({"id": i, "attempt": a} for i, a in (give_back or {}).items()))}  # fmt: skip
+        params = {
+            "p_batch_key": batch_key,
+            "p_step": step,
+            "p_classifier_version": classifier_version,
+            "dependency": dependency,
+            "delay_seconds": delay_seconds,
+            "error_class": error_class,
+            "error": error,
+            **rowset("given", ({"id": i, "attempt": a} for i, a in (give_back or {}).items())),
+        }
         with self.transaction(actor) as conn:
             return len(conn.execute(outages.park_unstarted(), params).all())
 
-    def resume_parked(self, batch_key: str, step: str, *, actor: str, classifier_version: str | None = None,
-                      ) -> tuple[int, datetime | None]:  # fmt: skip
+    def resume_parked(
+        self,
+        batch_key: str,
+        step: str,
+        *,
+        actor: str,
+        classifier_version: str | None = None,
+    ) -> tuple[int, datetime | None]:
         """Queue the batch's jobs parked on an outage whose time has come; (how many, when the
         earliest still parked is due or None)."""
         params = {"p_batch_key": batch_key, "p_step": step, "p_classifier_version": classifier_version}
@@ -203,10 +257,19 @@ class JobStore:
             due, _ = conn.execute(outages.next_parked_due(), params).one()
         return resumed, due
 
-    def send_batch_to_review(self, batch_key: str, *, reason: str, error: str | None, owner_prefix: str,
-                             context: Mapping[str, Any] | None = None, actor: str = "failure_callback",
-                             take_unleased: bool = True, run_prefix: str | None = None,
-                             step: str | None = None) -> int:  # fmt: skip
+    def send_batch_to_review(
+        self,
+        batch_key: str,
+        *,
+        reason: str,
+        error: str | None,
+        owner_prefix: str,
+        context: Mapping[str, Any] | None = None,
+        actor: str = "failure_callback",
+        take_unleased: bool = True,
+        run_prefix: str | None = None,
+        step: str | None = None,
+    ) -> int:
         """Move the batch's unfinished jobs to ``manual_review``; returns how many moved.
 
         :param take_unleased: also the jobs nobody holds (queued, retryable, waiting); False
@@ -222,10 +285,17 @@ class JobStore:
         with self.transaction(actor) as conn:
             rows = conn.execute(
                 recovery.send_batch_to_review(),
-                {"p_batch_key": batch_key, "reason": reason, "error": error, "owner_prefix": owner_prefix,
-                 "context": context_json(context or {}), "take_unleased": take_unleased, "run_prefix": run_prefix,
-                 "p_step": step},
-            ).all()  # fmt: skip
+                {
+                    "p_batch_key": batch_key,
+                    "reason": reason,
+                    "error": error,
+                    "owner_prefix": owner_prefix,
+                    "context": context_json(context or {}),
+                    "take_unleased": take_unleased,
+                    "run_prefix": run_prefix,
+                    "p_step": step,
+                },
+            ).all()
         return len(rows)
 
     # -- reconciliation's repairs -------------------------------------------------------
@@ -271,8 +341,9 @@ class JobStore:
     # changes nothing and returns ``already_applied``; a different decision on a job that is no
     # longer in review raises :class:`NotInReview`. Every refusal rolls back whole.
 
-    def resolve_with_label(self, job_id: uuid.UUID, label: str, *, actor: str, note: str | None = None,
-                           taxonomy_names: Collection[str]) -> ReviewResult:  # fmt: skip
+    def resolve_with_label(
+        self, job_id: uuid.UUID, label: str, *, actor: str, note: str | None = None, taxonomy_names: Collection[str]
+    ) -> ReviewResult:
         """Review decision: the job is done with the reviewer's ``label``.
 
         ``manual_review -> completed``, the review row resolved ``labelled``, a ``job.completed``
@@ -291,9 +362,11 @@ class JobStore:
                 return review_results.missed(conn, job_id, "label", label=label)
             written = conn.execute(
                 outputs.upsert_review_label(),
-                rowset("given", [{"id": job_id, "label": label, "confidence": None,
-                                    "classifier_version": f"human:{actor}"}]),
-            ).first()  # fmt: skip
+                rowset(
+                    "given",
+                    [{"id": job_id, "label": label, "confidence": None, "classifier_version": f"human:{actor}"}],
+                ),
+            ).first()
             return review_results.applied(conn, job_id, "label", label=label, label_written=written is not None)
 
     def reject(self, job_id: uuid.UUID, *, actor: str, note: str | None = None) -> ReviewResult:
@@ -305,8 +378,9 @@ class JobStore:
                 return review_results.missed(conn, job_id, "reject")
             return review_results.applied(conn, job_id, "reject")
 
-    def resolve_with_requeue(self, job_id: uuid.UUID, *, actor: str, note: str | None = None,
-                             max_replays: int = 3) -> ReviewResult:  # fmt: skip
+    def resolve_with_requeue(
+        self, job_id: uuid.UUID, *, actor: str, note: str | None = None, max_replays: int = 3
+    ) -> ReviewResult:
         """Review decision: try again. ``manual_review -> queued`` as a fresh job: a new budget
         of as many attempts as it had (numbered on from its last one, so every attempt keeps
         its classification and events), no lease rescues or last error; a replay counted up to
@@ -337,14 +411,21 @@ class JobStore:
     def open_reviews(self, job_ids: Sequence[uuid.UUID] | None = None, *, limit: int = 100) -> list[ReviewCase]:
         """Jobs waiting for a reviewer (of ``job_ids``, or all), oldest review first."""
         with self.engine.connect() as conn:
-            rows = conn.execute(queries.open_review_cases(),
-                                {"ids": None if job_ids is None else list(job_ids), "limit": limit}).all()  # fmt: skip
+            rows = conn.execute(
+                queries.open_review_cases(), {"ids": None if job_ids is None else list(job_ids), "limit": limit}
+            ).all()
         return [ReviewCase(**{**r._asdict(), "context": dict(r.context or {})}) for r in rows]
 
     # -- the outbox -----------------------------------------------------------------------
 
-    def relay(self, publish: Callable[[list[WorkEvent]], None], *, limit: int = 1000,
-              actor: str = "outbox_relay", claim_seconds: float = 300.0) -> int:  # fmt: skip
+    def relay(
+        self,
+        publish: Callable[[list[WorkEvent]], None],
+        *,
+        limit: int = 1000,
+        actor: str = "outbox_relay",
+        claim_seconds: float = 300.0,
+    ) -> int:
         """Send up to ``limit`` unsent events through ``publish`` and mark them sent.
 
         Three short transactions, none open while ``publish`` runs (a webhook batch may take

@@ -88,8 +88,16 @@ def register_for_review() -> Any:
     inserted = (
         pg.insert(jobs)
         .from_select(
-            [*NEW_JOB_COLUMNS, "batch_key", "step", "status", "status_reason", "last_error_class",
-             "last_error", "max_attempts"],
+            [
+                *NEW_JOB_COLUMNS,
+                "batch_key",
+                "step",
+                "status",
+                "status_reason",
+                "last_error_class",
+                "last_error",
+                "max_attempts",
+            ],
             sa.select(
                 *[new.c[name] for name in NEW_JOB_COLUMNS],
                 sa.bindparam("batch_key", type_=sa.Text),
@@ -104,17 +112,17 @@ def register_for_review() -> Any:
         .on_conflict_do_nothing(index_elements=["idempotency_key"])
         .returning(*EVENT_COLUMNS)
         .cte("inserted")
-    )  # fmt: skip
+    )
     reviews = (
         sa.insert(manual_review)
         .from_select(
             ["job_id", "reason", "error_class", "attempts", "last_error", "context"],
-            sa.select(inserted.c.id, new.c.reason, new.c.reason, sa.literal(0), new.c.error,
-                      sa.cast(new.c.context, pg.JSONB))
-            .join_from(inserted, new, new.c.id == inserted.c.id),
+            sa.select(
+                inserted.c.id, new.c.reason, new.c.reason, sa.literal(0), new.c.error, sa.cast(new.c.context, pg.JSONB)
+            ).join_from(inserted, new, new.c.id == inserted.c.id),
         )
         .cte("reviews")
-    )  # fmt: skip
+    )
     return outbox_insert(inserted, EventType.REGISTERED).returning(outbox.c.job_id).add_cte(reviews)
 
 
@@ -189,11 +197,22 @@ def claim_batch(versioned: bool = False) -> Any:
             updated_at=NOW,
         )
         .returning(
-            jobs.c.id, jobs.c.idempotency_key, jobs.c.source, jobs.c.external_id, jobs.c.content_sha256,
-            jobs.c.payload_ref, jobs.c.classifier_version, jobs.c.correlation_id, jobs.c.step,
-            jobs.c.attempt, jobs.c.max_attempts, jobs.c.created_at, jobs.c.attempt_base, jobs.c.lease_expires_at,
+            jobs.c.id,
+            jobs.c.idempotency_key,
+            jobs.c.source,
+            jobs.c.external_id,
+            jobs.c.content_sha256,
+            jobs.c.payload_ref,
+            jobs.c.classifier_version,
+            jobs.c.correlation_id,
+            jobs.c.step,
+            jobs.c.attempt,
+            jobs.c.max_attempts,
+            jobs.c.created_at,
+            jobs.c.attempt_base,
+            jobs.c.lease_expires_at,
         )
-    )  # fmt: skip
+    )
 
 
 def _held(rows: Any) -> list[ColumnElement[bool]]:
@@ -248,10 +267,17 @@ def advance() -> Any:
     return (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=status_literal(S.QUEUED), status_reason="advanced", step=held.c.next_step, updated_at=NOW,
-                suspect_cap=None, **fresh_budget(), **NO_LEASE)
+        .values(
+            status=status_literal(S.QUEUED),
+            status_reason="advanced",
+            step=held.c.next_step,
+            updated_at=NOW,
+            suspect_cap=None,
+            **fresh_budget(),
+            **NO_LEASE,
+        )
         .returning(jobs.c.id)
-    )  # fmt: skip
+    )
 
 
 @cache
@@ -289,11 +315,17 @@ def send_to_review() -> Any:
     moved = (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=status_literal(S.MANUAL_REVIEW), status_reason=held.c.reason, last_error_class=held.c.error_class,
-                last_error=held.c.error, updated_at=NOW, **NO_LEASE)
+        .values(
+            status=status_literal(S.MANUAL_REVIEW),
+            status_reason=held.c.reason,
+            last_error_class=held.c.error_class,
+            last_error=held.c.error,
+            updated_at=NOW,
+            **NO_LEASE,
+        )
         .returning(*MOVED, sa.cast(held.c.context, pg.JSONB).label("context"))
         .cte("moved")
-    )  # fmt: skip
+    )
     # The context comes back through RETURNING: a subquery per moved row would re-read the batch.
     reviews = review_rows(moved, moved.c.status_reason, moved.c.context).cte("reviews")
     return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
@@ -306,10 +338,16 @@ def fail() -> Any:
     return (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=status_literal(S.TERMINAL_FAILED), status_reason=held.c.reason, last_error_class=held.c.error_class,
-                last_error=held.c.error, updated_at=NOW, **NO_LEASE)
+        .values(
+            status=status_literal(S.TERMINAL_FAILED),
+            status_reason=held.c.reason,
+            last_error_class=held.c.error_class,
+            last_error=held.c.error,
+            updated_at=NOW,
+            **NO_LEASE,
+        )
         .returning(jobs.c.id)
-    )  # fmt: skip
+    )
 
 
 @cache
@@ -319,10 +357,15 @@ def release() -> Any:
     return (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=status_literal(S.QUEUED), status_reason="released", attempt=jobs.c.attempt - 1, updated_at=NOW,
-                **NO_LEASE)
+        .values(
+            status=status_literal(S.QUEUED),
+            status_reason="released",
+            attempt=jobs.c.attempt - 1,
+            updated_at=NOW,
+            **NO_LEASE,
+        )
         .returning(jobs.c.id)
-    )  # fmt: skip
+    )
 
 
 @cache
@@ -333,9 +376,15 @@ def park() -> Any:
     return (
         sa.update(jobs)
         .where(*_held(held))
-        .values(status=status_literal(S.WAITING), status_reason=sa.func.concat(OUTAGE_PREFIX, held.c.dependency),
-                attempt=jobs.c.attempt - 1, next_attempt_at=NOW + sa.func.make_interval(0, 0, 0, 0, 0, 0,
-                                                                                        held.c.delay_seconds),
-                last_error_class=held.c.error_class, last_error=held.c.error, updated_at=NOW, **NO_LEASE)
+        .values(
+            status=status_literal(S.WAITING),
+            status_reason=sa.func.concat(OUTAGE_PREFIX, held.c.dependency),
+            attempt=jobs.c.attempt - 1,
+            next_attempt_at=NOW + sa.func.make_interval(0, 0, 0, 0, 0, 0, held.c.delay_seconds),
+            last_error_class=held.c.error_class,
+            last_error=held.c.error,
+            updated_at=NOW,
+            **NO_LEASE,
+        )
         .returning(jobs.c.id)
-    )  # fmt: skip
+    )

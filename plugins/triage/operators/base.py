@@ -158,8 +158,9 @@ def build_label_action(conn_id: str | None) -> WebhookLabelAction | None:
     try:
         timeout = float(extra.get("timeout", 10.0))
     except (TypeError, ValueError):
-        raise AirflowFailException(f"the {conn_id} connection's extra timeout is not a number; "
-                                   "fix it, then clear this task") from None  # fmt: skip
+        raise AirflowFailException(
+            f"the {conn_id} connection's extra timeout is not a number; fix it, then clear this task"
+        ) from None
     return WebhookLabelAction(http_url(conn), timeout_s=timeout, headers=extra.get("headers"))
 
 

@@ -47,11 +47,18 @@ def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
     (``http://host:port/v1``), password the API key, extra the model call's settings."""
     conn = BaseHook.get_connection(conn_id)
     extra = conn.extra_dejson or {}
-    settings: dict[str, Any] = {"base_url": http_url(conn, default_path="/v1").rstrip("/"), "api_key": conn.password or None,
-                                "model": extra.get("model", "gpt-4o-mini")}  # fmt: skip
-    for key, target in (("temperature", "temperature"), ("timeout", "timeout_s"), ("prompt_version", "prompt_version"),
-                        ("price_per_1k_prompt", "price_per_1k_prompt"),
-                        ("price_per_1k_completion", "price_per_1k_completion")):  # fmt: skip
+    settings: dict[str, Any] = {
+        "base_url": http_url(conn, default_path="/v1").rstrip("/"),
+        "api_key": conn.password or None,
+        "model": extra.get("model", "gpt-4o-mini"),
+    }
+    for key, target in (
+        ("temperature", "temperature"),
+        ("timeout", "timeout_s"),
+        ("prompt_version", "prompt_version"),
+        ("price_per_1k_prompt", "price_per_1k_prompt"),
+        ("price_per_1k_completion", "price_per_1k_completion"),
+    ):
         if key in extra:
             settings[target] = extra[key]
     return settings
@@ -121,8 +128,15 @@ class RetrieveDocumentsOperator(TriageOperator):
 
     template_fields = ("payload_base",)
 
-    def __init__(self, *, payload_base: str | None = None, llm_conn_id: str = "triage_llm", shard: int = 0,
-                 shards: int = 1, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        payload_base: str | None = None,
+        llm_conn_id: str = "triage_llm",
+        shard: int = 0,
+        shards: int = 1,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.payload_base = payload_base
         self.llm_conn_id = llm_conn_id
@@ -138,25 +152,49 @@ class RetrieveDocumentsOperator(TriageOperator):
         assert start is not None
         assert end is not None
         if config.source == "synthetic":
-            source = build_source("synthetic", documents=config.documents, seed=config.drill.seed,
-                                  duplicate_rate=config.drill.duplicate_rate)  # fmt: skip
+            source = build_source(
+                "synthetic",
+                documents=config.documents,
+                seed=config.drill.seed,
+                duplicate_rate=config.drill.duplicate_rate,
+            )
         else:
             source = build_source("jsonl", inbox=confined_inbox(config.inbox))
         source = Shard(source, self.shard, self.shards)
         classifier = build_run_classifier(config, self.llm_conn_id)
         try:
-            result = retrieve(self.store, source, _payloads(self.payload_base),
-                              start=start, end=end,
-                              batch_key=key, classifier_version=classifier.version,
-                              max_attempts=config.max_attempts, actor=lease_owner(context))  # fmt: skip
+            result = retrieve(
+                self.store,
+                source,
+                _payloads(self.payload_base),
+                start=start,
+                end=end,
+                batch_key=key,
+                classifier_version=classifier.version,
+                max_attempts=config.max_attempts,
+                actor=lease_owner(context),
+            )
         finally:
             classifier.close()
             self.dispose()
-        log.info("retrieved batch=%s shard=%d/%d read=%d registered=%d existing=%d malformed=%d rate=%.0f/s",
-                 key, self.shard, self.shards, result.read, result.registered, result.existing,
-                 result.malformed, result.rate)  # fmt: skip
-        return {"read": result.read, "registered": result.registered, "existing": result.existing,
-                "malformed": result.malformed, "seconds": round(result.seconds, 3)}  # fmt: skip
+        log.info(
+            "retrieved batch=%s shard=%d/%d read=%d registered=%d existing=%d malformed=%d rate=%.0f/s",
+            key,
+            self.shard,
+            self.shards,
+            result.read,
+            result.registered,
+            result.existing,
+            result.malformed,
+            result.rate,
+        )
+        return {
+            "read": result.read,
+            "registered": result.registered,
+            "existing": result.existing,
+            "malformed": result.malformed,
+            "seconds": round(result.seconds, 3),
+        }
 
 
 class ClassifyDocumentsOperator(TriageOperator):
@@ -179,10 +217,18 @@ class ClassifyDocumentsOperator(TriageOperator):
 
     template_fields = ("payload_base",)
 
-    def __init__(self, *, payload_base: str | None = None, llm_conn_id: str = "triage_llm", batch_size: int = 1000,
-                 retry_soon_seconds: float = 30.0, separate_persist: bool = False,
-                 action_conn_id: str | None = LABEL_ACTION_CONN_ID, worker: int = 0,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        payload_base: str | None = None,
+        llm_conn_id: str = "triage_llm",
+        batch_size: int = 1000,
+        retry_soon_seconds: float = 30.0,
+        separate_persist: bool = False,
+        action_conn_id: str | None = LABEL_ACTION_CONN_ID,
+        worker: int = 0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.worker = worker
         self.payload_base, self.llm_conn_id, self.action_conn_id = payload_base, llm_conn_id, action_conn_id
@@ -204,17 +250,31 @@ class ClassifyDocumentsOperator(TriageOperator):
         # them across every worker).
         concurrency = min(config.concurrency, max(self.pool_slots, 1)) if config.classifier == "llm" else 1
         if config.classifier == "llm" and concurrency < config.concurrency:
-            log.info("concurrency %d capped at this task's %d slots of pool %s", config.concurrency, concurrency,
-                     self.pool)  # fmt: skip
+            log.info(
+                "concurrency %d capped at this task's %d slots of pool %s", config.concurrency, concurrency, self.pool
+            )
         separate = self.separate_persist or label_action_connection(self.action_conn_id) is not None
-        handler = ClassifyHandler(classifier, _payloads(self.payload_base),
-                                  ClassifySettings(config.confidence_threshold, concurrency, separate))  # fmt: skip
-        settings = RunSettings(owner=lease_owner(context), batch_size=self.batch_size,
-                               lease_seconds=config.lease_seconds, retry_soon_seconds=self.retry_soon_seconds,
-                               earlier_tries_of=owner_prefix(context))  # fmt: skip
+        handler = ClassifyHandler(
+            classifier,
+            _payloads(self.payload_base),
+            ClassifySettings(config.confidence_threshold, concurrency, separate),
+        )
+        settings = RunSettings(
+            owner=lease_owner(context),
+            batch_size=self.batch_size,
+            lease_seconds=config.lease_seconds,
+            retry_soon_seconds=self.retry_soon_seconds,
+            earlier_tries_of=owner_prefix(context),
+        )
         try:
-            report = run_step(self.store, handler, batch_key=batch_key(context), settings=settings,
-                              metrics=AirflowStatsMetrics(), drain=self.drain)  # fmt: skip
+            report = run_step(
+                self.store,
+                handler,
+                batch_key=batch_key(context),
+                settings=settings,
+                metrics=AirflowStatsMetrics(),
+                drain=self.drain,
+            )
         except DependencyMisconfigured as exc:
             raise AirflowFailException(f"{exc}; fix the triage_llm connection, then clear this task") from None
         except CircuitOpen as exc:
@@ -230,8 +290,12 @@ class ClassifyDocumentsOperator(TriageOperator):
         finally:
             handler.close()
             self.dispose()
-        return {"worker": self.worker, "claimed": report.claimed, "outcomes": dict(report.outcomes),
-                "seconds": round(report.seconds, 3)}  # fmt: skip
+        return {
+            "worker": self.worker,
+            "claimed": report.claimed,
+            "outcomes": dict(report.outcomes),
+            "seconds": round(report.seconds, 3),
+        }
 
 
 class PersistLabelsOperator(TriageOperator):
@@ -255,12 +319,19 @@ class PersistLabelsOperator(TriageOperator):
         from triage.pipeline.steps import RunSettings, StepError, run_step
 
         config = self.run_config(context)
-        settings = RunSettings(owner=lease_owner(context), lease_seconds=config.lease_seconds,
-                               earlier_tries_of=owner_prefix(context))  # fmt: skip
+        settings = RunSettings(
+            owner=lease_owner(context), lease_seconds=config.lease_seconds, earlier_tries_of=owner_prefix(context)
+        )
         action = build_label_action(self.action_conn_id)
         try:
-            report = run_step(self.store, PersistHandler(self.store, action), batch_key=batch_key(context),
-                              settings=settings, metrics=AirflowStatsMetrics(), drain=self.drain)  # fmt: skip
+            report = run_step(
+                self.store,
+                PersistHandler(self.store, action),
+                batch_key=batch_key(context),
+                settings=settings,
+                metrics=AirflowStatsMetrics(),
+                drain=self.drain,
+            )
         except StepError as exc:  # work remains, drained, lease lost
             raise AirflowException(str(exc)) from None
         finally:

@@ -66,10 +66,17 @@ class ReconcileJobsOperator(TriageOperator):
 
     template_fields = ("reports_dir", "event_log")
 
-    def __init__(self, *, reports_dir: str | None = None, event_log: str | None = None,
-                 webhook_conn_id: str | None = None, api_conn_id: str = "airflow_api",
-                 llm_conn_id: str = "triage_llm", alerts_conn_id: str = ALERTS_CONN_ID,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        reports_dir: str | None = None,
+        event_log: str | None = None,
+        webhook_conn_id: str | None = None,
+        api_conn_id: str = "airflow_api",
+        llm_conn_id: str = "triage_llm",
+        alerts_conn_id: str = ALERTS_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.alerts_conn_id = alerts_conn_id
         self.reports_dir, self.event_log = reports_dir, event_log
@@ -105,8 +112,14 @@ class ReconcileJobsOperator(TriageOperator):
         api = self.get_airflow_api()
         reports = settings.reports_dir(self.reports_dir or variable("triage_reports_dir"))
         try:
-            outcome = reconcile(self.store, params, publish=sink.publish, api=api, reports_dir=reports,
-                                classifier_versions=configured_classifier_versions(self.llm_conn_id))  # fmt: skip
+            outcome = reconcile(
+                self.store,
+                params,
+                publish=sink.publish,
+                api=api,
+                reports_dir=reports,
+                classifier_versions=configured_classifier_versions(self.llm_conn_id),
+            )
         finally:
             api.close()
             sink.close()

@@ -37,11 +37,14 @@ class OutageRetryPolicy(RetryPolicy):
     anything else, and an outage without one, gets the task's standard retry (exponential
     backoff). It never adds a try: Airflow caps a policy's retries at the task's ``retries``."""
 
-    def evaluate(self, exception: BaseException, try_number: int, max_tries: int,
-                 context: Context | None = None) -> RetryDecision:  # fmt: skip
+    def evaluate(
+        self, exception: BaseException, try_number: int, max_tries: int, context: Context | None = None
+    ) -> RetryDecision:
         if isinstance(exception, DependencyOutage) and exception.retry_after is not None:
-            return RetryDecision.retry(timedelta(seconds=exception.retry_after),
-                                       reason=f"outage:{exception.dependency}: Retry-After {exception.retry_after:.0f}s")  # fmt: skip
+            return RetryDecision.retry(
+                timedelta(seconds=exception.retry_after),
+                reason=f"outage:{exception.dependency}: Retry-After {exception.retry_after:.0f}s",
+            )
         return RetryDecision.default()
 
     def serialize(self) -> dict[str, Any]:

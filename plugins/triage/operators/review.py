@@ -77,8 +77,14 @@ class _ReviewOperator(TriageOperator):
         names = self.taxonomy_names()
         action = self.label_action() if config.decision == "label" else None
         try:
-            report = apply_review(self.store, config.job_ids, config, reviewer=who, taxonomy_names=names,
-                                  send_label=action.send if action is not None else None)  # fmt: skip
+            report = apply_review(
+                self.store,
+                config.job_ids,
+                config,
+                reviewer=who,
+                taxonomy_names=names,
+                send_label=action.send if action is not None else None,
+            )
         finally:
             if action is not None:
                 action.close()
@@ -213,6 +219,11 @@ class ApplyReviewAnswerOperator(_ReviewOperator):
         user = answer.get("responded_by_user") or {}
         who = str(user.get("name") or user.get("id") or f"airflow:{context['dag_run'].run_id}")
         note = (answer.get("params_input") or {}).get("note") or None
-        config = _config(job_ids=[case["job_id"]], decision=decision, label=label, note=note,
-                         max_replays=context["params"].get("max_replays", 3))  # fmt: skip
+        config = _config(
+            job_ids=[case["job_id"]],
+            decision=decision,
+            label=label,
+            note=note,
+            max_replays=context["params"].get("max_replays", 3),
+        )
         return self.apply(context, config, who)

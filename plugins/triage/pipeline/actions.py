@@ -49,8 +49,17 @@ class LabelRequest:
     @classmethod
     def for_job(cls, job: ClaimedJob, label: LabelWrite) -> LabelRequest:
         """The model's label of a claimed job, under the job's idempotency key."""
-        return cls(job.idempotency_key, job.id, job.created_at, job.source, job.external_id, job.correlation_id,
-                   label.label, label.confidence, label.classifier_version)  # fmt: skip
+        return cls(
+            job.idempotency_key,
+            job.id,
+            job.created_at,
+            job.source,
+            job.external_id,
+            job.correlation_id,
+            label.label,
+            label.confidence,
+            label.classifier_version,
+        )
 
     @property
     def order(self) -> str:
@@ -74,12 +83,21 @@ class WebhookLabelAction:
 
     def send(self, request: LabelRequest) -> None:
         order = request.order
-        body = {"job_id": str(request.job_id), "source": request.source, "external_id": request.external_id,
-                "label": request.label, "confidence": request.confidence,
-                "classifier_version": request.classifier_version,
-                "job_created_at": request.job_created_at.astimezone(UTC).isoformat(), "label_order": order}  # fmt: skip
-        headers = {"Idempotency-Key": request.idempotency_key, "X-Correlation-ID": request.correlation_id,
-                   ORDER_HEADER: order}  # fmt: skip
+        body = {
+            "job_id": str(request.job_id),
+            "source": request.source,
+            "external_id": request.external_id,
+            "label": request.label,
+            "confidence": request.confidence,
+            "classifier_version": request.classifier_version,
+            "job_created_at": request.job_created_at.astimezone(UTC).isoformat(),
+            "label_order": order,
+        }
+        headers = {
+            "Idempotency-Key": request.idempotency_key,
+            "X-Correlation-ID": request.correlation_id,
+            ORDER_HEADER: order,
+        }
         try:
             response = self._client.post(self.url, json=body, headers=headers)
         except httpx.HTTPError as exc:

@@ -134,11 +134,17 @@ class ClassifySettings:
 
 def _record(output: ModelOutput, outcome: str, version: str) -> ClassificationRecord:
     return ClassificationRecord(
-        label=output.label, confidence=output.confidence, outcome=outcome,  # type: ignore[arg-type]
-        classifier_version=version, rejected_reason=output.rejected_reason, latency_ms=output.latency_ms,
-        prompt_tokens=output.prompt_tokens, completion_tokens=output.completion_tokens, cost_usd=output.cost_usd,
+        label=output.label,
+        confidence=output.confidence,
+        outcome=outcome,  # type: ignore[arg-type]
+        classifier_version=version,
+        rejected_reason=output.rejected_reason,
+        latency_ms=output.latency_ms,
+        prompt_tokens=output.prompt_tokens,
+        completion_tokens=output.completion_tokens,
+        cost_usd=output.cost_usd,
         usage_discarded=",".join(output.usage_discarded) or None,
-    )  # fmt: skip
+    )
 
 
 class ClassifyHandler:
@@ -146,8 +152,13 @@ class ClassifyHandler:
 
     step = Step.CLASSIFY
 
-    def __init__(self, classifier: Classifier, payloads: PayloadStore, settings: ClassifySettings,
-                 breaker: CircuitBreaker | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        classifier: Classifier,
+        payloads: PayloadStore,
+        settings: ClassifySettings,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
         self.classifier, self.payloads, self.settings = classifier, payloads, settings
         self.breaker = breaker or CircuitBreaker()
         self._misconfigured: str | None = None
@@ -229,20 +240,31 @@ class ClassifyHandler:
         except MalformedDocument as exc:
             if exc.reason == "unsupported_schema_version":
                 return Fail(job.id, job.attempt, "unsupported_schema_version", exc.reason, str(exc))
-            return SendToReview(job.id, job.attempt, "malformed_input", exc.reason, str(exc),
-                                context={"malformed_reason": exc.reason})  # fmt: skip
+            return SendToReview(
+                job.id, job.attempt, "malformed_input", exc.reason, str(exc), context={"malformed_reason": exc.reason}
+            )
 
     def stop_reason(self) -> StepError | None:
         if self._misconfigured:
             return DependencyMisconfigured(f"the classifier refuses every call ({self._misconfigured})")
         error_class, error = self._last_transient or (None, None)
         if self._store_down:
-            stop = CircuitOpen(f"the payload store is unavailable: {self._store_down}", dependency="payload_store",
-                               delay_seconds=self.outage_delay(), error_class=error_class, error=error)  # fmt: skip
+            stop = CircuitOpen(
+                f"the payload store is unavailable: {self._store_down}",
+                dependency="payload_store",
+                delay_seconds=self.outage_delay(),
+                error_class=error_class,
+                error=error,
+            )
         elif self.breaker.is_open:
-            stop = CircuitOpen("transient classifier failures dominate the recent calls", dependency="model",
-                               delay_seconds=self.outage_delay(), error_class=error_class, error=error,
-                               retry_after=self._retry_after)  # fmt: skip
+            stop = CircuitOpen(
+                "transient classifier failures dominate the recent calls",
+                dependency="model",
+                delay_seconds=self.outage_delay(),
+                error_class=error_class,
+                error=error,
+                retry_after=self._retry_after,
+            )
         else:
             return None
         # The transient failures of this try's earlier batches are what opened the circuit:
@@ -262,8 +284,14 @@ class ClassifyHandler:
         if exc.error_class in MISCONFIGURED:
             self._misconfigured = exc.error_class
             return Release(job.id, job.attempt)
-        return SendToReview(job.id, job.attempt, "permanent_error", exc.error_class, str(exc),
-                            context={"latency_ms": round((time.perf_counter() - started) * 1000, 1)})  # fmt: skip
+        return SendToReview(
+            job.id,
+            job.attempt,
+            "permanent_error",
+            exc.error_class,
+            str(exc),
+            context={"latency_ms": round((time.perf_counter() - started) * 1000, 1)},
+        )
 
     def _unexpected(self, job: ClaimedJob, exc: Exception) -> Outcome:
         """A classifier raised something it should have classified. The job's attempt fails
@@ -287,8 +315,14 @@ class ClassifyHandler:
                 self._last_transient = (document.error_class, document.error or document.error_class)
                 self.breaker.record(True)
             return document
-        request = ClassifyRequest(job_id=str(job.id), external_id=job.external_id, idempotency_key=job.idempotency_key,
-                                  correlation_id=job.correlation_id, attempt=job.attempt, text=document.text)  # fmt: skip
+        request = ClassifyRequest(
+            job_id=str(job.id),
+            external_id=job.external_id,
+            idempotency_key=job.idempotency_key,
+            correlation_id=job.correlation_id,
+            attempt=job.attempt,
+            text=document.text,
+        )
         started = time.perf_counter()
         try:
             output = self.classifier.classify(request)
@@ -298,8 +332,9 @@ class ClassifyHandler:
             return self._unexpected(job, exc)
         self.breaker.record(False)
         if output.usage_discarded:  # recorded with the classification; the outcome stands
-            log.warning("model reported usage out of bounds %s discarded=%s", job_fields(job),
-                        ",".join(output.usage_discarded))  # fmt: skip
+            log.warning(
+                "model reported usage out of bounds %s discarded=%s", job_fields(job), ",".join(output.usage_discarded)
+            )
         if output.label is not None and "\x00" in output.label:
             # PostgreSQL text cannot hold NUL: the label could never be stored, so the output
             # is unusable, like any other malformed model output (manual review, not a crash).
@@ -313,8 +348,25 @@ class ClassifyHandler:
             label = LabelWrite(output.label or "", output.confidence, version)
             return Complete(job.id, job.attempt, label, classification=record)
         if outcome == "inconclusive":
-            return SendToReview(job.id, job.attempt, "inconclusive", "inconclusive", None, classification=record,
-                                context={"label": output.label, "confidence": output.confidence,
-                                         "threshold": self.settings.confidence_threshold})  # fmt: skip
-        return SendToReview(job.id, job.attempt, "rejected_output", output.rejected_reason, None,
-                            classification=record, context={"rejected_reason": output.rejected_reason})  # fmt: skip
+            return SendToReview(
+                job.id,
+                job.attempt,
+                "inconclusive",
+                "inconclusive",
+                None,
+                classification=record,
+                context={
+                    "label": output.label,
+                    "confidence": output.confidence,
+                    "threshold": self.settings.confidence_threshold,
+                },
+            )
+        return SendToReview(
+            job.id,
+            job.attempt,
+            "rejected_output",
+            output.rejected_reason,
+            None,
+            classification=record,
+            context={"rejected_reason": output.rejected_reason},
+        )

@@ -172,12 +172,17 @@ class Ownership:
             self.store.record(self.claim, outcomes)
         except LeaseLost as exc:
             self.lose(exc)
-            log.warning("drain: lease %s already lost; %d jobs return when it runs out", self.claim.token,
-                        len(outcomes))  # fmt: skip
+            log.warning(
+                "drain: lease %s already lost; %d jobs return when it runs out", self.claim.token, len(outcomes)
+            )
             return
         except Exception as exc:  # noqa: BLE001 - named degraded path: see the docstring
-            log.warning("drain: lease %s not given back (%s); %d jobs return when it runs out", self.claim.token,
-                        exc.__class__.__name__, len(outcomes))  # fmt: skip
+            log.warning(
+                "drain: lease %s not given back (%s); %d jobs return when it runs out",
+                self.claim.token,
+                exc.__class__.__name__,
+                len(outcomes),
+            )
             return
         self.given_back += len(jobs)
         self.recorded += len(finished)
@@ -196,8 +201,12 @@ class Ownership:
             time.sleep(POLL_SECONDS)
         finished, abandoned = self.settle()
         self.give_back(abandoned, finished)
-        log.info("drain: lease %s settled: %d finished recorded, %d in flight given back", self.claim.token,
-                 len(finished), len(abandoned))  # fmt: skip
+        log.info(
+            "drain: lease %s settled: %d finished recorded, %d in flight given back",
+            self.claim.token,
+            len(finished),
+            len(abandoned),
+        )
 
 
 class Heartbeat:

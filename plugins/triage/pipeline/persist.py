@@ -45,12 +45,22 @@ class PersistHandler:
         for job in jobs:
             label = labels.get(job.id)
             if label is None:  # advanced without an accepted classification: never guess one
-                outcomes.append(Fail(job.id, job.attempt, "missing_classification", "missing_classification",
-                                     "no accepted classification recorded for this job"))  # fmt: skip
+                outcomes.append(
+                    Fail(
+                        job.id,
+                        job.attempt,
+                        "missing_classification",
+                        "missing_classification",
+                        "no accepted classification recorded for this job",
+                    )
+                )
                 continue
             if job.id in stale:
-                log.info("job %s correlation_id=%s: label action skipped, a newer job's label stands for its "
-                         "document", job.id, job.correlation_id)  # fmt: skip
+                log.info(
+                    "job %s correlation_id=%s: label action skipped, a newer job's label stands for its document",
+                    job.id,
+                    job.correlation_id,
+                )
             elif self.action is not None:
                 if ownership is None:
                     outcomes.append(self._act(job, label))

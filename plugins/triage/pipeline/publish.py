@@ -91,12 +91,13 @@ class JsonlEventSink:
             position -= step
         else:
             if start > 0:
-                raise EventLogDamaged(f"{self.path} does not end in an event line (no newline in its last "
-                                      f"{MAX_TORN_BYTES} bytes); nothing written: move the file aside")  # fmt: skip
+                raise EventLogDamaged(
+                    f"{self.path} does not end in an event line (no newline in its last "
+                    f"{MAX_TORN_BYTES} bytes); nothing written: move the file aside"
+                )
             cut = 0  # the whole file is one torn line
         os.ftruncate(fd, cut)
-        log.warning("cut a torn last line of %d bytes from %s; its events are written again", size - cut,
-                    self.path)  # fmt: skip
+        log.warning("cut a torn last line of %d bytes from %s; its events are written again", size - cut, self.path)
         return cut
 
     def _remember(self, ids: Sequence[str]) -> None:
@@ -155,9 +156,11 @@ class WebhookEventSink:
 
     def publish(self, events: Sequence[WorkEvent]) -> None:
         for event in events:
-            response = self._client.post(self.url, content=event.to_json(),
-                                         headers={"Idempotency-Key": str(event.event_id),
-                                                  "Content-Type": "application/json"})  # fmt: skip
+            response = self._client.post(
+                self.url,
+                content=event.to_json(),
+                headers={"Idempotency-Key": str(event.event_id), "Content-Type": "application/json"},
+            )
             response.raise_for_status()
 
     def close(self) -> None:

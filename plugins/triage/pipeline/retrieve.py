@@ -59,15 +59,33 @@ def new_job(doc: SourceDocument, digest: str, ref: str, classifier_version: str)
     if doc.malformed_reason is None:
         return NewJob(key, doc.source, doc.external_id, digest, ref, classifier_version)
     return NewJob(
-        key, doc.source, doc.external_id, digest, ref, classifier_version,
-        status=JobStatus.MANUAL_REVIEW, reason="malformed_input", error=doc.malformed_reason,
+        key,
+        doc.source,
+        doc.external_id,
+        digest,
+        ref,
+        classifier_version,
+        status=JobStatus.MANUAL_REVIEW,
+        reason="malformed_input",
+        error=doc.malformed_reason,
         review_context={"external_id": doc.external_id, "malformed_reason": doc.malformed_reason, **dict(doc.detail)},
-    )  # fmt: skip
+    )
 
 
-def retrieve(store: JobStore, source: Source, payloads: PayloadStore, *, start: datetime, end: datetime,
-             batch_key: str, classifier_version: str, max_attempts: int, chunk: int = 5000,
-             chunk_bytes: int = CHUNK_BYTES, actor: str = "retrieve") -> RetrieveResult:  # fmt: skip
+def retrieve(
+    store: JobStore,
+    source: Source,
+    payloads: PayloadStore,
+    *,
+    start: datetime,
+    end: datetime,
+    batch_key: str,
+    classifier_version: str,
+    max_attempts: int,
+    chunk: int = 5000,
+    chunk_bytes: int = CHUNK_BYTES,
+    actor: str = "retrieve",
+) -> RetrieveResult:
     """Register the documents of ``[start, end)``: each chunk (``chunk`` documents, or fewer
     holding ``chunk_bytes``) is stored as packs of payloads, then registered in one transaction."""
     began = time.perf_counter()
@@ -77,12 +95,16 @@ def retrieve(store: JobStore, source: Source, payloads: PayloadStore, *, start: 
     pending: Future[None] | None = None
 
     def register(chunk: list[NewJob], seen: int) -> None:
-        result = store.register(chunk, batch_key=batch_key, step=Step.CLASSIFY, max_attempts=max_attempts,
-                                actor=actor)  # fmt: skip
+        result = store.register(chunk, batch_key=batch_key, step=Step.CLASSIFY, max_attempts=max_attempts, actor=actor)
         totals["registered"] += result.new
         totals["existing"] += result.existing
-        log.info("retrieve batch=%s read=%d registered=%d existing=%d", batch_key, seen, totals["registered"],
-                 totals["existing"])  # fmt: skip
+        log.info(
+            "retrieve batch=%s read=%d registered=%d existing=%d",
+            batch_key,
+            seen,
+            totals["registered"],
+            totals["existing"],
+        )
 
     def flush(chunk: list[NewJob]) -> None:
         # Registering chunk N (database) overlaps with reading and storing chunk N+1 (Python, disk).

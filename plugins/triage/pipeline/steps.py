@@ -50,9 +50,16 @@ class CircuitOpen(StepError):
     ``outage:<dependency>``) for ``delay_seconds``; ``retry_after`` is the model's own hint, if
     it gave one (the classify task's retry policy waits that long)."""
 
-    def __init__(self, message: str, *, dependency: str = "model", delay_seconds: float = 30.0,
-                 error_class: str | None = None, error: str | None = None,
-                 retry_after: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        *,
+        dependency: str = "model",
+        delay_seconds: float = 30.0,
+        error_class: str | None = None,
+        error: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.dependency, self.delay_seconds, self.retry_after = dependency, delay_seconds, retry_after
         self.error_class, self.error = error_class, error
@@ -121,16 +128,25 @@ class StepReport:
 
     def summary(self) -> str:
         parts = ", ".join(f"{k}={v}" for k, v in sorted(self.outcomes.items()))
-        return (f"step={self.step} batch={self.batch_key} claimed={self.claimed} {parts} "
-                f"seconds={self.seconds:.2f} rate={self.rate:.0f}/s")  # fmt: skip
+        return (
+            f"step={self.step} batch={self.batch_key} claimed={self.claimed} {parts} "
+            f"seconds={self.seconds:.2f} rate={self.rate:.0f}/s"
+        )
 
 
 def _kind(outcome: Outcome) -> str:
     return type(outcome).__name__
 
 
-def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings: RunSettings,
-             metrics: Metrics = NULL_METRICS, drain: Drain | None = None) -> StepReport:  # fmt: skip
+def run_step(
+    store: JobStore,
+    handler: StepHandler,
+    *,
+    batch_key: str,
+    settings: RunSettings,
+    metrics: Metrics = NULL_METRICS,
+    drain: Drain | None = None,
+) -> StepReport:
     """Work through the step's claimable jobs of ``batch_key``.
 
     Recording batch N (database work) overlaps with handling batch N+1 (Python work): one
@@ -147,11 +163,17 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
     drain = drain or Drain()
     report = StepReport(step=handler.step, batch_key=batch_key)
     if settings.earlier_tries_of is not None:
-        rescued = store.release_expired_leases(earlier_tries_of=settings.earlier_tries_of, owner=settings.owner,
-                                               batch_key=batch_key, actor=settings.owner)  # fmt: skip
+        rescued = store.release_expired_leases(
+            earlier_tries_of=settings.earlier_tries_of, owner=settings.owner, batch_key=batch_key, actor=settings.owner
+        )
         if rescued.job_ids:
-            log.info("step=%s batch=%s took back %d jobs from expired leases or earlier tries (%d to review)",
-                     handler.step, batch_key, rescued.retrying + rescued.to_review, rescued.to_review)  # fmt: skip
+            log.info(
+                "step=%s batch=%s took back %d jobs from expired leases or earlier tries (%d to review)",
+                handler.step,
+                batch_key,
+                rescued.retrying + rescued.to_review,
+                rescued.to_review,
+            )
     version = handler.classifier_version
     resume = _resumer(store, handler.step, batch_key, settings.owner, version)
     resume()
@@ -177,9 +199,14 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
                 settle()
                 raise Drained(f"step {handler.step} of {batch_key} drained on request after {report.claimed} jobs")
             claimed_at = time.monotonic()
-            claim = store.claim(batch_key=batch_key, step=handler.step, limit=settings.batch_size,
-                                lease_seconds=settings.lease_seconds, owner=settings.owner,
-                                classifier_version=version)  # fmt: skip
+            claim = store.claim(
+                batch_key=batch_key,
+                step=handler.step,
+                limit=settings.batch_size,
+                lease_seconds=settings.lease_seconds,
+                owner=settings.owner,
+                classifier_version=version,
+            )
             if not claim.jobs:
                 if settle():
                     continue  # the batch just written may have released or requeued jobs
@@ -203,12 +230,16 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
             handled = time.perf_counter() - handle_began
             settle()
             if ownership.draining:
-                raise Drained(f"step {handler.step} of {batch_key} drained on request: {ownership.given_back} jobs "
-                              f"given back, {ownership.recorded} recorded")  # fmt: skip
+                raise Drained(
+                    f"step {handler.step} of {batch_key} drained on request: {ownership.given_back} jobs "
+                    f"given back, {ownership.recorded} recorded"
+                )
             if ownership.lost:
-                raise OwnershipLost(f"lease {claim.token} lost at step {handler.step} of {batch_key}: "
-                                    f"{sum(isinstance(o, Release) for o in outcomes)} jobs left alone, "
-                                    "nothing recorded")  # fmt: skip
+                raise OwnershipLost(
+                    f"lease {claim.token} lost at step {handler.step} of {batch_key}: "
+                    f"{sum(isinstance(o, Release) for o in outcomes)} jobs left alone, "
+                    "nothing recorded"
+                )
             pending = writer.submit(store.record, claim, outcomes)
             report.outcomes.update(_kind(o) for o in outcomes)
             observe_batch(metrics, handler.step, outcomes, handled)
@@ -216,8 +247,15 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
             if time.perf_counter() - last_progress >= settings.progress_every_seconds:
                 last_progress = time.perf_counter()
                 elapsed = last_progress - began
-                log.info("step=%s batch=%s progress %d/%d rate=%.0f/s outcomes=%s", handler.step, batch_key,
-                         report.claimed, total, report.claimed / elapsed, dict(report.outcomes))  # fmt: skip
+                log.info(
+                    "step=%s batch=%s progress %d/%d rate=%.0f/s outcomes=%s",
+                    handler.step,
+                    batch_key,
+                    report.claimed,
+                    total,
+                    report.claimed / elapsed,
+                    dict(report.outcomes),
+                )
             stop = handler.stop_reason()
             if stop is not None:
                 settle()
@@ -239,8 +277,9 @@ def run_step(store: JobStore, handler: StepHandler, *, batch_key: str, settings:
     return report
 
 
-def _resumer(store: JobStore, step: str, batch_key: str, owner: str,
-             version: str | None) -> Callable[[], tuple[int, datetime | None]]:  # fmt: skip
+def _resumer(
+    store: JobStore, step: str, batch_key: str, owner: str, version: str | None
+) -> Callable[[], tuple[int, datetime | None]]:
     """Queue the batch's jobs parked on an outage once due (a claim of the batch is what takes
     them up again); returns (how many, when the next parked one is due)."""
 
@@ -253,15 +292,28 @@ def _resumer(store: JobStore, step: str, batch_key: str, owner: str,
     return resume
 
 
-def _park_rest(store: JobStore, step: str, batch_key: str, owner: str, version: str | None,
-               stop: CircuitOpen) -> int:  # fmt: skip
+def _park_rest(store: JobStore, step: str, batch_key: str, owner: str, version: str | None, stop: CircuitOpen) -> int:
     """Park the batch's unclaimed jobs on the outage too: the task is about to fail, and its
     failure callback must find nothing of the outage to send to review."""
-    parked = store.park_unstarted(batch_key, step, dependency=stop.dependency, delay_seconds=stop.delay_seconds,
-                                  error_class=stop.error_class, error=stop.error, actor=owner,
-                                  classifier_version=version, give_back=stop.give_back)  # fmt: skip
-    log.warning("step=%s batch=%s outage:%s: parked the batch's unfinished jobs for %.0fs (%d unclaimed); "
-                "no attempt spent", step, batch_key, stop.dependency, stop.delay_seconds, parked)  # fmt: skip
+    parked = store.park_unstarted(
+        batch_key,
+        step,
+        dependency=stop.dependency,
+        delay_seconds=stop.delay_seconds,
+        error_class=stop.error_class,
+        error=stop.error,
+        actor=owner,
+        classifier_version=version,
+        give_back=stop.give_back,
+    )
+    log.warning(
+        "step=%s batch=%s outage:%s: parked the batch's unfinished jobs for %.0fs (%d unclaimed); no attempt spent",
+        step,
+        batch_key,
+        stop.dependency,
+        stop.delay_seconds,
+        parked,
+    )
     return parked
 
 

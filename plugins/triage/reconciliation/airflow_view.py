@@ -74,8 +74,15 @@ class AirflowApi:
         are None the client asks ``GET /auth/token`` (simple auth manager, all admins).
     """
 
-    def __init__(self, base_url: str, *, username: str | None = None, password: str | None = None,
-                 timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        timeout_s: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.username, self.password = username, password
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
@@ -94,8 +101,9 @@ class AirflowApi:
         """A bearer token, or None when the token endpoint is absent (an API without auth)."""
         if self._token is None:
             if self.username is not None:
-                response = self._call("POST", "/auth/token", json={"username": self.username,
-                                                                    "password": self.password or ""})  # fmt: skip
+                response = self._call(
+                    "POST", "/auth/token", json={"username": self.username, "password": self.password or ""}
+                )
             else:
                 response = self._call("GET", "/auth/token")
             if response.status_code in (404, 405):
@@ -143,16 +151,28 @@ class AirflowApi:
     def dag_runs(self, dag_id: str, since: datetime) -> dict[str, DagRunView]:
         path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns"
         rows = self._pages(path, "dag_runs", [("updated_at_gte", since.isoformat())])
-        return {r["dag_run_id"]: DagRunView(r["dag_run_id"], str(r.get("state")),
-                                            batch_key_of(r.get("data_interval_start"), r.get("data_interval_end")))
-                for r in rows}  # fmt: skip
+        return {
+            r["dag_run_id"]: DagRunView(
+                r["dag_run_id"],
+                str(r.get("state")),
+                batch_key_of(r.get("data_interval_start"), r.get("data_interval_end")),
+            )
+            for r in rows
+        }
 
     def task_instances(self, dag_id: str, states: tuple[str, ...], since: datetime) -> list[TaskInstanceView]:
         path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/~/taskInstances"
         params = [("updated_at_gte", since.isoformat()), *(("state", s) for s in states)]
-        return [TaskInstanceView(r["dag_run_id"], r["task_id"], int(r.get("map_index", -1)), str(r["state"]),
-                                 int(r.get("try_number") or 0))
-                for r in self._pages(path, "task_instances", params)]  # fmt: skip
+        return [
+            TaskInstanceView(
+                r["dag_run_id"],
+                r["task_id"],
+                int(r.get("map_index", -1)),
+                str(r["state"]),
+                int(r.get("try_number") or 0),
+            )
+            for r in self._pages(path, "task_instances", params)
+        ]
 
 
 def airflow_view(store: JobStore, params: ReconcileParams, api: AirflowApi | None) -> RuleResult:
@@ -187,21 +207,48 @@ def airflow_view(store: JobStore, params: ReconcileParams, api: AirflowApi | Non
             continue
         task = ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else "")  # classify is mapped
         where = f"{ti.run_id}/{task} is {ti.state} (try {ti.try_number}) with batch {batch}"
-        data = {"run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index, "state": ti.state,
-                "batch_key": batch}  # fmt: skip
+        data = {
+            "run_id": ti.run_id,
+            "task_id": ti.task_id,
+            "map_index": ti.map_index,
+            "state": ti.state,
+            "batch_key": batch,
+        }
         certain = ti.state == "failed" and runs[ti.run_id].state == "failed" and batch not in active
-        findings.append(Finding(f"task_{ti.state}", int(open_jobs.n), where, sample(open_jobs.job_ids),
-                                "send_batch_to_review" if certain else None, data))  # fmt: skip
+        findings.append(
+            Finding(
+                f"task_{ti.state}",
+                int(open_jobs.n),
+                where,
+                sample(open_jobs.job_ids),
+                "send_batch_to_review" if certain else None,
+                data,
+            )
+        )
         if ti.state == "failed" and not certain:
-            conflicts.append(Conflict("task_failed_run_active", int(open_jobs.n),
-                                      f"{where}; another run of the batch is active", sample(open_jobs.job_ids)))  # fmt: skip
+            conflicts.append(
+                Conflict(
+                    "task_failed_run_active",
+                    int(open_jobs.n),
+                    f"{where}; another run of the batch is active",
+                    sample(open_jobs.job_ids),
+                )
+            )
         if certain and not params.dry_run and batch is not None:
             prefix = f"{DAG_ID}/{ti.run_id}/{ti.task_id}/{ti.map_index}/"
             moved = store.send_batch_to_review(
-                batch, reason=REASON, error=f"{ti.task_id} failed in {ti.run_id}; its failure callback never ran",
-                owner_prefix=prefix, context={"repaired_by": REPAIRER, "run_id": ti.run_id, "task_id": ti.task_id,
-                                              "try_number": ti.try_number}, actor=REPAIRER,
-            )  # fmt: skip
+                batch,
+                reason=REASON,
+                error=f"{ti.task_id} failed in {ti.run_id}; its failure callback never ran",
+                owner_prefix=prefix,
+                context={
+                    "repaired_by": REPAIRER,
+                    "run_id": ti.run_id,
+                    "task_id": ti.task_id,
+                    "try_number": ti.try_number,
+                },
+                actor=REPAIRER,
+            )
             if moved:
                 repairs.append(Repair("batch_sent_to_review", moved, f"{where}: unfinished jobs to manual_review"))
             unfinished.pop(batch, None)

@@ -34,12 +34,20 @@ def duration(seconds: Number) -> str:
 
 
 def _text(x: float, y: float, body: str, *, anchor: str = "start", size: int = 12, weight: str = "normal") -> str:
-    return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}" font-weight="{weight}" '
-            f'font-family="sans-serif" fill="#222">{escape(body)}</text>')  # fmt: skip
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}" font-weight="{weight}" '
+        f'font-family="sans-serif" fill="#222">{escape(body)}</text>'
+    )
 
 
-def bar_chart(title: str, rows: Sequence[tuple[str, Sequence[Number]]], *, series: Sequence[str] = (),
-              fmt: Format = plain, width: int = 640) -> str:  # fmt: skip
+def bar_chart(
+    title: str,
+    rows: Sequence[tuple[str, Sequence[Number]]],
+    *,
+    series: Sequence[str] = (),
+    fmt: Format = plain,
+    width: int = 640,
+) -> str:
     """Horizontal bars, one group per row and one bar per series (a legend when there are two or more)."""
     n_series = max((len(values) for _, values in rows), default=1) or 1
     label_w, bar_h, gap, top = 170, 16, 10, 30 + (18 if len(series) > 1 else 0)
@@ -48,9 +56,11 @@ def bar_chart(title: str, rows: Sequence[tuple[str, Sequence[Number]]], *, serie
     peak = max((float(v) for _, values in rows for v in values), default=0.0) or 1.0
     group_h = n_series * bar_h + gap
     height = top + max(len(rows), 1) * group_h + 10
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" class="chart"><title>{escape(title)}</title>',
-             _text(0, 18, title, size=14, weight="bold")]  # fmt: skip
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" class="chart"><title>{escape(title)}</title>',
+        _text(0, 18, title, size=14, weight="bold"),
+    ]
     if len(series) > 1:
         for i, name in enumerate(series):
             x = label_w + i * 120
@@ -64,32 +74,45 @@ def bar_chart(title: str, rows: Sequence[tuple[str, Sequence[Number]]], *, serie
         for i, value in enumerate(values):
             y = y0 + i * bar_h
             w = max(float(value) / peak * scale_w, 1.0 if float(value) > 0 else 0.0)
-            parts.append(f'<rect x="{label_w}" y="{y:.1f}" width="{w:.1f}" height="{bar_h - 2}" '
-                         f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(label)}: {escape(fmt(value))}</title></rect>')  # fmt: skip
+            parts.append(
+                f'<rect x="{label_w}" y="{y:.1f}" width="{w:.1f}" height="{bar_h - 2}" '
+                f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(label)}: {escape(fmt(value))}</title></rect>'
+            )
             parts.append(_text(label_w + w + 4, y + bar_h - 5, fmt(value), size=11))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def column_chart(title: str, columns: Sequence[tuple[str, Number]], *, x_label: str = "",
-                 fmt: Format = plain, width: int = 640, height: int = 220) -> str:  # fmt: skip
+def column_chart(
+    title: str,
+    columns: Sequence[tuple[str, Number]],
+    *,
+    x_label: str = "",
+    fmt: Format = plain,
+    width: int = 640,
+    height: int = 220,
+) -> str:
     """Vertical bars (a histogram): one column per bucket, its count above it."""
     top, bottom, left = 30, 36, 10
     plot_h = height - top - bottom
     n = max(len(columns), 1)
     slot = (width - 2 * left) / n
     peak = max((float(v) for _, v in columns), default=0.0) or 1.0
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" class="chart"><title>{escape(title)}</title>',
-             _text(0, 18, title, size=14, weight="bold")]  # fmt: skip
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" class="chart"><title>{escape(title)}</title>',
+        _text(0, 18, title, size=14, weight="bold"),
+    ]
     if not columns:
         parts.append(_text(left, top + 20, "nothing to show"))
     for i, (label, value) in enumerate(columns):
         h = float(value) / peak * (plot_h - 14)
         x = left + i * slot + slot * 0.15
         y = top + plot_h - h
-        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.7:.1f}" height="{h:.1f}" fill="{PALETTE[0]}">'
-                     f"<title>{escape(label)}: {escape(fmt(value))}</title></rect>")  # fmt: skip
+        parts.append(
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.7:.1f}" height="{h:.1f}" fill="{PALETTE[0]}">'
+            f"<title>{escape(label)}: {escape(fmt(value))}</title></rect>"
+        )
         parts.append(_text(x + slot * 0.35, y - 3, fmt(value), anchor="middle", size=11))
         parts.append(_text(x + slot * 0.35, top + plot_h + 14, label, anchor="middle", size=11))
     if x_label:

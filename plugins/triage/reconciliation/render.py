@@ -40,44 +40,107 @@ def markdown(summary: dict[str, Any]) -> str:
     """The Markdown summary (sections in the order of the HTML page)."""
     run, totals = summary["run"], summary["totals"]
     mode = "dry run: nothing was changed" if run["dry_run"] else "repairs applied"
-    out = [f"# Reconciliation run {md.text(run['id'])} ({mode})", "",
-           f"{totals['jobs']} jobs · {totals['repaired']} repaired · {totals['conflicts']} in conflict · "
-           f"{totals['open_reviews']} open reviews · finished {md.text(run['finished_at'])}", ""]  # fmt: skip
+    out = [
+        f"# Reconciliation run {md.text(run['id'])} ({mode})",
+        "",
+        f"{totals['jobs']} jobs · {totals['repaired']} repaired · {totals['conflicts']} in conflict · "
+        f"{totals['open_reviews']} open reviews · finished {md.text(run['finished_at'])}",
+        "",
+    ]
     if totals.get("checked"):  # absent from the summaries of runs before it was recorded
         out += ["Checked: " + ", ".join(md.text(rule) for rule in totals["checked"]), ""]
     if totals["skipped"]:
-        out += ["Skipped: " + "; ".join(f"{md.text(rule)}: {md.text(why)}" for rule, why in totals["skipped"].items()),
-                ""]  # fmt: skip
+        out += [
+            "Skipped: " + "; ".join(f"{md.text(rule)}: {md.text(why)}" for rule, why in totals["skipped"].items()),
+            "",
+        ]
     sections: list[tuple[str, list[str]]] = [
-        ("Jobs by state and step", _table(["state", "step", "jobs"],
-                                          ((r["status"], r["step"], r["count"]) for r in summary["by_state_and_step"]))),
-        ("Queue age (oldest job per state)", _table(["state", "jobs", "oldest"],
-                                                    ((r["status"], r["count"], duration(r["oldest_seconds"]))
-                                                     for r in summary["queue_age"]))),
-        ("Time in each state", _table(["state", "transitions", "median", "p95"],
-                                      ((r["status"], r["transitions"], duration(r["median_seconds"]),
-                                        duration(r["p95_seconds"])) for r in summary["time_in_state"]))),
+        (
+            "Jobs by state and step",
+            _table(
+                ["state", "step", "jobs"], ((r["status"], r["step"], r["count"]) for r in summary["by_state_and_step"])
+            ),
+        ),
+        (
+            "Queue age (oldest job per state)",
+            _table(
+                ["state", "jobs", "oldest"],
+                ((r["status"], r["count"], duration(r["oldest_seconds"])) for r in summary["queue_age"]),
+            ),
+        ),
+        (
+            "Time in each state",
+            _table(
+                ["state", "transitions", "median", "p95"],
+                (
+                    (r["status"], r["transitions"], duration(r["median_seconds"]), duration(r["p95_seconds"]))
+                    for r in summary["time_in_state"]
+                ),
+            ),
+        ),
         ("Attempts", _table(["attempt", "jobs"], ((r["attempt"], r["count"]) for r in summary["attempts"]))),
-        ("Retry reasons", _table(["error class", "retries"], ((r["reason"], r["count"]) for r in summary["retry_reasons"]))),
-        (f"Manual review queue ({summary['review_queue']['total']} open, oldest first)",
-         _table(["job", "reason", "attempts", "last error class", "age", "batch"],
-                ((r["job_id"], r["reason"], r["attempts"], r["last_error_class"], duration(r["age_seconds"]),
-                  r["batch_key"]) for r in summary["review_queue"]["rows"]))),
-        ("Repairs made", _table(["rule", "repair", "jobs", "what"],
-                                ((r["rule"], r["action"], r["count"], r["detail"]) for r in summary["repairs"]))),
-        ("Conflicts (for a human)", _table(["rule", "check", "jobs", "what", "sample"],
-                                           ((c["rule"], c["check"], c["count"], c["detail"], ", ".join(c["job_ids"][:3]))
-                                            for c in summary["conflicts"]))),
-        ("Findings", _table(["rule", "check", "count", "what", "repair"],
-                            ((r["rule"], f["check"], f["count"], f["detail"], f["repair"] or "report only")
-                             for r in summary["rules"] for f in r["findings"]))),
-        ("Schema-version mismatches", _table(["found by", "state now", "jobs"],
-                                             ((r["found_by"], r["status"], r["count"])
-                                              for r in summary["schema_mismatches"]))),
-        ("Model outputs rejected by validation", _table(["rejected reason", "outputs"],
-                                                        ((r["reason"], r["count"]) for r in summary["rejected_outputs"]))),
+        (
+            "Retry reasons",
+            _table(["error class", "retries"], ((r["reason"], r["count"]) for r in summary["retry_reasons"])),
+        ),
+        (
+            f"Manual review queue ({summary['review_queue']['total']} open, oldest first)",
+            _table(
+                ["job", "reason", "attempts", "last error class", "age", "batch"],
+                (
+                    (
+                        r["job_id"],
+                        r["reason"],
+                        r["attempts"],
+                        r["last_error_class"],
+                        duration(r["age_seconds"]),
+                        r["batch_key"],
+                    )
+                    for r in summary["review_queue"]["rows"]
+                ),
+            ),
+        ),
+        (
+            "Repairs made",
+            _table(
+                ["rule", "repair", "jobs", "what"],
+                ((r["rule"], r["action"], r["count"], r["detail"]) for r in summary["repairs"]),
+            ),
+        ),
+        (
+            "Conflicts (for a human)",
+            _table(
+                ["rule", "check", "jobs", "what", "sample"],
+                (
+                    (c["rule"], c["check"], c["count"], c["detail"], ", ".join(c["job_ids"][:3]))
+                    for c in summary["conflicts"]
+                ),
+            ),
+        ),
+        (
+            "Findings",
+            _table(
+                ["rule", "check", "count", "what", "repair"],
+                (
+                    (r["rule"], f["check"], f["count"], f["detail"], f["repair"] or "report only")
+                    for r in summary["rules"]
+                    for f in r["findings"]
+                ),
+            ),
+        ),
+        (
+            "Schema-version mismatches",
+            _table(
+                ["found by", "state now", "jobs"],
+                ((r["found_by"], r["status"], r["count"]) for r in summary["schema_mismatches"]),
+            ),
+        ),
+        (
+            "Model outputs rejected by validation",
+            _table(["rejected reason", "outputs"], ((r["reason"], r["count"]) for r in summary["rejected_outputs"])),
+        ),
         ("Outbox", [f"{summary['outbox']['unsent']} unsent; oldest {duration(summary['outbox']['oldest_seconds'])}"]),
-    ]  # fmt: skip
+    ]
     for title, body in sections:
         out += [f"## {md.text(title)}", "", *body, ""]
     return "\n".join(out)
@@ -115,8 +178,9 @@ def html(summary: dict[str, Any]) -> str:
     import jinja2
     from markupsafe import Markup
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(template_dir()), autoescape=True,
-                             undefined=jinja2.StrictUndefined)  # fmt: skip
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(template_dir()), autoescape=True, undefined=jinja2.StrictUndefined
+    )
     env.filters["duration"] = duration
     svg = {name: Markup(chart) for name, chart in charts(summary).items()}  # built from escaped parts
     return env.get_template(TEMPLATE).render(s=summary, charts=svg)

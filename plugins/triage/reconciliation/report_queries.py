@@ -96,15 +96,19 @@ def review_queue() -> sa.Select[Any]:
     """Open reviews, oldest first (``:limit`` rows), with the job's attempts and last error class."""
     return (
         sa.select(
-            manual_review.c.job_id, jobs.c.batch_key, manual_review.c.reason, jobs.c.attempt.label("attempts"),
-            jobs.c.last_error_class, age_seconds(manual_review.c.created_at).label("age_seconds"),
+            manual_review.c.job_id,
+            jobs.c.batch_key,
+            manual_review.c.reason,
+            jobs.c.attempt.label("attempts"),
+            jobs.c.last_error_class,
+            age_seconds(manual_review.c.created_at).label("age_seconds"),
             sa.func.count().over().label("total"),
         )
         .join_from(manual_review, jobs, jobs.c.id == manual_review.c.job_id)
         .where(manual_review.c.resolved_at.is_(None))
         .order_by(manual_review.c.created_at, manual_review.c.id)
         .limit(sa.bindparam("limit", type_=sa.Integer))
-    )  # fmt: skip
+    )
 
 
 UNSUPPORTED = "unsupported_schema_version"
@@ -133,9 +137,11 @@ def schema_mismatches() -> sa.Select[Any]:
 def rejected_outputs() -> Any:
     """Model outputs refused by validation in the window, by ``rejected_reason``."""
     return (
-        sa.select(sa.func.coalesce(classifications.c.rejected_reason, "unspecified").label("reason"),
-                  sa.func.count().label("n"))
+        sa.select(
+            sa.func.coalesce(classifications.c.rejected_reason, "unspecified").label("reason"),
+            sa.func.count().label("n"),
+        )
         .where(classifications.c.outcome == "rejected", classifications.c.created_at >= _window())
         .group_by(sa.text("1"))
         .order_by(sa.desc("n"), sa.text("1"))
-    )  # fmt: skip
+    )

@@ -26,8 +26,9 @@ def _f(value: Any, digits: int = 1) -> float:
 def ledger_view(conn: sa.Connection, params: ReconcileParams) -> dict[str, Any]:
     """What the ledger looks like now (after this run's repairs)."""
     window = {"window": params.report_window_hours * 3600.0}
-    by_state_step = [{"status": r.status, "step": r.step, "count": int(r.n)}
-                     for r in conn.execute(Q.counts_by_state_and_step())]  # fmt: skip
+    by_state_step = [
+        {"status": r.status, "step": r.step, "count": int(r.n)} for r in conn.execute(Q.counts_by_state_and_step())
+    ]
     by_state = {s.value: 0 for s in JobStatus}
     for row in by_state_step:
         by_state[row["status"]] += row["count"]
@@ -76,8 +77,15 @@ def ledger_view(conn: sa.Connection, params: ReconcileParams) -> dict[str, Any]:
     }
 
 
-def summary(*, run_id: int, started_at: datetime, finished_at: datetime, params: ReconcileParams,
-            results: Sequence[RuleResult], ledger: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def summary(
+    *,
+    run_id: int,
+    started_at: datetime,
+    finished_at: datetime,
+    params: ReconcileParams,
+    results: Sequence[RuleResult],
+    ledger: dict[str, Any],
+) -> dict[str, Any]:
     """The JSON summary of one run: the run, every rule's result, and the ledger view."""
     rules = [r.as_dict() for r in results]
     repairs = [{"rule": r["rule"], **entry} for r in rules for entry in r["repairs"]]

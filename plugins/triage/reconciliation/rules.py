@@ -34,8 +34,9 @@ def _check(store: JobStore, statement: Any, **params: Any) -> Any:
 
 
 def _finding(check: str, row: Any, detail: str, repair: str | None = None) -> Finding:
-    return Finding(check, int(row.n), detail, sample(row.job_ids), repair,
-                   {"oldest_seconds": round(float(row.oldest_seconds), 1)})  # fmt: skip
+    return Finding(
+        check, int(row.n), detail, sample(row.job_ids), repair, {"oldest_seconds": round(float(row.oldest_seconds), 1)}
+    )
 
 
 def expired_leases(store: JobStore, params: ReconcileParams) -> RuleResult:
@@ -49,23 +50,36 @@ def expired_leases(store: JobStore, params: ReconcileParams) -> RuleResult:
     released = store.release_expired_leases(max_rescues=params.max_rescues, actor=REPAIRER)
     repairs = []
     if released.retrying:
-        repairs.append(Repair("lease_released", released.retrying, "expired lease: retryable_failed, due now",
-                              sample(released.job_ids)))  # fmt: skip
+        repairs.append(
+            Repair(
+                "lease_released",
+                released.retrying,
+                "expired lease: retryable_failed, due now",
+                sample(released.job_ids),
+            )
+        )
     if released.to_review:
-        repairs.append(Repair("lease_released_to_review", released.to_review,
-                              "expired lease, rescued too often or out of attempts: manual_review",
-                              sample(released.job_ids)))  # fmt: skip
+        repairs.append(
+            Repair(
+                "lease_released_to_review",
+                released.to_review,
+                "expired lease, rescued too often or out of attempts: manual_review",
+                sample(released.job_ids),
+            )
+        )
     return RuleResult("expired_leases", findings=findings, repairs=tuple(repairs))
 
 
-STUCK_STATES = (JobStatus.RECEIVED, JobStatus.QUEUED, JobStatus.RETRYABLE_FAILED, JobStatus.WAITING,
-                JobStatus.RUNNING)  # fmt: skip
+STUCK_STATES = (JobStatus.RECEIVED, JobStatus.QUEUED, JobStatus.RETRYABLE_FAILED, JobStatus.WAITING, JobStatus.RUNNING)
 """The unfinished states (:data:`~triage.jobs.states.UNFINISHED`; a test keeps them equal) in
 the order their stuck checks run and the report lists them."""
 
 
-def stuck_work(store: JobStore, params: ReconcileParams, classifier_versions: Collection[str] | None = None,
-               ) -> RuleResult:  # fmt: skip
+def stuck_work(
+    store: JobStore,
+    params: ReconcileParams,
+    classifier_versions: Collection[str] | None = None,
+) -> RuleResult:
     """Jobs in a state longer than its threshold. Only two have a certain repair:
 
     - ``received`` → ``queued`` with its ``job.registered`` event: ``queued`` means exactly
@@ -93,13 +107,19 @@ def stuck_work(store: JobStore, params: ReconcileParams, classifier_versions: Co
             findings.append(_finding(f"stuck_{status.value}", row, detail, repair))
     row = _check(store, Q.unclaimable_retryable(), grace=params.grace_seconds)
     if row.n:
-        findings.append(_finding("retryable_unclaimable", row, "retryable_failed with every attempt spent",
-                                 "exhaust_unclaimable"))  # fmt: skip
+        findings.append(
+            _finding("retryable_unclaimable", row, "retryable_failed with every attempt spent", "exhaust_unclaimable")
+        )
     if classifier_versions is not None:
         row = _check(store, Q.unclaimable_version(), grace=params.grace_seconds, versions=sorted(classifier_versions))
         if row.n:
-            findings.append(_finding("version_mismatch", row, "waiting for a classifier version none of "
-                                     f"{', '.join(sorted(classifier_versions))} is"))  # fmt: skip
+            findings.append(
+                _finding(
+                    "version_mismatch",
+                    row,
+                    f"waiting for a classifier version none of {', '.join(sorted(classifier_versions))} is",
+                )
+            )
     repairs: list[Repair] = []
     planned = {f.repair for f in findings}
     if not params.dry_run and "queue_received" in planned:
@@ -109,8 +129,14 @@ def stuck_work(store: JobStore, params: ReconcileParams, classifier_versions: Co
     if not params.dry_run and "exhaust_unclaimable" in planned:
         ids = store.send_spent_retries_to_review(grace_seconds=params.grace_seconds)
         if ids:
-            repairs.append(Repair("exhausted_unclaimable", len(ids),
-                                  "retryable_failed -> manual_review (retries_exhausted)", sample(ids)))  # fmt: skip
+            repairs.append(
+                Repair(
+                    "exhausted_unclaimable",
+                    len(ids),
+                    "retryable_failed -> manual_review (retries_exhausted)",
+                    sample(ids),
+                )
+            )
     return RuleResult("stuck_work", findings=tuple(findings), repairs=tuple(repairs))
 
 
@@ -124,8 +150,16 @@ def outbox(store: JobStore, params: ReconcileParams, publish: Publish | None) ->
     data = {"unsent": int(lag.unsent), "oldest_seconds": round(float(lag.oldest_seconds), 1), "old": int(lag.old)}
     findings = []
     if lag.unsent:
-        findings.append(Finding("outbox_lag", int(lag.unsent), f"unsent events, {lag.old} older than "
-                                f"{params.outbox_age_seconds} s", (), "republish" if lag.old else None, data))  # fmt: skip
+        findings.append(
+            Finding(
+                "outbox_lag",
+                int(lag.unsent),
+                f"unsent events, {lag.old} older than {params.outbox_age_seconds} s",
+                (),
+                "republish" if lag.old else None,
+                data,
+            )
+        )
     if params.dry_run or lag.old == 0:
         return RuleResult("outbox", findings=tuple(findings))
     if publish is None:
@@ -143,8 +177,16 @@ def outbox(store: JobStore, params: ReconcileParams, publish: Publish | None) ->
     return RuleResult("outbox", findings=tuple(findings), repairs=repairs)
 
 
-def _repairable(store: JobStore, params: ReconcileParams, check: str, query: Any, detail: str, action: str,
-                repair: Callable[..., list[Any]], done: str) -> tuple[list[Finding], list[Repair]]:  # fmt: skip
+def _repairable(
+    store: JobStore,
+    params: ReconcileParams,
+    check: str,
+    query: Any,
+    detail: str,
+    action: str,
+    repair: Callable[..., list[Any]],
+    done: str,
+) -> tuple[list[Finding], list[Repair]]:
     row = _check(store, query, grace=params.grace_seconds)
     if row.n == 0:
         return [], []
@@ -169,22 +211,39 @@ def consistency(store: JobStore, params: ReconcileParams) -> RuleResult:
     repairs: list[Repair] = []
     conflicts: list[Conflict] = []
     for check, query, detail, action, repair, done in (
-        ("review_row_missing", Q.review_row_missing(), "manual_review without an open review row",
-         "insert_missing_review", store.open_missing_reviews, "open review row inserted"),
-        ("review_open_for_terminal_job", Q.stale_open_reviews(True), "open review row of a terminal job",
-         "supersede_review", store.supersede_reviews_of_terminal_jobs, "review row resolved as superseded"),
-        ("completed_without_event", Q.completed_without_event(), "completed without a completion event",
-         "append_completed_event", store.append_missing_completion_events, "job.completed appended to the outbox"),
-    ):  # fmt: skip
+        (
+            "review_row_missing",
+            Q.review_row_missing(),
+            "manual_review without an open review row",
+            "insert_missing_review",
+            store.open_missing_reviews,
+            "open review row inserted",
+        ),
+        (
+            "review_open_for_terminal_job",
+            Q.stale_open_reviews(True),
+            "open review row of a terminal job",
+            "supersede_review",
+            store.supersede_reviews_of_terminal_jobs,
+            "review row resolved as superseded",
+        ),
+        (
+            "completed_without_event",
+            Q.completed_without_event(),
+            "completed without a completion event",
+            "append_completed_event",
+            store.append_missing_completion_events,
+            "job.completed appended to the outbox",
+        ),
+    ):
         found, done_repairs = _repairable(store, params, check, query, detail, action, repair, done)
         findings += found
         repairs += done_repairs
     for check, query, detail in (
         ("completed_without_label", Q.completed_without_label(), "completed job without its document label"),
         ("label_without_completed_job", Q.label_without_completed_job(), "label whose job is not completed"),
-        ("review_open_for_active_job", Q.stale_open_reviews(False),
-         "open review row of a job back in automatic hands"),
-    ):  # fmt: skip
+        ("review_open_for_active_job", Q.stale_open_reviews(False), "open review row of a job back in automatic hands"),
+    ):
         row = _check(store, query, grace=params.grace_seconds)
         if row.n:
             findings.append(_finding(check, row, detail))
@@ -214,8 +273,15 @@ def orphaned_work(store: JobStore, params: ReconcileParams) -> RuleResult:
     if params.dry_run:
         return RuleResult("orphaned_work", findings=findings)
     ids = store.send_orphans_to_review(idle_seconds=params.orphan_seconds)
-    repairs = (Repair("orphans_sent_to_review", len(ids), "queued/retryable_failed -> manual_review (orphaned)",
-                      sample(ids)),) if ids else ()  # fmt: skip
+    repairs = (
+        (
+            Repair(
+                "orphans_sent_to_review", len(ids), "queued/retryable_failed -> manual_review (orphaned)", sample(ids)
+            ),
+        )
+        if ids
+        else ()
+    )
     return RuleResult("orphaned_work", findings=findings, repairs=repairs)
 
 

@@ -56,11 +56,15 @@ def finish_run() -> Any:
     return (
         sa.update(reconciliation_runs)
         .where(reconciliation_runs.c.id == sa.bindparam("run_id"), reconciliation_runs.c.finished_at.is_(None))
-        .values(finished_at=sa.bindparam("finished_at"), findings=sa.bindparam("findings"),
-                repairs=sa.bindparam("repairs"), summary=sa.bindparam("summary"),
-                report_path=sa.bindparam("report_path"))
+        .values(
+            finished_at=sa.bindparam("finished_at"),
+            findings=sa.bindparam("findings"),
+            repairs=sa.bindparam("repairs"),
+            summary=sa.bindparam("summary"),
+            report_path=sa.bindparam("report_path"),
+        )
         .returning(reconciliation_runs.c.id)
-    )  # fmt: skip
+    )
 
 
 @cache
@@ -79,9 +83,14 @@ def _now(store: JobStore) -> datetime:
         return conn.execute(sa.select(sa.func.now())).scalar_one()
 
 
-def run_rules(store: JobStore, params: ReconcileParams, *, publish: rules.Publish | None,
-              api: airflow_view.AirflowApi | None,
-              classifier_versions: Collection[str] | None = None) -> tuple[RuleResult, ...]:  # fmt: skip
+def run_rules(
+    store: JobStore,
+    params: ReconcileParams,
+    *,
+    publish: rules.Publish | None,
+    api: airflow_view.AirflowApi | None,
+    classifier_versions: Collection[str] | None = None,
+) -> tuple[RuleResult, ...]:
     """Every rule, in an order where each sees the previous ones' repairs: leases first (a
     rescued job is no longer "running"), then Airflow's view (it counts what is left), and the
     orphans last: what no rule with more knowledge settled."""
@@ -94,14 +103,26 @@ def run_rules(store: JobStore, params: ReconcileParams, *, publish: rules.Publis
         rules.orphaned_work(store, params),  # after the Airflow view: its repairs know why
     ]
     for result in results:
-        log.info("rule=%s findings=%d repairs=%d conflicts=%d skipped=%s", result.rule, len(result.findings),
-                 sum(r.count for r in result.repairs), sum(c.count for c in result.conflicts), result.skipped)  # fmt: skip
+        log.info(
+            "rule=%s findings=%d repairs=%d conflicts=%d skipped=%s",
+            result.rule,
+            len(result.findings),
+            sum(r.count for r in result.repairs),
+            sum(c.count for c in result.conflicts),
+            result.skipped,
+        )
     return tuple(results)
 
 
-def reconcile(store: JobStore, params: ReconcileParams, *, publish: rules.Publish | None = None,
-              api: airflow_view.AirflowApi | None = None, reports_dir: str | os.PathLike[str] | None = None,
-              classifier_versions: Collection[str] | None = None) -> RunOutcome:  # fmt: skip
+def reconcile(
+    store: JobStore,
+    params: ReconcileParams,
+    *,
+    publish: rules.Publish | None = None,
+    api: airflow_view.AirflowApi | None = None,
+    reports_dir: str | os.PathLike[str] | None = None,
+    classifier_versions: Collection[str] | None = None,
+) -> RunOutcome:
     """Run every rule (repairing unless ``params.dry_run``), write the report, record the run.
 
     :param classifier_versions: the versions of the deployment's classifiers; jobs waiting for
@@ -115,25 +136,37 @@ def reconcile(store: JobStore, params: ReconcileParams, *, publish: rules.Publis
     with store.reading() as conn:
         ledger = reporting.ledger_view(conn, params)
     finished_at = _now(store)
-    summary = reporting.summary(run_id=run_id, started_at=started_at, finished_at=finished_at, params=params,
-                                results=results, ledger=ledger)  # fmt: skip
+    summary = reporting.summary(
+        run_id=run_id, started_at=started_at, finished_at=finished_at, params=params, results=results, ledger=ledger
+    )
     html_path = None
     if reports_dir is not None:
         html_path = render.write_html_report(summary, render.report_file(reports_dir, run_id, started_at))
-    summary["html"] = {"path": str(html_path) if html_path else None,
-                       "rendered": html_path is not None}  # fmt: skip
+    summary["html"] = {"path": str(html_path) if html_path else None, "rendered": html_path is not None}
     text = render.markdown(summary)
     _record(store, run_id, finished_at, results, summary, html_path)
     return RunOutcome(run_id, summary, text, html_path, results)
 
 
-def _record(store: JobStore, run_id: int, finished_at: datetime, results: Sequence[RuleResult],
-            summary: dict[str, Any], html_path: Path | None) -> None:  # fmt: skip
+def _record(
+    store: JobStore,
+    run_id: int,
+    finished_at: datetime,
+    results: Sequence[RuleResult],
+    summary: dict[str, Any],
+    html_path: Path | None,
+) -> None:
     rules_json = [r.as_dict() for r in results]
     findings = [{k: v for k, v in r.items() if k != "repairs"} for r in rules_json]
     with store.transaction(None) as conn:
-        conn.execute(finish_run(), {
-            "run_id": run_id, "finished_at": finished_at, "findings": findings, "repairs": summary["repairs"],
-            "summary": json.loads(json.dumps(summary, default=str)),
-            "report_path": str(html_path) if html_path else None,
-        })  # fmt: skip
+        conn.execute(
+            finish_run(),
+            {
+                "run_id": run_id,
+                "finished_at": finished_at,
+                "findings": findings,
+                "repairs": summary["repairs"],
+                "summary": json.loads(json.dumps(summary, default=str)),
+                "report_path": str(html_path) if html_path else None,
+            },
+        )

@@ -67,9 +67,14 @@ def describe(case: ReviewCase) -> dict[str, str]:
     if case.context:
         rows.append(("context", md.code(_short(dict(case.context)))))
     body = "\n".join(
-        ["| | |", "|---|---|", *[f"| {k} | {md.in_table(v)} |" for k, v in rows], "",
-         "Choose a label to complete the job, **Requeue** to run its step again (a fresh attempt budget), or "
-         "**Reject** to fail it for good. Your Airflow user is recorded as the reviewer."]
-    )  # fmt: skip
+        [
+            "| | |",
+            "|---|---|",
+            *[f"| {k} | {md.in_table(v)} |" for k, v in rows],
+            "",
+            "Choose a label to complete the job, **Requeue** to run its step again (a fresh attempt budget), or "
+            "**Reject** to fail it for good. Your Airflow user is recorded as the reviewer.",
+        ]
+    )
     subject = f"Review job {case.job_id}: {md.visible(case.reason)}"
     return {"job_id": str(case.job_id), "subject": subject, "body": body}

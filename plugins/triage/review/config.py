@@ -36,12 +36,14 @@ class ReviewRunConfig(DagParams, ReplaySelection):
     invalid: ClassVar[type[InvalidParams]] = InvalidReviewConfig
 
     job_ids: list[str] = Field(
-        default=[], max_length=1000, title="Job ids",
+        default=[],
+        max_length=1000,
+        title="Job ids",
         description="The jobs to decide on (UUIDs, one per line), e.g. from the manual-review queue of the "
         "reconcile_jobs report. Each is decided on its own: a refused job never blocks the others. "
         "Leave empty for decision replay (the filter below selects the jobs).",
         json_schema_extra={"section": "Decision", "items": {"type": "string", "pattern": UUID_PATTERN}},
-    )  # fmt: skip
+    )
     decision: Literal["label", "requeue", "reject", "replay"] = Field(
         title="Decision",
         description="label: the job is done with the label below; requeue: run its step again as a fresh job "
@@ -49,24 +51,30 @@ class ReviewRunConfig(DagParams, ReplaySelection):
         "replay: requeue the jobs the filter below selects (manual_review and/or terminal_failed), a dry run "
         "unless Dry run is unticked.",
         json_schema_extra={"section": "Decision"},
-    )  # fmt: skip
+    )
     label: str | None = Field(
-        default=None, title="Label",
+        default=None,
+        title="Label",
         description="The taxonomy label (required for decision = label; leave empty otherwise).",
         json_schema_extra={"section": "Decision"},
-    )  # fmt: skip
+    )
     note: str | None = Field(
-        default=None, max_length=2000, title="Note",
+        default=None,
+        max_length=2000,
+        title="Note",
         description="Why: kept with the review row (and the replay's record). Required to apply a replay. "
         "Ids and reasons only; never paste document text here.",
         json_schema_extra={"section": "Decision", "format": "multiline"},
-    )  # fmt: skip
+    )
     max_replays: int = Field(
-        default=3, ge=1, le=20, title="Max replays",
+        default=3,
+        ge=1,
+        le=20,
+        title="Max replays",
         description="A requeue is refused once a job was requeued from review this often; a replay leaves such "
         "jobs alone.",
         json_schema_extra={"section": "Limits"},
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _label_goes_with_its_decision(self) -> ReviewRunConfig:

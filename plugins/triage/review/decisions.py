@@ -69,8 +69,14 @@ class ReviewReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (XCom): counts first, then every job."""
         counts = {o: self.count(o) for o in ("applied", "already_applied", "refused")}
-        return {"decision": self.decision, "label": self.label, "reviewer": self.reviewer, **counts,
-                "labels_unsent": len(self.unsent), "jobs": [asdict(j) for j in self.jobs]}  # fmt: skip
+        return {
+            "decision": self.decision,
+            "label": self.label,
+            "reviewer": self.reviewer,
+            **counts,
+            "labels_unsent": len(self.unsent),
+            "jobs": [asdict(j) for j in self.jobs],
+        }
 
     def to_markdown(self) -> str:
         """A table for the task log: ids, outcomes and reasons only (never document text).
@@ -84,23 +90,38 @@ class ReviewReport:
             f"applied {self.count('applied')} · already applied {self.count('already_applied')} · "
             f"refused {self.count('refused')}",
             "",
-            *md.table(["job", "outcome", "status", "detail", "label action"],
-                      [(j.job_id, j.outcome, j.status or "-", j.detail, j.action or "-") for j in self.jobs],
-                      code_columns=frozenset({0})),
-        ]  # fmt: skip
+            *md.table(
+                ["job", "outcome", "status", "detail", "label action"],
+                [(j.job_id, j.outcome, j.status or "-", j.detail, j.action or "-") for j in self.jobs],
+                code_columns=frozenset({0}),
+            ),
+        ]
         return "\n".join(lines)
 
 
-def apply_review(store: JobStore, job_ids: Sequence[str], config: ReviewRunConfig, *, reviewer: str,
-                 taxonomy_names: Collection[str], send_label: SendLabel | None = None) -> ReviewReport:  # fmt: skip
+def apply_review(
+    store: JobStore,
+    job_ids: Sequence[str],
+    config: ReviewRunConfig,
+    *,
+    reviewer: str,
+    taxonomy_names: Collection[str],
+    send_label: SendLabel | None = None,
+) -> ReviewReport:
     """Apply ``config``'s decision to each job (duplicates once, in the given order); with
     ``send_label``, send each reviewer's label that stands to the provider."""
     reports = [_one(store, raw, config, reviewer, taxonomy_names, send_label) for raw in dict.fromkeys(job_ids)]
     return ReviewReport(config.decision, config.label, reviewer, tuple(reports))
 
 
-def _one(store: JobStore, raw: str, config: ReviewRunConfig, reviewer: str, taxonomy_names: Collection[str],
-         send_label: SendLabel | None) -> JobReport:  # fmt: skip
+def _one(
+    store: JobStore,
+    raw: str,
+    config: ReviewRunConfig,
+    reviewer: str,
+    taxonomy_names: Collection[str],
+    send_label: SendLabel | None,
+) -> JobReport:
     try:
         job_id = uuid.UUID(str(raw).strip())
     except ValueError:
@@ -124,9 +145,17 @@ def send_reviewed_label(store: JobStore, job_id: uuid.UUID, send_label: SendLabe
         return "skipped: the job is not completed with a reviewer's label"
     if reviewed.superseded:
         return "skipped: a newer job's label stands for this document"
-    request = LabelRequest(reviewed.idempotency_key, reviewed.job_id, reviewed.job_created_at, reviewed.source,
-                           reviewed.external_id, reviewed.correlation_id, reviewed.label, None,
-                           f"human:{reviewed.reviewer}")  # fmt: skip
+    request = LabelRequest(
+        reviewed.idempotency_key,
+        reviewed.job_id,
+        reviewed.job_created_at,
+        reviewed.source,
+        reviewed.external_id,
+        reviewed.correlation_id,
+        reviewed.label,
+        None,
+        f"human:{reviewed.reviewer}",
+    )
     try:
         send_label(request)
     except ActionFailed as exc:  # reported per job; the operator fails the task for its retry
@@ -134,13 +163,15 @@ def send_reviewed_label(store: JobStore, job_id: uuid.UUID, send_label: SendLabe
     return "sent"
 
 
-def decide(store: JobStore, job_id: uuid.UUID, config: ReviewRunConfig, *, reviewer: str,
-           taxonomy_names: Collection[str]) -> ReviewResult:  # fmt: skip
+def decide(
+    store: JobStore, job_id: uuid.UUID, config: ReviewRunConfig, *, reviewer: str, taxonomy_names: Collection[str]
+) -> ReviewResult:
     """One job, one transaction: the store method of ``config.decision``."""
     if config.decision == "label":
         assert config.label is not None  # the config refuses a label decision without one
-        return store.resolve_with_label(job_id, config.label, actor=reviewer, note=config.note,
-                                        taxonomy_names=taxonomy_names)  # fmt: skip
+        return store.resolve_with_label(
+            job_id, config.label, actor=reviewer, note=config.note, taxonomy_names=taxonomy_names
+        )
     if config.decision == "reject":
         return store.reject(job_id, actor=reviewer, note=config.note)
     return store.resolve_with_requeue(job_id, actor=reviewer, note=config.note, max_replays=config.max_replays)

@@ -94,9 +94,27 @@ _VAGUE_BODY: Final = (
 _GREETINGS: Final = ("Hi,", "Hello,", "Dear team,", "Good morning,", "Hey there,")
 _CLOSINGS: Final = ("Thanks,", "Best regards,", "Kind regards,", "Cheers,", "Many thanks,")
 _NAMES: Final = (
-    "Ana", "Ben", "Chloe", "Dmitri", "Emeka", "Fatima", "Goran", "Hana", "Ines", "Jonas",
-    "Kenji", "Leila", "Marta", "Noah", "Olu", "Priya", "Quentin", "Rosa", "Sven", "Tomasz",
-)  # fmt: skip
+    "Ana",
+    "Ben",
+    "Chloe",
+    "Dmitri",
+    "Emeka",
+    "Fatima",
+    "Goran",
+    "Hana",
+    "Ines",
+    "Jonas",
+    "Kenji",
+    "Leila",
+    "Marta",
+    "Noah",
+    "Olu",
+    "Priya",
+    "Quentin",
+    "Rosa",
+    "Sven",
+    "Tomasz",
+)
 _CHANNELS: Final = ("email", "email", "web_form", "chat", None)
 
 

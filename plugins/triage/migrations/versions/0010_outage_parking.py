@@ -54,8 +54,10 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # Parked jobs cannot stay parked under the old rules: they go back to the queue.
-    op.execute(f"UPDATE {S}.jobs SET status = 'queued', status_reason = 'unparked', next_attempt_at = NULL"
-               " WHERE status = 'waiting' AND status_reason LIKE 'outage:%'")  # fmt: skip
+    op.execute(
+        f"UPDATE {S}.jobs SET status = 'queued', status_reason = 'unparked', next_attempt_at = NULL"
+        " WHERE status = 'waiting' AND status_reason LIKE 'outage:%'"
+    )
     op.drop_constraint(NEW_CHECK, "jobs", schema=S)
     op.create_check_constraint(
         op.f(OLD_CHECK), "jobs", "(status = 'retryable_failed') = (next_attempt_at IS NOT NULL)", schema=S
