@@ -95,8 +95,8 @@ def _fab(
             "Admin",
             "--username",
             "admin",
-            "--password",
-            admin_password,
+            # One token in 64 starts with "-": as a separate argument argparse reads it as an option.
+            f"--password={admin_password}",
             "--email",
             "admin@triage.invalid",
             "--firstname",
