@@ -27,9 +27,11 @@ _INVISIBLE: Final = re.compile(
 
 _NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
-_INLINE: Final = re.compile(r"[\\`*\[\]<>&|~!]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+_INLINE: Final = re.compile(r"[\\`*\[\]<>&|~!#]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
 """What inline Markdown gives a meaning to. ``_`` only at a word's edge: inside a word
-(``stuck_running``) CommonMark never reads it as emphasis, so it is left readable in logs."""
+(``stuck_running``) CommonMark never reads it as emphasis, so it is left readable in logs.
+``#``: a heading ending in `` #`` loses it as the heading's closing sequence (a reviewer named
+``#`` vanished from the review report's heading; found by Hypothesis)."""
 
 
 def _escaped(char: str) -> str:
