@@ -686,58 +686,37 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
     parser = argparse.ArgumentParser(
         prog=prog, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--documents",
-        type=int,
-        metavar="N",
-        default=defaults.documents,
-        help="synthetic documents in all (default %(default)s)",
+    # (flag, DrillOptions field, type, metavar, help): one line per knob, every default the options'.
+    knobs = (
+        ("--documents", "documents", int, "N", "synthetic documents in all (default %(default)s)"),
+        ("--dates", "dates", int, "N", "days they are spread over, one run each (default %(default)s)"),
+        ("--seed", "seed", int, "N", "seed of the injected faults (default %(default)s)"),
+        (
+            "--claim-kills",
+            "claim_kills",
+            int,
+            "N",
+            "classify tasks killed while they hold a claim (default %(default)s)",
+        ),
+        (
+            "--action-kills",
+            "action_kills",
+            int,
+            "N",
+            "persist tasks killed after an external action (default %(default)s)",
+        ),
+        ("--db-restarts", "db_restarts", int, "N", "PostgreSQL restarts mid-run (default %(default)s)"),
+        (
+            "--outage-documents",
+            "outage_documents",
+            int,
+            "N",
+            "documents of the model-outage date, the day before the first (0: no outage; default %(default)s)",
+        ),
+        ("--timeout", "timeout_s", float, "SECONDS", "give up after this many seconds (default %(default).0f)"),
     )
-    parser.add_argument(
-        "--dates",
-        type=int,
-        metavar="N",
-        default=defaults.dates,
-        help="days they are spread over, one run each (default %(default)s)",
-    )
-    parser.add_argument(
-        "--seed", type=int, metavar="N", default=defaults.seed, help="seed of the injected faults (default %(default)s)"
-    )
-    parser.add_argument(
-        "--claim-kills",
-        type=int,
-        metavar="N",
-        default=defaults.claim_kills,
-        help="classify tasks killed while they hold a claim (default %(default)s)",
-    )
-    parser.add_argument(
-        "--action-kills",
-        type=int,
-        metavar="N",
-        default=defaults.action_kills,
-        help="persist tasks killed after an external action (default %(default)s)",
-    )
-    parser.add_argument(
-        "--db-restarts",
-        type=int,
-        metavar="N",
-        default=defaults.db_restarts,
-        help="PostgreSQL restarts mid-run (default %(default)s)",
-    )
-    parser.add_argument(
-        "--outage-documents",
-        type=int,
-        metavar="N",
-        default=defaults.outage_documents,
-        help="documents of the model-outage date, the day before the first (0: no outage; default %(default)s)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        default=defaults.timeout_s,
-        help="give up after this many seconds (default %(default).0f)",
-    )
+    for flag, name, kind, metavar, text in knobs:
+        parser.add_argument(flag, dest=name, type=kind, metavar=metavar, default=getattr(defaults, name), help=text)
     parser.add_argument(
         "--home",
         type=Path,
@@ -749,16 +728,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.
     from triage.settings import triage_home
 
     home = (args.home or triage_home() / "chaos").resolve()
-    options = DrillOptions(
-        documents=args.documents,
-        dates=args.dates,
-        seed=args.seed,
-        claim_kills=args.claim_kills,
-        action_kills=args.action_kills,
-        db_restarts=args.db_restarts,
-        timeout_s=args.timeout,
-        outage_documents=args.outage_documents,
-    )
+    options = DrillOptions(**{name: getattr(args, name) for _flag, name, *_ in knobs})
     report = run(options, home)
     print(report.table())
     print(f"report: {home / 'report.json'}")
