@@ -230,8 +230,8 @@ class Drill:
                     found.append((int(proc.name), name))
         return found
 
-    def _kill(self, kind: str, run_id: str | None, task_id: str, why: str) -> bool:
-        victims = self._task_runner_pids(run_id, task_id)
+    def _kill(self, kind: str, run_id: str | None, task_id: str, why: str, most: int | None = None) -> bool:
+        victims = self._task_runner_pids(run_id, task_id)[:most]
         for pid, name in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -246,7 +246,9 @@ class Drill:
                 self._action_kills_left -= 1
                 self._next_action_kill = effects + max(self.options.documents // 5, 200)
         if due:
-            self._kill("kill_after_action", None, "persist", f"after effect #{effects}, before its answer")
+            # One task per kill, as --action-kills counts them, even when persist tasks of two
+            # runs are running at once (the provider cannot tell which one asked).
+            self._kill("kill_after_action", None, "persist", f"after effect #{effects}, before its answer", most=1)
 
     def _running_claims(self, run_id: str) -> int:
         import sqlalchemy as sa
