@@ -17,18 +17,21 @@ A store reads only references of its own form under its own base: a ``payload_re
 in a database row, and a row that names another file, ``..`` or another URL is refused
 (:class:`PayloadRefInvalid`) before anything is opened, so the hash-verified read cannot be
 turned into an oracle over files outside the base.
+
+Here: the store (its base, the names of its objects and references) and the reader. How a chunk
+is cut into packs and written durably is :mod:`triage.payload_packs`; the reference form and
+the errors are :mod:`triage.payload_refs`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from triage.payload_packs import PACK_BYTES, cut_packs, sha256_hex, write_local, write_object
 from triage.payload_refs import (
     MAX_OFFSET,
     MAX_RANGE,
@@ -43,7 +46,7 @@ from triage.payload_refs import (
     shown_ref,
 )
 
-__all__ = [  # the reference form and the errors live in triage.payload_refs; callers import them here
+__all__ = [  # from triage.payload_refs and triage.payload_packs too: callers import them here
     "MAX_OFFSET",
     "MAX_RANGE",
     "PACK_BYTES",
@@ -59,13 +62,6 @@ __all__ = [  # the reference form and the errors live in triage.payload_refs; ca
     "read_payload",
     "sha256_hex",
 ]
-
-PACK_BYTES = 8 * 1024 * 1024
-"""A pack is cut before it would pass this size (a payload larger than it is a pack of its own)."""
-
-
-def sha256_hex(content: bytes) -> str:
-    return hashlib.sha256(content).hexdigest()
 
 
 def _as_path(location: Any) -> Any:
@@ -85,21 +81,6 @@ def _as_path(location: Any) -> Any:
 
         return UPath(text)
     return Path(text)
-
-
-class _Pack:
-    """The distinct payloads of one pack being built, in order, each once."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.where: dict[str, tuple[int, int]] = {}
-
-    def add(self, digest: str, content: bytes) -> None:
-        if digest not in self.where:
-            self.where[digest] = (self.size, len(content))
-            self.parts.append(content)
-            self.size += len(content)
 
 
 class PayloadStore:
@@ -163,83 +144,19 @@ class PayloadStore:
         already stored whole (the same chunk again) is not written twice; one that is there but
         differs (torn, corrupted) is replaced. Thread-safe."""
         digests = [sha256_hex(content) for content in contents]
-        packs: list[tuple[_Pack, list[int]]] = []
-        pack: _Pack | None = None
-        for i, (digest, content) in enumerate(zip(digests, contents, strict=True)):
-            fits = pack is not None and (digest in pack.where or pack.size + len(content) <= self.pack_bytes)
-            if pack is None or not fits:
-                pack = _Pack()
-                packs.append((pack, []))
-            pack.add(digest, content)
-            packs[-1][1].append(i)
         refs: list[str] = [""] * len(contents)
-        for pack, members in packs:
+        for pack, members in cut_packs(digests, contents, self.pack_bytes):
             alone = len(pack.where) == 1  # the pack is the payload: named by the payload's own hash
             body = b"".join(pack.parts)
             name = digests[members[0]] if alone else sha256_hex(body)
-            self._write(name, body)
+            if self._local:
+                write_local(self._root, name, body, self._made)
+            else:
+                write_object(self.path_for(name), body)
             for i in members:
                 offset, length = pack.where[digests[i]]
                 refs[i] = self._object_ref(name) + ("" if alone else f"#offset={offset}&length={length}")
         return list(zip(digests, refs, strict=True))
-
-    def _write(self, digest: str, content: bytes) -> None:
-        """Store the object ``digest`` unless it is there with exactly ``content``."""
-        if self._local:
-            self._put_local(digest, content)
-            return
-        path = self.path_for(digest)
-        try:
-            # The object is named by its hash, so "there and the same bytes" is the whole test;
-            # a size alone would trust a corrupted object of the right size. One GET, on
-            # re-runs only (a new pack is a 404, then the PUT).
-            if path.read_bytes() == content:
-                return
-        except FileNotFoundError:
-            pass
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)  # an object store's PUT is durable once it returns
-
-    def _put_local(self, digest: str, content: bytes) -> None:
-        """Create the file exclusively, write it in place and fsync it and its folder before
-        returning: the jobs that point into it are committed next, durably, so the pack must be
-        on disk first (one fsync per pack, not per document). A crash mid-write leaves a short
-        or torn file that no job references yet; the next write of the same pack compares it
-        with the pack (its name is the pack's hash: equal bytes are the whole check) and
-        replaces it atomically unless equal, and every read verifies the payload's hash meanwhile."""
-        folder = f"{self._root}/{digest[:2]}"
-        final = f"{folder}/{digest}"
-        if folder not in self._made:
-            os.makedirs(folder, exist_ok=True)
-            self._made.add(folder)
-        try:
-            fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            # Its name is the pack's hash, so equal bytes are the whole check (a size would trust
-            # a torn or corrupted file of the right length). Reading and comparing a pack costs
-            # ~0.4 ms; an fsync of it (durable already, unless a concurrent writer of the same
-            # chunk has not synced yet) ~3 ms on this machine's disk, so it is not done.
-            if not _holds(final, content):
-                self._replace(folder, final, digest, content)
-            return
-        try:
-            _write_all(fd, content)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _fsync_folder(folder)
-
-    @staticmethod
-    def _replace(folder: str, final: str, digest: str, content: bytes) -> None:
-        tmp = f"{folder}/.{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, content)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        _fsync_folder(folder)
 
     def get(self, ref: str, expected_sha256: str) -> bytes:
         """The payload at ``ref``, verified against ``expected_sha256``.
@@ -379,27 +296,3 @@ def _read(path: Any, ranges: Sequence[tuple[int | None, int | None]]) -> list[by
         for i, content in zip(ranged, got, strict=True):
             parts[i] = content
     return parts
-
-
-def _holds(path: str, content: bytes) -> bool:
-    """Whether the file at ``path`` is exactly ``content`` (a file of another size is not read)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.fstat(fd).st_size == len(content) and os.pread(fd, len(content), 0) == content
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, content: bytes) -> None:
-    view = memoryview(content)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _fsync_folder(folder: str) -> None:
-    """Make a new name in ``folder`` durable (its directory entry)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -32,8 +32,8 @@ DOCUMENTS = 2000
 
 @pytest.fixture(scope="module", autouse=True)  # autouse: checked before the deployment is made
 def redis_server() -> str:
-    """Debian's ``redis-server``, found on PATH as :mod:`triage_tools.distributed` will find it (so it
-    installs nothing)."""
+    """Debian's ``redis-server``, found on PATH as :mod:`triage_tools.celery_deployment` will find it (so
+    it installs nothing)."""
     found = shutil.which("redis-server")
     if found:
         return found

@@ -17,7 +17,7 @@ from triage.contracts.events import WorkEvent
 from triage.jobs import outbox as O
 
 Transaction = Callable[[str | None], AbstractContextManager[sa.Connection]]
-"""A ledger transaction with its actor (:meth:`triage.jobs.store.JobStore.transaction`)."""
+"""A ledger transaction with its actor (:meth:`triage.jobs.ledger.Ledger.transaction`)."""
 
 log = logging.getLogger(__name__)
 

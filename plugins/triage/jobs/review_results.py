@@ -1,6 +1,6 @@
 """What a review decision returns once its fenced write ran: applied, the same decision
 already standing (``already_applied``), or a named refusal. Only reads; they never commit
-(:class:`~triage.jobs.store.JobStore` owns the decision's transaction).
+(:class:`~triage.jobs.decisions.ReviewDecisions` owns the decision's transaction).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each decision is one fenced UPDATE of a job in ``manual_review`` (zero rows: not in review, or
 a concurrent decision won), chained with the resolution of its open review row and its outbox
 event. The reviewer is the transaction's actor, so ``job_events`` names them. Nothing here
-executes anything: :mod:`triage.jobs.store` runs these.
+executes anything: :mod:`triage.jobs.decisions` runs these.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """The job store: the public API of the ledger. No Airflow imports.
 
-Every public method owns one transaction (``engine.begin()``), names who acts in it (the
-trigger logs the actor of every transition), runs named statements (the moves of
-:mod:`.transitions`, :mod:`.recovery` and :mod:`.review_transitions`, the writes of
-:mod:`.outputs`, the reads of :mod:`.queries`, the settings of :mod:`.session`), and
-translates database errors into :mod:`triage.jobs.errors`. The transaction bodies
-(``register_txn``, ``record_txn`` of :mod:`.recording`; :mod:`.review_results`) never commit, so
-a caller that needs several writes in one transaction composes them; the outbox relay is
-:mod:`.relay`.
+Every public method owns one transaction (:meth:`~triage.jobs.ledger.Ledger.transaction`),
+names who acts in it (the trigger logs the actor of every transition), runs named statements
+(the moves of :mod:`.transitions`, :mod:`.recovery` and :mod:`.outages`, reconciliation's
+:mod:`.repairs`, the writes of :mod:`.outputs`, the reads of :mod:`.queries`), and translates
+database errors into :mod:`triage.jobs.errors`. A reviewer's decisions (a job's label, reject
+or requeue; a replay by filter) are :class:`~triage.jobs.decisions.ReviewDecisions`, which the
+store inherits. The transaction bodies (``register_txn``, ``record_txn`` of :mod:`.recording`;
+:mod:`.review_results`) never commit, so a caller that needs several writes in one transaction
+composes them; the outbox relay is :mod:`.relay`.
 
 A fenced write that matches fewer rows than it was given raises: a lost or expired lease, a
 stale attempt, an unknown job. The whole transaction rolls back; nothing is half-written and
@@ -18,30 +19,20 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
 from triage.contracts.events import WorkEvent
-from triage.contracts.replay import ReplayFilter
-from triage.jobs import (
-    outages,
-    outputs,
-    queries,
-    recovery,
-    repairs,
-    replays,
-    review_results,
-    review_transitions,
-    session,
-)
+from triage.jobs import outages, queries, recovery, repairs
 from triage.jobs import transitions as T
 from triage.jobs.backoff import RetryPolicy
-from triage.jobs.errors import JobNotFound, LabelNotInTaxonomy, translate
+from triage.jobs.decisions import ReviewDecisions
+from triage.jobs.errors import JobNotFound
 from triage.jobs.expressions import context_json, rowset
+from triage.jobs.ledger import DEFAULT_ACTOR
 from triage.jobs.models import (
     REPAIRER,
     Claim,
@@ -52,19 +43,16 @@ from triage.jobs.models import (
     Outcome,
     Recorded,
     Registered,
-    ReviewCase,
-    ReviewResult,
 )
 from triage.jobs.recording import check_fenced, record_txn, register_txn
 from triage.jobs.relay import relay_events
 from triage.jobs.schema import jobs
 from triage.jobs.states import JobStatus, parse_status
 
-DEFAULT_ACTOR = "triage"
 
-
-class JobStore:
-    """The ledger over one engine.
+class JobStore(ReviewDecisions):
+    """The ledger over one engine: a worker's moves, recovery, repairs, the relay and reads here;
+    a reviewer's decisions inherited from :class:`~triage.jobs.decisions.ReviewDecisions`.
 
     :param engine: a SQLAlchemy engine on the job database (psycopg 3).
     :param retry_policy: backoff for :class:`RetryLater` outcomes that carry no delay.
@@ -74,34 +62,9 @@ class JobStore:
     def __init__(
         self, engine: sa.Engine, *, retry_policy: RetryPolicy | None = None, rng: random.Random | None = None
     ) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.retry_policy = retry_policy or RetryPolicy()
         self._rng = rng or random.Random()
-
-    @contextmanager
-    def transaction(self, actor: str | None = DEFAULT_ACTOR) -> Iterator[sa.Connection]:
-        """One transaction with ``triage.actor`` set; ledger errors come out translated.
-
-        ``actor=None`` sets nothing: the trigger then names the lease owner of each row, which
-        is right for a lease holder's own writes and saves a round trip per batch.
-        """
-        try:
-            with self.engine.begin() as conn:
-                if actor is not None:
-                    conn.execute(session.set_actor(), {"actor": actor})
-                yield conn
-        except sa.exc.DBAPIError as exc:
-            ledger_error = translate(exc)
-            if ledger_error is not None:
-                raise ledger_error from exc
-            raise
-
-    @contextmanager
-    def reading(self) -> Iterator[sa.Connection]:
-        """A read-only connection for the ledger's named reads (:mod:`.checks`, a report's): its
-        transactions begin ``READ ONLY``, so the database refuses any write (no extra round trip)."""
-        with self.engine.connect().execution_options(postgresql_readonly=True) as conn:
-            yield conn
 
     # -- retrieval ------------------------------------------------------------------------
 
@@ -335,86 +298,6 @@ class JobStore:
         with self.transaction(REPAIRER) as conn:
             conn.execute(repairs.lock())
             return list(conn.execute(statement, params).scalars())
-
-    # -- review decisions ---------------------------------------------------------------
-    # Each is one transaction with the reviewer as its actor. Applying the same decision again
-    # changes nothing and returns ``already_applied``; a different decision on a job that is no
-    # longer in review raises :class:`NotInReview`. Every refusal rolls back whole.
-
-    def resolve_with_label(
-        self, job_id: uuid.UUID, label: str, *, actor: str, note: str | None = None, taxonomy_names: Collection[str]
-    ) -> ReviewResult:
-        """Review decision: the job is done with the reviewer's ``label``.
-
-        ``manual_review -> completed``, the review row resolved ``labelled``, a ``job.completed``
-        event, and the label upserted into ``document_labels`` (classifier version
-        ``human:<actor>``, no confidence) under the usual rule: a newer job's label stands.
-        No ``classifications`` row: those are the model's attempts, and a human label in them
-        would skew its acceptance rate, latency and cost.
-
-        :raises LabelNotInTaxonomy: ``label`` is not in ``taxonomy_names`` (checked first).
-        """
-        if label not in taxonomy_names:
-            raise LabelNotInTaxonomy(f"label {label!r} is not in the taxonomy ({', '.join(sorted(taxonomy_names))})")
-        with self.transaction(actor) as conn:
-            params = {"p_job_id": job_id, "p_actor": actor, "p_note": note, "p_label": label}
-            if conn.execute(review_transitions.label_from_review(), params).first() is None:
-                return review_results.missed(conn, job_id, "label", label=label)
-            written = conn.execute(
-                outputs.upsert_review_label(),
-                rowset(
-                    "given",
-                    [{"id": job_id, "label": label, "confidence": None, "classifier_version": f"human:{actor}"}],
-                ),
-            ).first()
-            return review_results.applied(conn, job_id, "label", label=label, label_written=written is not None)
-
-    def reject(self, job_id: uuid.UUID, *, actor: str, note: str | None = None) -> ReviewResult:
-        """Review decision: no attempt will ever succeed. ``manual_review -> terminal_failed``,
-        the review row resolved ``rejected`` and a ``job.reviewed`` event."""
-        with self.transaction(actor) as conn:
-            params = {"p_job_id": job_id, "p_actor": actor, "p_note": note}
-            if conn.execute(review_transitions.reject_from_review(), params).first() is None:
-                return review_results.missed(conn, job_id, "reject")
-            return review_results.applied(conn, job_id, "reject")
-
-    def resolve_with_requeue(
-        self, job_id: uuid.UUID, *, actor: str, note: str | None = None, max_replays: int = 3
-    ) -> ReviewResult:
-        """Review decision: try again. ``manual_review -> queued`` as a fresh job: a new budget
-        of as many attempts as it had (numbered on from its last one, so every attempt keeps
-        its classification and events), no lease rescues or last error; a replay counted up to
-        ``max_replays``, the review row resolved ``requeued`` and a ``job.requeued`` event (the
-        reviewer is the actor).
-
-        :raises ReplayLimitReached: the job is in review and was requeued ``max_replays`` times.
-        """
-        with self.transaction(actor) as conn:
-            params = {"p_job_id": job_id, "max_replays": max_replays, "p_actor": actor, "p_note": note}
-            if conn.execute(review_transitions.requeue_from_review(), params).first() is None:
-                return review_results.missed(conn, job_id, "requeue", max_replays=max_replays)
-            return review_results.applied(conn, job_id, "requeue")
-
-    def preview_replay(self, selection: ReplayFilter, *, max_replays: int = 3) -> replays.ReplayPreview:
-        """A replay by filter's dry run: how many jobs it would move and the first of them, and
-        whether the same replay was submitted before. Reads only (a ``READ ONLY`` transaction)."""
-        with self.reading() as conn:
-            return replays.preview(conn, selection, max_replays=max_replays)
-
-    def replay(self, selection: ReplayFilter, *, actor: str, max_replays: int = 3) -> replays.ReplayApplied:
-        """Replay by filter: the selected ``manual_review`` and ``terminal_failed`` jobs ``-> queued``
-        as fresh jobs, as ``actor`` with the filter's note, in transactions of a bounded batch
-        each (:mod:`.replays`). Jobs replayed ``max_replays`` times are left alone. The same
-        filter and note again changes nothing and returns ``already_applied``."""
-        return replays.apply(self.transaction, selection, actor=actor, max_replays=max_replays)
-
-    def open_reviews(self, job_ids: Sequence[uuid.UUID] | None = None, *, limit: int = 100) -> list[ReviewCase]:
-        """Jobs waiting for a reviewer (of ``job_ids``, or all), oldest review first."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                queries.open_review_cases(), {"ids": None if job_ids is None else list(job_ids), "limit": limit}
-            ).all()
-        return [ReviewCase(**{**r._asdict(), "context": dict(r.context or {})}) for r in rows]
 
     # -- the outbox -----------------------------------------------------------------------
 
