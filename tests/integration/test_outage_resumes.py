@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from tests.fakes.openai_server import FakeOpenAIServer, Reply
 from tests.integration.helpers import new_jobs
 from tests.integration.test_outage import BATCH, RUN, Switch, classify, counts, llm, register, reviews
+from triage.jobs.outages import MAX_OUTAGE_BACKOFF_SECONDS
 from triage.jobs.store import JobStore
 from triage.operators.outage_resume import resume_requests
 from triage.payloads import PayloadStore
@@ -219,3 +220,49 @@ def test_a_real_outage_is_planned_once_due_and_the_cleared_run_finishes_the_day(
     assert reviews(store) == 0
     after = reconcile(store, ReconcileParams(grace_seconds=0), runs=runs)
     assert next(r for r in after.summary["rules"] if r["rule"] == "outage_resumes")["findings"] == []
+
+
+def due_in(store: JobStore) -> list[float]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT extract(epoch FROM next_attempt_at - now()) FROM triage.jobs ORDER BY id")
+        ).scalars()
+        return [float(r) for r in rows]
+
+
+def test_a_dependency_still_down_is_tried_less_and_less_often(store: JobStore) -> None:
+    """Each resume that finds the dependency down parks the jobs again: without a Retry-After
+    their due time doubles (30 s, 1 min, 2 min, … at most an hour), so the resumes reconciliation
+    plans (only once all are due) thin out; the model's own Retry-After is taken as it is."""
+    store.register(new_jobs(3), batch_key=BATCH, step="classify", max_attempts=3)
+    waits = []
+    for _ in range(9):
+        parked = store.park_unstarted(
+            BATCH,
+            "classify",
+            dependency="model",
+            delay_seconds=30,
+            error_class="timeout",
+            error="t",
+            actor=owner(RUN),
+            backoff=True,
+        )
+        assert parked == 3
+        waits.append(max(due_in(store)))
+        assert decisions(outage_resumes(store, ReconcileParams(), Runs({(DAG, RUN): "failed"}))) == {BATCH: "not_due"}
+        with store.transaction("test") as conn:
+            conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'waiting'"))
+        assert store.resume_parked(BATCH, "classify", actor=owner(RUN, 2)) == (3, None)
+    expected = [min(30 * 2**i, MAX_OUTAGE_BACKOFF_SECONDS) for i in range(9)]
+    assert [round(w) for w in waits] == pytest.approx(expected, abs=2)
+    assert expected[-1] == MAX_OUTAGE_BACKOFF_SECONDS
+    store.park_unstarted(
+        BATCH,
+        "classify",
+        dependency="model",
+        delay_seconds=2,
+        error_class="server_error",
+        error="503",
+        actor=owner(RUN),
+    )
+    assert max(due_in(store)) <= 2  # a Retry-After is not grown
