@@ -8,7 +8,15 @@ repairs only what is certain (through allowed transitions, fenced), and reports:
 task log, an HTML page under the reports folder, and a JSON summary in XCom and in
 ``triage.reconciliation_runs``. Tick "dry run" in the form to see findings without repairs.
 
-Its task has no ``on_failure_callback``: the callback of ``classify_documents`` moves a batch
+It also resumes work parked on a dependency outage once it is due (issue #13): ``reconcile``
+plans which failed ``classify_documents`` runs to clear (a batch whose parked jobs are all due,
+no run of it active, at most ``max_outage_resumes``; the report says why any other parked batch
+waits), ``plan_outage_resumes`` hands the plan on, and ``resume_outage_run``, mapped over it,
+clears each run through the Task SDK (``TriggerDagRunOperator`` with ``reset_dag_run``); with
+nothing to resume it is skipped. A dependency still down parks the jobs again, and the next
+resume waits for their new due time.
+
+Its tasks have no ``on_failure_callback``: the callback of ``classify_documents`` moves a batch
 to review, and a reconciliation run has no batch. A failed reconciliation changes nothing that
 the next one (15 minutes later) will not redo.
 """
@@ -19,6 +27,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
+from triage.operators.outage_resume import ResumeOutageRunOperator, plan_outage_resumes
 from triage.operators.reconcile import ReconcileJobsOperator
 from triage.reconciliation.params import param_schemas
 
@@ -42,4 +51,5 @@ with DAG(
     },
     doc_md=__doc__,
 ) as dag:
-    ReconcileJobsOperator(task_id="reconcile")
+    reconcile = ReconcileJobsOperator(task_id="reconcile")
+    ResumeOutageRunOperator.partial(task_id="resume_outage_run").expand_kwargs(plan_outage_resumes(reconcile.output))

@@ -156,8 +156,9 @@ def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagb
     assert "triage" in dag.tags
     assert dag.timetable.expression == "*/15 * * * *"
     assert dag.is_paused_upon_creation is False  # DESIGN.md: unpaused on creation
-    assert [t.task_id for t in dag.tasks] == ["reconcile"]
-    task = dag.tasks[0]
+    # reconcile, then the resumes of work parked on an outage it planned (mapped; skipped when none)
+    assert [t.task_id for t in dag.tasks] == ["reconcile", "plan_outage_resumes", "resume_outage_run"]
+    task = dag.get_task("reconcile")
     assert task.retries >= 1
     assert task.retry_exponential_backoff
     assert task.max_retry_delay is not None

@@ -169,8 +169,16 @@ def test_an_outage_longer_than_every_try_spends_no_attempt_and_heals(
         ) == {("waiting", 0, "outage:model", error_class): 45}
         with store.engine.connect() as conn:
             wait = conn.execute(sa.text("SELECT max(next_attempt_at - now()) FROM triage.jobs")).scalar_one()
-        # Retry-After: 1 s is honoured; without one, the default outage wait (30 s)
-        assert wait <= timedelta(seconds=1 if down.retry_after else 30)
+        # Retry-After: 1 s is honoured as the model's word; without one, the default outage wait
+        # (30 s) doubled for each earlier parking: the tries thin out while the model stays down.
+        if down.retry_after:
+            assert wait <= timedelta(seconds=1)
+        else:
+            assert (
+                timedelta(seconds=30 * 2 ** (try_number - 1) - 10)
+                < wait
+                <= timedelta(seconds=30 * 2 ** (try_number - 1))
+            )
         if down.retry_after is None:  # a try only resumes what is due: bring the time forward
             with store.transaction("test") as conn:
                 conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'waiting'"))

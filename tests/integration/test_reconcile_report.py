@@ -141,6 +141,7 @@ def test_the_json_summary_counts_everything(outcome: RunOutcome, store: JobStore
         "outbox",
         "consistency",
         "airflow_view",
+        "outage_resumes",
         "orphaned_work",
     }
     assert [r["action"] for r in row.repairs] == [r["action"] for r in summary["repairs"]]

@@ -377,9 +377,9 @@ def test_transient_failures_open_the_circuit_and_later_jobs_are_parked_uncalled(
     jobs = [claimed(n) for n in range(6)]
     outcomes = [handler.one(job, PAYLOAD) for job in jobs]
     assert outcomes[:4] == [RetryLater(job.id, 1, "timeout", "timeout") for job in jobs[:4]]
-    assert outcomes[4:] == [Park(job.id, 1, "model", OUTAGE_SECONDS, "timeout", "timeout") for job in jobs[4:]], (
-        "attempts are not burnt on a dependency that is down"
-    )
+    assert outcomes[4:] == [
+        Park(job.id, 1, "model", OUTAGE_SECONDS, "timeout", "timeout", backoff=True) for job in jobs[4:]
+    ], "attempts are not burnt on a dependency that is down"
     assert classifier.classify.call_count == 4
     stop = handler.stop_reason()
     assert isinstance(stop, CircuitOpen)
@@ -392,7 +392,9 @@ def test_the_batch_in_which_the_circuit_opens_is_parked_whole(classifier: Any, p
     payloads.get_many.return_value = [PAYLOAD] * 6
     handler = make_handler(classifier, payloads, CircuitBreaker(window=4, threshold=0.5, min_calls=4))
     jobs = [claimed(n) for n in range(6)]
-    assert handler.handle(jobs) == [Park(job.id, 1, "model", 5.0, "server_error", "HTTP 503") for job in jobs]
+    assert handler.handle(jobs) == [
+        Park(job.id, 1, "model", 5.0, "server_error", "HTTP 503", backoff=False) for job in jobs
+    ]  # the model's Retry-After, as it is
     assert handler.stop_reason().retry_after == 5.0  # type: ignore[union-attr]
 
 
@@ -402,7 +404,7 @@ def test_an_open_circuit_parks_a_whole_batch_without_reading_it(
     open_breaker = mocker.Mock(spec=CircuitBreaker, is_open=True)
     handler = make_handler(classifier, payloads, open_breaker)
     jobs = [claimed(n) for n in range(3)]
-    assert handler.handle(jobs) == [Park(job.id, 1, "model", OUTAGE_SECONDS) for job in jobs]
+    assert handler.handle(jobs) == [Park(job.id, 1, "model", OUTAGE_SECONDS, backoff=True) for job in jobs]
     payloads.get_many.assert_not_called()
     classifier.classify.assert_not_called()
     assert "transient classifier failures" in str(handler.stop_reason())
@@ -425,11 +427,15 @@ def test_a_missing_payload_base_parks_the_batch_and_stops_the_step(
     payloads.get_many.return_value = [PAYLOAD, PayloadBaseMissing("/payloads is empty"), PAYLOAD]
     handler = make_handler(classifier, payloads, breaker)
     down = ("payload_store", OUTAGE_SECONDS, "payload_unavailable", "/payloads is empty")
-    assert handler.handle(jobs) == [Park(job.id, 1, *down) for job in jobs], "the store is down, not the jobs"
+    assert handler.handle(jobs) == [Park(job.id, 1, *down, backoff=True) for job in jobs], (
+        "the store is down, not the jobs"
+    )
     classifier.classify.assert_not_called()
     breaker.record.assert_not_called()
     stop = handler.stop_reason()
     assert isinstance(stop, CircuitOpen)
     assert "payload store" in str(stop)
-    assert handler.handle([claimed(7)]) == [Park(uuid.UUID(int=8), 1, *down)], "and stays down for the run"
+    assert handler.handle([claimed(7)]) == [Park(uuid.UUID(int=8), 1, *down, backoff=True)], (
+        "and stays down for the run"
+    )
     payloads.get_many.assert_called_once()

@@ -19,6 +19,7 @@ from sqlalchemy.sql.elements import ColumnElement, Grouping
 
 from triage.jobs.expressions import NOW, status_literal
 from triage.jobs.expressions import seconds_param as seconds
+from triage.jobs.outages import parked
 from triage.jobs.schema import document_labels, job_events, jobs, manual_review, outbox
 from triage.jobs.states import CLAIMABLE, TERMINAL, UNFINISHED, EventType, Step
 from triage.jobs.states import JobStatus as S
@@ -276,4 +277,66 @@ def unfinished_by_batch() -> sa.Select[Any]:
             jobs.c.status.in_(UNFINISHED_VALUES),
         )
         .group_by(jobs.c.batch_key)
+    )
+
+
+# -- work parked on an outage (reconciliation resumes it: triage.reconciliation.outage_resumes) --
+
+
+@cache
+def parked_outages() -> sa.Select[Any]:
+    """Batches with jobs parked on an outage (:func:`triage.jobs.outages.parked`), the soonest
+    due first: how many, when the last of them is due and in how many seconds (``<= 0``: all
+    are due), how many jobs of the batch run under a live lease, and a sample of the parked ids."""
+    batch = jobs.alias("batch")
+    live_leases = (
+        sa.select(sa.func.count())
+        .where(
+            batch.c.batch_key == jobs.c.batch_key,
+            batch.c.status == status_literal(S.RUNNING),
+            batch.c.lease_expires_at >= NOW,
+        )
+        .scalar_subquery()
+    )
+    due_at = sa.func.max(jobs.c.next_attempt_at)
+    return (
+        sa.select(
+            jobs.c.batch_key,
+            due_at.label("due_at"),
+            sa.func.extract("epoch", due_at - NOW).label("due_in_seconds"),
+            live_leases.label("live_leases"),
+            *_summary(jobs.c.id, jobs.c.next_attempt_at),
+        )
+        .where(parked())
+        .group_by(jobs.c.batch_key)
+        .order_by(due_at, jobs.c.batch_key)
+    )
+
+
+@cache
+def unfinished_movers() -> sa.Select[Any]:
+    """Who made the latest move of the unfinished jobs of each batch of ``:batch_keys``: per
+    batch and actor, how many jobs, and the id of the newest such move of a parked job (NULL:
+    the actor parked none). A Triage task's actor is its lease owner (``dag/run/task/map/tryN``),
+    so these name the runs that hold a batch's unfinished work and the run that parked it last."""
+    last = (
+        sa.select(job_events.c.id, job_events.c.actor)
+        .where(job_events.c.job_id == jobs.c.id)
+        .order_by(job_events.c.id.desc())
+        .limit(1)
+        .lateral("last_move")
+    )
+    return (
+        sa.select(
+            jobs.c.batch_key,
+            last.c.actor,
+            sa.func.count().label("n"),
+            sa.func.max(last.c.id).filter(parked()).label("parked_at_event"),
+        )
+        .select_from(jobs.join(last, sa.true()))
+        .where(
+            jobs.c.batch_key == sa.any_(sa.bindparam("batch_keys", type_=pg.ARRAY(sa.Text))),
+            jobs.c.status.in_(UNFINISHED_VALUES),
+        )
+        .group_by(jobs.c.batch_key, last.c.actor)
     )

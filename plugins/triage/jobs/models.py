@@ -177,6 +177,9 @@ class Park:
     delay_seconds: float
     error_class: str | None = None
     error: str | None = None
+    backoff: bool = False
+    """Grow the delay with the job's earlier outage parkings (:func:`triage.jobs.outages.outage_due`):
+    on when the delay is Triage's default, off for the model's own ``Retry-After``."""
 
 
 Outcome = Complete | Advance | RetryLater | SendToReview | Fail | Release | Park

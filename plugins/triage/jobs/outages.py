@@ -17,8 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import ColumnElement
 
-from triage.jobs.expressions import NOW, UUID, in_version, recordset, seconds_param, status_literal
-from triage.jobs.schema import jobs
+from triage.jobs.expressions import NOW, UUID, in_version, recordset, status_literal
+from triage.jobs.schema import job_events, jobs
 from triage.jobs.states import OUTAGE_PREFIX
 from triage.jobs.states import JobStatus as S
 
@@ -26,6 +26,32 @@ from triage.jobs.states import JobStatus as S
 def parked() -> ColumnElement[bool]:
     """The job is parked on an outage (whatever its due time)."""
     return sa.and_(jobs.c.status == status_literal(S.WAITING), sa.func.starts_with(jobs.c.status_reason, OUTAGE_PREFIX))
+
+
+MAX_OUTAGE_BACKOFF_SECONDS = 3600.0
+"""The longest a job is parked on an outage by the backoff (a ``Retry-After`` is the model's own
+and is not grown): a dependency that stays down for a day is tried about once an hour per batch."""
+
+
+def outage_due(delay: ColumnElement[Any], backoff: ColumnElement[Any]) -> ColumnElement[Any]:
+    """When a job parked on an outage now is due: ``now + delay``, and with ``backoff`` the delay
+    doubled for each time the job was parked on an outage before (its ``job_events``), at most
+    :data:`MAX_OUTAGE_BACKOFF_SECONDS`. Every try, resumed run and reconciliation's resume that
+    finds the dependency still down parks the jobs again, so the tries thin out on their own:
+    30 s, 1, 2, 4 min (a run's Airflow retries, whose delays double alike), then 8, 16, 32 min,
+    1 h (the resumes ``reconcile_jobs`` makes once the jobs are due)."""
+    earlier = (
+        sa.select(sa.func.count())
+        .where(
+            job_events.c.job_id == jobs.c.id,
+            job_events.c.to_status == status_literal(S.WAITING),
+            sa.func.starts_with(job_events.c.reason, OUTAGE_PREFIX),
+        )
+        .scalar_subquery()
+    )
+    grown = sa.func.least(delay * sa.func.power(2, sa.func.least(earlier, 16)), MAX_OUTAGE_BACKOFF_SECONDS)
+    seconds = sa.case((backoff, grown), else_=delay)
+    return NOW + sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
 
 def _in_step() -> list[ColumnElement[bool]]:
@@ -39,14 +65,14 @@ def _in_step() -> list[ColumnElement[bool]]:
 @cache
 def park_unstarted() -> Any:
     """``queued``/``retryable_failed -> waiting`` (reason ``outage:<:dependency>``) for the jobs of
-    a batch and step that no claim holds, due at ``now + :delay_seconds`` (a retryable job keeps
-    its own later due time). The step parks them when it stops on an outage, so that the failed
+    a batch and step that no claim holds, due at ``now + :delay_seconds`` (grown by
+    :func:`outage_due` with ``:backoff``; a retryable job keeps its own later due time). The step parks them when it stops on an outage, so that the failed
     task's callback finds nothing of the outage to send to review.
 
     ``given_rows`` (:func:`~triage.jobs.expressions.rowset` of id, attempt) names the retryable
     jobs whose latest attempt failed on the outage itself, in this try's batches before the
     circuit opened: they get that attempt back (fenced on it). Other attempts are untouched."""
-    until = NOW + seconds_param("delay_seconds")
+    until = outage_due(sa.bindparam("delay_seconds", type_=sa.Float), sa.bindparam("backoff", type_=sa.Boolean))
     given = recordset("given", id=UUID, attempt=sa.Integer)
     outage_retry = sa.exists(sa.select(given.c.id).where(given.c.id == jobs.c.id, given.c.attempt == jobs.c.attempt))
     give_back = sa.and_(jobs.c.status == status_literal(S.RETRYABLE_FAILED), outage_retry)

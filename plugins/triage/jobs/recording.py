@@ -161,6 +161,7 @@ def record_txn(
                 lambda o: {
                     "dependency": o.dependency,
                     "delay_seconds": o.delay_seconds,
+                    "backoff": o.backoff,
                     "error_class": o.error_class,
                     "error": o.error,
                 },

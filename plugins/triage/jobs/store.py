@@ -185,18 +185,21 @@ class JobStore(ReviewDecisions):
         actor: str,
         classifier_version: str | None = None,
         give_back: Mapping[uuid.UUID, int] | None = None,
+        backoff: bool = False,
     ) -> int:
         """Park the batch's unclaimed jobs at ``step`` in ``waiting`` on an outage of
         ``dependency`` for ``delay_seconds`` (:func:`triage.jobs.outages.park_unstarted`); how many.
 
         :param give_back: job id -> attempt that failed on the outage before it was recognised
-            as one: that attempt is given back if it is still the job's latest."""
+            as one: that attempt is given back if it is still the job's latest.
+        :param backoff: grow the delay with each job's earlier outage parkings (no ``Retry-After``)."""
         params = {
             "p_batch_key": batch_key,
             "p_step": step,
             "p_classifier_version": classifier_version,
             "dependency": dependency,
             "delay_seconds": delay_seconds,
+            "backoff": backoff,
             "error_class": error_class,
             "error": error,
             **rowset("given", ({"id": i, "attempt": a} for i, a in (give_back or {}).items())),

@@ -35,6 +35,7 @@ from triage.jobs.expressions import (
     seconds_param,
     status_literal,
 )
+from triage.jobs.outages import outage_due
 from triage.jobs.schema import jobs, manual_review, outbox
 from triage.jobs.states import OUTAGE_PREFIX, EventType
 from triage.jobs.states import JobStatus as S
@@ -370,9 +371,18 @@ def release() -> Any:
 
 @cache
 def park() -> Any:
-    """``running -> waiting`` on an outage (reason ``outage:<dependency>``) until ``now + delay``:
-    the attempt is given back, as for a release, since the dependency failed, not the job."""
-    held = recordset("held", **HELD, dependency=sa.Text, delay_seconds=sa.Float, error_class=sa.Text, error=sa.Text)
+    """``running -> waiting`` on an outage (reason ``outage:<dependency>``) until ``now + delay``
+    (grown with ``backoff``: :func:`~triage.jobs.outages.outage_due`): the attempt is given
+    back, as for a release, since the dependency failed, not the job."""
+    held = recordset(
+        "held",
+        **HELD,
+        dependency=sa.Text,
+        delay_seconds=sa.Float,
+        backoff=sa.Boolean,
+        error_class=sa.Text,
+        error=sa.Text,
+    )
     return (
         sa.update(jobs)
         .where(*_held(held))
@@ -380,7 +390,7 @@ def park() -> Any:
             status=status_literal(S.WAITING),
             status_reason=sa.func.concat(OUTAGE_PREFIX, held.c.dependency),
             attempt=jobs.c.attempt - 1,
-            next_attempt_at=NOW + sa.func.make_interval(0, 0, 0, 0, 0, 0, held.c.delay_seconds),
+            next_attempt_at=outage_due(held.c.delay_seconds, held.c.backoff),
             last_error_class=held.c.error_class,
             last_error=held.c.error,
             updated_at=NOW,

@@ -280,8 +280,10 @@ class ClassifyDocumentsOperator(TriageOperator):
         except CircuitOpen as exc:
             raise DependencyOutage(
                 f"{exc}; parked the batch's unfinished jobs (waiting, outage:{exc.dependency}) "
-                f"for {exc.delay_seconds:.0f}s without spending an attempt; Airflow's retry "
-                "or the next run of this date takes them up again",
+                f"for {exc.delay_seconds:.0f}s"
+                + ("" if exc.retry_after is not None else " (doubled for each earlier outage parking, up to 1 h)")
+                + " without spending an attempt; Airflow's retry, the next run of this date or "
+                "reconcile_jobs (once they are all due) takes them up again",
                 dependency=exc.dependency,
                 retry_after=exc.retry_after,
             ) from None

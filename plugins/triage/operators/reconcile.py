@@ -5,7 +5,10 @@ reconciliation, writes the Markdown report to the task log, logs the HTML page's
 gauges and counters through Airflow's metrics API (StatsD or OpenTelemetry when enabled), and
 returns the JSON summary (XCom). Domain code stays Airflow-free: metrics live here. When the
 run took back orphaned work (a dead worker's leases, a dead run's jobs) it alerts through the
-``triage_alerts`` connection (:func:`triage.operators.alerts.alert_on_orphans`).
+``triage_alerts`` connection (:func:`triage.operators.alerts.alert_on_orphans`). Airflow's DAG
+runs reach the rules through the Task SDK (:meth:`ReconcileJobsOperator.get_dag_runs`): the
+resumes of work parked on an outage it plans are cleared by the DAG's next tasks
+(:mod:`triage.operators.outage_resume`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from triage.reconciliation.airflow_view import AirflowApi
+    from triage.reconciliation.outage_resumes import DagRuns
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +102,13 @@ class ReconcileJobsOperator(TriageOperator):
             username, password = connection.login or None, connection.password
         return AirflowApi(base_url, username=username, password=password)
 
+    def get_dag_runs(self, context: Context) -> DagRuns:
+        """The seam tests override: Airflow's DAG runs as this task instance sees them (the
+        Task SDK), to plan the resumes of work parked on an outage."""
+        from triage.operators.outage_resume import TaskSdkDagRuns
+
+        return TaskSdkDagRuns(context["ti"])
+
     def execute(self, context: Context) -> dict[str, Any]:
         from triage import settings
         from triage.operators.classify_documents import configured_classifier_versions
@@ -119,6 +130,7 @@ class ReconcileJobsOperator(TriageOperator):
                 api=api,
                 reports_dir=reports,
                 classifier_versions=configured_classifier_versions(self.llm_conn_id),
+                runs=self.get_dag_runs(context),
             )
         finally:
             api.close()

@@ -36,7 +36,8 @@ raises                         ``max_attempts``, then manual review; never a stu
 A circuit breaker watches the recent calls: when transient failures dominate, the model is
 down (an outage), not the jobs. Every job of the batch that did not finish, the failed calls
 included, is parked (:class:`~triage.jobs.models.Park`: ``waiting``, reason ``outage:model``, the
-attempt given back) until the model's ``Retry-After`` (bounded) or :data:`OUTAGE_SECONDS`, and
+attempt given back) until the model's ``Retry-After`` (bounded) or :data:`OUTAGE_SECONDS`,
+doubled for each time the job was parked on an outage before (at most an hour), and
 the step stops with :class:`CircuitOpen`, so Airflow retries it later instead of burning every
 job's attempts against a dependency that is down; a claim of the batch queues them again once due.
 """
@@ -222,7 +223,15 @@ class ClassifyHandler:
 
     def park(self, job_id: uuid.UUID, attempt: int) -> Park:
         error_class, error = self._last_transient or (None, None)
-        return Park(job_id, attempt, self.outage() or "model", self.outage_delay(), error_class, error)
+        return Park(
+            job_id,
+            attempt,
+            self.outage() or "model",
+            self.outage_delay(),
+            error_class,
+            error,
+            backoff=self._retry_after is None,  # the model's Retry-After is its word, not grown
+        )
 
     @staticmethod
     def read(job: ClaimedJob, content: bytes | PayloadError) -> DocumentPayload | Outcome:

@@ -305,13 +305,15 @@ def _park_rest(store: JobStore, step: str, batch_key: str, owner: str, version: 
         actor=owner,
         classifier_version=version,
         give_back=stop.give_back,
+        backoff=stop.retry_after is None,
     )
     log.warning(
-        "step=%s batch=%s outage:%s: parked the batch's unfinished jobs for %.0fs (%d unclaimed); no attempt spent",
+        "step=%s batch=%s outage:%s: parked the batch's unfinished jobs for %.0fs%s (%d unclaimed); no attempt spent",
         step,
         batch_key,
         stop.dependency,
         stop.delay_seconds,
+        "" if stop.retry_after is not None else ", doubled for each earlier outage parking of a job",
         parked,
     )
     return parked

@@ -78,6 +78,15 @@ class ReconcileParams(DagParams):
         description="Expired leases returned per job before it goes to manual_review (lease_expired_repeatedly).",
         json_schema_extra={"section": "Leases and outbox"},
     )
+    max_outage_resumes: int = Field(
+        default=4,
+        ge=0,
+        le=100,
+        title="Max outage resumes",
+        description="classify_documents runs this reconciliation clears at most, each to resume a batch whose jobs "
+        "parked on an outage are all due (the soonest due first; the next reconciliation takes the rest). 0: none.",
+        json_schema_extra={"section": "Leases and outbox"},
+    )
     outbox_age_seconds: int = _seconds(
         300,
         "Outbox age (s)",

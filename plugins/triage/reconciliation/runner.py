@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from triage.jobs.schema import reconciliation_runs
 from triage.jobs.store import JobStore
-from triage.reconciliation import airflow_view, render, reporting, rules
+from triage.reconciliation import airflow_view, outage_resumes, render, reporting, rules
 from triage.reconciliation.findings import RuleResult
 from triage.reconciliation.params import ReconcileParams
 
@@ -90,16 +90,19 @@ def run_rules(
     publish: rules.Publish | None,
     api: airflow_view.AirflowApi | None,
     classifier_versions: Collection[str] | None = None,
+    runs: outage_resumes.DagRuns | None = None,
 ) -> tuple[RuleResult, ...]:
     """Every rule, in an order where each sees the previous ones' repairs: leases first (a
-    rescued job is no longer "running"), then Airflow's view (it counts what is left), and the
-    orphans last: what no rule with more knowledge settled."""
+    rescued job is no longer "running", nor its lease live), then Airflow's view (it counts what
+    is left), the resumes of parked work, and the orphans last: what no rule with more knowledge
+    settled."""
     results = [
         rules.expired_leases(store, params),
         rules.stuck_work(store, params, classifier_versions),
         rules.outbox(store, params, publish),
         rules.consistency(store, params),
         airflow_view.airflow_view(store, params, api),
+        outage_resumes.outage_resumes(store, params, runs),
         rules.orphaned_work(store, params),  # after the Airflow view: its repairs know why
     ]
     for result in results:
@@ -122,17 +125,20 @@ def reconcile(
     api: airflow_view.AirflowApi | None = None,
     reports_dir: str | os.PathLike[str] | None = None,
     classifier_versions: Collection[str] | None = None,
+    runs: outage_resumes.DagRuns | None = None,
 ) -> RunOutcome:
     """Run every rule (repairing unless ``params.dry_run``), write the report, record the run.
 
     :param classifier_versions: the versions of the deployment's classifiers; jobs waiting for
         any other are reported (``version_mismatch``). None: not checked.
+    :param runs: Airflow's DAG runs (state, paused), to plan the resumes of work parked on an
+        outage (:mod:`.outage_resumes`); None: parked work is reported, nothing planned.
     """
     with store.transaction(None) as conn:
         run_id, started_at = conn.execute(
             start_run(), {"dry_run": params.dry_run, "params": params.model_dump(mode="json")}
         ).one()
-    results = run_rules(store, params, publish=publish, api=api, classifier_versions=classifier_versions)
+    results = run_rules(store, params, publish=publish, api=api, classifier_versions=classifier_versions, runs=runs)
     with store.reading() as conn:
         ledger = reporting.ledger_view(conn, params)
     finished_at = _now(store)

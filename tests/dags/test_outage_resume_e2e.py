@@ -1,0 +1,114 @@
+"""Outages heal themselves under a real scheduler (issue #13, item 3): a ``classify_documents``
+run whose model answers 503 to every call fails after all its tries with its batch parked; once
+the model is back, a ``reconcile_jobs`` run (no human action on the failed run) clears it
+through the Task SDK, and the scheduler runs it again to success: every job completed on its
+first real attempt, none in review, the run cleared once.
+
+The API server, scheduler and DAG processor are real (LocalExecutor task processes); the model
+is the fake OpenAI-compatible server on loopback, switched from down to up."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.dags.airflow_harness import list_runs, running_airflow, task_states, wait_for_runs
+from tests.dags.conftest import ROOT, Deployment
+from tests.fakes.openai_server import FakeOpenAIServer, Reply
+from tests.integration.test_outage import Switch
+
+DOCUMENTS = 30  # more than the breaker's 20 calls: the first claim opens it
+
+
+def run_state(env: dict[str, str], dag_id: str, run_id: str) -> str | None:
+    return next((r["state"] for r in list_runs(env, dag_id) if r["run_id"] == run_id), None)
+
+
+def wait_for_state(env: dict[str, str], dag_id: str, run_id: str, wanted: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (state := run_state(env, dag_id, run_id)) != wanted:
+        assert state not in {"failed", "success"} - {wanted}, f"{dag_id}/{run_id} ended {state}"
+        assert time.monotonic() < deadline, f"{dag_id}/{run_id} is {state} after {timeout:.0f}s"
+        time.sleep(1.0)
+
+
+def clear_number(deployment: Deployment, run_id: str) -> int:
+    engine = sa.create_engine(deployment.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text("SELECT clear_number FROM dag_run WHERE dag_id = 'classify_documents' AND run_id = :r"),
+                    {"r": run_id},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def ledger(deployment: Deployment) -> dict[tuple[Any, ...], int]:
+    engine = deployment.engine()
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text("SELECT status, attempt, status_reason, count(*) FROM triage.jobs GROUP BY 1, 2, 3")
+            ).all()
+            return {tuple(r[:-1]): r[-1] for r in rows}
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.slow
+def test_reconcile_jobs_resumes_a_failed_outage_run_once_the_model_is_back(deployment: Deployment) -> None:
+    switch = Switch(Reply.status_only(503, retry_after="1"))
+    # The latest complete day: the scheduler makes no run of its own for a date that has one.
+    day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    with FakeOpenAIServer(responder=switch) as model:
+        env = {
+            **deployment.env,
+            "AIRFLOW_CONN_TRIAGE_LLM": json.dumps({"conn_type": "http", "host": model.base_url}),
+        }
+        dags = ["classify_documents", "reconcile_jobs"]
+        with running_airflow(env, ROOT / "dags", timeout=240, wait_for_dags=dags) as af:
+            af.post(
+                "/api/v2/dags/classify_documents/dagRuns",
+                {
+                    "dag_run_id": "outage",
+                    "logical_date": day.isoformat().replace("+00:00", "Z"),
+                    "conf": {"documents": DOCUMENTS, "classifier": "llm"},
+                },
+            )
+            af.unpause("classify_documents")
+            wait_for_state(af.env, "classify_documents", "outage", "failed", timeout=420)
+            assert ledger(deployment) == {("waiting", 0, "outage:model"): DOCUMENTS}, af.logs(80)
+            assert deployment.scalar("SELECT count(*) FROM triage.manual_review") == 0
+            calls_in_outage = len(model.requests)
+
+            switch.down = None  # the model is back; the parked jobs were due 1 s after parking
+            af.post("/api/v2/dags/reconcile_jobs/dagRuns", {"dag_run_id": "heal", "logical_date": None})
+            wait_for_state(af.env, "reconcile_jobs", "heal", "success", timeout=300)
+            states = task_states(af.env, "reconcile_jobs", "heal")
+            assert states["resume_outage_run[0]"] == "success", states
+            assert "resume_outage_run[1]" not in states
+            wait_for_state(af.env, "classify_documents", "outage", "success", timeout=420)
+            runs = wait_for_runs(af.env, "classify_documents", 1, ("success",), timeout=30)
+    assert [r["run_id"] for r in runs] == ["outage"]
+    assert clear_number(deployment, "outage") == 1
+    assert ledger(deployment) == {("completed", 1, "completed"): DOCUMENTS}
+    assert deployment.scalar("SELECT count(*) FROM triage.manual_review") == 0
+    assert calls_in_outage >= 20  # the breaker saw its calls fail before parking the batch
+    engine = deployment.engine()
+    try:
+        with engine.connect() as conn:
+            summaries = conn.execute(sa.text("SELECT summary FROM triage.reconciliation_runs ORDER BY id")).scalars()
+            resumes = [r for s in summaries for r in s["repairs"] if r["action"] == "outage_resume_requested"]
+    finally:
+        engine.dispose()
+    assert [(r["count"], r["detail"]) for r in resumes] == [
+        (DOCUMENTS, "classify_documents/outage cleared to resume them")
+    ]
