@@ -119,6 +119,7 @@ class ReconcileJobsOperator(TriageOperator):
                 api=api,
                 reports_dir=reports,
                 classifier_versions=configured_classifier_versions(self.llm_conn_id),
+                dag_run_id=context["run_id"],
             )
         finally:
             api.close()
