@@ -46,7 +46,6 @@ def airflow_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "viewer:viewer,editor:user,second:user")
         mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
         mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "test-jwt-secret-" + uuid.uuid4().hex)
-        mp.setenv("AIRFLOW__API__SECRET_KEY", "test-secret-key")
         # Airflow checks every token against its revoked tokens (metadata table revoked_token):
         # an SQLite metadata database of this module's own, holding that table.
         mp.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{home}/airflow.db")

@@ -12,8 +12,8 @@ Airflow:
 - deciding: edit (``PUT``) on ``review_jobs``, as for changing that DAG in the UI.
 
 A decision sent with the cookie (the pages' forms) must also carry the page's form token: an
-HMAC of the user's id under Airflow's ``[api] secret_key`` (the same on every API server of a
-deployment), which another site cannot read or make, and a request whose ``Origin`` names
+HMAC of the user's id under the key that signs Airflow's JWTs (the same on every API server of
+a deployment), which another site cannot read or make, and a request whose ``Origin`` names
 another host is refused. The cookie is ``SameSite=Lax`` already; the token also covers the
 other ports of the same host, which count as the same site. A bearer token is never sent by a
 browser on its own, so calls with one need neither.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -66,9 +67,18 @@ def authorized(user: BaseUser, method: str, dag_id: str) -> bool:
     return bool(get_auth_manager().is_authorized_dag(method=method, details=details, user=user))  # type: ignore[arg-type]
 
 
+def _form_key() -> bytes:
+    """What signs Airflow's JWTs (the private key file, else ``[api_auth] jwt_secret``): every API
+    server process of a deployment must share it for any login to work, so a form one process
+    rendered is accepted by another. (``[api] secret_key`` is random per process when unset.)"""
+    private_key = conf.get("api_auth", "jwt_private_key_path", fallback="")
+    if private_key:
+        return Path(private_key).read_bytes()
+    return conf.get("api_auth", "jwt_secret", fallback="").encode()
+
+
 def form_token(user: BaseUser) -> str:
-    key = conf.get("api", "secret_key", fallback="").encode()
-    return hmac.new(key, f"triage-form:{user.get_id()}".encode(), hashlib.sha256).hexdigest()
+    return hmac.new(_form_key(), f"triage-form:{user.get_id()}".encode(), hashlib.sha256).hexdigest()
 
 
 def _caller(request: Request, user: BaseUser, dag_id: str) -> Caller:
