@@ -98,7 +98,19 @@ def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
     if "source" in given:
         query = query.where(jobs.c.source == sa.bindparam("source", type_=sa.Text))
     if "batch" in given:
-        query = query.where(jobs.c.batch_key == sa.bindparam("batch", type_=sa.Text))
+        # A batch's reviews sit together in the queue (one run sends them at once), so walking the
+        # queue's index until 50 of them turn up reads every older review first. Start from the
+        # batch's jobs in review (jobs_batch_key_status_idx) instead: a run's worth, sorted.
+        in_batch = (
+            sa.select(jobs.c.id)
+            .where(
+                jobs.c.batch_key == sa.bindparam("batch", type_=sa.Text),
+                jobs.c.status == status_literal(S.MANUAL_REVIEW),
+            )
+            .cte("in_batch")
+            .prefix_with("MATERIALIZED")
+        )
+        query = query.where(manual_review.c.job_id.in_(sa.select(in_batch.c.id)))
     if "older_than_seconds" in given:
         query = query.where(manual_review.c.created_at <= NOW - seconds("older_than_seconds"))
     if after:
