@@ -6,10 +6,10 @@ import argparse
 import logging
 import sys
 
-from bench import ledger, pipeline
+from bench import ledger, pipeline, review_queue
 from bench.common import write_results
 
-SUITES = {"ledger": ledger.run, "pipeline": pipeline.run}
+SUITES = {"ledger": ledger.run, "pipeline": pipeline.run, "review": review_queue.run}
 
 
 def main() -> int:

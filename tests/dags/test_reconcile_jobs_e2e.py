@@ -89,6 +89,8 @@ def test_a_dry_run_succeeds_and_changes_nothing(
     assert q("SELECT status FROM triage.jobs WHERE id = :j", j=crafted["expired"]) == "running"
     assert q("SELECT count(*) FROM triage.manual_review WHERE job_id = :j", j=crafted["lost"]) == 0
     assert q("SELECT dry_run FROM triage.reconciliation_runs ORDER BY id LIMIT 1") is True
+    # the Airflow run that made it, by which its run page's Triage report tab finds the report
+    assert str(q("SELECT dag_run_id FROM triage.reconciliation_runs ORDER BY id LIMIT 1")).startswith("manual__")
     assert "ALERT kind=orphans" not in dry.stdout + dry.stderr  # a dry run takes nothing back
 
 

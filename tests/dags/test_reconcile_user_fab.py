@@ -200,3 +200,59 @@ def test_the_password_is_in_no_output_and_no_log(fab: Fab) -> None:
     assert password not in done.stdout + done.stderr
     logs = [p for p in Path(fab.airflow.env["AIRFLOW_HOME"]).rglob("*.log") if p.is_file()]
     assert [p for p in logs if password in p.read_text(errors="replace")] == []
+
+
+def test_the_triage_pages_answer_as_fab_says(fab: Fab) -> None:
+    """The Triage plugin behind FAB (compose's auth manager): Viewer may look, User may decide, a
+    user who may not read review_jobs (reconcile_jobs' own) gets 403, nobody gets 401."""
+    from tests.integration.helpers import new_jobs
+    from triage.database import create_engine
+    from triage.jobs.models import ClassificationRecord, SendToReview
+    from triage.jobs.store import JobStore
+
+    engine = create_engine(fab.jobs_url)
+    try:
+        store = JobStore(engine)
+        batch = "2026-10-09T00:00:00+00:00/2026-10-10T00:00:00+00:00"
+        store.register(new_jobs(1, prefix="fab-review"), batch_key=batch, step="classify", max_attempts=3)
+        claim = store.claim(batch_key=batch, step="classify", limit=1, lease_seconds=60, owner="test-worker")
+        model = ClassificationRecord("billing", 0.4, "inconclusive", "keyword-v1")
+        store.record(claim, [SendToReview(j.id, j.attempt, "inconclusive", classification=model) for j in claim.jobs])
+        job_id = str(claim.jobs[0].id)
+        passwords = {}
+        for name, role in (("viewer", "Viewer"), ("editor", "User")):
+            passwords[name] = secrets.token_urlsafe(16)
+            airflow_cli(
+                fab.airflow.env,
+                "users",
+                "create",
+                "--role",
+                role,
+                "--username",
+                name,
+                f"--password={passwords[name]}",
+                "--email",
+                f"{name}@triage.invalid",
+                "--firstname",
+                name,
+                "--lastname",
+                "t",
+            )
+        assert httpx.get(f"{fab.base_url}/triage/api/reviews", timeout=60).status_code == 401
+        with reconcile_client(fab) as api:
+            assert api.get("/triage/api/reviews").status_code == 403  # may read classify_documents only
+        decision = {"action": "label", "label": "shipping", "note": "fab"}
+        with client(fab, "viewer", passwords["viewer"]) as api:
+            assert api.get("/triage/api/reviews").json()["reviews"][0]["job_id"] == job_id
+            assert api.post(f"/triage/api/reviews/{job_id}", json=decision).status_code == 403
+        with client(fab, "editor", passwords["editor"]) as api:
+            done = api.post(f"/triage/api/reviews/{job_id}", json=decision)
+            assert done.status_code == 200, done.text
+            assert done.json()["resolved_by"] == "editor"
+        with engine.connect() as conn:
+            actor = conn.exec_driver_sql(
+                "SELECT actor FROM triage.job_events WHERE job_id = %s ORDER BY id DESC LIMIT 1", (job_id,)
+            ).scalar_one()
+        assert actor == "editor"
+    finally:
+        engine.dispose()

@@ -384,3 +384,16 @@ def test_reconcile_jobs_starts_unpaused_where_new_dags_start_paused(common_env: 
         ]
         decided[dag_file] = ast.literal_eval(value)
     assert decided == {"reconcile_jobs": False, "classify_documents": True}
+
+
+def test_the_api_server_serves_the_triage_plugin(services: dict[str, Any], common: dict[str, Any]) -> None:
+    """The plugin (plugins/triage_plugin.py) runs inside the api-server: it needs the plugins and
+    include folders (templates, taxonomy), the job database, the payloads (TRIAGE_HOME on the data
+    volume) and the JWT key the form tokens are signed with, shared by every API server process."""
+    api = services["airflow-apiserver"]
+    assert api["command"] == "api-server"
+    assert api["volumes"] == common["volumes"]
+    assert (ROOT / "plugins" / "triage_plugin.py").exists()
+    env = api["environment"]
+    for key in ("AIRFLOW_CONN_TRIAGE_DB", "TRIAGE_HOME", "AIRFLOW__API_AUTH__JWT_SECRET"):
+        assert env.get(key), key

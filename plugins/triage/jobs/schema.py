@@ -206,6 +206,12 @@ manual_review = sa.Table(
         unique=True,
         postgresql_where=sa.text("resolved_at IS NULL"),
     ),
+    # Serve the review queue page (migration 0011): open reviews oldest first, a page at a time
+    # after the last (created_at, id) shown, as a whole or of one reason.
+    sa.Index("manual_review_open_queue_idx", "created_at", "id", postgresql_where=sa.text("resolved_at IS NULL")),
+    sa.Index(
+        "manual_review_open_reason_idx", "reason", "created_at", "id", postgresql_where=sa.text("resolved_at IS NULL")
+    ),
 )
 
 outbox = sa.Table(
@@ -270,7 +276,10 @@ reconciliation_runs = sa.Table(
     sa.Column("repairs", pg.JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
     sa.Column("summary", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.Column("report_path", sa.Text),  # NULL: the HTML page was not rendered (a degraded run)
+    sa.Column("dag_run_id", sa.Text),  # the reconcile_jobs run that made it; NULL outside Airflow (0011)
     # Serves "the latest run" (make run's summary, the next run's comparison).
     sa.Index("reconciliation_runs_started_at_idx", "started_at"),
+    # Serves the report tab of a reconcile_jobs run page in the Airflow UI.
+    sa.Index("reconciliation_runs_dag_run_id_idx", "dag_run_id"),
     comment="One row per reconcile_jobs run: its params, findings, repairs and report summary",
 )

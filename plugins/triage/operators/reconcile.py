@@ -131,6 +131,7 @@ class ReconcileJobsOperator(TriageOperator):
                 reports_dir=reports,
                 classifier_versions=configured_classifier_versions(self.llm_conn_id),
                 runs=self.get_dag_runs(context),
+                dag_run_id=context["run_id"],
             )
         finally:
             api.close()

@@ -119,3 +119,50 @@ def column_chart(
         parts.append(_text(width / 2, height - 4, x_label, anchor="middle", size=11))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def line_chart(
+    title: str,
+    points: Sequence[str],
+    series: Sequence[tuple[str, Sequence[Number]]],
+    *,
+    fmt: Format = plain,
+    width: int = 720,
+    height: int = 240,
+) -> str:
+    """One line per series over the same points (runs, oldest first), each point's value in
+    its ``<title>`` and the last value written at the line's end."""
+    top, bottom, left, right = 48, 30, 10, 110
+    plot_w, plot_h = width - left - right, height - top - bottom
+    peak = max((float(v) for _, values in series for v in values), default=0.0) or 1.0
+    step = plot_w / max(len(points) - 1, 1)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" class="chart"><title>{escape(title)}</title>',
+        _text(0, 18, title, size=14, weight="bold"),
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#999"/>',
+    ]
+    for i, (name, _) in enumerate(series):
+        key_x = left + i * 130
+        parts.append(f'<rect x="{key_x}" y="28" width="10" height="10" fill="{PALETTE[i % len(PALETTE)]}"/>')
+        parts.append(_text(key_x + 14, 37, name, size=11))
+    if not points:
+        parts.append(_text(left, top + 20, "nothing to show"))
+    for i, (name, values) in enumerate(series):
+        colour = PALETTE[i % len(PALETTE)]
+        xy = [(left + j * step, top + plot_h - float(v) / peak * plot_h) for j, v in enumerate(values)]
+        if len(xy) > 1:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+            parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for (x, y), label, v in zip(xy, points, values, strict=False):
+            parts.append(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}">'
+                f"<title>{escape(label)} {escape(name)}: {escape(fmt(v))}</title></circle>"
+            )
+        if xy:
+            parts.append(_text(xy[-1][0] + 6, xy[-1][1] + 4, f"{name} {fmt(values[-1])}", size=11))
+    if points:
+        parts.append(_text(left, height - 8, points[0], size=10))
+        parts.append(_text(left + plot_w, height - 8, points[-1], anchor="end", size=10))
+    parts.append("</svg>")
+    return "".join(parts)

@@ -173,8 +173,12 @@ def charts(summary: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def html(summary: dict[str, Any]) -> str:
-    """The HTML page (raises if the template is missing or broken: see :func:`write_html_report`)."""
+def html(summary: dict[str, Any], links: dict[str, Any] | None = None) -> str:
+    """The HTML page (raises if the template is missing or broken: see :func:`write_html_report`).
+
+    :param links: for the page served by the Triage plugin: ``nav``, a list of ``(href, text)``
+        shown above the report, and ``job``, the prefix of a job's page (its id appended).
+    """
     import jinja2
     from markupsafe import Markup
 
@@ -183,7 +187,7 @@ def html(summary: dict[str, Any]) -> str:
     )
     env.filters["duration"] = duration
     svg = {name: Markup(chart) for name, chart in charts(summary).items()}  # built from escaped parts
-    return env.get_template(TEMPLATE).render(s=summary, charts=svg)
+    return env.get_template(TEMPLATE).render(s=summary, charts=svg, links=links)
 
 
 def report_file(reports_dir: str | os.PathLike[str], run_id: int, started_at: datetime) -> Path:

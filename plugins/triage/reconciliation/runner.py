@@ -45,7 +45,7 @@ class RunOutcome:
 def start_run() -> Any:
     return (
         sa.insert(reconciliation_runs)
-        .values(dry_run=sa.bindparam("dry_run"), params=sa.bindparam("params"))
+        .values(dry_run=sa.bindparam("dry_run"), params=sa.bindparam("params"), dag_run_id=sa.bindparam("dag_run_id"))
         .returning(reconciliation_runs.c.id, reconciliation_runs.c.started_at)
     )
 
@@ -126,6 +126,7 @@ def reconcile(
     reports_dir: str | os.PathLike[str] | None = None,
     classifier_versions: Collection[str] | None = None,
     runs: outage_resumes.DagRuns | None = None,
+    dag_run_id: str | None = None,
 ) -> RunOutcome:
     """Run every rule (repairing unless ``params.dry_run``), write the report, record the run.
 
@@ -133,10 +134,13 @@ def reconcile(
         any other are reported (``version_mismatch``). None: not checked.
     :param runs: Airflow's DAG runs (state, paused), to plan the resumes of work parked on an
         outage (:mod:`.outage_resumes`); None: parked work is reported, nothing planned.
+    :param dag_run_id: the Airflow run of ``reconcile_jobs`` doing this (the report tab of its
+        run page finds the report by it); None outside Airflow.
     """
     with store.transaction(None) as conn:
         run_id, started_at = conn.execute(
-            start_run(), {"dry_run": params.dry_run, "params": params.model_dump(mode="json")}
+            start_run(),
+            {"dry_run": params.dry_run, "params": params.model_dump(mode="json"), "dag_run_id": dag_run_id},
         ).one()
     results = run_rules(store, params, publish=publish, api=api, classifier_versions=classifier_versions, runs=runs)
     with store.reading() as conn:

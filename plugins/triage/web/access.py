@@ -1,0 +1,136 @@
+"""Who is asking, and what they may do: Airflow's own authentication and authorisation.
+
+The caller is Airflow's user, resolved by Airflow's own dependency
+(:func:`airflow.api_fastapi.core_api.security.get_user`): a bearer token (``Authorization``,
+what scripts send, from ``POST /auth/token``) or the UI's session cookie (``_token``, which the
+Airflow UI sets at login and the browser sends to ``/triage`` on the same origin). No token: 401;
+a bad one: 403. What they may do is the auth manager's answer for two DAGs, as for the rest of
+Airflow:
+
+- looking at the review queue and jobs: read (``GET``) on ``review_jobs``;
+- looking at reports: read on ``reconcile_jobs``;
+- deciding: edit (``PUT``) on ``review_jobs``, as for changing that DAG in the UI.
+
+A decision sent with the cookie (the pages' forms) must also carry the page's form token: an
+HMAC of the user's id under the key that signs Airflow's JWTs (the same on every API server of
+a deployment), which another site cannot read or make, and a request whose ``Origin`` names
+another host is refused. The cookie is ``SameSite=Lax`` already; the token also covers the
+other ports of the same host, which count as the same site. A bearer token is never sent by a
+browser on its own, so calls with one need neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+from airflow.api_fastapi.core_api.security import get_user
+from airflow.configuration import conf
+from fastapi import Depends, HTTPException, Request, status
+
+REVIEW_DAG = "review_jobs"
+REPORT_DAG = "reconcile_jobs"
+READ, EDIT = "GET", "PUT"
+CSRF_FIELD = "csrf_token"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """An authenticated Airflow user, and whether they may decide."""
+
+    name: str
+    may_decide: bool
+    by_cookie: bool  # the session cookie, not a bearer token: decisions need the form token
+    user: BaseUser
+
+    @property
+    def csrf_token(self) -> str:
+        return form_token(self.user)
+
+
+def authorized(user: BaseUser, method: str, dag_id: str) -> bool:
+    """The auth manager's answer for ``method`` on DAG ``dag_id`` (its team looked up only when
+    Airflow runs with teams: the lookup reads Airflow's metadata database)."""
+    team = None
+    if conf.getboolean("core", "multi_team", fallback=False):
+        from airflow.models.dag import DagModel
+
+        team = DagModel.get_team_name(dag_id)
+    details = DagDetails(id=dag_id, team_name=team)
+    return bool(get_auth_manager().is_authorized_dag(method=method, details=details, user=user))  # type: ignore[arg-type]
+
+
+def _form_key() -> bytes:
+    """What signs Airflow's JWTs (the private key file, else ``[api_auth] jwt_secret``): every API
+    server process of a deployment must share it for any login to work, so a form one process
+    rendered is accepted by another. (``[api] secret_key`` is random per process when unset.)"""
+    private_key = conf.get("api_auth", "jwt_private_key_path", fallback="")
+    if private_key:
+        return Path(private_key).read_bytes()
+    return conf.get("api_auth", "jwt_secret", fallback="").encode()
+
+
+def form_token(user: BaseUser) -> str:
+    return hmac.new(_form_key(), f"triage-form:{user.get_id()}".encode(), hashlib.sha256).hexdigest()
+
+
+def _caller(request: Request, user: BaseUser, dag_id: str) -> Caller:
+    if not authorized(user, READ, dag_id):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"you may not read the {dag_id} DAG")
+    by_cookie = "authorization" not in request.headers
+    return Caller(str(user.get_name()), authorized(user, EDIT, REVIEW_DAG), by_cookie, user)
+
+
+async def review_reader(request: Request, user: Annotated[BaseUser, Depends(get_user)]) -> Caller:
+    return _caller(request, user, REVIEW_DAG)
+
+
+async def report_reader(request: Request, user: Annotated[BaseUser, Depends(get_user)]) -> Caller:
+    return _caller(request, user, REPORT_DAG)
+
+
+ReviewReader = Annotated[Caller, Depends(review_reader)]
+ReportReader = Annotated[Caller, Depends(report_reader)]
+
+
+def _same_origin(request: Request) -> None:
+    origin = request.headers.get("origin")
+    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "a decision must come from this server's own pages")
+
+
+def check_decider(request: Request, caller: Caller, token: str | None = None) -> None:
+    """Refuse a decision the caller may not make, or one another site may have sent for them.
+
+    :param token: the form's ``csrf_token`` (the pages' form posts). The JSON API needs none: its
+        body must be ``application/json`` (FastAPI refuses any other with a 422), which a page of
+        another origin cannot send without a CORS preflight this app never grants.
+    """
+    if not caller.may_decide:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"you may look but not decide: deciding needs edit access to {REVIEW_DAG}"
+        )
+    if not caller.by_cookie:
+        return
+    _same_origin(request)
+    if token is not None and not (token and hmac.compare_digest(token, caller.csrf_token)):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "the form is stale or not this server's: open the page again")
+
+
+def login_url(next_url: str) -> str | None:
+    """Airflow's login page, to come back to ``next_url``; None when the auth manager has none."""
+    try:
+        return str(get_auth_manager().get_url_login(next_url=next_url))
+    except Exception:  # noqa: BLE001 - a link on an error page; its absence is not an error
+        return None
+
+
+def describe(caller: Caller) -> dict[str, Any]:
+    return {"name": caller.name, "may_decide": caller.may_decide}

@@ -1,0 +1,75 @@
+"""The FastAPI app the Triage plugin mounts at ``/triage`` in Airflow's API server.
+
+    from triage.web.app import create_app
+    app = create_app()                          # what plugins/triage_plugin.py mounts
+    app = create_app(TriageService(store, payload_base=..., taxonomy_names=[...]))  # tests
+
+Pages are HTML rendered on the server (no script: they work inside the Airflow UI's frame and
+with scripts off), every value escaped; the API is JSON. Both answer an error in their own
+form: a page gets a page saying what went wrong (with Airflow's login link on a 401), the API
+a JSON ``detail``. Every response forbids scripts and framing by other sites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from triage.web import api, pages
+from triage.web.access import login_url
+from triage.web.service import TriageService, default_label_action
+
+SECURITY_HEADERS = {
+    # No script at all, styles inline only, forms posted to this server only, framed only by it.
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'self'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def create_app(triage: TriageService | None = None) -> FastAPI:
+    app = FastAPI(
+        title="Triage",
+        description="Triage's review queue, jobs and reconciliation reports (behind Airflow's auth)",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/api/openapi.json",
+    )
+    app.state.triage = triage or TriageService(label_action=default_label_action)
+    app.include_router(api.router)
+    app.include_router(pages.router)
+
+    @app.middleware("http")
+    async def _headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    def _is_api(request: Request) -> bool:
+        return request.url.path.removeprefix(request.scope.get("root_path", "")).startswith("/api/")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if _is_api(request):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        login = login_url(str(request.url)) if exc.status_code == 401 else None
+        return pages.error_page(request, exc.status_code, str(exc.detail), login)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        problems = [
+            {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg")} for e in exc.errors()
+        ]
+        if _is_api(request):
+            return JSONResponse({"detail": problems}, status_code=422)
+        text = "; ".join(f"{p['where']}: {p['problem']}" for p in problems)
+        return pages.error_page(request, 422, text, None)
+
+    return app

@@ -1,0 +1,153 @@
+"""The Triage plugin in a real Airflow, driven by a real headless Chromium (slow).
+
+A reviewer logs in on Airflow's own login page (the SimpleAuthManager, as under ``make up``),
+opens the "Triage" entry of the navigation, opens a job from the queue, sees its document (as
+text: a script in it stays text) and its transitions, and labels it; the ledger then shows the
+move with the reviewer as its actor. The report tab of a ``reconcile_jobs`` run page shows that
+run's report, rendered from the database.
+
+``TRIAGE_SCREENSHOTS=DIR`` keeps the screenshots (docs/review.md's are made so); else they go to
+the test's tmp folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tests.dags.cdp import Chromium
+from tests.dags.conftest import Deployment
+from tests.integration.helpers import new_jobs
+from tests.integration.test_reconcile_report import chromium, png_size
+
+ROOT = Path(__file__).resolve().parents[2]
+BATCH = "2026-10-05T00:00:00+00:00/2026-10-06T00:00:00+00:00"
+SCRIPT = "<script>document.title = 'owned'</script>"
+
+pytestmark = pytest.mark.slow
+
+
+def seed_reviews(deployment: Deployment, n: int) -> list[str]:
+    """``n`` documents in the deployment's payload store, registered and sent to review."""
+    from triage.contracts.documents import canonical_json_bytes
+    from triage.jobs.models import ClassificationRecord, NewJob, SendToReview
+    from triage.jobs.store import JobStore
+    from triage.payloads import PayloadStore
+
+    payloads = PayloadStore(deployment.home / "payloads")  # TRIAGE_HOME/payloads: the server's default
+    docs = []
+    for i, job in enumerate(new_jobs(n, prefix=f"ui-{uuid.uuid4().hex[:6]}")):
+        body = f"Where is my parcel? It was due on Monday. {SCRIPT} (order {i})"
+        sha, ref = payloads.put(canonical_json_bytes({"subject": f"Parcel question {i}", "body": body}))
+        docs.append(NewJob(job.idempotency_key, job.source, job.external_id, sha, ref, job.classifier_version))
+    engine = deployment.engine()
+    try:
+        store = JobStore(engine)
+        registered = store.register(docs, batch_key=BATCH, step="classify", max_attempts=3)
+        claim = store.claim(batch_key=BATCH, step="classify", limit=n, lease_seconds=60, owner="test-worker")
+        model = ClassificationRecord("billing", 0.38, "inconclusive", "keyword-v1")
+        store.record(claim, [SendToReview(j.id, j.attempt, "inconclusive", classification=model) for j in claim.jobs])
+    finally:
+        engine.dispose()
+    return [str(i) for i in registered.new_ids]
+
+
+def screenshots(tmp_path: Path) -> Path:
+    return Path(os.environ.get("TRIAGE_SCREENSHOTS") or tmp_path / "shots")
+
+
+def test_a_reviewer_labels_a_job_in_the_airflow_ui(deployment: Deployment, tmp_path: Path) -> None:
+    from tests.dags.airflow_harness import api_client, running_airflow, wait_for_first_run
+
+    binary = chromium()
+    password = secrets.token_urlsafe(12)
+    passwords = deployment.home / "simple-auth-passwords.json"
+    passwords.write_text(json.dumps({"reviewer": password, "watcher": secrets.token_urlsafe(12)}))
+    env = {
+        **deployment.env,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "reviewer:user,watcher:viewer",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+    }
+    job_ids = seed_reviews(deployment, 3)
+    shots = screenshots(tmp_path)
+    with running_airflow(env, ROOT / "dags", timeout=240) as af, Chromium(binary, tmp_path / "profile") as page:
+        # log in on Airflow's own page; it comes back to the Triage entry of the navigation
+        page.go(f"{af.base_url}/auth/login?next=%2Fplugin%2Ftriage")
+        page.wait_for("document.querySelector('input[name=username]')", timeout=60)
+        page.type_into("input[name=username]", "reviewer")
+        page.type_into("input[name=password]", password)
+        page.click("button[type=submit]")
+        page.wait_for("location.pathname.startsWith('/plugin/triage')", timeout=60)
+        framed = "document.querySelector('iframe')?.contentDocument?.querySelector('#queue')"
+        page.wait_for(framed, timeout=60)
+        rows = page.evaluate("document.querySelector('iframe').contentDocument.querySelectorAll('a.job').length")
+        assert rows == 3
+        page.wait_for("document.fonts.status === 'loaded'")
+        assert png_size(page.screenshot(shots / "review-queue-in-airflow.png")) == (1400, 900)
+
+        # the queue on its own, a job from it: the document as text, the transitions, the form
+        page.go(f"{af.base_url}/triage/review")
+        assert page.text("#who").startswith("reviewer")
+        page.click_and_wait("a.job")
+        job_id = page.evaluate("location.pathname.split('/').pop()")
+        assert job_id in job_ids
+        assert "Parcel question" in page.text("#subject")
+        assert SCRIPT in page.text("#body")  # shown as the text it is
+        assert page.evaluate("document.querySelectorAll('#body *').length") == 0  # not as markup
+        assert page.evaluate("document.title") != "owned"
+        events = page.text("#events")
+        assert "running" in events
+        assert "manual_review" in events
+        assert "billing" in page.text("#model")
+        assert "0.38" in page.text("#model")
+        page.evaluate("document.querySelector('#label').value = 'shipping'")
+        page.type_into("textarea[name=note]", "a parcel, not an invoice")
+        page.screenshot(shots / "review-job.png")
+        page.click_and_wait("#submit")
+        assert "Decision applied" in page.text("#notice")
+        assert "labelled by reviewer" in page.text("#decided")
+
+        # a reconcile_jobs run page's report tab (the DAG runs on creation, every 15 minutes)
+        api = api_client(af.base_url, "reviewer", password)
+        run = wait_for_first_run(api, "reconcile_jobs", timeout=300)
+        run_id = run["dag_run_id"]
+        page.go(f"{af.base_url}/dags/reconcile_jobs/runs/{run_id}/plugin/triage-report")
+        report = "document.querySelector('iframe')?.contentDocument?.querySelector('#total-reviews')"
+        page.wait_for(report, timeout=60)
+        framed_text = page.evaluate("document.querySelector('iframe').contentDocument.body.innerText")
+        assert "Triage reconciliation run" in framed_text
+        page.screenshot(shots / "report-tab.png")
+
+    engine = deployment.engine()
+    try:
+        with engine.connect() as conn:
+            last = conn.execute(
+                sa.text(
+                    "SELECT from_status, to_status, actor FROM triage.job_events WHERE job_id = :id ORDER BY id DESC"
+                ),
+                {"id": job_id},
+            ).first()
+            review = conn.execute(
+                sa.text("SELECT resolution, resolved_by, note FROM triage.manual_review WHERE job_id = :id"),
+                {"id": job_id},
+            ).one()
+            label = conn.execute(
+                sa.text("SELECT label, classifier_version FROM triage.document_labels WHERE job_id = :id"),
+                {"id": job_id},
+            ).one()
+            recorded = conn.execute(
+                sa.text("SELECT count(*) FROM triage.reconciliation_runs WHERE dag_run_id = :run"), {"run": run_id}
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    assert tuple(last) == ("manual_review", "completed", "reviewer")
+    assert tuple(review) == ("labelled", "reviewer", "a parcel, not an invoice")
+    assert tuple(label) == ("shipping", "human:reviewer")
+    assert recorded == 1
