@@ -86,9 +86,10 @@ reset-secrets: $(STAMP)
 # its own and clones one per test, on the one embedded server they share (tests/conftest.py).
 # --dist loadfile keeps a module's tests on one worker: they share module fixtures (an Airflow
 # deployment, a private server), made once. (loadgroup would be finer but groups nothing with
-# pytest 9.2: pytest-xdist issue 1386.) Fast phase in collection order, tests/dags and
-# tests/packaging first (tests/conftest.py): the longest files start first instead of running
-# alone at the end; the slow phase starts with the file of most tests (the Fernet set). Both
+# pytest 9.2: pytest-xdist issue 1386.) Both phases in collection order (--no-loadscope-reorder;
+# xdist's default hands out the files of most tests first): the fast phase with tests/dags and
+# tests/packaging first, the slow phase longest first, the drill first of all (tests/conftest.py),
+# so the longest files start first instead of running alone at the end. Both
 # phases run even when the first fails. The Airflow tests clone one migrated metadata database
 # (tests/dags/conftest.py) instead of migrating one per module. Workers: 3 and 2
 # were the fastest measured here (2 cores; README); the slow tests slow each other down (the drill).
@@ -100,7 +101,7 @@ test: $(STAMP) test-deps
 	echo "make test: the fast tests on $(TEST_WORKERS) workers"; \
 	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
 	echo "make test: the slow tests on $(SLOW_WORKERS) workers"; \
-	$(PY) -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile $(PYTEST_ARGS) || status=1; \
+	$(PY) -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
 	if [ $$status != 0 ]; then echo "make test: FAILED (see both phases above)"; fi; \
 	exit $$status
 

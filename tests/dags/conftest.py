@@ -9,16 +9,19 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 import sqlalchemy as sa
+
+from tests.dags.warm_dags_test import WarmDagsTest
 
 if TYPE_CHECKING:
     from triage.database import DatabaseUrl
@@ -38,6 +41,18 @@ class Deployment:
     env: dict[str, str]
     jobs_url: object  # triage.database.DatabaseUrl
     home: Path
+    _warm: WarmDagsTest | None = field(default=None, repr=False)
+
+    def dags_test(self, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
+        """``airflow dags test ARGS`` with this deployment's environment and ``env``, its output
+        captured; forked from one warm process for the module (tests/dags/warm_dags_test.py)."""
+        if self._warm is None:
+            self._warm = WarmDagsTest(self.env, self.home / "warm-dags-test.log")
+        return self._warm.run(["dags", "test", *args], {**self.env, **env}, timeout)
+
+    def close(self) -> None:
+        if self._warm is not None:
+            self._warm.close()
 
     def engine(self) -> sa.Engine:
         from triage.database import create_engine
@@ -182,5 +197,9 @@ def deployment(pg_server, template_db, airflow_metadata_template, server_homes) 
     with databases as (metadata_url, jobs_url):
         home = server_homes.make("deployment")
         env = triage_airflow_env(pg_server, metadata_url, jobs_url, home)
-        yield Deployment(env=env, jobs_url=jobs_url, home=home)
+        deployment = Deployment(env=env, jobs_url=jobs_url, home=home)
+        try:
+            yield deployment
+        finally:
+            deployment.close()
     server_homes.remove(home)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,7 @@ BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
 
 def dags_test(deployment: Deployment, logical_date: str, conf: dict, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "airflow", "dags", "test", "classify_documents", logical_date, "-c", json.dumps(conf)],
-        env={**deployment.env, **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return deployment.dags_test("classify_documents", logical_date, "-c", json.dumps(conf), **env)
 
 
 def counts(deployment: Deployment) -> dict[str, object]:

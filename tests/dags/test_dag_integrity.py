@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,27 +180,54 @@ def test_classify_documents_starts_paused(dagbag) -> None:  # type: ignore[no-un
     assert dagbag.dags["classify_documents"].is_paused_upon_creation is True
 
 
-@pytest.mark.parametrize("paused_at_creation", ["True", "False"], ids=["new-dags-paused", "new-dags-unpaused"])
-def test_reconcile_jobs_is_created_unpaused_and_classify_documents_paused_whatever_the_default(
-    deployment,
-    paused_at_creation: str,  # type: ignore[no-untyped-def]
-) -> None:
-    """What Airflow writes when it first sees the DAGs, with either ``dags_are_paused_at_creation``
-    (docker-compose.yaml and Airflow's default: True): the backstop runs on its schedule without
-    anyone unpausing it, and the daily classification waits for someone to unpause it; the DAGs
-    that decide nothing themselves follow the setting."""
-    from tests.dags.airflow_harness import airflow_cli, json_output
+@dataclass(frozen=True)
+class FirstParse:
+    paused_at_creation: str
+    metadata_url: str
 
-    env = {**deployment.env, "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": paused_at_creation}
-    for row in json_output(airflow_cli(env, "dags", "list", "-o", "json").stdout):
-        airflow_cli(env, "dags", "delete", "-y", row["dag_id"])  # Airflow sees them for the first time again
-    airflow_cli(env, "dags", "reserialize", timeout=300)
-    listed = json_output(airflow_cli(env, "dags", "list", "-o", "json").stdout)
-    paused = {row["dag_id"]: str(row["is_paused"]).lower() == "true" for row in listed}
+    def rows(self, query: str) -> list[Any]:
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(self.metadata_url, poolclass=sa.NullPool)
+        try:
+            with engine.connect() as conn:
+                return list(conn.execute(sa.text(query)).all())
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture(scope="module", params=["True", "False"], ids=["new-dags-paused", "new-dags-unpaused"])
+def first_parse(request, pg_server, template_db, airflow_metadata_template, server_homes) -> Iterator[FirstParse]:  # type: ignore[no-untyped-def]
+    """What Airflow writes when it first sees the DAGs: ``airflow dags reserialize`` on a fresh
+    metadata database (a clone of the migrated template, which holds no DAG yet), with
+    ``dags_are_paused_at_creation`` set either way. One Airflow process per setting."""
+    from tests.dags.airflow_harness import airflow_cli
+    from tests.dags.conftest import fresh_databases, triage_airflow_env
+
+    with fresh_databases(pg_server, template_db, "parse", metadata_template=airflow_metadata_template) as databases:
+        metadata_url, jobs_url = databases
+        home = server_homes.make("first-parse")
+        try:
+            env = triage_airflow_env(pg_server, metadata_url, jobs_url, home)
+            env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = request.param
+            airflow_cli(env, "dags", "reserialize", timeout=300)
+            yield FirstParse(paused_at_creation=request.param, metadata_url=env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+        finally:
+            server_homes.remove(home)
+
+
+def test_reconcile_jobs_is_created_unpaused_and_classify_documents_paused_whatever_the_default(
+    first_parse: FirstParse,
+) -> None:
+    """With either ``dags_are_paused_at_creation`` (docker-compose.yaml and Airflow's default:
+    True): the backstop runs on its schedule without anyone unpausing it, and the daily
+    classification waits for someone to unpause it; the DAGs that decide nothing themselves
+    follow the setting. Read from the ``dag`` table, where ``airflow dags list`` reads it."""
+    paused = {dag_id: is_paused for dag_id, is_paused in first_parse.rows("SELECT dag_id, is_paused FROM dag")}
     assert paused.pop("reconcile_jobs") is False
     assert paused.pop("classify_documents") is True
     assert set(paused) >= {"review_jobs"}
-    assert paused == dict.fromkeys(paused, paused_at_creation == "True")
+    assert paused == dict.fromkeys(paused, first_parse.paused_at_creation == "True")
 
 
 @pytest.mark.parametrize(
@@ -217,24 +247,13 @@ def test_airflow_dags_test_parses_it_without_the_deadline(argv: list[str], deadl
     assert len(classify_deadlines(argv)) == deadlines
 
 
-def test_the_metadata_database_holds_the_deadline_the_scheduler_evaluates(deployment) -> None:  # type: ignore[no-untyped-def]
+def test_the_metadata_database_holds_the_deadline_the_scheduler_evaluates(first_parse: FirstParse) -> None:
     """After Airflow parsed the DAGs: the ``deadline_alert`` row each new run's deadline is
     computed from (``SerializedDAG._process_dagrun_deadline_alerts``)."""
-    import sqlalchemy as sa
-
-    from tests.dags.airflow_harness import airflow_cli
-
-    airflow_cli(deployment.env, "dags", "reserialize", timeout=300)
-    engine = sa.create_engine(deployment.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], poolclass=sa.NullPool)
-    try:
-        with engine.connect() as conn:
-            query = sa.text(
-                "SELECT a.reference, a.interval, a.callback_def FROM deadline_alert a"
-                " JOIN serialized_dag s ON s.id = a.serialized_dag_id WHERE s.dag_id = 'classify_documents'"
-            )
-            rows = conn.execute(query).all()
-    finally:
-        engine.dispose()
+    rows = first_parse.rows(
+        "SELECT a.reference, a.interval, a.callback_def FROM deadline_alert a"
+        " JOIN serialized_dag s ON s.id = a.serialized_dag_id WHERE s.dag_id = 'classify_documents'"
+    )
     assert rows, "no deadline_alert row for classify_documents"
     reference, interval, callback = rows[-1]
     assert reference["reference_type"] == "DagRunLogicalDateDeadline"

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,15 +61,6 @@ triage_leaky()
 """
 
 
-def dags_test(
-    env: dict[str, str], dag_id: str, date: str, conf: dict | None = None
-) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "airflow", "dags", "test", dag_id, date]
-    if conf is not None:
-        args += ["-c", json.dumps(conf)]
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, check=False)
-
-
 def with_passwords(deployment: Deployment, server: FakeOpenAIServer) -> dict[str, str]:
     db = json.loads(deployment.env["AIRFLOW_CONN_TRIAGE_DB"])
     llm = {"conn_type": "http", "host": server.base_url, "password": API_KEY, "extra": {"model": "fake"}}
@@ -113,11 +102,13 @@ def scanned(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) ->
 
     with FakeOpenAIServer(responder=keyword_responder(Taxonomy.load())) as server:
         env = with_passwords(deployment, server)
-        run = dags_test(env, "classify_documents", "2026-11-03", CONF)
+        run = deployment.dags_test("classify_documents", "2026-11-03", "-c", json.dumps(CONF), **env)
         prompts = [m["content"] for body in server.requests for m in body.get("messages", [])]
         leaky_dags = tmp_path_factory.mktemp("leaky-dags")
         (leaky_dags / "triage_leaky.py").write_text(LEAKY_DAG)
-        leaky = dags_test({**env, "AIRFLOW__CORE__DAGS_FOLDER": str(leaky_dags)}, "triage_leaky", "2026-11-03")
+        # another DAG folder: a cold process (the warm one read its folder when it started)
+        leaky_env = {**env, "AIRFLOW__CORE__DAGS_FOLDER": str(leaky_dags)}
+        leaky = deployment.dags_test("triage_leaky", "2026-11-03", **leaky_env)
     files = written_logs(Path(deployment.env["AIRFLOW_HOME"]), deployment.home)
     return {
         "run": run,

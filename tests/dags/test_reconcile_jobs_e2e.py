@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -29,14 +28,7 @@ BATCH = "2026-11-10T00:00:00+00:00/2026-11-11T00:00:00+00:00"
 def dags_test(
     deployment: Deployment, dag_id: str, logical_date: str, conf: dict[str, Any], **env: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "airflow", "dags", "test", dag_id, logical_date, "-c", json.dumps(conf)],
-        env={**deployment.env, **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return deployment.dags_test(dag_id, logical_date, "-c", json.dumps(conf), **env)
 
 
 def unused_api() -> str:

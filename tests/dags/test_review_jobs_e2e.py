@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import urllib.parse
 import uuid
@@ -43,14 +42,7 @@ def jobs_in_review(deployment: Deployment, n: int) -> list[str]:
 def dags_test(
     deployment: Deployment, conf: dict[str, Any], dag_id: str = "review_jobs"
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "airflow", "dags", "test", dag_id, "-c", json.dumps(conf)],
-        env=deployment.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return deployment.dags_test(dag_id, "-c", json.dumps(conf), timeout=300)
 
 
 def review_row(deployment: Deployment, job_id: str) -> tuple[Any, ...]:
