@@ -202,8 +202,10 @@ SLOW_MODULES_LONGEST_FIRST = (
     "tests/dags/test_make_up.py",  # 135
     "tests/dags/test_deadline_e2e.py",  # 120
     "tests/dags/test_distributed.py",  # 110
+    "tests/dags/test_outage_resume_e2e.py",  # 70-100
     "tests/dags/test_fernet_key.py",  # 90
     "tests/dags/test_reconcile_user_fab.py",  # 80
+    "tests/dags/test_triage_browser.py",  # 40-155
     "tests/dags/test_reconcile_jobs_e2e.py",  # 60 (135 before its dags tests were forked warm)
 )
 
