@@ -17,6 +17,10 @@ it and judges the tables:
 - a model outage: one more date whose every model call fails for longer than all of the classify
   task's retries, then a run of that date with the model back
   (:mod:`triage_tools.drill.outage`).
+- a kill on the last try: one more date whose ``classify`` is SIGKILLed on its final try while
+  it holds a claim, so Airflow gives up and no failure callback runs; only reconciliation's
+  Airflow view can settle its jobs (:mod:`triage_tools.drill.last_try`, against a model on
+  loopback, :mod:`triage_tools.drill.model`).
 
 Afterwards: ``reconcile_jobs`` runs, runs with unfinished jobs are cleared from ``classify``
 on (what an operator does after reading the report), and again, until a reconciliation
@@ -29,8 +33,9 @@ wiped at the start, so a drill never touches the deployment ``make run`` uses.
 
 This module is the orchestration (trigger, wait, settle, judge); the knobs and the command line
 are :mod:`~triage_tools.drill.options`, the faults :mod:`~triage_tools.drill.faults`, the
-report :mod:`~triage_tools.drill.report`, the phases :mod:`~triage_tools.drill.outage`, and the
-judge :mod:`~triage_tools.drill.invariants`.
+report :mod:`~triage_tools.drill.report`, the phases :mod:`~triage_tools.drill.outage` and
+:mod:`~triage_tools.drill.last_try`, and the verdict :mod:`~triage_tools.drill.judge` (over
+:mod:`~triage_tools.drill.invariants`).
 """
 
 from __future__ import annotations
@@ -62,8 +67,11 @@ FINISHED = frozenset({"success", "failed"})
 class Drill:
     """One drill on a running local deployment (see :func:`run`)."""
 
-    def __init__(self, options: DrillOptions, env: dict[str, str], api: Any, provider: Any, home: Path) -> None:
+    def __init__(
+        self, options: DrillOptions, env: dict[str, str], api: Any, provider: Any, home: Path, model: Any = None
+    ) -> None:
         from triage.database import DatabaseUrl, create_engine
+        from triage_tools.drill.last_try import LastTryPhase
         from triage_tools.drill.outage import OutagePhase
 
         self.options, self.env, self.api, self.provider, self.home = options, env, api, provider, home
@@ -76,6 +84,15 @@ class Drill:
             if options.outage_documents
             else None
         )
+        self.model = model
+        self.last_try = (
+            LastTryPhase(
+                options.first_date - timedelta(days=2), options.last_try_documents, options.seed, options.lease_seconds
+            )
+            if options.last_try_documents and model is not None
+            else None
+        )
+        self.first_states: dict[str, str] = {}  # how each run first finished, before any clearing
         self._stop = threading.Event()
         self.faults = FaultInjector(
             options, env, api, self.engine, home, self.report, self.run_ids, self.started, self._stop
@@ -100,6 +117,12 @@ class Drill:
                 self.outage.outage_run,
                 f"every model call of {self.outage.documents} documents fails, past every retry",
             )
+        if self.last_try is not None:
+            body = day_run(self.last_try.run_id, self.last_try.day, self.last_try.conf())
+            self.api.send(
+                "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {**body, "note": "make chaos: kill on the last try"}
+            )
+            say(f"triggered {self.last_try.run_id}: the model is down until classify's last try")
 
     def recover_from_outage(self) -> None:
         """The model is back: the next run of the outage's date, which must finish every job."""
@@ -216,73 +239,10 @@ class Drill:
     # -- judgement ---------------------------------------------------------------------------
 
     def judge(self) -> None:
-        import sqlalchemy as sa
+        """The invariants, the outcomes and the provider's counts, into the report."""
+        from triage_tools.drill.judge import judge
 
-        from triage.jobs.checks import in_state
-        from triage.jobs.schema import document_labels, jobs
-        from triage.jobs.states import JobStatus
-        from triage_tools.drill.invariants import Invariant, check_invariants
-
-        with self.engine.connect() as conn:
-            self.report.states = {
-                r[0]: int(r[1])
-                for r in conn.execute(sa.text("SELECT status::text, count(*) FROM triage.jobs GROUP BY 1"))
-            }
-            self.report.review_reasons = {
-                r[0]: int(r[1])
-                for r in conn.execute(
-                    sa.text("SELECT reason, count(*) FROM triage.manual_review WHERE resolved_at IS NULL GROUP BY 1")
-                )
-            }
-            # The jobs whose label is a document's: an older job of an edited document completes
-            # without its action once the newer job's label stands (see triage.pipeline.persist).
-            labelled_jobs = {
-                str(r[0])
-                for r in conn.execute(
-                    sa.select(document_labels.c.job_id)
-                    .join_from(document_labels, jobs, jobs.c.id == document_labels.c.job_id)
-                    .where(in_state(JobStatus.COMPLETED))
-                )
-            }
-            invariants = check_invariants(
-                conn, None, effects_per_key={k: len(v) for k, v in self.provider.asked.items()}
-            )
-            if self.outage is not None:
-                from triage_tools.drill.outage import outage_invariants
-
-                states = {r: state for r, (state, _) in self.runs().items()}
-                invariants += outage_invariants(conn, self.outage, states)
-        # The provider's side: one effect per document (a duplicate delivery is one job, so one
-        # key), and every document's label reached it (nothing completed without its effect).
-        per_document = Counter((b.get("source"), b.get("external_id")) for b in self.provider.effects.values())
-        invariants.append(
-            Invariant(
-                "one_effect_per_document",
-                "the provider applied one label per document",
-                sum(1 for n in per_document.values() if n > 1),
-            )
-        )
-        applied_jobs = {str(b.get("job_id")) for b in self.provider.effects.values()}
-        invariants.append(
-            Invariant(
-                "completed_has_effect", "every document's label reached the provider", len(labelled_jobs - applied_jobs)
-            )
-        )
-        self.report.invariants = invariants
-        self.report.provider = {
-            "requests": sum(self.provider.requests.values()),
-            "effects": len(self.provider.effects),
-            "keys asked more than once": sum(1 for n in self.provider.requests.values() if n > 1),
-            "answered after the client's timeout": self.provider.late_answers,
-        }
-        tries: Counter[str] = Counter()
-        for run_id in self.runs():
-            with contextlib.suppress(Exception):
-                for ti in self.api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").get(
-                    "task_instances", []
-                ):
-                    tries[f"{ti['task_id']}: tries"] += int(ti.get("try_number") or 0)
-        self.report.task_tries = dict(tries)
+        judge(self)
 
 
 MARKER = ".triage-chaos"
@@ -309,8 +269,10 @@ def _prepare_home(home: Path) -> None:
 
 def run(options: DrillOptions, home: Path) -> DrillReport:
     """The whole drill; the caller prints :meth:`DrillReport.table`."""
+    from triage.classifiers.taxonomy import Taxonomy
     from triage.reconciliation.airflow_view import AirflowApi
     from triage_tools import deployment, embedded, local
+    from triage_tools.drill.model import FakeModel
     from triage_tools.drill.provider import FakeProvider
     from triage_tools.processes import kill_groups, side_by_side_env
 
@@ -324,17 +286,20 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
     drill: Drill | None = None
     provider = FakeProvider(late_rate=options.late_answer_rate, late_by_s=1.5, seed=options.seed)
     report = DrillReport()
-    with provider:
+    model = FakeModel(label=Taxonomy.load().labels[0].name) if options.last_try_documents else None
+    with provider, model or contextlib.nullcontext():
         os.environ["AIRFLOW_CONN_TRIAGE_LABEL_ACTION"] = json.dumps(
             {"conn_type": "http", "host": provider.url, "extra": {"timeout": 1.0}}
         )
+        if model is not None:
+            os.environ["AIRFLOW_CONN_TRIAGE_LLM"] = model.connection()
         try:
             if local.up() != 0:
                 raise RuntimeError("airflow standalone did not start")
             env = deployment.environment()
             user, password = local.admin_login(env)  # the drill triggers and clears runs
             api = AirflowApi(local.base_url(env), username=user, password=password, timeout_s=30)
-            drill = Drill(options, env, api, provider, home)
+            drill = Drill(options, env, api, provider, home, model)
             provider.on_effect = drill.faults.on_effect
             _wait_dag(api, DAG_ID)
             _wait_dag(api, RECONCILE_DAG_ID)
@@ -345,8 +310,17 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
             saboteur.start()
             supervisor = threading.Thread(target=drill.faults.supervisor, name="chaos-supervisor", daemon=True)
             supervisor.start()
+            if drill.last_try is not None:
+                killer = threading.Thread(
+                    target=drill.faults.kill_on_last_try,
+                    args=(drill.last_try, model),
+                    name="chaos-last-try",
+                    daemon=True,
+                )
+                killer.start()
             time.sleep(5.0)  # the scheduler creates the unpaused DAG's own latest run
             drill.report.runs = drill.wait_runs()
+            drill.first_states = dict(drill.report.runs)
             saboteur.join(timeout=10)
             drill.recover_from_outage()
             drill.settle()

@@ -1,9 +1,9 @@
 """The drill's hand: what it breaks while the runs go on, and the service manager it plays.
 
-:class:`FaultInjector` SIGKILLs task processes (``classify`` while it holds a claim; ``persist``
-right after the label provider applied an effect and before it answers), restarts PostgreSQL
-once a share of the documents is done, and restarts Airflow when its scheduler has died with
-the database connection (``restart: always``). Every fault it injects goes into the drill's
+:class:`FaultInjector` SIGKILLs task processes (``classify`` while it holds a claim, and on its
+last try; ``persist`` right after the label provider applied an effect and before it answers),
+restarts PostgreSQL once a share of the documents is done, and restarts Airflow when its
+scheduler has died with the database connection (``restart: always``). Every fault it injects goes into the drill's
 report with the moment it happened.
 """
 
@@ -17,12 +17,18 @@ import time
 from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triage_tools.drill.options import DrillOptions
 from triage_tools.drill.report import DrillReport, Fault, say
 
+if TYPE_CHECKING:
+    from triage_tools.drill.last_try import LastTryKill, LastTryPhase
+    from triage_tools.drill.model import FakeModel
+
 DAG_ID = "classify_documents"
+LIVE = frozenset({"scheduled", "queued", "running"})
+"""Task instance states of a try that has begun or is about to."""
 
 
 class FaultInjector:
@@ -51,6 +57,7 @@ class FaultInjector:
         self._action_kills_left = options.action_kills
         self._next_action_kill = 200
         self._lock = threading.Lock()
+        self.last_try_kill: LastTryKill | None = None
 
     def fault(self, kind: str, target: str, detail: str) -> None:
         """Record a fault the drill injected (or suffered: an Airflow restart)."""
@@ -69,22 +76,7 @@ class FaultInjector:
                 for ti in self.api.get(path, params={"limit": 100}).get("task_instances", []):
                     if ti.get("task_id") == task_id and ti.get("state") == "running":
                         ids[str(ti["id"])] = f"{ti['dag_run_id']}/{task_id}/{ti.get('map_index', -1)}"
-        found = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            # The task process itself, not the executor's worker that supervises it: the supervisor
-            # lives on to report the death, as it would after the kernel's OOM killer.
-            if "airflow worker --" not in cmdline or "LocalExecutor" in cmdline:
-                continue
-            for ti_id, name in ids.items():
-                if ti_id in cmdline:
-                    found.append((int(proc.name), name))
-        return found
+        return _task_processes(ids)
 
     def _kill(self, kind: str, run_id: str | None, task_id: str, why: str, most: int | None = None) -> bool:
         victims = self._task_runner_pids(run_id, task_id)[:most]
@@ -168,6 +160,67 @@ class FaultInjector:
                 say(f"saboteur waits: {type(exc).__name__}")
                 time.sleep(0.5)
 
+    def kill_on_last_try(self, phase: LastTryPhase, model: FakeModel) -> None:
+        """SIGKILL ``classify`` of ``phase``'s run on its last try while it holds a claim.
+
+        The model is down until a ``classify`` task instance of the run is on its last try
+        (``try_number`` past ``max_tries``: Airflow has no retry left for it), then hangs, so
+        that try claims the batch and waits on its calls. Once its lease owner holds running
+        jobs, its task process is killed, what it held is recorded (:attr:`last_try_kill`) and
+        the model is up again, releasing any other call it held. Ends after the kill, when the
+        run has finished without one, or when the drill stops.
+        """
+        from triage_tools.drill.last_try import LastTryKill, held_jobs
+        from triage_tools.drill.model import ModelState
+
+        path = f"/api/v2/dags/{DAG_ID}/dagRuns/{phase.run_id}"
+        while not self._stop.wait(0.2):
+            try:
+                tis = [
+                    ti
+                    for ti in self.api.get(f"{path}/taskInstances", params={"limit": 100}).get("task_instances", [])
+                    if ti.get("task_id") == "classify"
+                ]
+                last = [
+                    ti
+                    for ti in tis
+                    if int(ti.get("try_number") or 0) > int(ti.get("max_tries") or 0) and ti.get("state") in LIVE
+                ]
+                if last and model.state == ModelState.DOWN:
+                    model.set(ModelState.HANGING)
+                    say(f"{phase.run_id}: classify on its last try; the model hangs")
+                for ti in last:
+                    index, tried = ti.get("map_index", -1), int(ti["try_number"])
+                    owner = f"{DAG_ID}/{phase.run_id}/classify/{index}/try{tried}"
+                    with self.engine.connect() as conn:
+                        if ti.get("state") != "running" or not held_jobs(conn, owner):
+                            continue
+                    name = f"{phase.run_id}/classify/{index}"
+                    victims = _task_processes({str(ti["id"]): name})
+                    for pid, _ in victims:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                    if not victims:
+                        continue
+                    with self.engine.connect() as conn:
+                        held = held_jobs(conn, owner)  # its for good: nobody else takes a live lease
+                    self.last_try_kill = LastTryKill(owner, tried, int(ti["max_tries"]), tuple(held))
+                    pids = ", ".join(str(pid) for pid, _ in victims)
+                    self.fault(
+                        "kill_on_last_try",
+                        name,
+                        f"SIGKILL pid {pids} on try {tried} of {int(ti['max_tries']) + 1}, holding {len(held)} jobs",
+                    )
+                    model.set(ModelState.UP)
+                    return
+                if str(self.api.get(path).get("state")) in ("success", "failed"):
+                    say(f"{phase.run_id} finished before classify could be killed on its last try")
+                    model.set(ModelState.UP)
+                    return
+            except Exception as exc:  # noqa: BLE001 - the database or Airflow may be restarting right now
+                say(f"last-try killer waits: {type(exc).__name__}")
+                time.sleep(0.5)
+
     def supervisor(self) -> None:
         """What ``restart: always`` does in docker-compose and systemd does on a host: Airflow 3.3's
         scheduler exits when PostgreSQL drops its connection (``AdminShutdown``), and standalone
@@ -222,3 +275,24 @@ class FaultInjector:
             if int(fields[2]) == group and fields[0] != "Z" and b"scheduler" in argv[-2:]:
                 return False
         return True
+
+
+def _task_processes(ids: Mapping[str, str]) -> list[tuple[int, str]]:
+    """``(pid, name)`` of the task processes (``airflow worker -- <ti id>``) of the task
+    instance tries ``ids`` (``ti id -> name``)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        # The task process itself, not the executor's worker that supervises it: the supervisor
+        # lives on to report the death, as it would after the kernel's OOM killer.
+        if "airflow worker --" not in cmdline or "LocalExecutor" in cmdline:
+            continue
+        for ti_id, name in ids.items():
+            if ti_id in cmdline:
+                found.append((int(proc.name), name))
+    return found

@@ -30,6 +30,8 @@ class DrillOptions:
     settle_rounds: int = 6
     outage_documents: int = 200
     """Documents of the outage phase's date (the day before ``first_date``); 0: no outage phase."""
+    last_try_documents: int = 100
+    """Documents of the kill-on-the-last-try date (two days before ``first_date``); 0: no such case."""
 
     @property
     def days(self) -> list[date]:
@@ -53,8 +55,8 @@ DESCRIPTION = """\
 The failure drill (make chaos): classify_documents for several dates on a
 deployment of its own under $TRIAGE_HOME/chaos (wiped first), with faults on every
 side: classifier errors and duplicates, a label provider answering after the
-timeout, task processes killed under a claim and right after an external action,
-a PostgreSQL restart. Reconciliation then settles it; the invariants are judged.
+timeout, task processes killed under a claim, on their last try, and right after
+an external action, a PostgreSQL restart, a model outage. Reconciliation then settles it; the invariants are judged.
 
 Exit code 1 if an invariant is broken or the drill could not finish; the report
 is written to report.json in the drill's home.
@@ -73,6 +75,14 @@ KNOBS: tuple[tuple[str, str, type, str, str], ...] = (
         int,
         "N",
         "documents of the model-outage date, the day before the first (0: no outage; default %(default)s)",
+    ),
+    (
+        "--last-try-documents",
+        "last_try_documents",
+        int,
+        "N",
+        "documents of the date whose classify is killed on its last try, two days before the first"
+        " (0: no such case; default %(default)s)",
     ),
     ("--timeout", "timeout_s", float, "SECONDS", "give up after this many seconds (default %(default).0f)"),
 )
