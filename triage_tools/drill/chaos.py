@@ -117,12 +117,40 @@ class Drill:
                 self.outage.outage_run,
                 f"every model call of {self.outage.documents} documents fails, past every retry",
             )
-        if self.last_try is not None:
-            body = day_run(self.last_try.run_id, self.last_try.day, self.last_try.conf())
-            self.api.send(
-                "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {**body, "note": "make chaos: kill on the last try"}
-            )
-            say(f"triggered {self.last_try.run_id}: the model is down until classify's last try")
+
+    def start_last_try(self) -> threading.Thread | None:
+        """Trigger the last-try case's run and start the thread that kills it on its last try.
+
+        After the other runs, beside the outage's recovery: on its own, no database or Airflow
+        restart can end a try of it (a sibling map index that Airflow's restart killed is failed
+        by the scheduler later, and its failure callback, run then, would sweep the killed try's
+        expired lease before reconciliation looks)."""
+        if self.last_try is None:
+            return None
+        from triage_tools.run import day_run
+
+        body = day_run(self.last_try.run_id, self.last_try.day, self.last_try.conf())
+        self.api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {**body, "note": "make chaos: kill on the last try"})
+        say(f"triggered {self.last_try.run_id}: the model is down until classify's last try")
+        killer = threading.Thread(
+            target=self.faults.kill_on_last_try, args=(self.last_try, self.model), name="chaos-last-try", daemon=True
+        )
+        killer.start()
+        return killer
+
+    def finish_last_try(self, killer: threading.Thread | None) -> None:
+        """Wait for the last-try run and its killer, then until the killed try's lease has run
+        out: reconciliation then settles its jobs the same way whichever map index was killed
+        (its expired lease released, then the Airflow view's repair)."""
+        if self.last_try is None or killer is None:
+            return
+        run_id = self.last_try.run_id
+        self.first_states[run_id] = self.wait_runs([run_id])[run_id]
+        killer.join(timeout=60)
+        kill = self.faults.last_try_kill
+        if kill is not None:
+            time.sleep(max(0.0, kill.killed_at + self.last_try.lease_seconds + 1.0 - time.monotonic()))
+        say(f"{run_id} ended {self.first_states[run_id]}")
 
     def recover_from_outage(self) -> None:
         """The model is back: the next run of the outage's date, which must finish every job."""
@@ -310,19 +338,13 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
             saboteur.start()
             supervisor = threading.Thread(target=drill.faults.supervisor, name="chaos-supervisor", daemon=True)
             supervisor.start()
-            if drill.last_try is not None:
-                killer = threading.Thread(
-                    target=drill.faults.kill_on_last_try,
-                    args=(drill.last_try, model),
-                    name="chaos-last-try",
-                    daemon=True,
-                )
-                killer.start()
             time.sleep(5.0)  # the scheduler creates the unpaused DAG's own latest run
             drill.report.runs = drill.wait_runs()
             drill.first_states = dict(drill.report.runs)
             saboteur.join(timeout=10)
+            killer = drill.start_last_try()
             drill.recover_from_outage()
+            drill.finish_last_try(killer)
             drill.settle()
             drill._stop.set()
             supervisor.join(timeout=60)

@@ -204,7 +204,7 @@ class FaultInjector:
                         continue
                     with self.engine.connect() as conn:
                         held = held_jobs(conn, owner)  # its for good: nobody else takes a live lease
-                    self.last_try_kill = LastTryKill(owner, tried, int(ti["max_tries"]), tuple(held))
+                    self.last_try_kill = LastTryKill(owner, tried, int(ti["max_tries"]), tuple(held), time.monotonic())
                     pids = ", ".join(str(pid) for pid, _ in victims)
                     self.fault(
                         "kill_on_last_try",

@@ -1,8 +1,9 @@
 """The drill's kill on the last try: ``classify`` SIGKILLed on its final try while it holds a
 claim, so Airflow marks it failed and no failure callback ever runs.
 
-One more date (two days before the drill's first) is run with the ``llm`` classifier against
-the drill's model on loopback (:class:`~triage_tools.drill.model.FakeModel`). The model is down
+One more date (two days before the drill's first) is run, once the drill's other runs are over,
+with the ``llm`` classifier against the drill's model on loopback
+(:class:`~triage_tools.drill.model.FakeModel`). The model is down
 (``503``, ``Retry-After: 2``), so each of ``classify``'s tries opens its circuit breaker and
 fails at once, and its retry policy brings the next try after two seconds. When a try is the
 last (``try_number`` is ``max_tries + 1``), the model hangs: the try claims the batch and waits
@@ -64,12 +65,13 @@ class LastTryPhase:
 @dataclass(frozen=True)
 class LastTryKill:
     """What the drill killed: the try's lease owner (``dag/run/task/map_index/tryN``), its try
-    number and Airflow's ``max_tries``, and the jobs its claim held at that moment."""
+    number and Airflow's ``max_tries``, the jobs its claim held at that moment, and when."""
 
     owner: str
     try_number: int
     max_tries: int
     job_ids: tuple[str, ...]
+    killed_at: float = 0.0  # time.monotonic()
 
     @property
     def callback_actor(self) -> str:
