@@ -1,6 +1,7 @@
 """The failure drill, small: what ``make chaos`` does with 20,000 documents, here with 2,000 over
-two dates, one kill after an external action, a kill under a claim when one is caught, and one
-PostgreSQL restart; the drill's own process, so its environment never leaks into the suite's."""
+two dates, one kill after an external action, a kill under a claim when one is caught, one
+PostgreSQL restart, the model outage and the kill on the last try (their defaults: 200 and 100
+documents); the drill's own process, so its environment never leaks into the suite's."""
 
 from __future__ import annotations
 
@@ -59,8 +60,12 @@ def test_a_small_drill_keeps_every_invariant(server_home: Path) -> None:
     assert report["ok"], output
     assert report["faults"].get("kill_after_action") == 1, output
     assert report["faults"].get("postgres_restart") == 1, output
+    # classify SIGKILLed on its last try holding a claim: no callback ran, the cross-check settled it.
+    assert report["faults"].get("kill_on_last_try") == 1, output
+    assert report["review_reasons"].get("airflow_task_failed", 0) >= 1, output
     invariants = {i["name"]: i["violations"] for i in report["invariants"]}
     assert len(invariants) >= 10
+    assert {"last_try_killed", "last_try_settled_by_cross_check", "airflow_view_checked"} <= set(invariants)
     assert set(invariants.values()) == {0}
     assert report["provider"]["keys asked more than once"] > 0  # the killed action was asked again …
     assert report["provider"]["effects"] == report["states"]["completed"]  # … and took effect once

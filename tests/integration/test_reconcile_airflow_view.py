@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -16,7 +19,7 @@ import sqlalchemy as sa
 from tests.integration.helpers import new_jobs
 from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
-from triage.reconciliation.airflow_view import AirflowApi, airflow_view, batch_key_of
+from triage.reconciliation.airflow_view import AirflowApi, AirflowApiUnavailable, airflow_view, batch_key_of
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 
@@ -174,3 +177,98 @@ def test_an_unreachable_api_degrades_to_skipped_and_the_run_succeeds(store: JobS
     skipped = outcome.summary["totals"]["skipped"]["airflow_view"]
     assert skipped.startswith("Airflow's REST API is unavailable")
     assert "ConnectError" in skipped
+
+
+class LateAirflow:
+    """:class:`FakeAirflow` on real HTTP, at a port reserved now (bound, not listening: every
+    connection is refused, as before an API server has started) that starts listening after
+    ``delay`` seconds (None: never)."""
+
+    def __init__(self, fake: FakeAirflow, delay: float | None) -> None:
+        self.fake, self.delay = fake, delay
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = ThreadingHTTPServer(self.sock.getsockname(), self._handler(), bind_and_activate=False)
+        self.server.socket.close()
+        self.server.socket = self.sock
+        self.listening_at: float | None = None
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self.fake
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                request = httpx.Request(
+                    self.command, f"http://fake{self.path}", headers=dict(self.headers), content=body
+                )
+                response = fake(request)
+                self.send_response(response.status_code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(response.content)))
+                self.end_headers()
+                self.wfile.write(response.content)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
+
+    def _serve(self) -> None:
+        assert self.delay is not None
+        time.sleep(self.delay)
+        self.server.server_activate()  # listen(): from now on connections are accepted
+        self.listening_at = time.monotonic()
+        self.server.serve_forever(poll_interval=0.05)
+
+    def __enter__(self) -> LateAirflow:
+        if self.delay is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread.is_alive():
+            self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_cross_check_waits_for_an_api_server_that_starts_listening_late(store: JobStore) -> None:
+    """The first reconcile_jobs after ``make up`` can run before the API server listens."""
+    unfinished(store)
+    with LateAirflow(FakeAirflow([run()], [ti()]), delay=2.0) as late:
+        began = time.monotonic()
+        result = airflow_view(store, ReconcileParams(), AirflowApi(late.url, timeout_s=5, wait_s=60))
+        waited = time.monotonic() - began
+    assert result.skipped is None
+    assert [(r.action, r.count) for r in result.repairs] == [("batch_sent_to_review", 4)]
+    assert late.listening_at is not None
+    assert 2.0 <= waited < 12.0  # retried with backoff (0.5, 1, 2, 4 s), not for the whole minute
+
+
+def test_the_wait_is_bounded_then_the_view_is_skipped(store: JobStore) -> None:
+    unfinished(store)
+    with LateAirflow(FakeAirflow([run()], [ti()]), delay=None) as never:
+        began = time.monotonic()
+        result = airflow_view(store, ReconcileParams(), AirflowApi(never.url, timeout_s=5, wait_s=1.5))
+        waited = time.monotonic() - began
+    assert result.skipped is not None
+    assert "ConnectError" in result.skipped
+    assert 1.5 <= waited < 4.0
+    assert q(store, "SELECT count(*) FROM triage.jobs WHERE status = 'queued'") == 4
+
+
+def test_no_wait_once_the_api_server_was_reached(store: JobStore) -> None:
+    """A server that refuses after it answered is not starting: the client gives up at once."""
+    fake = FakeAirflow([run()], [ti()])
+    late = LateAirflow(fake, delay=0.0)
+    with late:
+        client = AirflowApi(late.url, timeout_s=5, wait_s=60)
+        assert client.get("/api/v2/dags/classify_documents/dagRuns")["total_entries"] == 1
+    began = time.monotonic()
+    with pytest.raises(AirflowApiUnavailable, match="ConnectError"):
+        client.get("/api/v2/dags/classify_documents/dagRuns")
+    assert time.monotonic() - began < 1.0

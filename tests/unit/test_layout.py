@@ -285,10 +285,7 @@ def test_only_the_ledger_writes_its_tables(path: Path) -> None:
 MAX_LINES = 400
 LONG_MODULES: dict[str, str] = {}
 """Product modules allowed past :data:`MAX_LINES`, each with the reason: debts, not exemptions."""
-LONG_TOOLS: dict[str, str] = {
-    "triage_tools/drill/chaos.py": "the failure drill: its options, the run, the kills and the report in one module "
-    "(to split by what it holds, as distributed.py was)",
-}
+LONG_TOOLS: dict[str, str] = {}
 """The same for the developer tools (``triage_tools/``)."""
 SHORT_TREES = {"plugins/triage": LONG_MODULES, TOOLS: LONG_TOOLS}
 

@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_API_URL = "http://localhost:8080"
+DAGS_TEST_USER = "dag_test"
+"""The triggering user Airflow 3.3 gives a run of ``airflow dags test`` (``Dag.test``)."""
+
+
+def under_dags_test(context: Context) -> bool:
+    """Whether this run is ``airflow dags test``'s (``make run``, the DAG tests): no scheduler or
+    API server started with it, so there is none to wait for."""
+    return getattr(context.get("dag_run"), "triggering_user_name", None) == DAGS_TEST_USER
 
 
 def emit_metrics(summary: dict[str, Any]) -> None:
@@ -66,6 +74,9 @@ class ReconcileJobsOperator(TriageOperator):
     :param llm_conn_id: the model connection: its settings are part of the ``llm`` classifier's
         version, and queued jobs of a version no classifier has are reported.
     :param alerts_conn_id: where the orphans alert goes (see :mod:`triage.operators.alerts`).
+    :param api_wait_seconds: how long the cross-check waits for an API server that refuses
+        connections (still starting: the first run after ``make up``), with backoff, before it
+        is skipped; not under ``airflow dags test``, which starts no API server.
     """
 
     template_fields = ("reports_dir", "event_log")
@@ -79,15 +90,17 @@ class ReconcileJobsOperator(TriageOperator):
         api_conn_id: str = "airflow_api",
         llm_conn_id: str = "triage_llm",
         alerts_conn_id: str = ALERTS_CONN_ID,
+        api_wait_seconds: float = 60.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.alerts_conn_id = alerts_conn_id
+        self.alerts_conn_id, self.api_wait_seconds = alerts_conn_id, api_wait_seconds
         self.reports_dir, self.event_log = reports_dir, event_log
         self.webhook_conn_id, self.api_conn_id, self.llm_conn_id = webhook_conn_id, api_conn_id, llm_conn_id
 
-    def get_airflow_api(self) -> AirflowApi:
-        """The seam tests override: a client of Airflow's public REST API."""
+    def get_airflow_api(self, wait_s: float = 0.0) -> AirflowApi:
+        """The seam tests override: a client of Airflow's public REST API that waits up to
+        ``wait_s`` for an API server still starting."""
         from triage.reconciliation.airflow_view import AirflowApi
 
         base_url = str(conf.get("api", "base_url", fallback="") or DEFAULT_API_URL)
@@ -100,7 +113,7 @@ class ReconcileJobsOperator(TriageOperator):
             if connection.host:
                 base_url = http_url(connection, default_port=8080)
             username, password = connection.login or None, connection.password
-        return AirflowApi(base_url, username=username, password=password)
+        return AirflowApi(base_url, username=username, password=password, wait_s=wait_s)
 
     def get_dag_runs(self, context: Context) -> DagRuns:
         """The seam tests override: Airflow's DAG runs as this task instance sees them (the
@@ -120,7 +133,7 @@ class ReconcileJobsOperator(TriageOperator):
         except InvalidReconcileParams as exc:
             raise AirflowFailException(str(exc)) from None
         sink = event_sink(self.webhook_conn_id, self.event_log)
-        api = self.get_airflow_api()
+        api = self.get_airflow_api(0.0 if under_dags_test(context) else self.api_wait_seconds)
         reports = settings.reports_dir(self.reports_dir or variable("triage_reports_dir"))
         try:
             outcome = reconcile(

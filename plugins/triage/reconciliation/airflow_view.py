@@ -12,11 +12,16 @@ read and not act (``triage_tools.deploy.reconcile_user``), in the ``airflow_api`
 
 When the API cannot be reached or refuses, :func:`airflow_view` degrades to ``skipped`` with the
 reason: Airflow's view is a cross-check, and a reconciliation without it is still worth its
-other rules.
+other rules. One case is waited out instead: an API server that refuses connections before the
+client has ever reached it (``wait_s``). Right after ``make up`` the scheduler can run
+``reconcile_jobs`` before the API server listens; a few seconds later it does, and the first
+report should show Airflow's view checked, not skipped.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,10 +36,13 @@ from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.rules import unfinished_by_batch
 
+log = logging.getLogger(__name__)
+
 DAG_ID = "classify_documents"
 WATCHED_STATES = ("failed", "up_for_retry")
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
 PAGE = 100
+FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0  # waiting for an API server to listen: 0.5, 1, 2, 4, 8, 8, … s
 REASON = "airflow_task_failed"  # the failure callback's reason: the repair does what it would have
 
 
@@ -58,6 +66,16 @@ class TaskInstanceView:
     try_number: int
 
 
+def _refused(exc: BaseException) -> bool:
+    """Whether the connection was refused (httpx wraps httpcore's error, which wraps the OS's)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def batch_key_of(start: str | None, end: str | None) -> str | None:
     """The batch key ``classify_documents`` gives a run (``operators.base.batch_key``): the data
     interval as ``start/end`` in ISO 8601 with ``+00:00``, from the API's ``…Z`` timestamps."""
@@ -72,6 +90,11 @@ class AirflowApi:
     :param base_url: the API server, e.g. ``http://localhost:8080`` (``[api] base_url``).
     :param username: with ``password``, the credentials ``POST /auth/token`` takes; when both
         are None the client asks ``GET /auth/token`` (simple auth manager, all admins).
+    :param wait_s: how long the client waits, counted from its first request, for an API server
+        that refuses connections (nothing listens yet: it is starting), retrying with backoff.
+        Only until the first connection succeeds, and only on a refused connection: a timeout,
+        a name that does not resolve or an error answer is not a server that is starting.
+        0 (the default): no wait.
     """
 
     def __init__(
@@ -81,21 +104,39 @@ class AirflowApi:
         username: str | None = None,
         password: str | None = None,
         timeout_s: float = 10.0,
+        wait_s: float = 0.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.username, self.password = username, password
+        self.wait_s = wait_s
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
         self._token: str | None = None
+        self._reached = False  # a connection has succeeded: no more waiting
+        self._wait_until: float | None = None  # monotonic deadline of the wait, from the first request
 
     def close(self) -> None:
         self._client.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            return self._client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise AirflowApiUnavailable(f"{method} {self.base_url}{path}: {type(exc).__name__}") from None
+        if self._wait_until is None:
+            self._wait_until = time.monotonic() + self.wait_s
+        backoff = FIRST_BACKOFF_S
+        while True:
+            try:
+                response = self._client.request(method, path, **kwargs)
+            except httpx.ConnectError as exc:
+                left = self._wait_until - time.monotonic()
+                if self._reached or left <= 0 or not _refused(exc):
+                    raise AirflowApiUnavailable(f"{method} {self.base_url}{path}: {type(exc).__name__}") from None
+                log.info("Airflow's API server at %s refuses connections (starting?); retrying", self.base_url)
+                time.sleep(min(backoff, left))
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            except httpx.HTTPError as exc:
+                raise AirflowApiUnavailable(f"{method} {self.base_url}{path}: {type(exc).__name__}") from None
+            self._reached = True
+            return response
 
     def token(self) -> str | None:
         """A bearer token, or None when the token endpoint is absent (an API without auth)."""
