@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,3 +196,35 @@ def test_the_reconcile_password_is_printed_and_logged_nowhere(up: Up) -> None:
     logs = [p for folder in (home / "logs", home / "airflow" / "logs") for p in folder.rglob("*") if p.is_file()]
     assert any("reconcile_jobs" in str(p) for p in logs)
     assert [p for p in logs if password in p.read_text(errors="replace")] == []
+
+
+def test_the_triage_pages_are_served_by_make_ups_api_server(up: Up) -> None:
+    """Issue #14 under ``make up`` as shipped: the plugin is loaded (its two UI entries listed by
+    Airflow), its pages and API answer through Airflow's auth, and the first reconcile run's
+    report is the one ``/triage/reports/latest`` renders from the database."""
+    run = first_reconcile_run(up)
+    with psycopg.connect(up.jobs_url.libpq()) as conn:
+        row = conn.execute(
+            "SELECT id FROM triage.reconciliation_runs WHERE dag_run_id = %s", (run["dag_run_id"],)
+        ).fetchone()
+    assert row is not None, "the reconcile run stored no report under its Airflow run id"
+    summary_id = row[0]
+    assert httpx.get(f"{up.base_url}/triage/api/reviews", timeout=30).status_code == 401
+    with admin(up) as api:
+        plugins = api.get("/api/v2/plugins").json()["plugins"]
+        views = {v["name"] for p in plugins if p["name"] == "triage" for v in p["external_views"]}
+        assert views == {"Triage", "Triage report"}, plugins
+        reviews = api.get("/triage/api/reviews")
+        assert reviews.status_code == 200, reviews.text
+        latest = api.get("/triage/api/reports/latest")
+        assert latest.status_code == 200, latest.text
+        assert latest.json()["id"] >= summary_id  # the first run's, or a later scheduled one's
+        queue = api.get("/triage/review")
+        assert queue.status_code == 200, queue.text[:2000]
+        assert "text/html" in queue.headers["content-type"]
+        tab = api.get(f"/triage/reports/airflow/reconcile_jobs/{run['dag_run_id']}")
+        assert tab.status_code == 200, tab.text[:2000]
+        assert "airflow_view" in tab.text
+    with api_client(up.base_url, reconcile_user.USERNAME, reconcile_password(up)) as viewer:
+        refused = viewer.post(f"/triage/api/reviews/{uuid.uuid4()}", json={"action": "requeue", "note": "x"})
+        assert refused.status_code == 403, refused.text
