@@ -202,8 +202,11 @@ def _classification_row(outcome: Any) -> dict[str, Any]:
         completion_tokens=record.completion_tokens,
         cost_usd=record.cost_usd,
     )
-    named = [n for n in (record.usage_discarded or "").split(",") if n]
-    named += [n for n in discarded if n not in named]
+    usage_discarded = None
+    if discarded or record.usage_discarded:  # rare: what the classifier and this bound discarded
+        named = [n for n in (record.usage_discarded or "").split(",") if n]
+        named += [n for n in discarded if n not in named]
+        usage_discarded = ",".join(named) or None
     return {
         "job_id": outcome.job_id,
         "attempt": outcome.attempt,
@@ -213,7 +216,7 @@ def _classification_row(outcome: Any) -> dict[str, Any]:
         "rejected_reason": record.rejected_reason,
         "classifier_version": record.classifier_version,
         **usage,
-        "usage_discarded": ",".join(named) or None,
+        "usage_discarded": usage_discarded,
     }
 
 

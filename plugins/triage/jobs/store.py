@@ -137,8 +137,11 @@ class JobStore(ReviewDecisions):
         Given the :class:`Claim`, a retry's backoff grows with the attempt within the job's
         current budget; given only its token, with the job's attempt (never a shorter wait).
         """
+        # Only the jobs with a requeued budget (a base above 0, the default): a fresh claim has none.
         token, bases = (
-            (claim.token, {j.id: j.attempt_base for j in claim.jobs}) if isinstance(claim, Claim) else (claim, None)
+            (claim.token, {j.id: j.attempt_base for j in claim.jobs if j.attempt_base})
+            if isinstance(claim, Claim)
+            else (claim, None)
         )
         with self.transaction(actor) as conn:  # None: the trigger names the lease owner
             return record_txn(conn, token, outcomes, self.retry_policy, self._rng, bases)

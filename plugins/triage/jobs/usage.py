@@ -21,6 +21,8 @@ MAX_COST_USD: Final = 999_999.999_999
 
 def non_negative(value: object) -> float | None:
     """A finite, non-negative real number, or None (booleans and strings are not numbers)."""
+    if type(value) is float:  # the usual figure (a latency), checked once per classification
+        return value if 0.0 <= value < math.inf else None  # NaN fails both comparisons
     if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
         return None
     try:
@@ -56,9 +58,12 @@ def bounded(**figures: object) -> tuple[dict[str, float | int | None], tuple[str
     """Each figure (named as in :data:`BOUNDS`) within its bounds or None, and the names of
     those that were given but out of bounds."""
     kept: dict[str, float | int | None] = {}
-    discarded: list[str] = []
+    discarded: tuple[str, ...] = ()
     for name, value in figures.items():
-        kept[name] = BOUNDS[name](value) if value is not None else None
-        if value is not None and kept[name] is None:
-            discarded.append(name)
-    return kept, tuple(discarded)
+        if value is None:  # not reported: nothing to bound (most figures of most calls)
+            kept[name] = None
+            continue
+        kept[name] = figure = BOUNDS[name](value)
+        if figure is None:
+            discarded += (name,)
+    return kept, discarded

@@ -63,7 +63,8 @@ class Drain:
 
 
 class _State(enum.Enum):
-    UNSTARTED = "unstarted"
+    """What became of a job of the claim; a job not yet entered is unstarted."""
+
     STARTED = "started"
     FINISHED = "finished"
     GIVEN_BACK = "given_back"
@@ -79,7 +80,9 @@ class Ownership:
     def __init__(self, store: JobStore, claim: Claim, lease_seconds: float, drain: Drain, valid_until: float) -> None:
         self.store, self.claim, self.lease_seconds, self.drain = store, claim, lease_seconds, drain
         self._lock = threading.Lock()
-        self._states = {job.id: _State.UNSTARTED for job in claim.jobs}
+        # Only the jobs acted on are entered (absent: unstarted), so that a claim costs no
+        # per-job work before its first job starts.
+        self._states: dict[uuid.UUID, _State] = {}
         self._outcomes: dict[uuid.UUID, Outcome] = {}
         self._valid_until = valid_until
         self.lost_by: BaseException | None = None
@@ -106,23 +109,31 @@ class Ownership:
         :param confirm: extend the job's lease in the ledger first (a fenced write): for an
             external effect, where the heartbeat's last word is not enough.
         """
+        job_id = job.id
         with self._lock:
-            if self.drain.requested or self.draining or self.closed or self.lost:
-                return Release(job.id, job.attempt)
-            self._states[job.id] = _State.STARTED
+            # The properties `drain.requested` and `lost`, inline: this runs once per job.
+            if (
+                self.draining
+                or self.closed
+                or self.drain.requested_at is not None
+                or self.lost_by is not None
+                or time.monotonic() >= self._valid_until
+            ):
+                return Release(job_id, job.attempt)
+            self._states[job_id] = _State.STARTED
         if confirm:
             try:
                 self.store.heartbeat(self.claim, self.lease_seconds, [job.id])
             except LeaseLost as exc:
                 self.lose(exc)
                 with self._lock:
-                    self._states[job.id] = _State.UNSTARTED
-                return Release(job.id, job.attempt)
+                    del self._states[job_id]
+                return Release(job_id, job.attempt)
         outcome = act()
         with self._lock:
-            if self._states[job.id] is _State.STARTED:
-                self._states[job.id] = _State.FINISHED
-                self._outcomes[job.id] = outcome
+            if self._states[job_id] is _State.STARTED:
+                self._states[job_id] = _State.FINISHED
+                self._outcomes[job_id] = outcome
         return outcome
 
     def begin_drain(self) -> list[ClaimedJob]:
@@ -132,7 +143,7 @@ class Ownership:
             if self.closed or self.draining:
                 return []
             self.draining = True
-            unstarted = [j for j in self.claim.jobs if self._states[j.id] is _State.UNSTARTED]
+            unstarted = [j for j in self.claim.jobs if j.id not in self._states]
             for job in unstarted:
                 self._states[job.id] = _State.GIVEN_BACK
         return unstarted
@@ -147,10 +158,10 @@ class Ownership:
         abandoned (their late outcomes are dropped)."""
         with self._lock:
             self.closed = True
-            finished = [self._outcomes[j.id] for j in self.claim.jobs if self._states[j.id] is _State.FINISHED]
-            abandoned = [j for j in self.claim.jobs if self._states[j.id] is _State.STARTED]
+            finished = [self._outcomes[j.id] for j in self.claim.jobs if self._states.get(j.id) is _State.FINISHED]
+            abandoned = [j for j in self.claim.jobs if self._states.get(j.id) is _State.STARTED]
             for job in self.claim.jobs:
-                if self._states[job.id] in (_State.FINISHED, _State.STARTED):
+                if self._states.get(job.id) in (_State.FINISHED, _State.STARTED):
                     self._states[job.id] = _State.GIVEN_BACK
         return finished, abandoned
 
