@@ -88,6 +88,7 @@ def record(outcome: str, label: str | None, confidence: float, rejected: str | N
         classifier_version=VERSION,
         rejected_reason=rejected,
         latency_ms=12.0,
+        content_sha256="ab" * 32,  # the job's content: an accepted answer is a cache entry
     )
 
 
