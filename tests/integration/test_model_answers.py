@@ -5,6 +5,7 @@ classifier version, never against a reviewer)."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -48,19 +49,20 @@ def llm(server: FakeOpenAIServer, **kw: Any) -> OpenAICompatibleClassifier:
 def register(
     store: JobStore, payloads: PayloadStore, version: str, docs: dict[str, str], *, batch: str = BATCH
 ) -> dict[str, uuid.UUID]:
-    """One job per ``external id -> body``; equal bodies are equal content."""
+    """One job per ``external id -> body``, each received at another minute: equal bodies are
+    equal classifier input, though their payloads (and ``content_sha256``) differ."""
     source_docs = [
         SourceDocument(
             "test",
             external_id,
             DocumentPayload(
-                external_id="same",  # the payload names no id of its own: equal bodies hash equal
+                external_id=external_id,
                 subject="Ticket",
                 body=body,
-                received_at=datetime(2026, 11, 1, 9, tzinfo=UTC),
+                received_at=datetime(2026, 11, 1, 9, minute, tzinfo=UTC),
             ).to_bytes(),
         )
-        for external_id, body in docs.items()
+        for minute, (external_id, body) in enumerate(docs.items())
     ]
     new = to_new_jobs(source_docs, payloads, version)
     store.register(new, batch_key=batch, step="classify", max_attempts=3)
@@ -155,9 +157,12 @@ def test_repeated_content_is_answered_once_and_each_job_completes_on_its_own(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
     classifier = llm(server)
+    texts = {"charged twice", "other"}
     ids = register(
         store, payloads, classifier.version, {"A": "charged twice", "B": "charged twice", "C": "other", "D": "other"}
     )
+    hashes = {r.content_sha256 for r in rows(store, "SELECT content_sha256 FROM triage.jobs")}
+    assert len(hashes) == 4  # four payloads (each its own id and time), two classifier inputs
     _, cache = classify(store, classifier, payloads)
     assert server.request_count == 2  # one call per distinct content
     assert cache is not None
@@ -171,7 +176,8 @@ def test_repeated_content_is_answered_once_and_each_job_completes_on_its_own(
         source = by_job[row.reused_job_id]
         assert source.reused_job_id is None  # an answer of the model itself
         assert (row.reused_attempt, row.label, row.confidence) == (source.attempt, source.label, source.confidence)
-        assert row.content_sha256 == source.content_sha256
+        assert row.input_sha256 == source.input_sha256
+        assert row.input_sha256 in {hashlib.sha256(f"Ticket\n\n{body}".encode()).hexdigest() for body in texts}
         assert (row.prompt_tokens, row.completion_tokens, float(row.cost_usd)) == (0, 0, 0.0)
         assert row.output_mode == "json_schema"
     # Each job went through the state machine with its own events.

@@ -90,7 +90,7 @@ class ClassificationRecord:
     cost_usd: float | None = None
     usage_discarded: str | None = None  # figures reported out of bounds, comma-separated (triage.jobs.usage)
     output_mode: str | None = None  # json_schema | json_object: how the answer's shape was asked for
-    content_sha256: str | None = None  # the job's content: an accepted answer of the model is a cache entry
+    input_sha256: str | None = None  # SHA-256 of the text the classifier read: the content cache's key
     reused_from: tuple[uuid.UUID, int] | None = None
     """The classification (job id, attempt) this answer was copied from by the content cache;
     None: the classifier's own answer."""

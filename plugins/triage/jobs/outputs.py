@@ -85,7 +85,7 @@ def record_classifications() -> Any:
         cost_usd=sa.Numeric(12, 6),
         usage_discarded=sa.Text,
         output_mode=sa.Text,
-        content_sha256=sa.Text,
+        input_sha256=sa.Text,
         reused_job_id=UUID,
         reused_attempt=sa.Integer,
     )

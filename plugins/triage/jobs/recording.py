@@ -218,7 +218,7 @@ def _classification_row(outcome: Any) -> dict[str, Any]:
         **usage,
         "usage_discarded": usage_discarded,
         "output_mode": record.output_mode,
-        "content_sha256": record.content_sha256,
+        "input_sha256": record.input_sha256,
         "reused_job_id": record.reused_from[0] if record.reused_from else None,
         "reused_attempt": record.reused_from[1] if record.reused_from else None,
     }

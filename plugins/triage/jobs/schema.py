@@ -159,9 +159,10 @@ classifications = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
     # How the answer's shape was asked for (migration 0013): json_schema | json_object; NULL: no model.
     sa.Column("output_mode", sa.Text),
-    # The content cache (0013): the job's content hash, and the classification (job, attempt) a
-    # reused answer was copied from (NULL: the model's own answer, which may be an entry).
-    sa.Column("content_sha256", sa.Text),
+    # The content cache (0013): the SHA-256 of the text the classifier read (subject and body: not
+    # the payload's hash, which covers its external id and time too), and the classification
+    # (job, attempt) a reused answer was copied from (NULL: the model's own answer, maybe an entry).
+    sa.Column("input_sha256", sa.Text),
     sa.Column("reused_job_id", pg.UUID(as_uuid=True)),
     sa.Column("reused_attempt", sa.Integer),
     sa.UniqueConstraint("job_id", "attempt"),
@@ -172,13 +173,13 @@ classifications = sa.Table(
     ),
     sa.CheckConstraint("(reused_job_id IS NULL) = (reused_attempt IS NULL)", name="reused_whole"),
     # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted
-    # answers of the model itself, by content and classifier version, oldest first.
+    # answers of the model itself, by input and classifier version, oldest first.
     sa.Index(
         "classifications_answers_idx",
-        "content_sha256",
+        "input_sha256",
         "classifier_version",
         "id",
-        postgresql_where=sa.text("outcome = 'accepted' AND reused_job_id IS NULL AND content_sha256 IS NOT NULL"),
+        postgresql_where=sa.text("outcome = 'accepted' AND reused_job_id IS NULL AND input_sha256 IS NOT NULL"),
     ),
 )
 

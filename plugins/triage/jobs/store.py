@@ -360,11 +360,12 @@ class JobStore(ReviewDecisions):
         return {r.job_id: LabelWrite(r.label, r.confidence, r.classifier_version) for r in rows}
 
     def reusable_answers(
-        self, job_ids: Sequence[uuid.UUID], *, classifier_version: str, threshold: float
+        self, inputs: Mapping[uuid.UUID, str], *, classifier_version: str, threshold: float
     ) -> tuple[frozenset[uuid.UUID], dict[uuid.UUID, Answer]]:
-        """The content cache (:mod:`.answers`): the jobs that may take a reused answer, and the
-        entry each of those has for its content now."""
-        params = {"ids": list(job_ids), "classifier_version": classifier_version, "threshold": threshold}
+        """The content cache (:mod:`.answers`) for jobs and the hash of their classifier input:
+        the jobs that may take a reused answer, and the entry each of those has now."""
+        given = rowset("given", ({"id": job_id, "input_sha256": key} for job_id, key in inputs.items()))
+        params = {**given, "classifier_version": classifier_version, "threshold": threshold}
         with self.engine.connect() as conn:
             rows = conn.execute(answers.reusable_answers(), params).all()
         eligible = frozenset(r.job_id for r in rows if r.eligible)

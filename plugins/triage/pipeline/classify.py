@@ -86,7 +86,7 @@ from triage.payloads import (
 )
 from triage.pipeline.breaker import CircuitBreaker
 from triage.pipeline.ownership import Ownership
-from triage.pipeline.reuse import ContentCache
+from triage.pipeline.reuse import ContentCache, input_key
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class ClassifySettings:
 
 
 def _record(
-    output: ModelOutput, outcome: str, version: str, job: ClaimedJob, reused_from: tuple[uuid.UUID, int] | None
+    output: ModelOutput, outcome: str, version: str, key: str, reused_from: tuple[uuid.UUID, int] | None
 ) -> ClassificationRecord:
     return ClassificationRecord(
         label=output.label,
@@ -132,7 +132,7 @@ def _record(
         cost_usd=output.cost_usd,
         usage_discarded=",".join(output.usage_discarded) or None,
         output_mode=output.output_mode,
-        content_sha256=job.content_sha256,
+        input_sha256=key,
         reused_from=reused_from,
     )
 
@@ -193,7 +193,7 @@ class ClassifyHandler:
             return ownership.attempt(job, lambda: self.one(job, content))
 
         # The content cache asks one job of each content first; the others then take its answer.
-        waves = self.cache.split(jobs) if self.cache is not None else (range(len(jobs)),)
+        waves = self.cache.split(jobs, contents) if self.cache is not None else (range(len(jobs)),)
         by_index: dict[int, Outcome] = {}
         for wave in waves:
             done = list(map(one, wave) if self._pool is None else self._pool.map(one, wave))
@@ -321,9 +321,10 @@ class ClassifyHandler:
                 self._last_transient = (document.error_class, document.error or document.error_class)
                 self.breaker.record(True)
             return document
+        key = input_key(document)
         if self.cache is not None and (answer := self.cache.answer(job)) is not None:
             reused = ModelOutput(answer.label, answer.confidence, None, 0.0, 0, 0, 0.0, output_mode=answer.output_mode)
-            return self._decided(job, reused, (answer.job_id, answer.attempt))
+            return self._decided(job, reused, key, (answer.job_id, answer.attempt))
         request = ClassifyRequest(
             job_id=str(job.id),
             external_id=job.external_id,
@@ -348,15 +349,15 @@ class ClassifyHandler:
             # PostgreSQL text cannot hold NUL: the label could never be stored, so the output
             # is unusable, like any other malformed model output (manual review, not a crash).
             output = dataclasses.replace(output, label=None, rejected_reason="label_not_storable")
-        return self._decided(job, output)
+        return self._decided(job, output, key)
 
     def _decided(
-        self, job: ClaimedJob, output: ModelOutput, reused_from: tuple[uuid.UUID, int] | None = None
+        self, job: ClaimedJob, output: ModelOutput, key: str, reused_from: tuple[uuid.UUID, int] | None = None
     ) -> Outcome:
         """The outcome of an answer, the classifier's own or one the content cache reused."""
         version = self.classifier.version
         outcome = decide_outcome(output, self.settings.confidence_threshold)
-        record = _record(output, outcome, version, job, reused_from)
+        record = _record(output, outcome, version, key, reused_from)
         if outcome == "accepted":
             if self.settings.separate_persist:
                 return Advance(job.id, job.attempt, Step.PERSIST, classification=record)
