@@ -10,7 +10,9 @@ Tests choose each reply::
 
 Requests take the queued replies first, then ``responder(body)``. ``latency_ms`` delays every
 reply (benchmarks); the server sustains many concurrent requests (a deep listen backlog, a
-thread per connection). It records every JSON body it received.
+thread per connection). It records every JSON body it received. ``refuse_json_schema`` plays a
+provider without structured outputs: a request asking for ``response_format: json_schema`` gets
+the 400 OpenAI answers for a model that lacks it, before any queued reply.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 from triage.classifiers.keyword import KeywordClassifier
 from triage.classifiers.taxonomy import Taxonomy
 
-__all__ = ["FakeOpenAIServer", "Reply", "fixed_label", "keyword_responder"]
+__all__ = ["SCHEMA_REFUSED", "FakeOpenAIServer", "Reply", "fixed_label", "keyword_responder"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Reply:
     completion_tokens: int = 12
     usage: Any = None  # replaces the whole usage object as given (anything JSON, NaN included)
     retry_after: str | None = None  # sent as the Retry-After header (seconds or an HTTP date)
+    refusal: str | None = None  # structured outputs: the model declined (content null)
 
     @classmethod
     def ok(cls, label: str, confidence: float = 0.9, **kwargs: Any) -> Reply:
@@ -69,6 +72,10 @@ class Reply:
     def raw_body(cls, body: bytes, status: int = 200) -> Reply:
         return cls(status=status, body=body)
 
+    @classmethod
+    def refused(cls, refusal: str = "I'm sorry, I cannot help with that.") -> Reply:
+        return cls(refusal=refusal)
+
     def render(self, model: str) -> bytes:
         """The response body: an OpenAI error object for errors, a chat completion for 200."""
         if self.body is not None:
@@ -89,7 +96,9 @@ class Reply:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": content},
+                        "message": {"role": "assistant", "content": None, "refusal": self.refusal}
+                        if self.refusal is not None
+                        else {"role": "assistant", "content": content},
                         "finish_reason": "stop",
                     }
                 ],
@@ -105,6 +114,21 @@ class Reply:
 
 
 Responder = Callable[[dict[str, Any]], Reply]
+
+SCHEMA_REFUSED = Reply.raw_body(
+    json.dumps(
+        {
+            "error": {
+                "message": "Invalid parameter: 'response_format' of type 'json_schema' is not supported with this model.",
+                "type": "invalid_request_error",
+                "param": "response_format",
+                "code": None,
+            }
+        }
+    ).encode(),
+    400,
+)
+"""What OpenAI answers a ``json_schema`` request for a model without structured outputs."""
 
 
 def fixed_label(label: str, confidence: float = 0.9) -> Responder:
@@ -198,9 +222,12 @@ class _Server(ThreadingHTTPServer):
 class FakeOpenAIServer:
     """Context manager running the fake server; ``base_url`` ends in ``/v1``."""
 
-    def __init__(self, responder: Responder | None = None, latency_ms: float = 0.0) -> None:
+    def __init__(
+        self, responder: Responder | None = None, latency_ms: float = 0.0, *, refuse_json_schema: bool = False
+    ) -> None:
         self.responder: Responder = responder or fixed_label("general_inquiry")
         self.latency_ms = latency_ms
+        self.refuse_json_schema = refuse_json_schema
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.paths: list[str] = []
@@ -231,6 +258,10 @@ class FakeOpenAIServer:
             self.requests.append(body)
             self.headers.append(headers)
             self.paths.append(path)
+            response_format = body.get("response_format")
+            mode = response_format.get("type") if isinstance(response_format, dict) else None
+            if self.refuse_json_schema and mode == "json_schema":
+                return SCHEMA_REFUSED
             if self._queue:
                 return self._queue.popleft()
         return self.responder(body)

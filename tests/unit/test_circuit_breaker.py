@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from triage.pipeline.classify import CircuitBreaker
+from triage.pipeline.breaker import CircuitBreaker
 
 
 def feed(breaker: CircuitBreaker, calls: str) -> list[bool]:

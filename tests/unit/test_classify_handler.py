@@ -10,6 +10,7 @@ the ledger applies each outcome (``RetryLater`` to ``retryable_failed`` with bac
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
@@ -88,6 +89,7 @@ def record(outcome: str, label: str | None, confidence: float, rejected: str | N
         classifier_version=VERSION,
         rejected_reason=rejected,
         latency_ms=12.0,
+        input_sha256=hashlib.sha256(b"Refund\n\nthe secret body").hexdigest(),  # the content cache's key
     )
 
 

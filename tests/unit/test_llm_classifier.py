@@ -76,7 +76,7 @@ def test_request_body_and_headers(server: FakeOpenAIServer) -> None:
     assert server.paths[0] == "/v1/chat/completions"
     assert body["model"] == "fake-model"
     assert body["temperature"] == 0.2
-    assert body["response_format"] == {"type": "json_object"}
+    assert body["response_format"]["type"] == "json_schema"  # the default mode
     system, user = body["messages"]
     assert system["role"] == "system"
     assert all(f"- {name}:" in system["content"] for name in NAMES)
@@ -86,6 +86,111 @@ def test_request_body_and_headers(server: FakeOpenAIServer) -> None:
     assert headers["idempotency-key"] == "idem-1"
     assert headers["x-correlation-id"] == "corr-1"
     assert "authorization" not in {k.lower() for k in server.headers[1]}
+
+
+def test_json_schema_mode_asks_for_the_taxonomy_as_a_strict_enum(server: FakeOpenAIServer) -> None:
+    result = make_classifier(server).classify(request())
+
+    response_format = server.requests[0]["response_format"]
+    assert response_format["type"] == "json_schema"
+    assert response_format["json_schema"]["strict"] is True
+    schema = response_format["json_schema"]["schema"]
+    assert schema["properties"]["label"]["enum"] == [label.name for label in TAXONOMY.labels]
+    assert schema["required"] == ["label", "confidence"]
+    assert schema["additionalProperties"] is False
+    assert (result.label, result.output_mode) == ("billing", "json_schema")
+
+
+def test_json_object_mode_asks_for_any_object_and_still_validates(server: FakeOpenAIServer) -> None:
+    classifier = make_classifier(server, response_format="json_object")
+    server.enqueue(Reply.ok("billing"), Reply.ok("astrology"))
+
+    first, second = classifier.classify(request()), classifier.classify(request())
+
+    assert [r["response_format"] for r in server.requests] == [{"type": "json_object"}] * 2
+    assert (first.label, first.output_mode) == ("billing", "json_object")
+    assert (second.label, second.rejected_reason, second.output_mode) == (
+        None,
+        "label_outside_taxonomy",
+        "json_object",
+    )
+
+
+def test_the_validation_stays_after_a_schema_a_provider_ignored(server: FakeOpenAIServer) -> None:
+    # A provider that accepts json_schema without enforcing it: the taxonomy is checked anyway.
+    server.enqueue(Reply.ok("astrology"))
+
+    result = make_classifier(server).classify(request())
+
+    assert (result.label, result.rejected_reason, result.output_mode) == (
+        None,
+        "label_outside_taxonomy",
+        "json_schema",
+    )
+
+
+def test_a_refused_schema_is_a_configuration_error_naming_the_setting() -> None:
+    with FakeOpenAIServer(refuse_json_schema=True) as refusing:
+        classifier = make_classifier(refusing)
+        with pytest.raises(PermanentClassifierError) as caught:
+            classifier.classify(request())
+        # Every call is refused the same way: the mode never changes by itself.
+        with pytest.raises(PermanentClassifierError):
+            classifier.classify(request())
+        assert refusing.request_count == 2
+
+    assert caught.value.error_class == "structured_output_unsupported"
+    assert "response_format to json_object (or auto)" in str(caught.value)
+    assert SECRET_TEXT not in str(caught.value)
+
+
+def test_auto_falls_back_to_json_object_once_and_stays_there() -> None:
+    with FakeOpenAIServer(responder=fixed_label("billing", 0.8), refuse_json_schema=True) as refusing:
+        classifier = make_classifier(refusing, response_format="auto")
+        first, second = classifier.classify(request()), classifier.classify(request())
+        modes = [r["response_format"]["type"] for r in refusing.requests]
+
+    # One refused call, its retry in json_object, then json_object straight away.
+    assert modes == ["json_schema", "json_object", "json_object"]
+    assert (first.label, first.output_mode) == ("billing", "json_object")
+    assert (second.label, second.output_mode) == ("billing", "json_object")
+
+
+def test_auto_keeps_json_schema_where_the_provider_takes_it(server: FakeOpenAIServer) -> None:
+    classifier = make_classifier(server, response_format="auto")
+
+    assert [classifier.classify(request()).output_mode for _ in range(2)] == ["json_schema"] * 2
+
+
+def test_a_400_about_something_else_is_not_a_schema_refusal(server: FakeOpenAIServer) -> None:
+    too_long = {"error": {"type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
+    server.enqueue(Reply.raw_body(json.dumps(too_long).encode(), 400))
+
+    with pytest.raises(PermanentClassifierError) as caught:
+        make_classifier(server, response_format="auto").classify(request())
+
+    assert caught.value.error_class == "bad_request"
+    assert server.request_count == 1  # no second call in json_object
+
+
+def test_a_model_refusal_is_rejected_output_without_its_words(server: FakeOpenAIServer) -> None:
+    server.enqueue(Reply.refused(f"I will not classify {SECRET_TEXT}"))
+
+    result = make_classifier(server).classify(request())
+
+    assert (result.label, result.rejected_reason) == (None, "model_refused")
+    assert SECRET_TEXT not in repr(result)
+
+
+def test_an_unknown_response_format_is_refused_at_construction(server: FakeOpenAIServer) -> None:
+    with pytest.raises(ValueError, match="response_format must be one of"):
+        make_classifier(server, response_format="xml")
+
+
+def test_the_output_mode_is_not_part_of_the_version(server: FakeOpenAIServer) -> None:
+    versions = {make_classifier(server, response_format=mode).version for mode in ("json_schema", "json_object")}
+
+    assert len(versions) == 1
 
 
 def test_version_names_model_prompt_temperature_and_taxonomy(server: FakeOpenAIServer) -> None:

@@ -65,6 +65,8 @@ class ModelOutput:
     cost_usd: float | None = None
     usage_discarded: tuple[str, ...] = ()
     """Usage figures the model reported out of bounds (:mod:`triage.jobs.usage`), left out above."""
+    output_mode: str | None = None
+    """How the answer's shape was asked for (``json_schema``, ``json_object``); None: no model."""
 
     def __post_init__(self) -> None:
         # A NaN or out-of-range confidence would compare false against every threshold and

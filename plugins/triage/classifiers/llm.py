@@ -9,9 +9,19 @@ module, because the job ledger treats them differently:
   ``Retry-After`` on a 429 or 5xx (seconds or an HTTP date) travels on the error as
   ``retry_after``; the classify step bounds it and waits that long (the job's retry, or the
   whole batch's parking on an outage).
-* the model answered badly — content that is not JSON, not ``{"label", "confidence"}``, or a
-  label outside the taxonomy — is a :class:`~triage.classifiers.base.ModelOutput` with
-  ``rejected_reason`` set, never an exception: asking again is not the remedy.
+* the model answered badly — content that is not JSON, not ``{"label", "confidence"}``, a
+  label outside the taxonomy, or a refusal — is a :class:`~triage.classifiers.base.ModelOutput`
+  with ``rejected_reason`` set, never an exception: asking again is not the remedy.
+
+The answer's shape is asked for in one of two output modes (:data:`OUTPUT_MODES`, the
+connection's extra ``response_format``): ``json_schema`` sends a strict JSON schema whose
+``label`` is an enum of the taxonomy, so a provider that honours it cannot answer a label outside
+it; ``json_object`` asks only for some JSON object. Either way the answer is validated the same
+way afterwards. A provider that refuses ``json_schema`` (a 400 naming ``response_format``) is a
+configuration problem, not the document's: ``structured_output_unsupported`` (the step releases
+the job and fails the task without retrying), or with ``auto`` the classifier asks the same call
+again in ``json_object`` and keeps that mode for the rest of its life. The mode of each answer is
+recorded with its classification (``ModelOutput.output_mode``).
 
 Neither prompts, document text nor the API key are ever logged or put in an error message.
 """
@@ -19,11 +29,9 @@ Neither prompts, document text nor the API key are ever logged or put in an erro
 from __future__ import annotations
 
 import dataclasses
-import email.utils
 import logging
 import re
 import time
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import httpx
@@ -35,22 +43,29 @@ from triage.classifiers.base import (
     PermanentClassifierError,
     TransientClassifierError,
 )
+from triage.classifiers.provider_errors import error_detail, refuses_schema, retry_after
 from triage.classifiers.taxonomy import Taxonomy
 from triage.jobs.usage import bounded, non_negative
 
 __all__ = [
+    "OUTPUT_MODES",
     "LlmVerdict",
     "OpenAICompatibleClassifier",
     "parse_chat_response",
     "parse_model_content",
+    "retry_after",
     "system_prompt",
+    "verdict_schema",
 ]
 
 log = logging.getLogger(__name__)
 
 _PERMANENT_STATUS: Final = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
 _FENCE: Final = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
-_SAFE_CODE: Final = re.compile(r"^[\w.\-]{1,64}$")
+
+OUTPUT_MODES: Final = ("json_schema", "json_object", "auto")
+"""The values of the connection's extra ``response_format``: a strict JSON schema, a plain JSON
+object, or the schema with a fallback to a plain object when the provider refuses it."""
 
 
 class LlmVerdict(BaseModel):
@@ -65,6 +80,7 @@ class LlmVerdict(BaseModel):
 class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     content: str | None = None
+    refusal: Any = None  # structured outputs: the model declined (its words are never kept)
 
 
 class _Choice(BaseModel):
@@ -118,6 +134,29 @@ def system_prompt(taxonomy: Taxonomy) -> str:
         '"confidence": <number from 0 to 1>}. Use only the label names listed above. '
         "If no label fits well, choose the closest one and give a low confidence."
     )
+
+
+def verdict_schema(taxonomy: Taxonomy) -> dict[str, Any]:
+    """The ``response_format`` of the ``json_schema`` mode: ``label`` an enum of the taxonomy's
+    names (in its order), ``confidence`` a number; strict, so nothing else may be added. The
+    confidence's bounds are checked afterwards (strict mode does not take ``minimum``/``maximum``
+    everywhere)."""
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "triage_verdict",
+            "strict": True,
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "label": {"type": "string", "enum": [label.name for label in taxonomy.labels]},
+                    "confidence": {"type": "number", "description": "from 0 to 1"},
+                },
+                "required": ["label", "confidence"],
+                "additionalProperties": False,
+            },
+        },
+    }
 
 
 def parse_model_content(
@@ -185,39 +224,12 @@ def parse_chat_response(
     except (ValidationError, ValueError, RecursionError):
         return ModelOutput(None, 0.0, "invalid_response", latency_ms)
     usage, discarded = _usage(completion.usage, price_per_1k_prompt, price_per_1k_completion)
-    output = parse_model_content(completion.choices[0].message.content, names, latency_ms=latency_ms, **usage)
+    message = completion.choices[0].message
+    if message.refusal and not message.content:
+        output = ModelOutput(None, 0.0, "model_refused", latency_ms, **usage)
+    else:
+        output = parse_model_content(message.content, names, latency_ms=latency_ms, **usage)
     return dataclasses.replace(output, usage_discarded=discarded) if discarded else output
-
-
-def _error_detail(response: httpx.Response) -> str:
-    """The provider's error type/code if it is a short token; never free text, which could
-    echo the request."""
-    try:
-        error = response.json().get("error")
-    except (ValueError, AttributeError):
-        return ""
-    if not isinstance(error, dict):
-        return ""
-    codes = [str(error.get(key)) for key in ("type", "code") if error.get(key) is not None]
-    safe = [code for code in codes if _SAFE_CODE.match(code)]
-    return f" ({', '.join(safe)})" if safe else ""
-
-
-def retry_after(response: httpx.Response) -> float | None:
-    """The response's ``Retry-After`` in seconds (delta-seconds or an HTTP date); None when absent
-    or unreadable. Not bounded here: the caller decides how long it is willing to wait."""
-    value = response.headers.get("Retry-After", "").strip()
-    if not value:
-        return None
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
 class OpenAICompatibleClassifier:
@@ -228,6 +240,9 @@ class OpenAICompatibleClassifier:
     :param timeout_s: total timeout of one call (connect, write, read, pool wait).
     :param max_connections: pool size; at least the caller's concurrency, or calls queue for a
         connection and may time out waiting.
+    :param response_format: the output mode, one of :data:`OUTPUT_MODES` (see the module
+        docstring). Not part of :attr:`version`: the prompt, model and labels are the same in
+        every mode and the answer is validated the same way; each answer records its mode.
     """
 
     def __init__(
@@ -242,9 +257,15 @@ class OpenAICompatibleClassifier:
         max_connections: int = 64,
         price_per_1k_prompt: float | None = None,
         price_per_1k_completion: float | None = None,
+        response_format: str = "json_schema",
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        if response_format not in OUTPUT_MODES:
+            raise ValueError(f"response_format must be one of {', '.join(OUTPUT_MODES)}, not {response_format!r}")
+        self.fallback = response_format == "auto"
+        self.output_mode = "json_schema" if self.fallback else response_format
+        """The mode of the next call; ``auto`` turns it to ``json_object`` at the first refusal."""
         self.model = model
         self.taxonomy = taxonomy
         self.temperature = temperature
@@ -254,6 +275,7 @@ class OpenAICompatibleClassifier:
         self.version = f"llm:{model}:{prompt_version}:t{temperature}+tax-{taxonomy.content_hash[:8]}"
         self._names = taxonomy.names
         self._system_prompt = system_prompt(taxonomy)
+        self._formats = {"json_schema": verdict_schema(taxonomy), "json_object": {"type": "json_object"}}
         self._url = f"{base_url.rstrip('/')}/chat/completions"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
@@ -262,12 +284,12 @@ class OpenAICompatibleClassifier:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
-    def request_body(self, text: str) -> dict[str, Any]:
-        """The JSON body of one chat-completion call."""
+    def request_body(self, text: str, output_mode: str | None = None) -> dict[str, Any]:
+        """The JSON body of one chat-completion call (in :attr:`output_mode` unless given)."""
         return {
             "model": self.model,
             "temperature": self.temperature,
-            "response_format": {"type": "json_object"},
+            "response_format": self._formats[output_mode or self.output_mode],
             "messages": [
                 {"role": "system", "content": self._system_prompt},
                 {"role": "user", "content": text},
@@ -281,16 +303,36 @@ class OpenAICompatibleClassifier:
             "Idempotency-Key": request.idempotency_key,
             "X-Correlation-ID": request.correlation_id,
         }
+        mode = self.output_mode
         started = time.perf_counter()
+        response = self._post(request, mode, headers)
+        if mode == "json_schema" and response.status_code in (400, 422) and refuses_schema(response):
+            if not self.fallback:
+                raise PermanentClassifierError(
+                    "structured_output_unsupported",
+                    f"HTTP {response.status_code}: the provider refuses response_format json_schema; set the "
+                    "connection's extra response_format to json_object (or auto)",
+                )
+            if self.output_mode == "json_schema":  # one warning per classifier, not per call
+                log.warning("the provider refuses response_format json_schema: json_object from now on (auto)")
+            self.output_mode = mode = "json_object"
+            response = self._post(request, mode, headers)
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        output = self._read(request, response, latency_ms)
+        return dataclasses.replace(output, output_mode=mode)
+
+    def _post(self, request: ClassifyRequest, mode: str, headers: dict[str, str]) -> httpx.Response:
         try:
-            response = self._client.post(self._url, json=self.request_body(request.text), headers=headers)
+            return self._client.post(self._url, json=self.request_body(request.text, mode), headers=headers)
         except httpx.TimeoutException as exc:
             raise TransientClassifierError("timeout", f"model call timed out ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
             raise TransientClassifierError("connection_error", f"model call failed ({type(exc).__name__})") from None
         except httpx.HTTPError as exc:  # a body that does not decode, too many redirects, …
             raise TransientClassifierError("protocol_error", f"model call failed ({type(exc).__name__})") from None
-        latency_ms = (time.perf_counter() - started) * 1000.0
+
+    def _read(self, request: ClassifyRequest, response: httpx.Response, latency_ms: float) -> ModelOutput:
+        """The output of a response, or the classified error of a failed call."""
         status = response.status_code
         log.debug(
             "model call job=%s correlation_id=%s attempt=%s status=%s latency_ms=%.1f",
@@ -308,7 +350,7 @@ class OpenAICompatibleClassifier:
             raise TransientClassifierError("server_error", f"HTTP {status}", retry_after=retry_after(response))
         if 400 <= status < 500:
             error_class = _PERMANENT_STATUS.get(status, "client_error")
-            raise PermanentClassifierError(error_class, f"HTTP {status}{_error_detail(response)}")
+            raise PermanentClassifierError(error_class, f"HTTP {status}{error_detail(response)}")
         if 300 <= status < 400:  # the base URL points somewhere else: a configuration problem
             raise PermanentClassifierError("redirected", f"HTTP {status}: check the base URL")
         if status != 200:

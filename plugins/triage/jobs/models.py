@@ -89,6 +89,11 @@ class ClassificationRecord:
     completion_tokens: int | None = None
     cost_usd: float | None = None
     usage_discarded: str | None = None  # figures reported out of bounds, comma-separated (triage.jobs.usage)
+    output_mode: str | None = None  # json_schema | json_object: how the answer's shape was asked for
+    input_sha256: str | None = None  # SHA-256 of the text the classifier read: the content cache's key
+    reused_from: tuple[uuid.UUID, int] | None = None
+    """The classification (job id, attempt) this answer was copied from by the content cache;
+    None: the classifier's own answer."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,10 @@ def record_classifications() -> Any:
         completion_tokens=sa.Integer,
         cost_usd=sa.Numeric(12, 6),
         usage_discarded=sa.Text,
+        output_mode=sa.Text,
+        input_sha256=sa.Text,
+        reused_job_id=UUID,
+        reused_attempt=sa.Integer,
     )
     names = [c.name for c in given.c]
     return (

@@ -217,6 +217,10 @@ def _classification_row(outcome: Any) -> dict[str, Any]:
         "classifier_version": record.classifier_version,
         **usage,
         "usage_discarded": usage_discarded,
+        "output_mode": record.output_mode,
+        "input_sha256": record.input_sha256,
+        "reused_job_id": record.reused_from[0] if record.reused_from else None,
+        "reused_attempt": record.reused_from[1] if record.reused_from else None,
     }
 
 

@@ -157,9 +157,30 @@ classifications = sa.Table(
     # The usage figures the model reported out of range (comma-separated names), stored as NULL.
     sa.Column("usage_discarded", sa.Text),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    # How the answer's shape was asked for (migration 0013): json_schema | json_object; NULL: no model.
+    sa.Column("output_mode", sa.Text),
+    # The content cache (0013): the SHA-256 of the text the classifier read (subject and body: not
+    # the payload's hash, which covers its external id and time too), and the classification
+    # (job, attempt) a reused answer was copied from (NULL: the model's own answer, maybe an entry).
+    sa.Column("input_sha256", sa.Text),
+    sa.Column("reused_job_id", pg.UUID(as_uuid=True)),
+    sa.Column("reused_attempt", sa.Integer),
     sa.UniqueConstraint("job_id", "attempt"),
     sa.CheckConstraint("outcome IN ('accepted', 'inconclusive', 'rejected')", name="outcome_known"),
     sa.CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
+    sa.CheckConstraint(
+        "output_mode IS NULL OR output_mode IN ('json_schema', 'json_object')", name="output_mode_known"
+    ),
+    sa.CheckConstraint("(reused_job_id IS NULL) = (reused_attempt IS NULL)", name="reused_whole"),
+    # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted
+    # answers of the model itself, by input and classifier version, oldest first.
+    sa.Index(
+        "classifications_answers_idx",
+        "input_sha256",
+        "classifier_version",
+        "id",
+        postgresql_where=sa.text("outcome = 'accepted' AND reused_job_id IS NULL AND input_sha256 IS NOT NULL"),
+    ),
 )
 
 document_labels = sa.Table(
@@ -212,6 +233,8 @@ manual_review = sa.Table(
     sa.Index(
         "manual_review_open_reason_idx", "reason", "created_at", "id", postgresql_where=sa.text("resolved_at IS NULL")
     ),
+    # Serves the content cache's refusal to answer for content a reviewer labelled (0013).
+    sa.Index("manual_review_labelled_idx", "job_id", postgresql_where=sa.text("resolution = 'labelled'")),
 )
 
 outbox = sa.Table(

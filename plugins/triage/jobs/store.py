@@ -26,8 +26,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from triage.contracts.events import WorkEvent
-from triage.jobs import outages, queries, recovery, repairs
+from triage.jobs import answers, outages, queries, recovery, repairs
 from triage.jobs import transitions as T
+from triage.jobs.answers import Answer
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.decisions import ReviewDecisions
 from triage.jobs.errors import JobNotFound
@@ -357,6 +358,23 @@ class JobStore(ReviewDecisions):
         with self.engine.connect() as conn:
             rows = conn.execute(queries.accepted_classifications(), {"ids": list(job_ids)}).all()
         return {r.job_id: LabelWrite(r.label, r.confidence, r.classifier_version) for r in rows}
+
+    def reusable_answers(
+        self, inputs: Mapping[uuid.UUID, str], *, classifier_version: str, threshold: float
+    ) -> tuple[frozenset[uuid.UUID], dict[uuid.UUID, Answer]]:
+        """The content cache (:mod:`.answers`) for jobs and the hash of their classifier input:
+        the jobs that may take a reused answer, and the entry each of those has now."""
+        given = rowset("given", ({"id": job_id, "input_sha256": key} for job_id, key in inputs.items()))
+        params = {**given, "classifier_version": classifier_version, "threshold": threshold}
+        with self.engine.connect() as conn:
+            rows = conn.execute(answers.reusable_answers(), params).all()
+        eligible = frozenset(r.job_id for r in rows if r.eligible)
+        found = {
+            r.job_id: Answer(r.from_job_id, r.from_attempt, r.label, r.confidence, r.output_mode)
+            for r in rows
+            if r.eligible and r.from_job_id is not None
+        }
+        return eligible, found
 
     def get_status(self, job_id: uuid.UUID) -> JobStatus:
         with self.engine.connect() as conn:

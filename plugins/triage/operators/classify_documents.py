@@ -58,10 +58,18 @@ def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
         ("prompt_version", "prompt_version"),
         ("price_per_1k_prompt", "price_per_1k_prompt"),
         ("price_per_1k_completion", "price_per_1k_completion"),
+        ("response_format", "response_format"),
     ):
         if key in extra:
             settings[target] = extra[key]
     return settings
+
+
+def content_cache_on(conn_id: str = "triage_llm") -> bool:
+    """Whether the connection's extra ``content_cache`` (default true) lets the classify step reuse
+    an accepted answer of the model for the same content and classifier version."""
+    value = (BaseHook.get_connection(conn_id).extra_dejson or {}).get("content_cache", True)
+    return value not in (False, "false", "False", "0", 0)
 
 
 def configured_classifier_versions(llm_conn_id: str = "triage_llm") -> frozenset[str]:
@@ -241,6 +249,7 @@ class ClassifyDocumentsOperator(TriageOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+        from triage.pipeline.reuse import ContentCache
         from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, RunSettings, StepError, run_step
 
         config = self.run_config(context)
@@ -254,10 +263,16 @@ class ClassifyDocumentsOperator(TriageOperator):
                 "concurrency %d capped at this task's %d slots of pool %s", config.concurrency, concurrency, self.pool
             )
         separate = self.separate_persist or label_action_connection(self.action_conn_id) is not None
+        # Repeated content is answered from the ledger instead of the model (a keyword call is
+        # cheaper than the lookup, so only the llm classifier uses the cache).
+        cache = None
+        if config.classifier == "llm" and content_cache_on(self.llm_conn_id):
+            cache = ContentCache(self.store, classifier.version, config.confidence_threshold)
         handler = ClassifyHandler(
             classifier,
             _payloads(self.payload_base),
             ClassifySettings(config.confidence_threshold, concurrency, separate),
+            cache=cache,
         )
         settings = RunSettings(
             owner=lease_owner(context),
@@ -296,6 +311,7 @@ class ClassifyDocumentsOperator(TriageOperator):
             "worker": self.worker,
             "claimed": report.claimed,
             "outcomes": dict(report.outcomes),
+            "reused_answers": cache.reused if cache is not None else 0,
             "seconds": round(report.seconds, 3),
         }
 

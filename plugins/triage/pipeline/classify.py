@@ -28,7 +28,8 @@ payload base absent or empty   the store is down, not the job: the batch is park
 (volume not mounted)           (``waiting``, ``outage:payload_store``, no attempt spent) and the
                                step stops with :class:`CircuitOpen`
 401, 403, 404, 3xx from the    the call is not the document's fault: the job is released
-model                          and the step stops with :class:`DependencyMisconfigured`
+model, or a refused            and the step stops with :class:`DependencyMisconfigured`
+``json_schema`` (not ``auto``)
 anything else the classifier   treated as transient (``unexpected_error``): bounded by
 raises                         ``max_attempts``, then manual review; never a stuck batch
 =============================  ==========================================================
@@ -46,10 +47,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -85,12 +84,14 @@ from triage.payloads import (
     PayloadStore,
     PayloadUnavailable,
 )
+from triage.pipeline.breaker import CircuitBreaker
 from triage.pipeline.ownership import Ownership
+from triage.pipeline.reuse import ContentCache, input_key
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
 
 log = logging.getLogger(__name__)
 
-MISCONFIGURED = frozenset({"unauthorized", "forbidden", "not_found", "redirected"})
+MISCONFIGURED = frozenset({"unauthorized", "forbidden", "not_found", "redirected", "structured_output_unsupported"})
 
 OUTAGE_SECONDS = 30.0
 """How long jobs stay parked on an outage when the model named no ``Retry-After``: about the
@@ -105,23 +106,6 @@ def bounded_retry_after(seconds: float | None) -> float | None:
     return None if seconds is None else min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
 
 
-class CircuitBreaker:
-    """Opens when at least ``threshold`` of the last ``window`` calls (and ``min_calls`` of
-    them) failed transiently. Thread-safe; once open it stays open for this run."""
-
-    def __init__(self, window: int = 50, threshold: float = 0.5, min_calls: int = 20) -> None:
-        self._calls: deque[bool] = deque(maxlen=window)
-        self._threshold, self._min_calls = threshold, min_calls
-        self._lock = threading.Lock()
-        self.is_open = False
-
-    def record(self, transient_failure: bool) -> None:
-        with self._lock:
-            self._calls.append(transient_failure)
-            if len(self._calls) >= self._min_calls and sum(self._calls) / len(self._calls) >= self._threshold:
-                self.is_open = True
-
-
 @dataclass(frozen=True, slots=True)
 class ClassifySettings:
     """:param separate_persist: accepted jobs advance to the ``persist`` step (which runs the
@@ -133,7 +117,9 @@ class ClassifySettings:
     separate_persist: bool = False
 
 
-def _record(output: ModelOutput, outcome: str, version: str) -> ClassificationRecord:
+def _record(
+    output: ModelOutput, outcome: str, version: str, key: str, reused_from: tuple[uuid.UUID, int] | None
+) -> ClassificationRecord:
     return ClassificationRecord(
         label=output.label,
         confidence=output.confidence,
@@ -145,6 +131,9 @@ def _record(output: ModelOutput, outcome: str, version: str) -> ClassificationRe
         completion_tokens=output.completion_tokens,
         cost_usd=output.cost_usd,
         usage_discarded=",".join(output.usage_discarded) or None,
+        output_mode=output.output_mode,
+        input_sha256=key,
+        reused_from=reused_from,
     )
 
 
@@ -159,8 +148,10 @@ class ClassifyHandler:
         payloads: PayloadStore,
         settings: ClassifySettings,
         breaker: CircuitBreaker | None = None,
+        cache: ContentCache | None = None,
     ) -> None:
-        self.classifier, self.payloads, self.settings = classifier, payloads, settings
+        """:param cache: the content cache (:mod:`triage.pipeline.reuse`); None: every job is asked."""
+        self.classifier, self.payloads, self.settings, self.cache = classifier, payloads, settings, cache
         self.breaker = breaker or CircuitBreaker()
         self._misconfigured: str | None = None
         self._store_down: str | None = None
@@ -195,15 +186,21 @@ class ClassifyHandler:
             self._last_transient = (down.error_class, str(down))
             return [self.park(job.id, job.attempt) for job in jobs]
 
-        def one(job: ClaimedJob, content: bytes | PayloadError) -> Outcome:  # no model call once not ours
+        def one(index: int) -> Outcome:  # no model call once the job is not ours
+            job, content = jobs[index], contents[index]
             if ownership is None:
                 return self.one(job, content)
             return ownership.attempt(job, lambda: self.one(job, content))
 
-        if self._pool is None:
-            outcomes = [one(job, content) for job, content in zip(jobs, contents, strict=True)]
-        else:
-            outcomes = list(self._pool.map(one, jobs, contents))
+        # The content cache asks one job of each content first; the others then take its answer.
+        waves = self.cache.split(jobs, contents) if self.cache is not None else (range(len(jobs)),)
+        by_index: dict[int, Outcome] = {}
+        for wave in waves:
+            done = list(map(one, wave) if self._pool is None else self._pool.map(one, wave))
+            by_index.update(zip(wave, done, strict=True))
+            if self.cache is not None:
+                self.cache.learn([jobs[i] for i in wave], done)
+        outcomes = [by_index[i] for i in range(len(jobs))]
         if self.outage() is None:
             self._retried.update((o.job_id, o.attempt) for o in outcomes if isinstance(o, RetryLater))
             return outcomes
@@ -324,6 +321,10 @@ class ClassifyHandler:
                 self._last_transient = (document.error_class, document.error or document.error_class)
                 self.breaker.record(True)
             return document
+        key = input_key(document)
+        if self.cache is not None and (answer := self.cache.answer(job)) is not None:
+            reused = ModelOutput(answer.label, answer.confidence, None, 0.0, 0, 0, 0.0, output_mode=answer.output_mode)
+            return self._decided(job, reused, key, (answer.job_id, answer.attempt))
         request = ClassifyRequest(
             job_id=str(job.id),
             external_id=job.external_id,
@@ -348,9 +349,15 @@ class ClassifyHandler:
             # PostgreSQL text cannot hold NUL: the label could never be stored, so the output
             # is unusable, like any other malformed model output (manual review, not a crash).
             output = dataclasses.replace(output, label=None, rejected_reason="label_not_storable")
+        return self._decided(job, output, key)
+
+    def _decided(
+        self, job: ClaimedJob, output: ModelOutput, key: str, reused_from: tuple[uuid.UUID, int] | None = None
+    ) -> Outcome:
+        """The outcome of an answer, the classifier's own or one the content cache reused."""
         version = self.classifier.version
         outcome = decide_outcome(output, self.settings.confidence_threshold)
-        record = _record(output, outcome, version)
+        record = _record(output, outcome, version, key, reused_from)
         if outcome == "accepted":
             if self.settings.separate_persist:
                 return Advance(job.id, job.attempt, Step.PERSIST, classification=record)

@@ -1,0 +1,108 @@
+"""The content cache of the classify step: an accepted answer of the model is reused for another
+job whose classifier input (the text it reads: subject and body) is the same, under the same
+classifier version, so repeated content costs no model call: a forwarded email, a re-opened
+ticket, a duplicate upload under another external id.
+
+Per claim, one lookup (:meth:`~triage.jobs.store.JobStore.reusable_answers`) says which jobs may
+take a reused answer and which entry the ledger holds for each; the entry is the oldest accepted
+answer of the model for that input and version (:mod:`triage.jobs.answers` says what an entry
+is, which jobs may not take one, and what invalidates one). Within the claim, the first job of an
+input not answered yet is asked (:meth:`ContentCache.split`), the others wait for it and take
+its answer if it was accepted, or are asked themselves if not. Accepted answers of this try are
+also remembered here (:attr:`ContentCache.remembered`, bounded), because the step records a claim
+while it handles the next one and the lookup may not see the previous claim's answers yet; an
+answer remembered from a claim whose recording failed is never used, since the step stops there.
+
+A reused answer completes its job through the state machine like any other (its own events,
+classification row and label row): the classification is ``accepted``, with the entry's label,
+confidence and output mode, no tokens, no cost, and ``reused_job_id``/``reused_attempt`` naming
+the answer it copied. Across workers handling claims at the same moment, an input may still be
+asked once per worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+from collections.abc import Iterable, Sequence
+
+from triage.contracts.documents import DocumentPayload, MalformedDocument
+from triage.jobs.answers import Answer
+from triage.jobs.models import Advance, ClaimedJob, Complete, Outcome
+from triage.jobs.store import JobStore
+
+__all__ = ["ContentCache", "input_key"]
+
+REMEMBERED = 100_000
+"""Accepted answers of this try kept in memory at most (about 30 MB); then forgotten, oldest first."""
+
+
+def input_key(document: DocumentPayload) -> str:
+    """The cache's key of a document: the SHA-256 (hex) of the text a classifier reads."""
+    return hashlib.sha256(document.text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class ContentCache:
+    """The cache of one classify try, for one classifier version and confidence threshold.
+
+    ``reused`` counts the answers it handed on; the thresholds of entries are this run's, so a
+    reused answer is always accepted (the cache never sends a job to review).
+    """
+
+    def __init__(self, store: JobStore, classifier_version: str, threshold: float) -> None:
+        self.store, self.classifier_version, self.threshold = store, classifier_version, threshold
+        self.remembered: dict[str, Answer] = {}
+        self.reused = 0
+        self._keys: dict[uuid.UUID, str] = {}
+        self._eligible: frozenset[uuid.UUID] = frozenset()
+        self._found: dict[uuid.UUID, Answer] = {}
+
+    def split(self, jobs: Sequence[ClaimedJob], contents: Sequence[object]) -> tuple[list[int], list[int]]:
+        """Look the claim up, given its payloads (bytes, or the error reading one); (indexes to
+        handle now, indexes to handle once those are done): the second are the jobs of an input
+        that a job of the first is asked for. A payload that does not read is handled now (its
+        job fails as it would without the cache)."""
+        self._keys = {}
+        for job, content in zip(jobs, contents, strict=True):
+            if isinstance(content, bytes):
+                with contextlib.suppress(MalformedDocument):  # no key: handled now, fails as without the cache
+                    self._keys[job.id] = input_key(DocumentPayload.from_bytes(content))
+        self._eligible, self._found = self.store.reusable_answers(
+            self._keys, classifier_version=self.classifier_version, threshold=self.threshold
+        )
+        now: list[int] = []
+        later: list[int] = []
+        asked: set[str] = set()
+        for index, job in enumerate(jobs):
+            key = self._keys.get(job.id)
+            if key is None or job.id not in self._eligible or self.answer(job) is not None:
+                now.append(index)
+            elif key in asked:
+                later.append(index)
+            else:
+                asked.add(key)
+                now.append(index)
+        return now, later
+
+    def answer(self, job: ClaimedJob) -> Answer | None:
+        """The answer ``job`` takes instead of a model call, or None (it is asked)."""
+        if job.id not in self._eligible:
+            return None
+        return self._found.get(job.id) or self.remembered.get(self._keys[job.id])
+
+    def learn(self, jobs: Iterable[ClaimedJob], outcomes: Iterable[Outcome]) -> None:
+        """Remember the accepted answers of the model among ``outcomes`` and count the reused ones."""
+        for job, outcome in zip(jobs, outcomes, strict=True):
+            record = outcome.classification if isinstance(outcome, Complete | Advance) else None
+            if record is None or record.outcome != "accepted" or record.label is None:
+                continue
+            if record.reused_from is not None:
+                self.reused += 1
+            elif record.input_sha256 is not None and record.input_sha256 not in self.remembered:
+                if len(self.remembered) >= REMEMBERED:
+                    del self.remembered[next(iter(self.remembered))]
+                confidence = record.confidence if record.confidence is not None else 0.0
+                self.remembered[record.input_sha256] = Answer(
+                    job.id, job.attempt, record.label, confidence, record.output_mode
+                )
