@@ -22,7 +22,7 @@ from tests.dags.conftest import ROOT, Deployment
 from tests.fakes.openai_server import FakeOpenAIServer, Reply
 from tests.integration.test_outage import Switch
 
-DOCUMENTS = 30  # more than the breaker's 20 calls: the first claim opens it
+DOCUMENTS = 30  # the first claim opens the breaker (503s for 3 jobs' calls: the all-down rule)
 
 
 def run_state(env: dict[str, str], dag_id: str, run_id: str) -> str | None:
@@ -101,7 +101,7 @@ def test_reconcile_jobs_resumes_a_failed_outage_run_once_the_model_is_back(deplo
     assert clear_number(deployment, "outage") == 1
     assert ledger(deployment) == {("completed", 1, "completed"): DOCUMENTS}
     assert deployment.scalar("SELECT count(*) FROM triage.manual_review") == 0
-    assert calls_in_outage >= 20  # the breaker saw its calls fail before parking the batch
+    assert calls_in_outage >= 3  # the breaker saw 3 jobs' calls fail before parking the batch
     engine = deployment.engine()
     try:
         with engine.connect() as conn:

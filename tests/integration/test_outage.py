@@ -264,3 +264,67 @@ def test_the_payload_store_gone_parks_the_batch(
         conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'waiting'"))
     classify(store, llm(fake), payloads, try_number=2)
     assert counts(store, "SELECT status, count(*) FROM triage.jobs GROUP BY 1") == {("completed",): 30}
+
+
+@pytest.mark.parametrize("batch_size", [pytest.param(10, id="one-claim"), pytest.param(1, id="a-claim-per-job")])
+def test_a_small_batch_in_a_total_outage_is_parked_not_spent(
+    db_url: DatabaseUrl,
+    store: JobStore,
+    payloads: PayloadStore,
+    model: tuple[FakeOpenAIServer, Switch],
+    monkeypatch: pytest.MonkeyPatch,
+    batch_size: int,
+) -> None:
+    """Five jobs never make the 20 calls the window rule judges: before the all-down rule every
+    job spent its attempts and went to review (retries_exhausted)."""
+    monkeypatch.setenv("AIRFLOW_CONN_TRIAGE_DB", db_url.airflow_connection_json())
+    fake, switch = model
+    switch.down = Reply.status_only(503)
+    register(store, payloads, 5, llm(fake).version)
+    with pytest.raises(CircuitOpen) as stopped:
+        classify(store, llm(fake), payloads, try_number=1, batch_size=batch_size)
+    assert stopped.value.dependency == "model"
+    assert fake.request_count <= 3, "parked once the calls of a few distinct jobs all failed"
+    assert counts(
+        store,
+        "SELECT status, attempt, status_reason, last_error_class, count(*) FROM triage.jobs GROUP BY 1, 2, 3, 4",
+    ) == {("waiting", 0, "outage:model", "server_error"): 5}, "every attempt given back, the failed calls' too"
+    on_task_failure(failure_context())
+    assert reviews(store) == 0
+
+    switch.down = None
+    with store.transaction("test") as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'waiting'"))
+    classify(store, llm(fake), payloads, try_number=2, batch_size=batch_size)
+    assert counts(store, "SELECT status, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == {("completed", 1): 5}
+    assert reviews(store) == 0
+
+
+def test_one_document_whose_calls_fail_is_not_an_outage(
+    store: JobStore, payloads: PayloadStore, model: tuple[FakeOpenAIServer, Switch]
+) -> None:
+    """The others answer, so the job spends its attempts and a person gets it; alone in a later
+    try (having failed before) it still is not taken for an outage."""
+    fake, _ = model
+    answer = fixed_label("billing", 0.95)
+
+    def one_bad(body: dict[str, Any]) -> Reply:
+        text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        return Reply.status_only(503) if "charged twice 0" in text else answer(body)
+
+    fake.responder = one_bad
+    register(store, payloads, 5, llm(fake).version, max_attempts=2)
+    with pytest.raises(Exception, match="due in"):
+        classify(store, llm(fake), payloads, try_number=1)
+    assert counts(store, "SELECT status, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == {
+        ("completed", 1): 4,
+        ("retryable_failed", 1): 1,
+    }
+    with store.transaction("test") as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'retryable_failed'"))
+    classify(store, llm(fake), payloads, try_number=2)
+    assert counts(store, "SELECT status, status_reason, count(*) FROM triage.jobs GROUP BY 1, 2") == {
+        ("completed", "completed"): 4,
+        ("manual_review", "retries_exhausted"): 1,
+    }
+    assert reviews(store) == 1

@@ -605,24 +605,35 @@ def test_misconfigured_dependency_releases_the_job_and_stops(
     assert scalar(store, "SELECT count(*) FROM triage.classifications") == 0
 
 
+def rate_limited(_request: ClassifyRequest) -> ModelOutput:
+    raise TransientClassifierError("rate_limited", "HTTP 429")
+
+
 @pytest.mark.parametrize(
     ("concurrency", "exact"),
     [pytest.param(1, True, id="sequential"), pytest.param(4, False, id="concurrent")],
 )
+@pytest.mark.parametrize(
+    ("script", "calls"),
+    [
+        pytest.param(transient, 3, id="503-all-down-rule-after-3-jobs"),
+        pytest.param(rate_limited, 20, id="429-window-rule-after-20-calls"),
+    ],
+)
 def test_circuit_breaker_stops_before_burning_every_attempt(
-    fast_store: JobStore, payloads: PayloadStore, concurrency: int, exact: bool
+    fast_store: JobStore, payloads: PayloadStore, concurrency: int, exact: bool, script: Script, calls: int
 ) -> None:
     register(fast_store, payloads, {f"T-{i:02d}": document(f"T-{i:02d}") for i in range(30)}, max_attempts=3)
-    classifier = ScriptedClassifier(transient)
+    classifier = ScriptedClassifier(script)
     with pytest.raises(CircuitOpen) as raised:
         classify(fast_store, classifier, payloads, run=settings(batch_size=30), concurrency=concurrency)
     assert raised.value.report.claimed == 30  # type: ignore[attr-defined]
     # The failed calls were the outage's, not the jobs': every job is parked, no attempt spent.
     states = rows(fast_store, "SELECT status, attempt, status_reason, count(*) AS n FROM triage.jobs GROUP BY 1, 2, 3")
     assert {(s.status, s.attempt, s.status_reason): s.n for s in states} == {("waiting", 0, "outage:model"): 30}
-    assert len(classifier.calls) >= 20
+    assert len(classifier.calls) >= calls
     if exact:
-        assert len(classifier.calls) == 20
+        assert len(classifier.calls) == calls
     assert scalar(fast_store, "SELECT count(*) FROM triage.manual_review") == 0
     assert scalar(fast_store, "SELECT count(*) FROM triage.jobs WHERE lease_token IS NOT NULL") == 0
 

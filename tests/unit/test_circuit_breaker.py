@@ -69,3 +69,58 @@ def test_by_default_it_judges_twenty_calls_of_the_last_fifty_at_half() -> None:
     feed(breaker, "." * 50 + "F" * 24)
     assert breaker.is_open is False, "24 of the last 50"
     assert feed(breaker, "F") == [True], "25 of the last 50"
+
+
+# -- the all-down rule: a try of fewer jobs than min_calls --------------------------------------
+
+
+def down(breaker: CircuitBreaker, calls: str) -> list[bool]:
+    """Record ``calls``: a digit, a dependency-class failure (5xx, timeout, refused) of that job on
+    its first attempt; "o", one of a job that had failed before; "r", a 429; ".", an answer."""
+    states = []
+    for call in calls:
+        if call.isdigit():
+            breaker.record(True, dependency_down=True, job=int(call))
+        else:
+            breaker.record(call != ".", dependency_down=call == "o", job=None)
+        states.append(breaker.is_open)
+    return states
+
+
+@pytest.mark.parametrize(
+    ("claimed", "calls", "states"),
+    [
+        pytest.param(5, "123", [False, False, True], id="five-claimed-three-distinct-jobs"),
+        pytest.param(50, "123", [False, False, True], id="a-large-try-too"),
+        pytest.param(2, "12", [False, True], id="two-claimed-both"),
+        pytest.param(1, "1" * 19, [False] * 19, id="one-job-never-it-spends-its-attempts"),
+        pytest.param(5, "1111122", [False] * 7, id="retries-of-one-job-count-once"),
+        pytest.param(5, "o1o2oo3", [False] * 6 + [True], id="jobs-that-failed-before-prove-nothing"),
+        pytest.param(5, ".123", [False] * 4, id="an-answer-first-ends-the-rule"),
+        pytest.param(5, "1.23", [False] * 4, id="an-answer-between"),
+        pytest.param(5, "1r23", [False] * 4, id="a-429-is-not-the-dependency-down"),
+    ],
+)
+def test_every_call_failing_across_a_few_jobs_opens_it(claimed: int, calls: str, states: list[bool]) -> None:
+    breaker = CircuitBreaker()  # window 50, min_calls 20: the window rule never judges these
+    breaker.claimed(range(1, claimed + 1))
+    assert down(breaker, calls) == states
+
+
+def test_the_jobs_wanted_are_bounded_by_min_calls_min_jobs_and_the_claim() -> None:
+    assert CircuitBreaker().jobs_needed() == 3, "none claimed yet: min_jobs"
+    breaker = CircuitBreaker(min_calls=20, min_jobs=3)
+    breaker.claimed([1, 2])
+    assert breaker.jobs_needed() == 2
+    breaker.claimed([1, 2, 3, 4])  # a job handed again is one job
+    assert breaker.jobs_needed() == 3
+    assert CircuitBreaker(min_calls=4, min_jobs=10).jobs_needed() == 4
+    one = CircuitBreaker()
+    one.claimed([1])
+    assert one.jobs_needed() == 2, "one job is never enough"
+
+
+def test_one_job_alone_still_opens_it_by_the_window_rule() -> None:
+    breaker = CircuitBreaker(window=50, threshold=0.5, min_calls=20)
+    breaker.claimed([1])
+    assert down(breaker, "1" * 20)[18:] == [False, True]

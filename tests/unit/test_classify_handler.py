@@ -235,32 +235,35 @@ def test_an_accepted_label_advances_to_persist_when_persist_is_separate(
 
 
 @pytest.mark.parametrize(
-    ("error", "expected"),
+    ("error", "expected", "down"),
     [
         pytest.param(
             TransientClassifierError("timeout", "read timed out"),
             RetryLater(JOB.id, 1, "timeout", "read timed out"),
+            True,
             id="timeout-retried",
         ),
         pytest.param(
             TransientClassifierError("rate_limited"),
             RetryLater(JOB.id, 1, "rate_limited", "rate_limited"),
+            False,
             id="429-retried",
         ),
         pytest.param(
             TransientClassifierError("server_error", "HTTP 503"),
             RetryLater(JOB.id, 1, "server_error", "HTTP 503"),
+            True,
             id="5xx-retried",
         ),
     ],
 )
 def test_a_transient_error_is_retried_and_counts_against_the_dependency(
-    classifier: Any, payloads: Any, breaker: Any, error: Exception, expected: Outcome
+    classifier: Any, payloads: Any, breaker: Any, error: Exception, expected: Outcome, down: bool
 ) -> None:
     classifier.classify.side_effect = error
     handler = make_handler(classifier, payloads, breaker)
     assert handler.one(JOB, PAYLOAD) == expected
-    breaker.record.assert_called_once_with(True)
+    breaker.record.assert_called_once_with(True, dependency_down=down, job=JOB.id)
     assert handler.stop_reason() is None, "one transient failure does not stop the step"
 
 
@@ -375,7 +378,7 @@ def test_a_malformed_payload_says_why_in_its_review_context(classifier: Any, pay
 
 def test_transient_failures_open_the_circuit_and_later_jobs_are_parked_uncalled(classifier: Any, payloads: Any) -> None:
     classifier.classify.side_effect = TransientClassifierError("timeout")
-    handler = make_handler(classifier, payloads, CircuitBreaker(window=4, threshold=0.5, min_calls=4))
+    handler = make_handler(classifier, payloads, CircuitBreaker(window=4, threshold=0.5, min_calls=4, min_jobs=4))
     jobs = [claimed(n) for n in range(6)]
     outcomes = [handler.one(job, PAYLOAD) for job in jobs]
     assert outcomes[:4] == [RetryLater(job.id, 1, "timeout", "timeout") for job in jobs[:4]]
@@ -398,6 +401,62 @@ def test_the_batch_in_which_the_circuit_opens_is_parked_whole(classifier: Any, p
         Park(job.id, 1, "model", 5.0, "server_error", "HTTP 503", backoff=False) for job in jobs
     ]  # the model's Retry-After, as it is
     assert handler.stop_reason().retry_after == 5.0  # type: ignore[union-attr]
+
+
+def test_a_small_batch_in_a_total_outage_is_parked_whole(classifier: Any, payloads: Any, breaker: Any) -> None:
+    """Five jobs never make the window rule's 20 calls: every call failing across three distinct
+    jobs is the outage, and the failed ones are parked with the rest, attempt given back."""
+    classifier.classify.side_effect = TransientClassifierError("server_error", "HTTP 503")
+    payloads.get_many.return_value = [PAYLOAD] * 5
+    handler = make_handler(classifier, payloads, breaker)
+    jobs = [claimed(n) for n in range(5)]
+    assert handler.handle(jobs) == [
+        Park(job.id, 1, "model", OUTAGE_SECONDS, "server_error", "HTTP 503", backoff=True) for job in jobs
+    ]
+    assert classifier.classify.call_count == 3
+    assert isinstance(handler.stop_reason(), CircuitOpen)
+
+
+@pytest.mark.parametrize(
+    ("jobs", "answers"),
+    [
+        pytest.param([claimed(0)], [TransientClassifierError("timeout")], id="one-job-may-be-the-document"),
+        pytest.param(
+            [claimed(n) for n in range(4)],
+            [TransientClassifierError("timeout"), output(), output(), output()],
+            id="one-job-fails-the-others-answer",
+        ),
+        pytest.param(
+            [claimed(n, attempt=2) for n in range(5)],
+            [TransientClassifierError("server_error")] * 5,
+            id="jobs-that-failed-before",
+        ),
+    ],
+)
+def test_failures_that_may_be_the_documents_do_not_park(
+    classifier: Any, payloads: Any, breaker: Any, jobs: list[ClaimedJob], answers: list[Any]
+) -> None:
+    classifier.classify.side_effect = answers
+    payloads.get_many.return_value = [PAYLOAD] * len(jobs)
+    handler = make_handler(classifier, payloads, breaker)
+    assert not any(isinstance(o, Park) for o in handler.handle(jobs))
+    assert handler.stop_reason() is None
+
+
+def test_jobs_of_earlier_batches_that_failed_before_the_circuit_opened_are_given_back(
+    classifier: Any, payloads: Any, breaker: Any
+) -> None:
+    classifier.classify.side_effect = TransientClassifierError("connection_error")
+    payloads.get_many.return_value = [PAYLOAD]
+    handler = make_handler(classifier, payloads, breaker)
+    first, second = claimed(0), claimed(1)
+    assert handler.handle([first]) == [RetryLater(first.id, 1, "connection_error", "connection_error")]
+    assert handler.handle([second]) == [
+        Park(second.id, 1, "model", OUTAGE_SECONDS, "connection_error", "connection_error", backoff=True)
+    ]
+    stop = handler.stop_reason()
+    assert isinstance(stop, CircuitOpen)
+    assert stop.give_back == {first.id: 1}
 
 
 def test_an_open_circuit_parks_a_whole_batch_without_reading_it(

@@ -34,8 +34,9 @@ anything else the classifier   treated as transient (``unexpected_error``): boun
 raises                         ``max_attempts``, then manual review; never a stuck batch
 =============================  ==========================================================
 
-A circuit breaker watches the recent calls: when transient failures dominate, the model is
-down (an outage), not the jobs. Every job of the batch that did not finish, the failed calls
+A circuit breaker (:mod:`triage.pipeline.breaker`) watches the calls: when transient failures
+dominate, or every call of a smaller try failed with 5xx/timeouts/refused connections across a
+few distinct jobs, the model is down (an outage), not the jobs. Every job of the batch that did not finish, the failed calls
 included, is parked (:class:`~triage.jobs.models.Park`: ``waiting``, reason ``outage:model``, the
 attempt given back) until the model's ``Retry-After`` (bounded) or :data:`OUTAGE_SECONDS`,
 doubled for each time the job was parked on an outage before (at most an hour), and
@@ -84,7 +85,7 @@ from triage.payloads import (
     PayloadStore,
     PayloadUnavailable,
 )
-from triage.pipeline.breaker import CircuitBreaker
+from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker
 from triage.pipeline.ownership import Ownership
 from triage.pipeline.reuse import ContentCache, input_key
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
@@ -186,6 +187,8 @@ class ClassifyHandler:
             self._last_transient = (down.error_class, str(down))
             return [self.park(job.id, job.attempt) for job in jobs]
 
+        self.breaker.claimed(job.id for job in jobs)
+
         def one(index: int) -> Outcome:  # no model call once the job is not ours
             job, content = jobs[index], contents[index]
             if ownership is None:
@@ -284,7 +287,8 @@ class ClassifyHandler:
             retry_after = bounded_retry_after(exc.retry_after)
             if retry_after is not None:
                 self._retry_after = max(self._retry_after or 0.0, retry_after)
-            self.breaker.record(True)
+            down = exc.error_class in DEPENDENCY_DOWN  # a job that failed before proves nothing
+            self.breaker.record(True, dependency_down=down, job=job.id if job.attempt_in_budget == 1 else None)
             return RetryLater(job.id, job.attempt, exc.error_class, str(exc), delay_seconds=retry_after)
         self.breaker.record(False)
         if exc.error_class in MISCONFIGURED:
