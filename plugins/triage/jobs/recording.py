@@ -19,7 +19,7 @@ from triage.jobs import transitions as T
 from triage.jobs import usage as usage_bounds
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import JobNotFound, LeaseExpired, LeaseLost, LedgerError, StaleAttempt
-from triage.jobs.expressions import context_json, rowset
+from triage.jobs.expressions import context_json, event_ids, rowset
 from triage.jobs.models import (
     Advance,
     ClassificationRecord,
@@ -147,7 +147,8 @@ def record_txn(
 
     conn.execute(session.fenced_write_joins())
     if Complete in by_kind:
-        counts["completed"] = run(T.complete(), Complete)
+        events = iter(event_ids(len(by_kind[Complete])))
+        counts["completed"] = run(T.complete(), Complete, lambda o: {"event_id": next(events)})
     if Advance in by_kind:
         counts["advanced"] = run(T.advance(), Advance, lambda o: {"next_step": o.next_step})
     if RetryLater in by_kind:
