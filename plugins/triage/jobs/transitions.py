@@ -248,8 +248,7 @@ HELD = dict(id=UUID, attempt=sa.Integer)
 
 @cache
 def complete() -> Any:
-    """``running -> completed`` with the ``job.completed`` outbox event, in one statement; each
-    held row brings its event's id (:func:`~triage.jobs.expressions.event_ids`)."""
+    """``running -> completed`` with the ``job.completed`` outbox event (its id from the batch), in one statement."""
     held = recordset("held", **HELD, event_id=UUID)
     done = (
         sa.update(jobs)
