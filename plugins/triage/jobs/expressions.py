@@ -95,7 +95,7 @@ def event_ids(n: int) -> list[str]:
     do in theirs) instead of touching a random page each; and drawn here, not by the column's
     ``gen_random_uuid()``, which a PostgreSQL built without OpenSSL (the embedded server) feeds
     from ``/dev/urandom`` with three system calls per id. Completing 1,000 jobs took 25.5 ms of
-    server CPU with the default, 22.0 with random ids from here, 19.6 with these (measured).
+    server CPU with the default, 22.0 with random (v4) ids drawn here, 19.6 with these (measured).
     """
     stamp = f"{time.time_ns() // 1_000_000:012x}"[-12:]
     noise = os.urandom(10 * n).hex()
