@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from tests.integration.helpers import new_jobs
 from triage.jobs import session
 from triage.jobs import transitions as T
-from triage.jobs.expressions import rowset
+from triage.jobs.expressions import event_ids, rowset
 from triage.jobs.models import Release
 from triage.jobs.recording import record_txn
 from triage.jobs.store import JobStore
@@ -59,7 +59,9 @@ def test_fenced_writes_read_the_batch_once(store: JobStore, name: str) -> None:
     store.register(new_jobs(REGISTERED), batch_key="b", step="classify", max_attempts=3)  # never analyzed
     claim = store.claim(batch_key="b", step="classify", limit=N, lease_seconds=60, owner="w")
     build, extra = FENCED[name]
-    params = {"token": claim.token, **rowset("held", ({"id": j.id, "attempt": j.attempt, **extra} for j in claim.jobs))}
+    events = iter(event_ids(N))  # the completion's outbox event ids; the other statements read no such column
+    held = ({"id": j.id, "attempt": j.attempt, "event_id": next(events), **extra} for j in claim.jobs)
+    params = {"token": claim.token, **rowset("held", held)}
     with store.engine.connect() as conn, conn.begin() as txn:
         conn.execute(session.fenced_write_joins())
         nodes = _explain(conn, build(), params)

@@ -201,6 +201,21 @@ def test_a_batch_with_one_lost_job_is_rolled_back_whole(store: JobStore) -> None
     assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.completed'") == 0
 
 
+def test_the_fence_names_the_job_a_later_kind_missed(store: JobStore) -> None:
+    """The completions all move (their returned rows are never read), the failure misses its
+    job: the error names that job, not one the completions moved, and nothing stays written."""
+    register(store, 3)
+    got = claim(store)
+    done, lost = got.jobs[:2], got.jobs[2]
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET lease_token = gen_random_uuid() WHERE id = :id"), {"id": lost.id})
+    outcomes = [*(Complete(j.id, j.attempt) for j in done), Fail(lost.id, lost.attempt, "bad", "bad", None)]
+    with pytest.raises(LeaseLost, match=f"job {lost.id} is running and no longer held"):
+        store.record(got, outcomes)
+    assert scalar(store, "SELECT count(*) FROM triage.jobs WHERE status = 'running'") == 3
+    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.completed'") == 0
+
+
 @pytest.mark.parametrize(
     ("tamper", "error"),
     [

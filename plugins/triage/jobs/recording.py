@@ -19,7 +19,7 @@ from triage.jobs import transitions as T
 from triage.jobs import usage as usage_bounds
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.errors import JobNotFound, LeaseExpired, LeaseLost, LedgerError, StaleAttempt
-from triage.jobs.expressions import context_json, rowset
+from triage.jobs.expressions import context_json, event_ids, rowset
 from triage.jobs.models import (
     Advance,
     ClassificationRecord,
@@ -92,12 +92,17 @@ def record_txn(
     policy: RetryPolicy,
     rng: random.Random,
     bases: Mapping[uuid.UUID, int] | None = None,
+    *,
+    last_in_transaction: bool = False,
 ) -> Recorded:
     """Record outcomes set-based: one statement per kind, all fenced on (job, attempt, token);
     then, once the fence held for every job, the classifications and the labels.
 
     :param bases: each job's ``attempt_base`` (from its claim): the backoff of a retry counts
         the attempts of the current budget only, so a requeued job starts from the short waits.
+    :param last_in_transaction: the caller commits right after (:meth:`JobStore.record`): with
+        no classification or label to write, the planner setting of the fenced writes is left
+        to end with the transaction (``SET LOCAL``), a round trip less.
     """
     ids = [o.job_id for o in outcomes]
     if len(set(ids)) != len(ids):
@@ -110,15 +115,30 @@ def record_txn(
     counts: dict[str, int] = {}
     touched: set[uuid.UUID] = set()
 
-    def run(statement: Any, kind: type, extra: Callable[[Any], dict[str, Any]] | None = None) -> Sequence[Any]:
-        """The fenced statement over the outcomes of ``kind``: one row each (id, attempt, and
-        what ``extra`` adds); the ids it touched are kept for the fence check."""
+    def execute(statement: Any, kind: type, extra: Callable[[Any], dict[str, Any]] | None) -> sa.CursorResult[Any]:
+        # The id as 32 hex digits (PostgreSQL reads uuid that way too): half the cost of str()
+        # through json's default hook, per job.
         rows = rowset(
-            "held", ({"id": o.job_id, "attempt": o.attempt, **(extra(o) if extra else {})} for o in by_kind[kind])
+            "held", ({"id": o.job_id.hex, "attempt": o.attempt, **(extra(o) if extra else {})} for o in by_kind[kind])
         )
-        moved = conn.execute(statement, {"token": token, **rows}).all()
+        return conn.execute(statement, {"token": token, **rows})
+
+    def run(statement: Any, kind: type, extra: Callable[[Any], dict[str, Any]] | None = None) -> int:
+        """The fenced statement over the outcomes of ``kind``: one row each (id, attempt, and
+        what ``extra`` adds); how many jobs it moved.
+
+        The ids are distinct and each statement moves a job at most once, so moving as many
+        jobs as it was given means it moved every one of them: the rows it returns are read
+        only when it moved fewer (to name the first job missed). Decoding a thousand returned
+        ids cost more than the statement's round trip."""
+        given = by_kind[kind]
+        result = execute(statement, kind, extra)
+        if result.rowcount == len(given):
+            touched.update(o.job_id for o in given)
+            return len(given)
+        moved = result.all()
         touched.update(r[0] for r in moved)
-        return moved
+        return len(moved)
 
     def retry_row(o: RetryLater) -> dict[str, Any]:
         base = bases.get(o.job_id, 0) if bases else 0
@@ -127,53 +147,53 @@ def record_txn(
 
     conn.execute(session.fenced_write_joins())
     if Complete in by_kind:
-        counts["completed"] = len(run(T.complete(), Complete))
+        events = iter(event_ids(len(by_kind[Complete])))
+        counts["completed"] = run(T.complete(), Complete, lambda o: {"event_id": next(events)})
     if Advance in by_kind:
-        counts["advanced"] = len(run(T.advance(), Advance, lambda o: {"next_step": o.next_step}))
+        counts["advanced"] = run(T.advance(), Advance, lambda o: {"next_step": o.next_step})
     if RetryLater in by_kind:
-        moved = run(T.retry_later(), RetryLater, retry_row)
+        moved = execute(T.retry_later(), RetryLater, retry_row).all()  # the statuses are needed
+        touched.update(r.id for r in moved)
         exhausted = sum(1 for r in moved if r.status == JobStatus.MANUAL_REVIEW.value)
         counts["exhausted"], counts["retrying"] = exhausted, len(moved) - exhausted
     if SendToReview in by_kind:
-        counts["to_review"] = len(
-            run(
-                T.send_to_review(),
-                SendToReview,
-                lambda o: {
-                    "reason": o.reason,
-                    "error_class": o.error_class,
-                    "error": o.error,
-                    "context": context_json(o.context),
-                },
-            )
+        counts["to_review"] = run(
+            T.send_to_review(),
+            SendToReview,
+            lambda o: {
+                "reason": o.reason,
+                "error_class": o.error_class,
+                "error": o.error,
+                "context": context_json(o.context),
+            },
         )
     if Fail in by_kind:
-        counts["failed"] = len(
-            run(T.fail(), Fail, lambda o: {"reason": o.reason, "error_class": o.error_class, "error": o.error})
+        counts["failed"] = run(
+            T.fail(), Fail, lambda o: {"reason": o.reason, "error_class": o.error_class, "error": o.error}
         )
     if Release in by_kind:
-        counts["released"] = len(run(T.release(), Release))
+        counts["released"] = run(T.release(), Release)
     if Park in by_kind:
-        counts["parked"] = len(
-            run(
-                T.park(),
-                Park,
-                lambda o: {
-                    "dependency": o.dependency,
-                    "delay_seconds": o.delay_seconds,
-                    "backoff": o.backoff,
-                    "error_class": o.error_class,
-                    "error": o.error,
-                },
-            )
+        counts["parked"] = run(
+            T.park(),
+            Park,
+            lambda o: {
+                "dependency": o.dependency,
+                "delay_seconds": o.delay_seconds,
+                "backoff": o.backoff,
+                "error_class": o.error_class,
+                "error": o.error,
+            },
         )
     check_fenced(conn, ids, touched, token, attempts)
-    conn.execute(session.default_joins())
 
     classified = [o for o in outcomes if not isinstance(o, (Release, Park)) and o.classification is not None]
+    labelled = [o for o in by_kind.get(Complete, ()) if o.label is not None]
+    if classified or labelled or not last_in_transaction:
+        conn.execute(session.default_joins())
     if classified:
         conn.execute(outputs.record_classifications(), rowset("given", map(_classification_row, classified)))
-    if labelled := [o for o in by_kind.get(Complete, ()) if o.label is not None]:
+    if labelled:
         conn.execute(
             outputs.upsert_labels(),
             rowset(

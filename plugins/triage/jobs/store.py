@@ -113,11 +113,12 @@ class JobStore(ReviewDecisions):
                     "p_classifier_version": classifier_version,
                 },
             ).all()
-        expires = min((r.lease_expires_at for r in rows), default=None)
+        # One expiry for the whole claim: now() is the transaction's start, the same for every row.
+        expires = rows[0].lease_expires_at if rows else datetime.min
         # RETURNING lists ClaimedJob's fields in order; positional construction keeps a claim of
         # thousands of jobs cheap.
         claimed = tuple(ClaimedJob(*row[:13]) for row in rows)
-        return Claim(token=token, owner=owner, expires_at=expires or datetime.min, jobs=claimed)
+        return Claim(token=token, owner=owner, expires_at=expires, jobs=claimed)
 
     def heartbeat(self, claim: Claim, lease_seconds: float, job_ids: Sequence[uuid.UUID] | None = None) -> datetime:
         """Extend the lease of the claim's jobs (or of ``job_ids``); returns the new expiry.
@@ -145,7 +146,7 @@ class JobStore(ReviewDecisions):
             else (claim, None)
         )
         with self.transaction(actor) as conn:  # None: the trigger names the lease owner
-            return record_txn(conn, token, outcomes, self.retry_policy, self._rng, bases)
+            return record_txn(conn, token, outcomes, self.retry_policy, self._rng, bases, last_in_transaction=True)
 
     # -- recovery -------------------------------------------------------------------------
 

@@ -248,13 +248,13 @@ HELD = dict(id=UUID, attempt=sa.Integer)
 
 @cache
 def complete() -> Any:
-    """``running -> completed`` with the ``job.completed`` outbox event, in one statement."""
-    held = recordset("held", **HELD)
+    """``running -> completed`` with the ``job.completed`` outbox event (its id from the batch), in one statement."""
+    held = recordset("held", **HELD, event_id=UUID)
     done = (
         sa.update(jobs)
         .where(*_held(held))
         .values(status=status_literal(S.COMPLETED), status_reason="completed", updated_at=NOW, **NO_LEASE)
-        .returning(*EVENT_COLUMNS)
+        .returning(*EVENT_COLUMNS, held.c.event_id)
         .cte("done")
     )
     return outbox_insert(done, EventType.COMPLETED).returning(outbox.c.job_id)
