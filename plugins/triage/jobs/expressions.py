@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
-from triage.jobs.schema import job_status, jobs, manual_review, outbox
+from triage.jobs.schema import classifications, job_status, jobs, manual_review, outbox
 from triage.jobs.states import EventType
 from triage.jobs.states import JobStatus as S
 
@@ -140,3 +140,15 @@ def in_version() -> ColumnElement[bool]:
     """The job was registered for the classifier version ``:p_classifier_version`` (NULL: any)."""
     version = sa.bindparam("p_classifier_version", type_=sa.Text)
     return sa.or_(version.is_(None), jobs.c.classifier_version == version)
+
+
+def latest_answer() -> Any:
+    """The model's latest answer for ``jobs.c.id`` (label, confidence, outcome): a lateral
+    subquery named ``model`` on ``(job_id, attempt)``, for the reads that show it beside a job."""
+    return (
+        sa.select(classifications.c.label, classifications.c.confidence, classifications.c.outcome)
+        .where(classifications.c.job_id == jobs.c.id)
+        .order_by(classifications.c.attempt.desc())
+        .limit(1)
+        .lateral("model")
+    )

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from triage.jobs.expressions import NOW, UUID, in_version, status_literal
+from triage.jobs.expressions import NOW, UUID, in_version, latest_answer, status_literal
 from triage.jobs.schema import classifications, jobs, manual_review
 from triage.jobs.states import UNFINISHED
 from triage.jobs.states import JobStatus as S
@@ -115,13 +115,7 @@ def open_review_cases() -> Any:
     references, why it is here, and the model's latest label and confidence. Never the document.
 
     ``:ids`` NULL: every open review (up to ``:limit``)."""
-    model = (
-        sa.select(classifications.c.label, classifications.c.confidence, classifications.c.outcome)
-        .where(classifications.c.job_id == jobs.c.id)
-        .order_by(classifications.c.attempt.desc())
-        .limit(1)
-        .lateral("model")
-    )
+    model = latest_answer()
     ids = sa.bindparam("ids", type_=pg.ARRAY(UUID))
     return (
         sa.select(

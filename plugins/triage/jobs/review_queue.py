@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs.expressions import NOW, UUID, status_literal
+from triage.jobs.expressions import NOW, UUID, latest_answer, status_literal
 from triage.jobs.expressions import seconds_param as seconds
 from triage.jobs.schema import classifications, job_events, jobs, manual_review
 from triage.jobs.states import JobStatus as S
@@ -52,23 +52,12 @@ class QueuePage:
     next_after: Cursor | None  # None: this was the last page
 
 
-def _model() -> Any:
-    """The model's latest answer for the job (a lateral subquery on ``(job_id, attempt)``)."""
-    return (
-        sa.select(classifications.c.label, classifications.c.confidence, classifications.c.outcome)
-        .where(classifications.c.job_id == jobs.c.id)
-        .order_by(classifications.c.attempt.desc())
-        .limit(1)
-        .lateral("model")
-    )
-
-
 @cache
 def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
     """Open reviews oldest first with the ``given`` filters (``:reason``, ``:source``,
     ``:batch``, ``:older_than_seconds``), after ``(:after_at, :after_id)`` when ``after``, at most
     ``:limit`` rows."""
-    model = _model()
+    model = latest_answer()
     query = (
         sa.select(
             manual_review.c.id.label("review_id"),

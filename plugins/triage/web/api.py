@@ -12,15 +12,15 @@ Bad input gets a 4xx whose ``detail`` says what is wrong, before anything change
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from triage.web.access import ReportReader, ReviewReader, check_decider, describe
-from triage.web.paging import BadQuery, decode_cursor, encode_cursor, parse_filter, parse_limit
+from triage.web.paging import Filter, Position, encode_cursor
 from triage.web.service import Refused, TriageService
 
 router = APIRouter(prefix="/api")
@@ -64,22 +64,8 @@ def get_document(job_id: uuid.UUID, request: Request, caller: ReviewReader) -> P
 
 
 @router.get("/reviews")
-def list_reviews(
-    request: Request,
-    caller: ReviewReader,
-    reason: str | None = None,
-    source: str | None = None,
-    batch: str | None = None,
-    older_than: str | None = None,
-    limit: Annotated[str | None, Query()] = None,
-    cursor: str | None = None,
-) -> Any:
-    try:
-        where = parse_filter(reason=reason, source=source, batch=batch, older_than=older_than)
-        size = parse_limit(limit)
-        after = decode_cursor(cursor) if cursor else None
-    except BadQuery as exc:
-        raise HTTPException(400, str(exc)) from None
+def list_reviews(request: Request, caller: ReviewReader, where: Filter, position: Position) -> Any:
+    size, after = position
     page = service(request).queue(where, limit=size, after=after)
     return jsonable_encoder(
         {

@@ -26,7 +26,7 @@ from markupsafe import Markup
 from triage.reconciliation import render
 from triage.reconciliation.charts import duration, line_chart
 from triage.web.access import CSRF_FIELD, REPORT_DAG, Caller, ReportReader, ReviewReader, check_decider
-from triage.web.paging import BadQuery, decode_cursor, encode_cursor, filter_query, parse_filter, parse_limit
+from triage.web.paging import Filter, Position, encode_cursor, filter_query
 from triage.web.service import BULK_LIMIT, Refused, TriageService
 
 router = APIRouter()
@@ -74,22 +74,8 @@ def home(request: Request) -> Response:
 
 
 @router.get("/review", response_class=HTMLResponse)
-def queue(
-    request: Request,
-    caller: ReviewReader,
-    reason: str | None = None,
-    source: str | None = None,
-    batch: str | None = None,
-    older_than: str | None = None,
-    limit: str | None = None,
-    cursor: str | None = None,
-) -> HTMLResponse:
-    try:
-        where = parse_filter(reason=reason, source=source, batch=batch, older_than=older_than)
-        size = parse_limit(limit)
-        after = decode_cursor(cursor) if cursor else None
-    except BadQuery as exc:
-        raise HTTPException(400, str(exc)) from None
+def queue(request: Request, caller: ReviewReader, where: Filter, position: Position) -> HTMLResponse:
+    size, after = position
     result = service(request).queue(where, limit=size, after=after)
     query = filter_query(where)
     next_url = (
@@ -105,7 +91,7 @@ def queue(
         where=where,
         query=query,
         next_url=next_url,
-        first_url=link(request, "/review", **query, limit=size) if cursor else None,
+        first_url=link(request, "/review", **query, limit=size) if after is not None else None,
         bulk_url=link(request, "/review/bulk", **query),
         bulk_limit=BULK_LIMIT,
     )
@@ -153,18 +139,7 @@ async def decide(job_id: uuid.UUID, request: Request, caller: ReviewReader) -> R
 
 
 @router.get("/review/bulk", response_class=HTMLResponse)
-def bulk_preview(
-    request: Request,
-    caller: ReviewReader,
-    reason: str | None = None,
-    source: str | None = None,
-    batch: str | None = None,
-    older_than: str | None = None,
-) -> HTMLResponse:
-    try:
-        where = parse_filter(reason=reason, source=source, batch=batch, older_than=older_than)
-    except BadQuery as exc:
-        raise HTTPException(400, str(exc)) from None
+def bulk_preview(request: Request, caller: ReviewReader, where: Filter) -> HTMLResponse:
     svc = service(request)
     preview = svc.queue(where, limit=BULK_LIMIT)
     return page(

@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException
 
 from triage.jobs.review_queue import MAX_PAGE, Cursor, QueueFilter
 
@@ -74,3 +76,25 @@ def filter_query(where: QueueFilter) -> dict[str, Any]:
     if where.older_than_seconds is not None:
         out["older_than"] = f"{where.older_than_seconds:g}"
     return {k: v for k, v in out.items() if v is not None}
+
+
+def queue_filter(
+    reason: str | None = None, source: str | None = None, batch: str | None = None, older_than: str | None = None
+) -> QueueFilter:
+    """The queue's filter from the query string (a FastAPI dependency): 400 when it is bad."""
+    try:
+        return parse_filter(reason=reason, source=source, batch=batch, older_than=older_than)
+    except BadQuery as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+def queue_position(limit: str | None = None, cursor: str | None = None) -> tuple[int, Cursor | None]:
+    """The page's size and where it starts (a FastAPI dependency): 400 when either is bad."""
+    try:
+        return parse_limit(limit), decode_cursor(cursor) if cursor else None
+    except BadQuery as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+Filter = Annotated[QueueFilter, Depends(queue_filter)]
+Position = Annotated[tuple[int, Cursor | None], Depends(queue_position)]
