@@ -334,7 +334,7 @@ class PersistLabelsOperator(TriageOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.persist import PersistHandler
-        from triage.pipeline.steps import RunSettings, StepError, run_step
+        from triage.pipeline.steps import CircuitOpen, RunSettings, StepError, run_step
 
         config = self.run_config(context)
         settings = RunSettings(
@@ -350,6 +350,15 @@ class PersistLabelsOperator(TriageOperator):
                 metrics=AirflowStatsMetrics(),
                 drain=self.drain,
             )
+        except CircuitOpen as exc:
+            raise DependencyOutage(
+                f"{exc}; parked the batch's unfinished jobs (waiting, outage:{exc.dependency}) for "
+                f"{exc.delay_seconds:.0f}s (doubled for each earlier outage parking, up to 1 h) without "
+                "spending an attempt; Airflow's retry, the next run of this date or reconcile_jobs "
+                "(once they are all due) takes them up again",
+                dependency=exc.dependency,
+                retry_after=None,
+            ) from None
         except StepError as exc:  # work remains, drained, lease lost
             raise AirflowException(str(exc)) from None
         finally:

@@ -67,7 +67,31 @@ class LabelRequest:
 
 
 class ActionFailed(Exception):
-    """The provider did not confirm the action; the job's attempt is retried."""
+    """The provider did not confirm the action; the job's attempt is retried.
+
+    :param error_class: what failed, as the classifier's errors name it: ``connection_error``,
+        ``timeout`` and ``server_error`` (5xx) say the provider is down (the persist step's
+        circuit breaker counts them: :data:`triage.pipeline.breaker.DEPENDENCY_DOWN`);
+        ``rate_limited`` (429) and ``rejected`` (another status) say it answered.
+    """
+
+    def __init__(self, message: str, error_class: str = "rejected") -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+def _error_class(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.TransportError):  # refused, reset, DNS: nothing answered
+        return "connection_error"
+    return "rejected"
+
+
+def _status_class(status: int) -> str:
+    if status >= 500:
+        return "server_error"
+    return "rate_limited" if status == 429 else "rejected"
 
 
 class WebhookLabelAction:
@@ -101,9 +125,11 @@ class WebhookLabelAction:
         try:
             response = self._client.post(self.url, json=body, headers=headers)
         except httpx.HTTPError as exc:
-            raise ActionFailed(f"{type(exc).__name__} calling the action endpoint") from None
+            raise ActionFailed(f"{type(exc).__name__} calling the action endpoint", _error_class(exc)) from None
         if response.status_code >= 300:
-            raise ActionFailed(f"HTTP {response.status_code} from the action endpoint")
+            raise ActionFailed(
+                f"HTTP {response.status_code} from the action endpoint", _status_class(response.status_code)
+            )
 
     def close(self) -> None:
         self._client.close()
