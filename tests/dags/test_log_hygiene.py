@@ -5,7 +5,8 @@ OpenAI-compatible server (an API key in ``triage_llm``) and a password in ``tria
 embedded server trusts local sockets, so the password is never checked, only carried): then
 every file under the deployment's Airflow home and TRIAGE_HOME plus the captured stdout and
 stderr is scanned for the documents' sentences, the prompt's instructions and both passwords.
-Per-job lines must carry ``correlation_id``.
+Per-job lines must carry ``job_id``, ``correlation_id`` and ``attempt`` as fields of the event
+(keys of a JSON task log line), never in the message.
 
 A second DAG checks Airflow's secret masker: fetching the connection registers its password,
 and ``redact`` replaces it. It does not log the password itself: ``airflow dags test`` runs
@@ -34,7 +35,9 @@ CONF = {
     "concurrency": 4,
     "drill": {"transient_error_rate": 0.1, "permanent_error_rate": 0.05, "inconclusive_rate": 0.1, "seed": 3},
 }
-PER_JOB = re.compile(r"job=([0-9a-f-]{36})\b")
+PER_JOB = re.compile(r'job_id"?\s*[=:]\s*"?([0-9a-f-]{36})\b')
+"""A per-job line: its job's id as a field, a key of a JSON task log line or ``job_id=`` of the
+console's rendering of the same event (``airflow dags test`` prints it)."""
 
 LEAKY_DAG = """
 from __future__ import annotations
@@ -168,4 +171,11 @@ def test_every_per_job_line_carries_its_correlation_id(deployment: Deployment, s
     assert lines
     for line in lines:
         job_id = PER_JOB.search(line).group(1)  # type: ignore[union-attr]
-        assert f"correlation_id={correlation[job_id]}" in line, line
+        if line.lstrip().startswith("{"):  # a task log file's JSON line: the fields are keys
+            event = json.loads(line)
+            assert (event["job_id"], event["correlation_id"]) == (job_id, correlation[job_id]), line
+            assert isinstance(event["attempt"], int), line
+            assert job_id not in event["event"], line
+        else:  # the console's rendering: the event, then key=value
+            assert f"correlation_id={correlation[job_id]}" in line, line
+            assert "attempt=" in line, line

@@ -18,6 +18,7 @@ from triage.jobs.label_actions import superseded
 from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, RetryLater
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
+from triage.observability import log_job
 from triage.pipeline.ownership import Ownership
 from triage.pipeline.steps import StepError
 
@@ -56,11 +57,7 @@ class PersistHandler:
                 )
                 continue
             if job.id in stale:
-                log.info(
-                    "job %s correlation_id=%s: label action skipped, a newer job's label stands for its document",
-                    job.id,
-                    job.correlation_id,
-                )
+                log_job(log, logging.INFO, job, "label action skipped: a newer job's label stands for its document")
             elif self.action is not None:
                 if ownership is None:
                     outcomes.append(self._act(job, label))

@@ -32,6 +32,7 @@ from triage.observability import (
     observe_states,
 )
 from triage.pipeline.ownership import Drain, Heartbeat, Ownership
+from triage.tracing import batch_span
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ def run_step(
             report.claimed += len(claim.jobs)
             handle_began = time.perf_counter()
             ownership = Ownership(store, claim, settings.lease_seconds, drain, claimed_at + settings.lease_seconds)
-            with Heartbeat(ownership):
+            with Heartbeat(ownership), batch_span(handler.step, batch_key, claim.jobs):
                 outcomes = handler.handle(claim.jobs, ownership)
             handled = time.perf_counter() - handle_began
             settle()
