@@ -40,6 +40,12 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER)
 
 
+def annotate_current_span(step: str, batch_key: str) -> None:
+    """Name the step and batch on the current span (a task's ``worker.<task_id>``): its jobs'
+    ids are on the batch spans under it."""
+    set_attributes(trace.get_current_span(), {"triage.step": step, "triage.batch_key": batch_key})
+
+
 @contextmanager
 def batch_span(step: str, batch_key: str, jobs: Sequence[ClaimedJob]) -> Iterator[trace.Span]:
     """The span of one claimed batch's handling, a child of the current span (the task's)."""

@@ -104,6 +104,8 @@ def test_the_correlation_id_reaches_the_model_call_the_spans_and_the_events(
 
     # the spans: a batch span per claim under the task's span, a model call span per job under its batch
     task_id = task.get_span_context().span_id
+    [task_span] = [s for s in finished if s.context.span_id == task_id]
+    assert (task_span.attributes["triage.step"], task_span.attributes["triage.batch_key"]) == ("classify", BATCH)
     assert len(batches) == 3  # 12 jobs, claims of 5
     assert all(b.parent is not None and b.parent.span_id == task_id for b in batches)
     assert sorted(c for b in batches for c in b.attributes["triage.correlation_ids"]) == sorted(correlation)

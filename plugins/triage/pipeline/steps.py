@@ -32,7 +32,7 @@ from triage.observability import (
     observe_states,
 )
 from triage.pipeline.ownership import Drain, Heartbeat, Ownership
-from triage.tracing import batch_span
+from triage.tracing import annotate_current_span, batch_span
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,7 @@ def run_step(
     """
     drain = drain or Drain()
     report = StepReport(step=handler.step, batch_key=batch_key)
+    annotate_current_span(handler.step, batch_key)  # Airflow's task span, when tracing is on
     if settings.earlier_tries_of is not None:
         rescued = store.release_expired_leases(
             earlier_tries_of=settings.earlier_tries_of, owner=settings.owner, batch_key=batch_key, actor=settings.owner
