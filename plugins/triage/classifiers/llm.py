@@ -35,9 +35,12 @@ import time
 from typing import Any, Final
 
 import httpx
+from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from structlog.contextvars import bound_contextvars
 
 from triage.classifiers.base import (
+    ClassifierError,
     ClassifyRequest,
     ModelOutput,
     PermanentClassifierError,
@@ -46,6 +49,7 @@ from triage.classifiers.base import (
 from triage.classifiers.provider_errors import error_detail, refuses_schema, retry_after
 from triage.classifiers.taxonomy import Taxonomy
 from triage.jobs.usage import bounded, non_negative
+from triage.tracing import correlation_header, inject_trace_headers, model_call_span, set_attributes, set_error
 
 __all__ = [
     "OUTPUT_MODES",
@@ -297,12 +301,25 @@ class OpenAICompatibleClassifier:
         }
 
     def classify(self, request: ClassifyRequest) -> ModelOutput:
-        """One call; see the module docstring for what raises and what is rejected."""
+        """One call, in a span of its own (:mod:`triage.tracing`); see the module docstring for
+        what raises and what is rejected."""
+        with model_call_span(request.job_id, request.correlation_id, request.attempt, self.model) as span:
+            try:
+                return self._call(request)
+            except ClassifierError as exc:
+                set_error(span, exc.error_class)
+                raise
+
+    def _call(self, request: ClassifyRequest) -> ModelOutput:
         headers = {
             # Lets a provider or proxy deduplicate a retried call of the same logical operation.
             "Idempotency-Key": request.idempotency_key,
-            "X-Correlation-ID": request.correlation_id,
+            # The job's correlation id travels as a header (never in the body: OpenAI's "user"
+            # names an end user and "metadata" needs "store"; a strict server refuses fields
+            # it does not know, while every server ignores a header it does not know).
+            "X-Correlation-ID": correlation_header(request.correlation_id),
         }
+        inject_trace_headers(headers)
         mode = self.output_mode
         started = time.perf_counter()
         response = self._post(request, mode, headers)
@@ -334,14 +351,11 @@ class OpenAICompatibleClassifier:
     def _read(self, request: ClassifyRequest, response: httpx.Response, latency_ms: float) -> ModelOutput:
         """The output of a response, or the classified error of a failed call."""
         status = response.status_code
-        log.debug(
-            "model call job=%s correlation_id=%s attempt=%s status=%s latency_ms=%.1f",
-            request.job_id,
-            request.correlation_id,
-            request.attempt,
-            status,
-            latency_ms,
-        )
+        set_attributes(trace.get_current_span(), {"http.response.status_code": status})
+        if log.isEnabledFor(logging.DEBUG):
+            fields = {"job_id": request.job_id, "correlation_id": request.correlation_id, "attempt": request.attempt}
+            with bound_contextvars(**fields):  # structured fields, as triage.observability.log_job
+                log.debug("model call status=%s latency_ms=%.1f", status, latency_ms, extra=fields)
         if status == 429:
             raise TransientClassifierError("rate_limited", "HTTP 429", retry_after=retry_after(response))
         if status == 408:

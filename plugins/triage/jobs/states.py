@@ -110,6 +110,8 @@ class EventType(StrEnum):
     COMPLETED = "job.completed"  # set by persistence, a reviewer's label, or reconciliation
     REQUEUED = "job.requeued"  # set by review (requeue) and by a replay by filter
     REVIEWED = "job.reviewed"  # set by review (reject)
+    NEEDS_REVIEW = "job.needs_review"  # set by every move into manual_review (with its review row)
+    FAILED = "job.failed"  # set by every move into terminal_failed (a step, review's reject)
 
 
 def is_allowed(old: JobStatus | None, new: JobStatus) -> bool:

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 import httpx
 
 from triage.jobs.models import ClaimedJob, LabelWrite
+from triage.tracing import correlation_header
 
 ORDER_HEADER = "X-Label-Order"
 
@@ -119,7 +120,7 @@ class WebhookLabelAction:
         }
         headers = {
             "Idempotency-Key": request.idempotency_key,
-            "X-Correlation-ID": request.correlation_id,
+            "X-Correlation-ID": correlation_header(request.correlation_id),
             ORDER_HEADER: order,
         }
         try:

@@ -46,11 +46,12 @@ job's attempts against a dependency that is down; a claim of the batch queues th
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -76,7 +77,7 @@ from triage.jobs.models import (
     SendToReview,
 )
 from triage.jobs.states import Step
-from triage.observability import job_fields
+from triage.observability import log_job
 from triage.payloads import (
     PayloadBaseMissing,
     PayloadError,
@@ -199,7 +200,7 @@ class ClassifyHandler:
         waves = self.cache.split(jobs, contents) if self.cache is not None else (range(len(jobs)),)
         by_index: dict[int, Outcome] = {}
         for wave in waves:
-            done = list(map(one, wave) if self._pool is None else self._pool.map(one, wave))
+            done = list(map(one, wave)) if self._pool is None else self._in_pool(one, wave)
             by_index.update(zip(wave, done, strict=True))
             if self.cache is not None:
                 self.cache.learn([jobs[i] for i in wave], done)
@@ -209,6 +210,13 @@ class ClassifyHandler:
             return outcomes
         # The circuit opened during this batch: its failed calls were the outage's, not the jobs'.
         return [self.park(o.job_id, o.attempt) if isinstance(o, RetryLater | Release) else o for o in outcomes]
+
+    def _in_pool(self, one: Callable[[int], Outcome], wave: Sequence[int]) -> list[Outcome]:
+        """``one`` over ``wave`` on the pool, each call in a copy of this thread's context: the
+        current span (the batch's: its model calls are its children) and any bound log fields."""
+        assert self._pool is not None
+        calls = [self._pool.submit(contextvars.copy_context().run, one, i) for i in wave]
+        return [call.result() for call in calls]
 
     def outage(self) -> str | None:
         """The dependency that is down (``model``, ``payload_store``), or None."""
@@ -308,7 +316,7 @@ class ClassifyHandler:
         as transient (bounded by ``max_attempts``, then manual review): the batch goes on and
         nothing is stuck under a lease. Logged with its class, never its message (it may echo
         document text)."""
-        log.error("classifier raised unexpectedly %s error_class=%s", job_fields(job), type(exc).__name__)
+        log_job(log, logging.ERROR, job, "classifier raised unexpectedly error_class=%s", type(exc).__name__)
         self.breaker.record(True)
         return RetryLater(job.id, job.attempt, "unexpected_error", type(exc).__name__)
 
@@ -346,9 +354,8 @@ class ClassifyHandler:
             return self._unexpected(job, exc)
         self.breaker.record(False)
         if output.usage_discarded:  # recorded with the classification; the outcome stands
-            log.warning(
-                "model reported usage out of bounds %s discarded=%s", job_fields(job), ",".join(output.usage_discarded)
-            )
+            discarded = ",".join(output.usage_discarded)
+            log_job(log, logging.WARNING, job, "model reported usage out of bounds discarded=%s", discarded)
         if output.label is not None and "\x00" in output.label:
             # PostgreSQL text cannot hold NUL: the label could never be stored, so the output
             # is unusable, like any other malformed model output (manual review, not a crash).

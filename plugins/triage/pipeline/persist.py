@@ -25,6 +25,7 @@ from triage.jobs.label_actions import superseded
 from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, Park, Release, RetryLater
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
+from triage.observability import log_job
 from triage.pipeline.actions import ActionFailed
 from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker
 from triage.pipeline.ownership import Ownership
@@ -92,11 +93,7 @@ class PersistHandler:
                 )
                 continue
             if job.id in stale:
-                log.info(
-                    "job %s correlation_id=%s: label action skipped, a newer job's label stands for its document",
-                    job.id,
-                    job.correlation_id,
-                )
+                log_job(log, logging.INFO, job, "label action skipped: a newer job's label stands for its document")
             elif self.action is not None:
                 if ownership is None:
                     outcomes.append(self._act(job, label))

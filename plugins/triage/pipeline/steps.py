@@ -32,6 +32,7 @@ from triage.observability import (
     observe_states,
 )
 from triage.pipeline.ownership import Drain, Heartbeat, Ownership
+from triage.tracing import annotate_current_span, batch_span
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ def run_step(
     """
     drain = drain or Drain()
     report = StepReport(step=handler.step, batch_key=batch_key)
+    annotate_current_span(handler.step, batch_key)  # Airflow's task span, when tracing is on
     if settings.earlier_tries_of is not None:
         rescued = store.release_expired_leases(
             earlier_tries_of=settings.earlier_tries_of, owner=settings.owner, batch_key=batch_key, actor=settings.owner
@@ -225,7 +227,7 @@ def run_step(
             report.claimed += len(claim.jobs)
             handle_began = time.perf_counter()
             ownership = Ownership(store, claim, settings.lease_seconds, drain, claimed_at + settings.lease_seconds)
-            with Heartbeat(ownership):
+            with Heartbeat(ownership), batch_span(handler.step, batch_key, claim.jobs):
                 outcomes = handler.handle(claim.jobs, ownership)
             handled = time.perf_counter() - handle_began
             settle()
