@@ -172,14 +172,16 @@ classifications = sa.Table(
         "output_mode IS NULL OR output_mode IN ('json_schema', 'json_object')", name="output_mode_known"
     ),
     sa.CheckConstraint("(reused_job_id IS NULL) = (reused_attempt IS NULL)", name="reused_whole"),
-    # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted
-    # answers of the model itself, by input and classifier version, oldest first.
+    # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted and
+    # doubtful answers of the model itself, by input and classifier version, oldest first (0016).
     sa.Index(
         "classifications_answers_idx",
         "input_sha256",
         "classifier_version",
         "id",
-        postgresql_where=sa.text("outcome = 'accepted' AND reused_job_id IS NULL AND input_sha256 IS NOT NULL"),
+        postgresql_where=sa.text(
+            "outcome IN ('accepted', 'inconclusive') AND reused_job_id IS NULL AND input_sha256 IS NOT NULL"
+        ),
     ),
 )
 

@@ -368,17 +368,22 @@ class ClassifyHandler:
             label = LabelWrite(output.label or "", output.confidence, version)
             return Complete(job.id, job.attempt, label, classification=record)
         if outcome == "inconclusive":
+            # A reused doubtful answer says whose it was: the reviewer sees the same text's answer.
+            reused = (
+                {} if reused_from is None else {"reused_job_id": str(reused_from[0]), "reused_attempt": reused_from[1]}
+            )
             return SendToReview(
                 job.id,
                 job.attempt,
                 "inconclusive",
                 "inconclusive",
-                None,
+                None if reused_from is None else f"the answer of job {reused_from[0]} attempt {reused_from[1]} reused",
                 classification=record,
                 context={
                     "label": output.label,
                     "confidence": output.confidence,
                     "threshold": self.settings.confidence_threshold,
+                    **reused,
                 },
             )
         return SendToReview(
