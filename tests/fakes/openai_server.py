@@ -155,6 +155,10 @@ def keyword_responder(taxonomy: Taxonomy, fallback: str = "general_inquiry") -> 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the real APIs; needs Content-Length
+    # A reply leaves in one write (the status line, headers and body buffered, flushed once after
+    # do_POST): written in two, Nagle's algorithm held the body back until the client's delayed
+    # ACK of the headers, about 40 ms on Linux, which every timed call paid (docs/performance.md).
+    wbufsize = -1
     server: _Server
     timeout = 10  # an idle keep-alive connection ends its thread after this
 
@@ -196,6 +200,8 @@ class _Server(ThreadingHTTPServer):
         self.connections_lock = threading.Lock()
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        with contextlib.suppress(OSError):  # as a real API server: no Nagle delay on small replies
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.connections_lock:
             self.connections.add(request)
         super().process_request(request, client_address)

@@ -250,7 +250,14 @@ class ClassifyDocumentsOperator(TriageOperator):
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
         from triage.pipeline.reuse import ContentCache
-        from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, RunSettings, StepError, run_step
+        from triage.pipeline.steps import (
+            CircuitOpen,
+            DependencyMisconfigured,
+            RunSettings,
+            StepError,
+            claim_size,
+            run_step,
+        )
 
         config = self.run_config(context)
         classifier = build_run_classifier(config, self.llm_conn_id)
@@ -276,7 +283,7 @@ class ClassifyDocumentsOperator(TriageOperator):
         )
         settings = RunSettings(
             owner=lease_owner(context),
-            batch_size=self.batch_size,
+            batch_size=claim_size(self.batch_size, concurrency),
             lease_seconds=config.lease_seconds,
             retry_soon_seconds=self.retry_soon_seconds,
             earlier_tries_of=owner_prefix(context),
