@@ -12,12 +12,16 @@ Requests take the queued replies first, then ``responder(body)``. ``latency_ms``
 reply (benchmarks); the server sustains many concurrent requests (a deep listen backlog, a
 thread per connection). It records every JSON body it received. ``refuse_json_schema`` plays a
 provider without structured outputs: a request asking for ``response_format: json_schema`` gets
-the 400 OpenAI answers for a model that lacks it, before any queued reply.
+the 400 OpenAI answers for a model that lacks it, before any queued reply. ``requests_per_second``
+plays a provider's rate limit: a token bucket of that rate (holding ``burst_seconds`` of it) per
+server, and a request finding it empty gets a 429 with ``retry-after-ms`` and OpenAI's
+``x-ratelimit-*`` headers (``rate_limited`` counts them); answered requests carry the headers too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -51,6 +55,7 @@ class Reply:
     usage: Any = None  # replaces the whole usage object as given (anything JSON, NaN included)
     retry_after: str | None = None  # sent as the Retry-After header (seconds or an HTTP date)
     refusal: str | None = None  # structured outputs: the model declined (content null)
+    headers: tuple[tuple[str, str], ...] = ()  # sent as they are (x-ratelimit-*, retry-after-ms)
 
     @classmethod
     def ok(cls, label: str, confidence: float = 0.9, **kwargs: Any) -> Reply:
@@ -181,6 +186,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         if reply.retry_after is not None:
             self.send_header("Retry-After", reply.retry_after)
+        for name, value in reply.headers:
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
@@ -229,9 +236,19 @@ class FakeOpenAIServer:
     """Context manager running the fake server; ``base_url`` ends in ``/v1``."""
 
     def __init__(
-        self, responder: Responder | None = None, latency_ms: float = 0.0, *, refuse_json_schema: bool = False
+        self,
+        responder: Responder | None = None,
+        latency_ms: float = 0.0,
+        *,
+        refuse_json_schema: bool = False,
+        requests_per_second: float | None = None,
+        burst_seconds: float = 1.0,
     ) -> None:
         self.responder: Responder = responder or fixed_label("general_inquiry")
+        self.requests_per_second, self.burst_seconds = requests_per_second, burst_seconds
+        self.rate_limited = 0
+        self._bucket = (requests_per_second or 0.0) * burst_seconds
+        self._bucket_at = time.monotonic()
         self.latency_ms = latency_ms
         self.refuse_json_schema = refuse_json_schema
         self.requests: list[dict[str, Any]] = []
@@ -268,9 +285,43 @@ class FakeOpenAIServer:
             mode = response_format.get("type") if isinstance(response_format, dict) else None
             if self.refuse_json_schema and mode == "json_schema":
                 return SCHEMA_REFUSED
+            limit = self._rate_limit()
+            if limit is not None and limit.status == 429:
+                return limit
             if self._queue:
-                return self._queue.popleft()
-        return self.responder(body)
+                reply = self._queue.popleft()
+                return reply if limit is None else dataclasses.replace(reply, headers=reply.headers + limit.headers)
+        reply = self.responder(body)
+        return reply if limit is None else dataclasses.replace(reply, headers=reply.headers + limit.headers)
+
+    def _rate_limit(self) -> Reply | None:
+        """Take one request from the bucket (under the lock): None without a limit, a 429 when it
+        is empty, else a reply carrying only the headers to add."""
+        rate = self.requests_per_second
+        if rate is None:
+            return None
+        now, capacity = time.monotonic(), rate * self.burst_seconds
+        self._bucket = min(capacity, self._bucket + (now - self._bucket_at) * rate)
+        self._bucket_at = now
+        if self._bucket < 1.0:
+            self.rate_limited += 1
+            wait_ms = max((1.0 - self._bucket) / rate * 1000.0, 1.0)
+            headers = (
+                ("retry-after-ms", f"{wait_ms:.0f}"),
+                ("x-ratelimit-limit-requests", f"{rate * 60:.0f}"),
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-reset-requests", f"{wait_ms:.0f}ms"),
+            )
+            return Reply(status=429, headers=headers)
+        self._bucket -= 1.0
+        full_ms = (capacity - self._bucket) / rate * 1000.0
+        return Reply(
+            headers=(
+                ("x-ratelimit-limit-requests", f"{rate * 60:.0f}"),
+                ("x-ratelimit-remaining-requests", f"{int(self._bucket)}"),
+                ("x-ratelimit-reset-requests", f"{full_ms:.0f}ms"),
+            )
+        )
 
     def start(self) -> FakeOpenAIServer:
         server = _Server(("127.0.0.1", 0))

@@ -308,3 +308,26 @@ reconciliation_runs = sa.Table(
     sa.Index("reconciliation_runs_dag_run_id_idx", "dag_run_id"),
     comment="One row per reconcile_jobs run: its params, findings, repairs and report summary",
 )
+
+# The requests and tokens per minute of a model connection, shared by every worker (migration
+# 0017, triage.jobs.budgets). A generic cell rate: ``request_tat``/``token_tat`` is when the
+# budget would be empty again at its rate (a call may start once it is at most ``burst_seconds``
+# ahead of now), ``blocked_until`` is how long the provider asked to be left alone (a 429's
+# Retry-After, an x-ratelimit reset). One row per connection, updated by one statement per call.
+model_budgets = sa.Table(
+    "model_budgets",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),  # the Airflow connection id
+    sa.Column("requests_per_minute", sa.Float),  # NULL: no request budget
+    sa.Column("tokens_per_minute", sa.Float),  # NULL: no token budget
+    sa.Column("burst_seconds", sa.Float, nullable=False, server_default=sa.text("1")),
+    sa.Column("request_tat", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("token_tat", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("blocked_until", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("'-infinity'")),
+    sa.Column("rate_limited", sa.BigInteger, nullable=False, server_default=sa.text("0")),  # 429s reported
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.CheckConstraint("requests_per_minute IS NULL OR requests_per_minute > 0", name="requests_per_minute"),
+    sa.CheckConstraint("tokens_per_minute IS NULL OR tokens_per_minute > 0", name="tokens_per_minute"),
+    sa.CheckConstraint("burst_seconds >= 0", name="burst_seconds"),
+    comment="Requests and tokens per minute of a model connection, shared by every worker",
+)

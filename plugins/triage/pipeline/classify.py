@@ -12,6 +12,8 @@ rejected (invalid output, or   ``manual_review``, reason ``rejected_output``
 a label holding NUL)
 transient (timeout, 429, 5xx)  ``retryable_failed`` with backoff, or ``manual_review``
                                (``retries_exhausted``) once attempts run out
+no room in the shared budget   ``waiting`` (``outage:rate_limit``, the attempt given back)
+(``budget_exhausted``)         until it has room; never counted by the circuit breaker
 permanent for the document     ``manual_review``, reason ``permanent_error`` (a person can
 (400, other 4xx, drill)        still label it)
 malformed payload              ``manual_review``, reason ``malformed_input``
@@ -54,13 +56,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from triage.classifiers.base import (
-    Classifier,
-    ClassifierError,
-    ClassifyRequest,
-    ModelOutput,
-    decide_outcome,
-)
+from triage.classifiers.base import Classifier, ClassifierError, ClassifyRequest, ModelOutput, decide_outcome
+from triage.classifiers.rate_limits import BUDGET_EXHAUSTED
 from triage.contracts.documents import DocumentPayload, MalformedDocument
 from triage.jobs.models import (
     Advance,
@@ -282,6 +279,8 @@ class ClassifyHandler:
         return stop
 
     def _failed(self, job: ClaimedJob, exc: ClassifierError, started: float) -> Outcome:
+        if exc.error_class == BUDGET_EXHAUSTED:  # rate limiting is neither the job's failure nor an outage
+            return Park(job.id, job.attempt, "rate_limit", exc.retry_after or 1.0, exc.error_class, str(exc))
         if exc.transient:
             self._last_transient = (exc.error_class, str(exc))
             retry_after = bounded_retry_after(exc.retry_after)
