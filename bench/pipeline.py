@@ -344,4 +344,6 @@ def bench_content_cache() -> list[Figure]:
 
 
 def run() -> list[Figure]:
-    return [*bench_end_to_end(), *bench_llm(), *bench_content_cache()]
+    from bench import budgets
+
+    return [*bench_end_to_end(), *bench_llm(), *bench_content_cache(), *budgets.run()]

@@ -214,3 +214,13 @@ def test_two_worker_processes_share_one_budget(db_url: DatabaseUrl, engine: sa.E
     assert rate_limited <= n // 10
     assert calls - rate_limited == n
     assert sum(results.values()) == rate_limited
+
+
+def test_a_budget_row_lost_in_a_crash_is_written_again(engine: sa.Engine) -> None:
+    budget = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=600))
+    assert budget.take(1, patience=1)[0]
+    with engine.begin() as conn:  # an unlogged table after a crash: empty
+        conn.execute(sa.text("DELETE FROM triage.model_budgets"))
+    assert budget.take(1, patience=1)[0]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT requests_per_minute FROM triage.model_budgets")).scalar_one() == 600

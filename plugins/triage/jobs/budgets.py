@@ -15,7 +15,9 @@ patience, so a worker that gives up (the job is parked until the budget has room
 nothing of the budget. Waits are computed by the database's clock only: hosts' clocks never meet.
 
 What it costs: one round trip per call on a row every worker updates; the row lock is held for
-the statement only (autocommit), measured in ``make bench`` (``docs/model-calls.md``).
+the statement only, and the table is ``UNLOGGED`` (no WAL flush per call; after a crash it comes
+back empty and the next call writes the row again, with a full budget). Measured in
+``make bench`` (``docs/model-calls.md``).
 """
 
 from __future__ import annotations
@@ -182,14 +184,19 @@ class ModelBudget:
     def take(self, tokens: float, patience: float) -> tuple[bool, float]:
         """Reserve one request of ``tokens`` if it may start within ``patience`` seconds:
         (reserved, seconds to wait before sending); not reserved: the wait it would have had."""
-        self.configure()
         params = {"budget": self.name, "requests": 1.0, "tokens": max(tokens, 0.0), "patience": patience}
-        with self.engine.begin() as conn:
-            row = conn.execute(take_statement(), params).first()
-            if row is not None:
-                return True, max(float(row.wait or 0.0), 0.0)
-            wait = conn.execute(wait_statement(), params).scalar()
-        return False, max(float(wait or 0.0), 0.0)
+        for _ in range(2):
+            self.configure()
+            with self.engine.begin() as conn:
+                row = conn.execute(take_statement(), params).first()
+                if row is not None:
+                    return True, max(float(row.wait or 0.0), 0.0)
+                wait = conn.execute(wait_statement(), params).scalar()
+            if wait is not None:
+                return False, max(float(wait), 0.0)
+            with self._lock:  # no row: the unlogged table came back empty after a crash
+                self._configured = False
+        raise RuntimeError(f"model budget {self.name!r} could not be written")
 
     def block(self, seconds: float, *, counted: bool = True) -> None:
         """Push ``blocked_until`` to ``seconds`` from now (never earlier than it is);

@@ -330,4 +330,5 @@ model_budgets = sa.Table(
     sa.CheckConstraint("tokens_per_minute IS NULL OR tokens_per_minute > 0", name="tokens_per_minute"),
     sa.CheckConstraint("burst_seconds >= 0", name="burst_seconds"),
     comment="Requests and tokens per minute of a model connection, shared by every worker",
+    prefixes=["UNLOGGED"],  # a pacing state: not worth a WAL flush per call (migration 0017)
 )
