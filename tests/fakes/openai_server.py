@@ -16,6 +16,7 @@ the 400 OpenAI answers for a model that lacks it, before any queued reply. ``req
 plays a provider's rate limit: a token bucket of that rate (holding ``burst_seconds`` of it) per
 server, and a request finding it empty gets a 429 with ``retry-after-ms`` and OpenAI's
 ``x-ratelimit-*`` headers (``rate_limited`` counts them); answered requests carry the headers too.
+``batches`` serves OpenAI's batch interface (``/v1/files``, ``/v1/batches``: :mod:`tests.fakes.batches`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
+from tests.fakes.batches import FakeBatches
 from triage.classifiers.keyword import KeywordClassifier
 from triage.classifiers.taxonomy import Taxonomy
 
@@ -167,9 +169,26 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = 10  # an idle keep-alive connection ends its thread after this
 
+    def _send_batch_api(self, status: int, answer: Any) -> None:
+        payload = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header(
+            "Content-Type", "application/octet-stream" if isinstance(answer, bytes) else "application/json"
+        )
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        self._send_batch_api(*self.server.fake.batches.get(self.path))
+
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
+        if self.path.startswith(("/v1/files", "/v1/batches")):
+            fake = self.server.fake
+            self._send_batch_api(*fake.batches.post(self.path, self.headers.get("Content-Type", ""), raw))
+            return
         try:
             body = json.loads(raw)
         except ValueError:
@@ -247,6 +266,8 @@ class FakeOpenAIServer:
         self.responder: Responder = responder or fixed_label("general_inquiry")
         self.requests_per_second, self.burst_seconds = requests_per_second, burst_seconds
         self.rate_limited = 0
+        self.batches = FakeBatches(self)
+        """The batch interface (:mod:`tests.fakes.batches`): its files and batches."""
         self._bucket = (requests_per_second or 0.0) * burst_seconds
         self._bucket_at = time.monotonic()
         self.latency_ms = latency_ms

@@ -385,6 +385,11 @@ class OpenAICompatibleClassifier:
             price_per_1k_completion=self.price_per_1k_completion,
         )
 
+    def answer_of(self, request: ClassifyRequest, response: httpx.Response) -> ModelOutput:
+        """The output of a response obtained elsewhere (a batch's line), in :attr:`output_mode`;
+        raises the classified error of a failed request as :meth:`classify` does."""
+        return dataclasses.replace(self._read(request, response, 0.0), output_mode=self.output_mode)
+
     def close(self) -> None:
         """Close the connection pool; idempotent."""
         self._client.close()
