@@ -332,3 +332,42 @@ model_budgets = sa.Table(
     comment="Requests and tokens per minute of a model connection, shared by every worker",
     prefixes=["UNLOGGED"],  # a pacing state: not worth a WAL flush per call (migration 0017)
 )
+
+# A set of jobs submitted to the provider's batch interface (migration 0017, triage.jobs.batches):
+# written before the provider is asked (status ``submitting``, keyed by the submission's name),
+# so that a resubmission after a crash adopts the provider's batch instead of paying twice.
+model_batches = sa.Table(
+    "model_batches",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("batch_key", sa.Text, nullable=False),
+    sa.Column("classifier_version", sa.Text, nullable=False),
+    sa.Column("provider_batch_id", sa.Text),  # NULL until the provider accepted it
+    sa.Column("status", sa.Text, nullable=False, server_default=sa.text("'submitting'")),
+    sa.Column("job_ids", pg.ARRAY(pg.UUID(as_uuid=True)), nullable=False),
+    sa.Column("attempts", pg.ARRAY(sa.Integer), nullable=False),  # each job's attempt, as submitted
+    sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint("status IN ('submitting', 'running', 'collected', 'lost')", name="status"),
+    # Serves the open batches of a run (the collector's and the operator's question).
+    sa.Index("model_batches_open_idx", "batch_key", postgresql_where=sa.text("status IN ('submitting', 'running')")),
+    comment="A set of jobs submitted to the provider's batch interface, and what became of it",
+)
+
+# A job's answer from a provider batch: the classify step takes it instead of calling the model.
+model_batch_answers = sa.Table(
+    "model_batch_answers",
+    metadata,
+    sa.Column("job_id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("batch", sa.Text, sa.ForeignKey(model_batches.c.key), nullable=False),
+    sa.Column("label", sa.Text),
+    sa.Column("confidence", sa.Float),
+    sa.Column("rejected_reason", sa.Text),
+    sa.Column("output_mode", sa.Text),
+    sa.Column("prompt_tokens", sa.Integer),
+    sa.Column("completion_tokens", sa.Integer),
+    sa.Column("error_class", sa.Text),  # the batch's request failed: asked again interactively
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    comment="A job's answer from a provider batch, taken by the classify step instead of a call",
+)

@@ -52,7 +52,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -92,11 +92,9 @@ log = logging.getLogger(__name__)
 MISCONFIGURED = frozenset({"unauthorized", "forbidden", "not_found", "redirected", "structured_output_unsupported"})
 
 OUTAGE_SECONDS = 30.0
-"""How long jobs stay parked on an outage when the model named no ``Retry-After``: about the
-classify task's first Airflow retry delay, so its retry finds them due."""
+"""Parked on an outage without a ``Retry-After``: about the classify task's first retry delay."""
 MAX_RETRY_AFTER_SECONDS = 900.0
-"""The longest ``Retry-After`` honoured (the classify task's longest Airflow retry delay): a
-provider's hint, not a licence to park a day's work for hours."""
+"""The longest ``Retry-After`` honoured (the task's longest retry delay): a hint, not a licence."""
 
 
 def bounded_retry_after(seconds: float | None) -> float | None:
@@ -147,9 +145,12 @@ class ClassifyHandler:
         settings: ClassifySettings,
         breaker: CircuitBreaker | None = None,
         cache: ContentCache | None = None,
+        given: Callable[[Sequence[ClaimedJob]], Mapping[uuid.UUID, ModelOutput]] | None = None,
     ) -> None:
-        """:param cache: the content cache (:mod:`triage.pipeline.reuse`); None: every job is asked."""
+        """:param cache: the content cache (:mod:`triage.pipeline.reuse`); None: every job is asked.
+        :param given: the answers a claim's jobs already have (a provider batch's, :mod:`.batch_mode`)."""
         self.classifier, self.payloads, self.settings, self.cache = classifier, payloads, settings, cache
+        self.given, self._given = given, dict[uuid.UUID, ModelOutput]()
         self.breaker = breaker or CircuitBreaker()
         self._misconfigured: str | None = None
         self._store_down: str | None = None
@@ -185,6 +186,7 @@ class ClassifyHandler:
             return [self.park(job.id, job.attempt) for job in jobs]
 
         self.breaker.claimed(job.id for job in jobs)
+        self._given = dict(self.given(jobs)) if self.given is not None else {}
 
         def one(index: int) -> Outcome:  # no model call once the job is not ours
             job, content = jobs[index], contents[index]
@@ -325,6 +327,8 @@ class ClassifyHandler:
                 self.breaker.record(True)
             return document
         key = input_key(document)
+        if (output := self._given.get(job.id)) is not None:  # answered by a provider batch: no call
+            return self._decided(job, output, key)
         if self.cache is not None and (answer := self.cache.answer(job)) is not None:
             reused = ModelOutput(answer.label, answer.confidence, None, 0.0, 0, 0, 0.0, output_mode=answer.output_mode)
             return self._decided(job, reused, key, (answer.job_id, answer.attempt))
