@@ -200,7 +200,9 @@ class ClassifyDocumentsOperator(TriageOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from triage.jobs.batches import BatchLedger
         from triage.operators.metrics import AirflowStatsMetrics
+        from triage.pipeline.batch_mode import given_answers
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
         from triage.pipeline.reuse import ContentCache
         from triage.pipeline.steps import (
@@ -233,6 +235,8 @@ class ClassifyDocumentsOperator(TriageOperator):
             _payloads(self.payload_base),
             ClassifySettings(config.confidence_threshold, concurrency, separate),
             cache=cache,
+            # Answers a provider batch gave (batch mode, triage.operators.model_batches): no call.
+            given=given_answers(BatchLedger(self.store.engine)) if config.classifier == "llm" else None,
         )
         settings = RunSettings(
             owner=lease_owner(context),
