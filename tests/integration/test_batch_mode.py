@@ -143,3 +143,20 @@ def test_a_resubmission_after_a_crash_adopts_the_batch_the_provider_accepted(
     assert server.batches.created == 1  # adopted, not paid twice
     assert [s.provider_batch_id for s in ledger.open_batches(BATCH)] == [accepted]
     client.close()
+
+
+def test_the_same_jobs_submitted_after_their_batch_finished_make_a_new_batch(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
+    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ids = register(store, payloads, client.classifier.version, ["a", "b"])
+    [first] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit")
+    [batch_id] = server.batches.batches
+    server.batches.lose(batch_id, "failed")
+    collect(ledger, client, batch_key=BATCH, actor="collect")  # lost: the jobs are due, queued by a claim
+    store.resume_parked(BATCH, "classify", actor="test", classifier_version=client.classifier.version)
+    [second] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit-again")
+    assert second == f"{first}.1" == f"{submission_key(BATCH, ids)}.1"
+    assert server.batches.created == 2
+    assert [s.key for s in ledger.open_batches(BATCH)] == [second]
+    client.close()

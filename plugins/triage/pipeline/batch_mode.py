@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from triage.classifiers.base import ModelOutput
 from triage.classifiers.batch_api import BatchClient
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.batches import BatchLedger
+from triage.jobs.batches import BatchLedger, Submission
 from triage.jobs.models import ClaimedJob, Outcome, Park
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
@@ -87,8 +87,7 @@ def submit(
             else:
                 outcomes.append(document)
         if submitted:
-            key = submission_key(batch_key, [job.id for job, _ in submitted])
-            row = ledger.open_submission(key, batch_key, version, [(job.id, job.attempt) for job, _ in submitted])
+            key, row = _open(ledger, batch_key, version, [(job.id, job.attempt) for job, _ in submitted])
             provider_id = row.provider_batch_id or client.submit(
                 ((f"{job.id}:{job.attempt}", text) for job, text in submitted), key
             )
@@ -99,6 +98,20 @@ def submit(
                 "batch=%s submitted %d jobs as provider batch %s (%s)", batch_key, len(submitted), provider_id, key
             )
         store.record(claim, outcomes)
+
+
+def _open(
+    ledger: BatchLedger, batch_key: str, version: str, submitted: list[tuple[uuid.UUID, int]]
+) -> tuple[str, Submission]:
+    """The open submission of these jobs: adopted while it is open; once it is finished (the same
+    jobs submitted again, e.g. after the window's backstop), a new one named ``<key>.<n>``."""
+    base = submission_key(batch_key, [job_id for job_id, _ in submitted])
+    for n in range(1000):
+        key = base if n == 0 else f"{base}.{n}"
+        row = ledger.open_submission(key, batch_key, version, submitted)
+        if row.status in ("submitting", "running"):
+            return key, row
+    raise RuntimeError(f"{base} was submitted 1000 times")
 
 
 @dataclass(frozen=True, slots=True)
