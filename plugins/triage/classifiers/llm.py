@@ -23,6 +23,9 @@ the job and fails the task without retrying), or with ``auto`` the classifier as
 again in ``json_object`` and keeps that mode for the rest of its life. The mode of each answer is
 recorded with its classification (``ModelOutput.output_mode``).
 
+With a shared budget (requests/tokens per minute, :mod:`triage.classifiers.rate_limits`) each call
+waits for its slot, and a 429 blocks the budget for every worker and is sent again, not raised.
+
 Neither prompts, document text nor the API key are ever logged or put in an error message.
 """
 
@@ -47,6 +50,7 @@ from triage.classifiers.base import (
     TransientClassifierError,
 )
 from triage.classifiers.provider_errors import error_detail, refuses_schema, retry_after
+from triage.classifiers.rate_limits import CallBudget, RateLimiter
 from triage.classifiers.taxonomy import Taxonomy
 from triage.jobs.usage import bounded, non_negative
 from triage.tracing import correlation_header, inject_trace_headers, model_call_span, set_attributes, set_error
@@ -247,6 +251,9 @@ class OpenAICompatibleClassifier:
     :param response_format: the output mode, one of :data:`OUTPUT_MODES` (see the module
         docstring). Not part of :attr:`version`: the prompt, model and labels are the same in
         every mode and the answer is validated the same way; each answer records its mode.
+    :param budget: the connection's shared requests/tokens budget; None: calls are limited by
+        the caller's concurrency only, and a 429 fails the call (``rate_limited``).
+    :param budget_max_wait_seconds: the longest one call waits for the budget before giving up.
     """
 
     def __init__(
@@ -262,6 +269,8 @@ class OpenAICompatibleClassifier:
         price_per_1k_prompt: float | None = None,
         price_per_1k_completion: float | None = None,
         response_format: str = "json_schema",
+        budget: CallBudget | None = None,
+        budget_max_wait_seconds: float = 60.0,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
@@ -281,6 +290,9 @@ class OpenAICompatibleClassifier:
         self._system_prompt = system_prompt(taxonomy)
         self._formats = {"json_schema": verdict_schema(taxonomy), "json_object": {"type": "json_object"}}
         self._url = f"{base_url.rstrip('/')}/chat/completions"
+        self._limiter = RateLimiter(budget, max_wait_seconds=budget_max_wait_seconds) if budget else None
+        # About 4 characters a token: the instructions, the schema and a short answer.
+        self._fixed_tokens = (len(self._system_prompt) + len(str(self._formats["json_schema"]))) / 4 + 20
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             headers=headers,
@@ -336,9 +348,19 @@ class OpenAICompatibleClassifier:
             response = self._post(request, mode, headers)
         latency_ms = (time.perf_counter() - started) * 1000.0
         output = self._read(request, response, latency_ms)
+        if self._limiter is not None and output.prompt_tokens is not None:
+            self._limiter.used(self._estimate(request), output.prompt_tokens + (output.completion_tokens or 0))
         return dataclasses.replace(output, output_mode=mode)
 
+    def _estimate(self, request: ClassifyRequest) -> float:
+        return self._fixed_tokens + len(request.text) / 4
+
     def _post(self, request: ClassifyRequest, mode: str, headers: dict[str, str]) -> httpx.Response:
+        if self._limiter is None:
+            return self._send(request, mode, headers)
+        return self._limiter.call(lambda: self._send(request, mode, headers), self._estimate(request))
+
+    def _send(self, request: ClassifyRequest, mode: str, headers: dict[str, str]) -> httpx.Response:
         try:
             return self._client.post(self._url, json=self.request_body(request.text, mode), headers=headers)
         except httpx.TimeoutException as exc:
@@ -376,6 +398,11 @@ class OpenAICompatibleClassifier:
             price_per_1k_prompt=self.price_per_1k_prompt,
             price_per_1k_completion=self.price_per_1k_completion,
         )
+
+    def answer_of(self, request: ClassifyRequest, response: httpx.Response) -> ModelOutput:
+        """The output of a response obtained elsewhere (a batch's line), in :attr:`output_mode`;
+        raises the classified error of a failed request as :meth:`classify` does."""
+        return dataclasses.replace(self._read(request, response, 0.0), output_mode=self.output_mode)
 
     def close(self) -> None:
         """Close the connection pool; idempotent."""

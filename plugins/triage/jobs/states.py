@@ -86,8 +86,9 @@ UNLEASED: frozenset[JobStatus] = frozenset(UNFINISHED - {S.RUNNING})
 """Unfinished work that no lease holds: a failed task's batch may give it up to review."""
 
 OUTAGE_PREFIX = "outage:"
-"""The ``status_reason`` of a job parked in ``waiting`` because a dependency is down
-(``outage:model``, ``outage:payload_store``): an outage, not the job's failure, so no attempt
+"""The ``status_reason`` of a job parked in ``waiting`` because a dependency is down or busy
+(``outage:model``, ``outage:payload_store``; ``outage:rate_limit``: the model budget has no room,
+``outage:batch``: a provider batch answers it): not the job's failure, so no attempt
 is spent on it, a failed task's callback leaves it alone, and a claim of its batch and step
 queues it again once its ``next_attempt_at`` has passed."""
 
