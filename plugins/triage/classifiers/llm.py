@@ -52,7 +52,7 @@ from triage.classifiers.base import (
 from triage.classifiers.provider_errors import error_detail, refuses_schema, retry_after
 from triage.classifiers.rate_limits import CallBudget, RateLimiter
 from triage.classifiers.taxonomy import Taxonomy
-from triage.jobs.usage import bounded, non_negative
+from triage.jobs.usage import model_usage
 from triage.tracing import correlation_header, inject_trace_headers, model_call_span, set_attributes, set_error
 
 __all__ = [
@@ -98,38 +98,11 @@ class _Choice(BaseModel):
 
 class _ChatCompletion(BaseModel):
     """The part of the OpenAI chat-completion response Triage reads. ``usage`` is taken as
-    sent and bounded by :func:`_usage`: a strange figure there never rejects the answer."""
+    sent and bounded by :func:`~triage.jobs.usage.model_usage`: a strange figure there never rejects the answer."""
 
     model_config = ConfigDict(extra="ignore")
     choices: list[_Choice] = Field(min_length=1)
     usage: Any = None
-
-
-def _usage(
-    usage: Any, price_per_1k_prompt: float | None, price_per_1k_completion: float | None
-) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """``prompt_tokens``, ``completion_tokens`` and ``cost_usd`` within the columns' bounds
-    (:mod:`triage.jobs.usage`), and the names of the figures left out because they were not."""
-    if usage is None:
-        return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ()
-    if not isinstance(usage, dict):
-        return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ("usage",)
-    figures, discarded = bounded(
-        prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens")
-    )
-    prompt, completion = figures["prompt_tokens"], figures["completion_tokens"]
-    cost: object = None
-    if (price_per_1k_prompt is not None or price_per_1k_completion is not None) and (
-        prompt is not None or completion is not None
-    ):
-        # Prices come from the connection's extra: one that is not a number spoils the cost only.
-        prices = [non_negative(p) if p is not None else 0.0 for p in (price_per_1k_prompt, price_per_1k_completion)]
-        if None not in prices:
-            cost = (prompt or 0) / 1000.0 * (prices[0] or 0.0) + (completion or 0) / 1000.0 * (prices[1] or 0.0)
-        else:
-            cost = float("nan")  # named below as discarded
-    priced, over = bounded(cost_usd=cost)
-    return {**figures, **priced}, discarded + over
 
 
 def system_prompt(taxonomy: Taxonomy) -> str:
@@ -231,7 +204,7 @@ def parse_chat_response(
         completion = _ChatCompletion.model_validate_json(body)
     except (ValidationError, ValueError, RecursionError):
         return ModelOutput(None, 0.0, "invalid_response", latency_ms)
-    usage, discarded = _usage(completion.usage, price_per_1k_prompt, price_per_1k_completion)
+    usage, discarded = model_usage(completion.usage, price_per_1k_prompt, price_per_1k_completion)
     message = completion.choices[0].message
     if message.refusal and not message.content:
         output = ModelOutput(None, 0.0, "model_refused", latency_ms, **usage)
