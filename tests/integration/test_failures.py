@@ -31,7 +31,7 @@ from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.persist import PersistHandler
 from triage.pipeline.publish import JsonlEventSink, publish_all
 from triage.pipeline.retrieve import retrieve
-from triage.pipeline.steps import RunSettings, WorkRemains, run_step
+from triage.pipeline.steps import CircuitOpen, RunSettings, run_step
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 from triage.sources.synthetic import SyntheticSource
@@ -218,13 +218,15 @@ def test_6_a_timeout_after_the_provider_completed_is_retried_without_a_second_ef
         provider.delay_after_effect_s = 0.6  # applies the effect, answers after the client gave up
         action = WebhookLabelAction(provider.url, timeout_s=0.2)
         run = RunSettings(owner="w", retry_soon_seconds=0)
-        with pytest.raises(WorkRemains):  # the retries are due in ten minutes
+        # Every action of the try timed out: from the caller's side the provider is down, so
+        # the batch is parked on the outage (no attempt spent) rather than retried one by one.
+        with pytest.raises(CircuitOpen):
             run_step(patient, PersistHandler(patient, action), batch_key=BATCH, settings=run)
-        assert q(patient, "SELECT count(*) FROM triage.jobs WHERE status = 'retryable_failed'") == waiting
+        assert q(patient, "SELECT count(*) FROM triage.jobs WHERE status_reason = 'outage:label_provider'") == waiting
         assert len(provider.effects) == waiting  # the provider did complete every one
         provider.delay_after_effect_s = 0.0
         with engine.begin() as conn:
-            conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'retryable_failed'"))
+            conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now() WHERE status = 'waiting'"))
         run_step(patient, PersistHandler(patient, action), batch_key=BATCH, settings=run)
         action.close()
     assert q(patient, "SELECT count(*) FROM triage.jobs WHERE status = 'completed'") == waiting

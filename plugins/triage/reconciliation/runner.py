@@ -94,16 +94,17 @@ def run_rules(
 ) -> tuple[RuleResult, ...]:
     """Every rule, in an order where each sees the previous ones' repairs: leases first (a
     rescued job is no longer "running", nor its lease live), then Airflow's view (it counts what
-    is left), the resumes of parked work, and the orphans last: what no rule with more knowledge
-    settled."""
+    is left), the resumes of parked work, the orphans: what no rule with more knowledge settled;
+    and the outbox last, so that the events the repairs wrote (``job.needs_review``,
+    ``job.completed``) are relayed in the same run once they are old enough."""
     results = [
         rules.expired_leases(store, params),
         rules.stuck_work(store, params, classifier_versions),
-        rules.outbox(store, params, publish),
         rules.consistency(store, params),
         airflow_view.airflow_view(store, params, api),
         outage_resumes.outage_resumes(store, params, runs),
         rules.orphaned_work(store, params),  # after the Airflow view: its repairs know why
+        rules.outbox(store, params, publish),
     ]
     for result in results:
         log.info(
