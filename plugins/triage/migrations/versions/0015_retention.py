@@ -1,5 +1,5 @@
 """Retention: ``job_events`` and ``outbox`` partitioned by day, the jobs table tuned for its
-updates, open jobs indexed, and the maintenance functions that remove only what is expired.
+updates, and open and recent jobs indexed.
 
 Revision ID: 0015
 Revises: 0013
@@ -30,17 +30,7 @@ transitions and long-published events. Here:
   ``document_labels_updated_at_idx`` serve the consistency checks' window (only recent
   completions and labels are checked every 15 minutes, not history).
 
-The maintenance functions (``SECURITY DEFINER``, owned by the migrating owner, ``search_path``
-pinned, EXECUTE for ``triage_app`` only): the app role still cannot DROP, TRUNCATE or DELETE
-anything itself; through these it can remove only what each function's own rule allows:
-
-- ``ensure_day_partitions(days_ahead)``: today's and the next days' partitions of both tables;
-- ``drop_expired_partitions(parent, before)``: a partition wholly before ``before`` and at least
-  a day old, unless the outbox's holds an unpublished event, or the log's holds an event of a
-  job that is not terminal or has an open review (kept, and named in the result);
-- ``purge_classifications(before, after_id, max_rows)``: one bounded batch of classifications
-  older than ``before`` whose job is terminal with no open review (the caller loops);
-- ``purge_reconciliation_runs(before)``: runs older than ``before``, never the latest.
+The retention functions that use these partitions are revision 0019's.
 
 Frozen history: this file states the change as made here and imports no current code.
 """
@@ -58,7 +48,6 @@ S = "triage"
 APP = "triage_app"
 LEDGER = "triage_ledger_owner"
 OPEN_STATES = "'received', 'queued', 'running', 'waiting', 'retryable_failed', 'manual_review'"
-OPEN_STATES_QUOTED = OPEN_STATES.replace("'", "''")  # inside a quoted format string
 TOMORROW = "(date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'"
 
 # The bound of the legacy partition, computed once in the database and reused by each statement.
@@ -90,15 +79,10 @@ def _partition(table: str, column: str, columns: str, key: str, indexes: list[st
         f"FOR VALUES FROM (MINVALUE) TO (%L)', {_bound()}); END $$"
     )
     op.execute(f"CREATE TABLE {S}.{table}_default PARTITION OF {S}.{table} DEFAULT")
+    # The maintenance reports how many rows fell into it (no day partition was there for them).
+    op.execute(f"GRANT SELECT ON {S}.{table}_default TO {APP}")
     for grant in grants:
         op.execute(grant)
-
-
-def _if_role(role: str, statement: str) -> str:
-    return (
-        f"DO $$ BEGIN IF EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '{role}') THEN "
-        f"{statement}; END IF; END $$"
-    )
 
 
 JOB_EVENTS_COLUMNS = """
@@ -123,173 +107,6 @@ OUTBOX_COLUMNS = """
     created_at timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz
 """
-
-FUNCTIONS = f"""
-CREATE FUNCTION triage.day_partition_bounds(part regclass,
-                                            OUT lower_bound timestamptz, OUT upper_bound timestamptz)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, triage, pg_temp AS $$
-DECLARE
-    bound text := pg_get_expr((SELECT relpartbound FROM pg_class WHERE oid = part), part);
-    m text[];
-BEGIN
-    m := regexp_match(bound, 'FROM \\((.*)\\) TO \\((.*)\\)');
-    IF m IS NULL THEN
-        RETURN;  -- the default partition
-    END IF;
-    lower_bound := CASE WHEN m[1] = 'MINVALUE' THEN '-infinity' ELSE btrim(m[1], '''')::timestamptz END;
-    upper_bound := btrim(m[2], '''')::timestamptz;
-END
-$$;
-
-CREATE FUNCTION triage.ensure_day_partitions(days_ahead integer)
-RETURNS TABLE (partition_name text, created boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, triage, pg_temp SET lock_timeout = '5s' AS $$
-DECLARE
-    parent text;
-    day timestamptz;
-    first_day timestamptz;
-    name text;
-BEGIN
-    IF days_ahead < 0 OR days_ahead > 60 THEN
-        RAISE EXCEPTION 'days_ahead must be between 0 and 60, not %', days_ahead;
-    END IF;
-    FOREACH parent IN ARRAY ARRAY['job_events', 'outbox'] LOOP
-        -- From the end of the newest partition (the legacy one ends at the migration's next
-        -- midnight), never before today.
-        SELECT max(b.upper_bound) INTO first_day
-          FROM pg_inherits i, LATERAL triage.day_partition_bounds(i.inhrelid) b
-         WHERE i.inhparent = format('triage.%I', parent)::regclass;
-        first_day := greatest(coalesce(first_day, '-infinity'),
-                              (date_trunc('day', now() AT TIME ZONE 'UTC')) AT TIME ZONE 'UTC');
-        day := first_day;
-        WHILE day < (date_trunc('day', now() AT TIME ZONE 'UTC') + make_interval(days => days_ahead + 1))
-                    AT TIME ZONE 'UTC' LOOP
-            name := format('%s_p%s', parent, to_char(day AT TIME ZONE 'UTC', 'YYYYMMDD'));
-            -- Rows of that day in the default partition would make the new one fail: leave the
-            -- day to the default and say so.
-            IF EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                        WHERE n.nspname = 'triage' AND c.relname = name) THEN
-                day := day + interval '1 day';
-                CONTINUE;
-            END IF;
-            EXECUTE format('SELECT EXISTS (SELECT FROM triage.%I WHERE %I >= %L AND %I < %L)',
-                           parent || '_default',
-                           CASE parent WHEN 'outbox' THEN 'created_at' ELSE 'at' END, day,
-                           CASE parent WHEN 'outbox' THEN 'created_at' ELSE 'at' END, day + interval '1 day')
-               INTO created;
-            IF created THEN
-                partition_name := name;
-                created := false;
-                RETURN NEXT;
-            ELSE
-                EXECUTE format('CREATE TABLE triage.%I PARTITION OF triage.%I FOR VALUES FROM (%L) TO (%L)',
-                               name, parent, day, day + interval '1 day');
-                partition_name := name;
-                created := true;
-                RETURN NEXT;
-            END IF;
-            day := day + interval '1 day';
-        END LOOP;
-    END LOOP;
-END
-$$;
-
-CREATE FUNCTION triage.drop_expired_partitions(parent text, before timestamptz)
-RETURNS TABLE (partition_name text, dropped boolean, rows_removed bigint, bytes_removed bigint, kept_because text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, triage, pg_temp SET lock_timeout = '5s' AS $$
-DECLARE
-    part record;
-    blocked boolean;
-BEGIN
-    IF parent NOT IN ('job_events', 'outbox') THEN
-        RAISE EXCEPTION 'only job_events and outbox are partitioned by day, not %', parent;
-    END IF;
-    -- A day's partition may still be written to until its end; a day's grace on top.
-    before := least(before, now() - interval '1 day');
-    FOR part IN
-        SELECT c.relname, b.upper_bound
-          FROM pg_inherits i
-          JOIN pg_class c ON c.oid = i.inhrelid,
-               LATERAL triage.day_partition_bounds(i.inhrelid) b
-         WHERE i.inhparent = format('triage.%I', parent)::regclass
-           AND b.upper_bound IS NOT NULL AND b.upper_bound <= before
-         ORDER BY b.upper_bound
-    LOOP
-        partition_name := part.relname;
-        IF parent = 'outbox' THEN
-            EXECUTE format('SELECT EXISTS (SELECT FROM triage.%I WHERE published_at IS NULL)', part.relname)
-               INTO blocked;
-            kept_because := CASE WHEN blocked THEN 'unpublished events' END;
-        ELSE
-            -- Only jobs created before the partition ends can have an event in it; the open
-            -- ones are few (jobs_open_idx), and each is looked up in the partition's index.
-            EXECUTE format(
-                'SELECT EXISTS (SELECT FROM triage.jobs j WHERE j.status IN ({OPEN_STATES_QUOTED})'
-                ' AND j.created_at < %L AND EXISTS (SELECT FROM triage.%I e WHERE e.job_id = j.id))'
-                ' OR EXISTS (SELECT FROM triage.manual_review r WHERE r.resolved_at IS NULL'
-                ' AND EXISTS (SELECT FROM triage.%I e WHERE e.job_id = r.job_id))',
-                part.upper_bound, part.relname, part.relname) INTO blocked;
-            kept_because := CASE WHEN blocked THEN 'events of open jobs' END;
-        END IF;
-        IF blocked THEN
-            dropped := false;
-            rows_removed := 0;
-            bytes_removed := 0;
-        ELSE
-            EXECUTE format('SELECT count(*) FROM triage.%I', part.relname) INTO rows_removed;
-            bytes_removed := pg_total_relation_size(format('triage.%I', part.relname)::regclass);
-            EXECUTE format('ALTER TABLE triage.%I DETACH PARTITION triage.%I', parent, part.relname);
-            EXECUTE format('DROP TABLE triage.%I', part.relname);
-            dropped := true;
-        END IF;
-        RETURN NEXT;
-    END LOOP;
-END
-$$;
-
-CREATE FUNCTION triage.purge_classifications(before timestamptz, after_id bigint, max_rows integer,
-                                             OUT deleted bigint, OUT last_id bigint)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, triage, pg_temp AS $$
-BEGIN
-    IF max_rows < 1 OR max_rows > 100000 THEN
-        RAISE EXCEPTION 'max_rows must be between 1 and 100000, not %', max_rows;
-    END IF;
-    before := least(before, now() - interval '1 hour');
-    -- One bounded run of the oldest rows after after_id, by id (the rows' insertion order).
-    WITH batch AS (
-        SELECT c.id, c.job_id FROM triage.classifications c
-         WHERE c.id > after_id AND c.created_at < before
-         ORDER BY c.id LIMIT max_rows
-    ), gone AS (
-        DELETE FROM triage.classifications c USING batch b, triage.jobs j
-         WHERE c.id = b.id AND j.id = b.job_id
-           AND j.status IN ('completed', 'terminal_failed')
-           AND NOT EXISTS (SELECT FROM triage.manual_review r
-                            WHERE r.job_id = b.job_id AND r.resolved_at IS NULL)
-        RETURNING c.id
-    )
-    SELECT (SELECT count(*) FROM gone), (SELECT max(id) FROM batch) INTO deleted, last_id;
-END
-$$;
-
-CREATE FUNCTION triage.purge_reconciliation_runs(before timestamptz) RETURNS bigint
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, triage, pg_temp AS $$
-    WITH gone AS (
-        DELETE FROM triage.reconciliation_runs
-         WHERE started_at < least(before, now() - interval '1 hour')
-           AND id < (SELECT max(id) FROM triage.reconciliation_runs)
-        RETURNING 1
-    )
-    SELECT count(*) FROM gone
-$$;
-"""
-
-SIGNATURES = (
-    "triage.ensure_day_partitions(integer)",
-    "triage.drop_expired_partitions(text, timestamptz)",
-    "triage.purge_classifications(timestamptz, bigint, integer)",
-    "triage.purge_reconciliation_runs(timestamptz)",
-)
 
 
 def upgrade() -> None:
@@ -353,13 +170,6 @@ def upgrade() -> None:
     )
     op.execute(f"CREATE INDEX document_labels_updated_at_idx ON {S}.document_labels (updated_at)")
 
-    # -- the maintenance functions -----------------------------------------------------------
-    op.execute(FUNCTIONS)
-    for signature in SIGNATURES:
-        op.execute(f"REVOKE ALL ON FUNCTION {signature} FROM PUBLIC")
-        op.execute(_if_role(APP, f"GRANT EXECUTE ON FUNCTION {signature} TO {APP}"))
-    op.execute(f"SELECT * FROM {S}.ensure_day_partitions(7)")
-
 
 def _unpartition(table: str, column: str) -> None:
     """Back to one plain table: the partitions' rows are copied into the legacy one."""
@@ -374,9 +184,6 @@ def _unpartition(table: str, column: str) -> None:
 
 
 def downgrade() -> None:
-    for signature in SIGNATURES:
-        op.execute(f"DROP FUNCTION IF EXISTS {signature}")
-    op.execute(f"DROP FUNCTION IF EXISTS {S}.day_partition_bounds(regclass)")
     op.execute(f"DROP INDEX IF EXISTS {S}.document_labels_updated_at_idx")
     op.execute(f"DROP INDEX IF EXISTS {S}.jobs_completed_recent_idx")
     op.execute(f"DROP INDEX IF EXISTS {S}.jobs_open_idx")
