@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from tests.integration.helpers import new_jobs
+from tests.integration.helpers import age_rows, drop_legacy_partitions, new_jobs, past_day_partitions
 from triage.database import DatabaseUrl, create_engine
 from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, NewJob
 from triage.jobs.store import JobStore
@@ -43,41 +43,16 @@ def _owner(url: DatabaseUrl) -> psycopg.Connection:
 
 
 def _past_partitions(url: DatabaseUrl, *days_ago: int) -> None:
-    """Give the fresh database the partitions a ledger running for weeks has: the legacy ones
-    (empty here) go, and one partition per given day of the past comes."""
     with _owner(url) as conn:
-        for table in ("job_events", "outbox"):
-            conn.execute(f"ALTER TABLE triage.{table} DETACH PARTITION triage.{table}_legacy")
-            conn.execute(f"DROP TABLE triage.{table}_legacy")
-            for ago in days_ago:
-                day = _day(ago)
-                conn.execute(
-                    f"CREATE TABLE triage.{table}_p{day:%Y%m%d} PARTITION OF triage.{table}"
-                    f" FOR VALUES FROM ('{day.isoformat()}') TO ('{(day + timedelta(days=1)).isoformat()}')"
-                )
-        conn.execute("SELECT * FROM triage.ensure_day_partitions(2)")
+        drop_legacy_partitions(conn)
+        for ago in days_ago:
+            past_day_partitions(conn, _day(ago))
 
 
 def _age(url: DatabaseUrl, job_ids: list[uuid.UUID], days_ago: int) -> None:
     """Every row of these jobs as if written ``days_ago`` days ago (noon UTC)."""
-    at = _day(days_ago) + timedelta(hours=12)
-    ids = [str(i) for i in job_ids]
     with _owner(url) as conn:
-        conn.execute("SET session_replication_role = replica")
-        conn.execute(
-            "UPDATE triage.jobs SET created_at = %s, updated_at = %s WHERE id = ANY(%s::uuid[])", (at, at, ids)
-        )
-        conn.execute("UPDATE triage.job_events SET at = %s WHERE job_id = ANY(%s::uuid[])", (at, ids))
-        conn.execute(
-            "UPDATE triage.outbox SET created_at = %s,"
-            " published_at = CASE WHEN published_at IS NOT NULL THEN %s END WHERE job_id = ANY(%s::uuid[])",
-            (at, at, ids),
-        )
-        conn.execute("UPDATE triage.classifications SET created_at = %s WHERE job_id = ANY(%s::uuid[])", (at, ids))
-        conn.execute(
-            "UPDATE triage.document_labels SET updated_at = %s, job_created_at = %s WHERE job_id = ANY(%s::uuid[])",
-            (at, at, ids),
-        )
+        age_rows(conn, _day(days_ago) + timedelta(hours=12), job_ids)
 
 
 def _publish_all_but(url: DatabaseUrl, keep_unsent: list[uuid.UUID]) -> None:
@@ -199,21 +174,19 @@ def test_retention_removes_what_expired_keeps_what_is_open_and_reconciliation_ag
     )
 
     kinds = report.kinds
-    # The log: OLD's day went (its three jobs' three transitions each); OLDISH's day holds an
-    # open job's events and stays whole.
-    assert kinds["job_events"].removed == 9
+    # The log: both old days' partitions went; the open job's event moved to the default
+    # partition with its id and time.
+    assert kinds["job_events"].removed == 9 + 6
     assert kinds["job_events"].bytes > 0
     assert kinds["job_events"].kept_open == 1
-    assert _count(engine, "SELECT count(*) FROM triage.job_events") == before_events - 9
-    assert (
-        _count(engine, f"SELECT count(*) FROM triage.job_events WHERE job_id = '{queued[0]}'") == 1
-    )  # registered queued
-    # The outbox: OLD's published events went; OLDISH's day holds an unsent event.
-    assert kinds["outbox"].removed == 6  # registered + completed, three jobs
+    assert _count(engine, "SELECT count(*) FROM triage.job_events") == before_events - 15
+    assert _count(engine, f"SELECT count(*) FROM triage.job_events_default WHERE job_id = '{queued[0]}'") == 1
+    # The outbox: the published events went, the unsent one stays (default partition).
+    assert kinds["outbox"].removed == 6 + 4
     assert kinds["outbox"].kept_open == 1
-    assert (
-        _count(engine, f"SELECT count(*) FROM triage.outbox WHERE job_id = '{queued[0]}' AND published_at IS NULL") == 1
-    )
+    unsent = f"SELECT count(*) FROM triage.outbox WHERE job_id = '{queued[0]}' AND published_at IS NULL"
+    assert _count(engine, unsent) == 1
+    assert _count(engine, "SELECT count(*) FROM triage.outbox") == 1 + 4  # and the recent jobs' 4
     # Classifications: the five old completed jobs'; the recent ones stay.
     assert kinds["classifications"].removed == 5
     assert _count(engine, "SELECT count(*) FROM triage.classifications") == 2

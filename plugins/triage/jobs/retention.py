@@ -25,7 +25,7 @@ PARTITIONED = ("job_events", "outbox")
 
 ENSURE_PARTITIONS = sa.text("SELECT partition_name, created FROM triage.ensure_day_partitions(:days_ahead)")
 DROP_EXPIRED = sa.text(
-    "SELECT partition_name, dropped, rows_removed, bytes_removed, kept_because"
+    "SELECT partition_name, dropped, rows_removed, bytes_removed, rows_kept"
     " FROM triage.drop_expired_partitions(:parent, :before)"
 )
 PURGE_CLASSIFICATIONS = sa.text(
@@ -45,14 +45,16 @@ def open_payload_refs() -> sa.Select[Any]:
 
 @dataclass(frozen=True)
 class PartitionOutcome:
-    """One expired day partition: dropped (its rows and bytes), or kept and why."""
+    """One expired day partition dropped (or a batch of the default partition's expired rows
+    deleted: ``dropped`` False): its rows removed and bytes, and the rows that had to stay
+    (moved into the default partition)."""
 
     table: str
     partition: str
     dropped: bool
     rows: int
     bytes: int
-    kept_because: str | None
+    kept: int
 
 
 class LedgerRetention:
@@ -69,15 +71,21 @@ class LedgerRetention:
         return [r.partition_name if r.created else f"!{r.partition_name}" for r in rows]
 
     def drop_expired_partitions(self, table: str, before: datetime) -> list[PartitionOutcome]:
-        """Drop the day partitions of ``table`` wholly before ``before`` that hold nothing open."""
+        """Drop the day partitions of ``table`` wholly before ``before``, one per transaction
+        (each holds the table's lock only that long), keeping what is open; then the default
+        partition's expired rows, in batches."""
         if table not in PARTITIONED:
             raise ValueError(f"{table} is not partitioned by day")
-        with self.engine.begin() as conn:
-            rows = conn.execute(DROP_EXPIRED, {"parent": table, "before": before}).all()
-        return [
-            PartitionOutcome(table, r.partition_name, r.dropped, r.rows_removed, r.bytes_removed, r.kept_because)
-            for r in rows
-        ]
+        outcomes: list[PartitionOutcome] = []
+        while True:
+            with self.engine.begin() as conn:
+                rows = conn.execute(DROP_EXPIRED, {"parent": table, "before": before}).all()
+            if not rows:
+                return outcomes
+            outcomes += [
+                PartitionOutcome(table, r.partition_name, r.dropped, r.rows_removed, r.bytes_removed, r.rows_kept)
+                for r in rows
+            ]
 
     def purge_classifications(self, before: datetime, batch: int = BATCH) -> int:
         """Delete the classifications of terminal jobs older than ``before``, ``batch`` rows per

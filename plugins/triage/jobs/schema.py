@@ -121,8 +121,8 @@ jobs = sa.Table(
     ),
     # Serves the consistency checks of recent completions (their lookback window).
     sa.Index("jobs_completed_recent_idx", "updated_at", postgresql_where=sa.text("status = 'completed'")),
-    # fillfactor 80 and autovacuum at 2 % (migration 0015): room on a page for the next version
-    # of a row, dead versions reclaimed early. Table storage options are not part of metadata.
+    # Autovacuum at 2 % (migration 0015): dead versions reclaimed early. No fillfactor: no
+    # transition can be a HOT update (status is indexed). Storage options are not metadata.
 )
 
 job_events = sa.Table(

@@ -79,12 +79,11 @@ def open_payload_names(ledger: LedgerRetention, store: PayloadStore) -> set[str]
 def _partitions(ledger: LedgerRetention, table: str, before: datetime) -> KindResult:
     result = KindResult()
     for outcome in ledger.drop_expired_partitions(table, before):
+        result.removed += outcome.rows
+        result.bytes += outcome.bytes
+        result.kept_open += outcome.kept
         if outcome.dropped:
-            result.removed += outcome.rows
-            result.bytes += outcome.bytes
-        else:
-            result.kept_open += 1
-            result.notes.append(f"{outcome.partition} kept: {outcome.kept_because}")
+            result.notes.append(f"{outcome.partition} dropped")
     return result
 
 

@@ -9,9 +9,12 @@ pinned, EXECUTE for ``triage_app`` only): the app role still cannot DROP, TRUNCA
 anything itself; through these it can remove only what each function's own rule allows:
 
 - ``ensure_day_partitions(days_ahead)``: today's and the next days' partitions of both tables;
-- ``drop_expired_partitions(parent, before)``: a partition wholly before ``before`` and at least
-  a day old, unless the outbox's holds an unpublished event, or the log's holds an event of a
-  job that is not terminal or has an open review (kept, and named in the result);
+- ``drop_expired_partitions(parent, before)``: the oldest partition wholly before ``before``
+  (and at least a day old), one per call: detached, its rows that must stay (the outbox's
+  unsent events; the log's events of a job that is not terminal or has an open review) are
+  inserted again through the parent, where they land in the default partition (no day
+  partition covers their day any more), and the table is dropped; with no such partition left,
+  a bounded batch of what the default partition no longer has to keep is deleted;
 - ``purge_classifications(before, after_id, max_rows)``: one bounded batch of classifications
   older than ``before`` whose job is terminal with no open review (the caller loops);
 - ``purge_reconciliation_runs(before)``: runs older than ``before``, never the latest.
@@ -37,7 +40,6 @@ depends_on = None
 S = "triage"
 APP = "triage_app"
 OPEN_STATES = "'received', 'queued', 'running', 'waiting', 'retryable_failed', 'manual_review'"
-OPEN_STATES_QUOTED = OPEN_STATES.replace("'", "''")  # inside a quoted format string
 
 
 def _if_role(role: str, statement: str) -> str:
@@ -103,17 +105,26 @@ END
 $$;
 
 CREATE FUNCTION triage.drop_expired_partitions(parent text, before timestamptz)
-RETURNS TABLE (partition_name text, dropped boolean, rows_removed bigint, bytes_removed bigint, kept_because text)
+RETURNS TABLE (partition_name text, dropped boolean, rows_removed bigint, bytes_removed bigint, rows_kept bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, triage, pg_temp SET lock_timeout = '5s' AS $$
 DECLARE
     part record;
-    blocked boolean;
+    time_column text := CASE parent WHEN 'outbox' THEN 'created_at' ELSE 'at' END;
+    -- What must stay: the outbox's unsent events; the log's events of the jobs that are not
+    -- terminal or have an open review (few: jobs_open_idx, manual_review_open_queue_idx).
+    keep text := CASE parent WHEN 'outbox' THEN 'published_at IS NULL' ELSE 'job_id = ANY($1)' END;
+    open_jobs uuid[];
+    total bigint;
 BEGIN
     IF parent NOT IN ('job_events', 'outbox') THEN
         RAISE EXCEPTION 'only job_events and outbox are partitioned by day, not %', parent;
     END IF;
     -- A day's partition may still be written to until its end; a day's grace on top.
     before := least(before, now() - interval '1 day');
+    IF parent = 'job_events' THEN
+        open_jobs := ARRAY(SELECT id FROM triage.jobs WHERE status IN ({OPEN_STATES})
+                           UNION SELECT job_id FROM triage.manual_review WHERE resolved_at IS NULL);
+    END IF;
     FOR part IN
         SELECT c.relname, b.upper_bound
           FROM pg_inherits i
@@ -124,34 +135,35 @@ BEGIN
          ORDER BY b.upper_bound
     LOOP
         partition_name := part.relname;
-        IF parent = 'outbox' THEN
-            EXECUTE format('SELECT EXISTS (SELECT FROM triage.%I WHERE published_at IS NULL)', part.relname)
-               INTO blocked;
-            kept_because := CASE WHEN blocked THEN 'unpublished events' END;
-        ELSE
-            -- Only jobs created before the partition ends can have an event in it; the open
-            -- ones are few (jobs_open_idx), and each is looked up in the partition's index.
-            EXECUTE format(
-                'SELECT EXISTS (SELECT FROM triage.jobs j WHERE j.status IN ({OPEN_STATES_QUOTED})'
-                ' AND j.created_at < %L AND EXISTS (SELECT FROM triage.%I e WHERE e.job_id = j.id))'
-                ' OR EXISTS (SELECT FROM triage.manual_review r WHERE r.resolved_at IS NULL'
-                ' AND EXISTS (SELECT FROM triage.%I e WHERE e.job_id = r.job_id))',
-                part.upper_bound, part.relname, part.relname) INTO blocked;
-            kept_because := CASE WHEN blocked THEN 'events of open jobs' END;
-        END IF;
-        IF blocked THEN
-            dropped := false;
-            rows_removed := 0;
-            bytes_removed := 0;
-        ELSE
-            EXECUTE format('SELECT count(*) FROM triage.%I', part.relname) INTO rows_removed;
-            bytes_removed := pg_total_relation_size(format('triage.%I', part.relname)::regclass);
-            EXECUTE format('ALTER TABLE triage.%I DETACH PARTITION triage.%I', parent, part.relname);
-            EXECUTE format('DROP TABLE triage.%I', part.relname);
-            dropped := true;
-        END IF;
+        bytes_removed := pg_total_relation_size(format('triage.%I', part.relname)::regclass);
+        EXECUTE format('SELECT count(*) FROM triage.%I', part.relname) INTO total;
+        -- Detached, the day belongs to no partition: what must stay is inserted again through
+        -- the parent and lands in the default partition, with its ids and times; the rest goes
+        -- with the table. The detach waits for (and then blocks) the parent's readers and
+        -- writers for as long as this transaction lasts: one partition per call.
+        EXECUTE format('ALTER TABLE triage.%I DETACH PARTITION triage.%I', parent, part.relname);
+        EXECUTE format('INSERT INTO triage.%I SELECT * FROM triage.%I WHERE ' || keep, parent, part.relname)
+          USING open_jobs;
+        GET DIAGNOSTICS rows_kept = ROW_COUNT;
+        EXECUTE format('DROP TABLE triage.%I', part.relname);
+        dropped := true;
+        rows_removed := total - rows_kept;
         RETURN NEXT;
+        RETURN;
     END LOOP;
+    -- What the default partition kept and no longer must: it goes too, in a bounded batch.
+    partition_name := parent || '_default';
+    EXECUTE format('DELETE FROM triage.%I WHERE ctid = ANY(ARRAY(SELECT ctid FROM triage.%I'
+                   ' WHERE %I < $2 AND NOT (' || keep || ') LIMIT 50000))',
+                   partition_name, partition_name, time_column)
+      USING open_jobs, before;
+    GET DIAGNOSTICS rows_removed = ROW_COUNT;
+    dropped := false;
+    bytes_removed := 0;
+    rows_kept := 0;
+    IF rows_removed > 0 THEN
+        RETURN NEXT;
+    END IF;
 END
 $$;
 
