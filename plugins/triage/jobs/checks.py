@@ -39,7 +39,7 @@ floor is two days: triage.settings.Retention) never removes an event these check
 
 
 def recent(at: ColumnElement[Any]) -> ColumnElement[bool]:
-    """Written within :data:`CONSISTENCY_WINDOW` (served by ``jobs_completed_recent_idx`` and
+    """Written within :data:`CONSISTENCY_WINDOW` (served by ``jobs_terminal_recent_idx`` and
     ``document_labels_updated_at_idx``)."""
     return at >= NOW - CONSISTENCY_WINDOW
 

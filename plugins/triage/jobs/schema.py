@@ -119,8 +119,13 @@ jobs = sa.Table(
             "status IN ('received', 'queued', 'running', 'waiting', 'retryable_failed', 'manual_review')"
         ),
     ),
-    # Serves the consistency checks of recent completions (their lookback window).
-    sa.Index("jobs_completed_recent_idx", "updated_at", postgresql_where=sa.text("status = 'completed'")),
+    # Serves the consistency checks of recent completions and the report's window of finished jobs.
+    sa.Index(
+        "jobs_terminal_recent_idx",
+        "status",
+        "updated_at",
+        postgresql_where=sa.text("status IN ('completed', 'terminal_failed')"),
+    ),
     # Autovacuum at 2 % (migration 0015): dead versions reclaimed early. No fillfactor: no
     # transition can be a HOT update (status is indexed). Storage options are not metadata.
 )

@@ -28,9 +28,10 @@ transitions and long-published events. Here:
   table was 5 % larger for the same jobs and still 0 HOT updates (docs/performance.md).
 - ``jobs_open_idx``: the jobs that are not terminal, by creation time. Reconciliation's checks
   of unfinished and reviewed work, and the maintenance's "is anything open still here", read
-  this small index instead of the whole table. ``jobs_completed_recent_idx`` and
-  ``document_labels_updated_at_idx`` serve the consistency checks' window (only recent
-  completions and labels are checked every 15 minutes, not history).
+  this small index instead of the whole table. ``jobs_terminal_recent_idx`` and
+  ``document_labels_updated_at_idx`` serve the windows of the consistency checks (only the last
+  day's completions and labels are checked every 15 minutes, not history) and of the report
+  (the jobs finished within its window).
 
 The retention functions that use these partitions are revision 0019's.
 
@@ -165,10 +166,13 @@ def upgrade() -> None:
     )
     op.execute(f"CREATE INDEX jobs_open_idx ON {S}.jobs (status, created_at) WHERE status IN ({OPEN_STATES})")
     op.execute(f"COMMENT ON INDEX {S}.jobs_open_idx IS 'serves reconciliation and retention: the jobs not terminal'")
-    op.execute(f"CREATE INDEX jobs_completed_recent_idx ON {S}.jobs (updated_at) WHERE status = 'completed'")
     op.execute(
-        f"COMMENT ON INDEX {S}.jobs_completed_recent_idx IS "
-        "'serves the consistency checks of recent completions (their lookback window)'"
+        f"CREATE INDEX jobs_terminal_recent_idx ON {S}.jobs (status, updated_at)"
+        " WHERE status IN ('completed', 'terminal_failed')"
+    )
+    op.execute(
+        f"COMMENT ON INDEX {S}.jobs_terminal_recent_idx IS "
+        "'serves the consistency checks of recent completions and the report''s window of finished jobs'"
     )
     op.execute(f"CREATE INDEX document_labels_updated_at_idx ON {S}.document_labels (updated_at)")
 
@@ -187,7 +191,7 @@ def _unpartition(table: str, column: str) -> None:
 
 def downgrade() -> None:
     op.execute(f"DROP INDEX IF EXISTS {S}.document_labels_updated_at_idx")
-    op.execute(f"DROP INDEX IF EXISTS {S}.jobs_completed_recent_idx")
+    op.execute(f"DROP INDEX IF EXISTS {S}.jobs_terminal_recent_idx")
     op.execute(f"DROP INDEX IF EXISTS {S}.jobs_open_idx")
     op.execute(
         f"ALTER TABLE {S}.jobs RESET (autovacuum_vacuum_scale_factor,"
