@@ -6,11 +6,11 @@ import argparse
 import logging
 import sys
 
-from bench import footprint, growth, ledger, pipeline, review_queue
+from bench import footprint, growth, ledger, migration, pipeline, review_queue
 from bench.common import write_results
 
 SUITES = {"ledger": ledger.run, "pipeline": pipeline.run, "review": review_queue.run}
-OPT_IN = {"footprint": footprint.run, "growth": growth.run}
+OPT_IN = {"footprint": footprint.run, "growth": growth.run, "migration": migration.run}
 """Longer than the quick `make bench` (minutes to an hour): run only when named (`make bench-growth`)."""
 
 

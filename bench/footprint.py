@@ -23,6 +23,7 @@ import psycopg
 import sqlalchemy as sa
 
 from bench.common import Figure, scratch_database
+from bench.simulation import bulk
 from tests.integration.helpers import age_rows, drop_legacy_partitions, past_day_partitions
 from triage import migrations
 from triage.classifiers import Taxonomy, build_classifier
@@ -52,14 +53,6 @@ SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup, n_live_tup, pg_relation_size(relid)
        (SELECT avg(pg_column_size(j.*)) FROM triage.jobs j) AS row_bytes
   FROM pg_stat_user_tables WHERE schemaname = 'triage' AND relname = 'jobs'
 """)
-# Reviewers at work: after weeks, the reviews of a day are decided (here: rejected), through the
-# state machine; what stays open keeps its rows and its payload pack.
-REJECT_REVIEWS = """
-SET triage.actor = 'bench/reviewer';
-UPDATE triage.manual_review SET resolved_at = now(), resolution = 'rejected', resolved_by = 'bench'
- WHERE resolved_at IS NULL;
-UPDATE triage.jobs SET status = 'terminal_failed', status_reason = 'rejected' WHERE status = 'manual_review';
-"""
 
 
 def documents() -> int:
@@ -154,7 +147,7 @@ def _expire(url: DatabaseUrl, engine: sa.Engine, home: Path, docs: int) -> dict[
     retention applied, vacuumed; measure what is left."""
     at = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=60)
     with psycopg.connect(url.libpq(), autocommit=True) as conn:
-        conn.execute(REJECT_REVIEWS)
+        bulk.reject_reviews(conn)
         past_day_partitions(conn, at)
         age_rows(conn, at + timedelta(hours=12), jobs=False)
         conn.execute(
