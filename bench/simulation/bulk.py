@@ -33,11 +33,11 @@ SELECT (lpad(to_hex((extract(epoch FROM t.at) * 1000)::bigint), 12, '0') || '7' 
                'syn-' || lpad(i::text, 9, '0') AS ext,
                date_trunc('day', now()) - make_interval(days => 1 + (i / {daily})::int)
                    + make_interval(secs => mod(i, {daily}) * 86000.0 / {daily}) AS at,
-               -- one in a hundred goes to review: open for the last 14 days, rejected by a reviewer before that
-               CASE WHEN mod(i, 100) = 7 AND i / {daily} < 14 THEN 'manual_review'
+               -- one in a hundred goes to review: open for the last 7 days, rejected by a reviewer before that
+               CASE WHEN mod(i, 100) = 7 AND i / {daily} < 7 THEN 'manual_review'
                     WHEN mod(i, 100) = 7 OR mod(i, 50) = 3 THEN 'terminal_failed'
                     ELSE 'completed' END AS status,
-               CASE WHEN mod(i, 100) = 7 AND i / {daily} >= 14 THEN 'rejected' END AS reason
+               CASE WHEN mod(i, 100) = 7 AND i / {daily} >= 7 THEN 'rejected' END AS reason
           FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS i) t
 """
 JOB_COLUMNS = """(id, idempotency_key, source, external_id, content_sha256, payload_ref, classifier_version,
@@ -99,7 +99,7 @@ def load_retained(url: DatabaseUrl, lo: int, hi: int) -> float:
     """Jobs ``lo``..``hi`` of the simulation (job ``i`` is ``1 + i // DAILY`` days old: a ledger
     of ``n`` jobs holds ``n / DAILY`` days), and what the default retention keeps of their rows:
     the last 30 days' transitions and classifications (and every open job's), the last 7 days'
-    outbox, every label, a review row per job that went to review (open for the last 14 days,
+    outbox, every label, a review row per job that went to review (open for the last 7 days,
     rejected before); seconds taken."""
     started = time.perf_counter()
     statement = LOAD_RETAINED.format(version=VERSION, daily=DAILY, event_days=EVENT_DAYS, outbox_days=OUTBOX_DAYS)
