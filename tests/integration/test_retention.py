@@ -227,6 +227,21 @@ def test_retention_removes_what_expired_keeps_what_is_open_and_reconciliation_ag
     assert again.kinds["classifications"].removed == 0
     # The open job (now in review: reconciliation found it orphaned) kept its whole history.
     assert _count(engine, f"SELECT count(*) FROM triage.job_events WHERE job_id = '{queued[0]}'") == 2
+    # Once it is closed (a reviewer rejects it) and its old event sent, what the default
+    # partition kept for it is expired like the rest: the next run removes it.
+    store.reject(queued[0], actor="reviewer", note="gone")
+    store.relay(lambda events: None, limit=100)
+    third = apply_retention(
+        app_engine,
+        Retention(),
+        payload_base=str(tmp_path / "payloads"),
+        event_log=str(events),
+        reports_dir=str(reports),
+    )
+    assert third.kinds["job_events"].removed == 1  # its old event; today's moves stay
+    assert third.kinds["outbox"].removed == 1
+    assert _count(engine, "SELECT count(*) FROM triage.job_events_default") == 0
+    assert _count(engine, "SELECT count(*) FROM triage.outbox_default") == 0
 
 
 def _ref(engine: sa.Engine, job_id: uuid.UUID) -> str:
