@@ -1,7 +1,7 @@
 """Bytes per document: what a day of classification leaves behind, before and after retention.
 
-``python -m bench footprint`` (``BENCH_FOOTPRINT_N`` documents per day, default 50,000): two
-days of keyword documents through the real stages (retrieve, classify, persist, the relay into
+``python -m bench footprint`` (``BENCH_FOOTPRINT_N`` documents a day, default 50,000, for
+``BENCH_FOOTPRINT_DAYS`` days, default 2): days of keyword documents through the real stages (retrieve, classify, persist, the relay into
 the JSON-lines sink), once on the ledger as it was before retention (revision 0013: plain log
 and outbox, autovacuum at 20 %) and once at head, each on a database of its
 own. Measured: the job database's bytes per document by table (partitions summed into their
@@ -57,6 +57,10 @@ SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup, n_live_tup, pg_relation_size(relid)
 
 def documents() -> int:
     return int(os.environ.get("BENCH_FOOTPRINT_N", "50000"))
+
+
+def days() -> int:
+    return int(os.environ.get("BENCH_FOOTPRINT_DAYS", "2"))
 
 
 def _day_run(engine: sa.Engine, payloads: str, sink: JsonlEventSink, n: int, day: datetime) -> None:
@@ -115,8 +119,8 @@ def _measure(engine: sa.Engine, docs: int, home: Path) -> dict[str, Any]:
 
 
 def _ledger(url: DatabaseUrl, revision: str, n: int, retention: bool) -> dict[str, Any]:
-    """Two days of ``n`` documents on a ledger at ``revision``; measured after each day (and,
-    at head, after retention)."""
+    """:func:`days` days of ``n`` documents on a ledger at ``revision``, vacuumed between days
+    as autovacuum would; measured after each day (and, at head, after retention)."""
     migrations.upgrade(url, revision)
     out: dict[str, Any] = {"revision": revision}
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,16 +131,15 @@ def _ledger(url: DatabaseUrl, revision: str, n: int, retention: bool) -> dict[st
                 drop_legacy_partitions(conn)
         sink = JsonlEventSink(home / "events" / "outbox.jsonl")
         try:
-            _day_run(engine, str(home / "payloads"), sink, n, DAY)
-            out["after_day_1"] = _measure(engine, n, home)
-            with psycopg.connect(url.libpq(), autocommit=True) as conn:
-                conn.execute("VACUUM triage.jobs")  # what autovacuum does between days (at 2 % at head)
-            _day_run(engine, str(home / "payloads"), sink, n, DAY + timedelta(days=1))
-            out["after_day_2"] = _measure(engine, 2 * n, home)
+            for day in range(1, days() + 1):
+                _day_run(engine, str(home / "payloads"), sink, n, DAY + timedelta(days=day - 1))
+                out[f"after_day_{day}"] = _measure(engine, day * n, home)
+                with psycopg.connect(url.libpq(), autocommit=True) as conn:
+                    conn.execute("VACUUM triage.jobs")  # what autovacuum does between days
         finally:
             sink.close()
         if retention:
-            out["after_retention"] = _expire(url, engine, home, 2 * n)
+            out["after_retention"] = _expire(url, engine, home, days() * n)
         engine.dispose()
     return out
 
@@ -192,8 +195,8 @@ def bench_footprint() -> list[Figure]:
             "bytes per document, retained (after retention)",
             "bytes",
             after["after_retention"]["bytes_per_document"],
-            "before retention (0013, two days)",
-            before["after_day_2"]["bytes_per_document"],
+            f"before retention (0013, {days()} days)",
+            before[f"after_day_{days()}"]["bytes_per_document"],
             target_ratio=None,
             higher_is_better=False,
             details={"goal_bytes": 1536, "before": before, "after": after},
