@@ -1,14 +1,15 @@
 """Bytes per document: what a day of classification leaves behind, before and after retention.
 
 ``python -m bench footprint`` (``BENCH_FOOTPRINT_N`` documents a day, default 50,000, for
-``BENCH_FOOTPRINT_DAYS`` days, default 2): days of keyword documents through the real stages (retrieve, classify, persist, the relay into
-the JSON-lines sink), once on the ledger as it was before retention (revision 0013: plain log
-and outbox, autovacuum at 20 %) and once at head, each on a database of its
-own. Measured: the job database's bytes per document by table (partitions summed into their
-table), the jobs table's updates and HOT updates (``pg_stat_user_tables``), the payloads' and
-the event file's bytes; then, at head, everything is aged past every retention (by the owner,
-as the tests do) and ``triage_maintenance``'s retention applied: what is left per document is
-what a retained document costs.
+``BENCH_FOOTPRINT_DAYS`` days, default 2): days of keyword documents through the real stages
+(retrieve, classify, persist, the relay into the JSON-lines sink), vacuumed between days as
+autovacuum would, once on the ledger as it was before retention (revision 0013: plain log and
+outbox, autovacuum at 20 %) and once at head, each on a database of its own. Measured after
+each day: the job database's bytes per document by table (partitions summed into their table),
+the jobs table's updates and HOT updates (``pg_stat_user_tables``) and average row, the
+payloads' and the event file's bytes. Then, at head, the reviews are decided, every row but the
+jobs' own is aged 60 days (by the owner, as the tests do) and ``triage_maintenance``'s
+retention applied: what is left per document is what a retained document costs.
 """
 
 from __future__ import annotations
