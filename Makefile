@@ -12,7 +12,7 @@ export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
 CONF   ?= {}
 
-.PHONY: help setup test-deps lock migrate run up stop test test-fast bench chaos distributed lint clean reset-secrets schemas
+.PHONY: help setup test-deps lock migrate run up stop test test-fast bench bench-growth chaos distributed lint clean reset-secrets schemas
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}'] [VERBOSE=1]  set up, migrate, run classify_documents then reconcile_jobs"
@@ -22,6 +22,7 @@ help:
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
 	@echo "make lock                                  refresh docker/airflow-constraints.txt and constraints.txt"
 	@echo "make schemas                               write the event schemas (include/schemas/) from the models"
+	@echo "make bench-growth [GROWTH_SIZES=100000,1000000,10000000]  cost per document as the ledger grows"
 	@echo "make migrate | up | stop | bench | lint"
 	@echo "make reset-secrets                         delete Airflow connections/variables another Fernet key encrypted"
 
@@ -111,6 +112,12 @@ test-fast: $(STAMP) test-deps
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# Longer than make bench (minutes at 1M jobs, most of an hour at 10M; docs/performance.md): the
+# ledger bulk-loaded to each size and a day's work, reconciliation and the review page timed.
+GROWTH_SIZES ?= 100000,1000000
+bench-growth: $(STAMP)
+	BENCH_GROWTH_SIZES=$(GROWTH_SIZES) $(PY) -m bench growth
 
 # The failure drill on a deployment of its own under $(TRIAGE_HOME)/chaos (.venv/bin/triage chaos -h).
 CHAOS ?=

@@ -6,24 +6,28 @@ import argparse
 import logging
 import sys
 
-from bench import ledger, pipeline, review_queue
+from bench import footprint, growth, ledger, migration, pipeline, review_queue
 from bench.common import write_results
 
 SUITES = {"ledger": ledger.run, "pipeline": pipeline.run, "review": review_queue.run}
+OPT_IN = {"footprint": footprint.run, "growth": growth.run, "migration": migration.run}
+"""Longer than the quick `make bench` (minutes to an hour): run only when named (`make bench-growth`)."""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all)")
+    parser.add_argument(
+        "suites", nargs="*", help=f"any of {', '.join([*SUITES, *OPT_IN])} (default: {', '.join(SUITES)})"
+    )
     args = parser.parse_args()
-    unknown = set(args.suites) - set(SUITES)
+    unknown = set(args.suites) - set(SUITES) - set(OPT_IN)
     if unknown:
         parser.error(f"unknown suites: {', '.join(sorted(unknown))}")
     logging.basicConfig(level=logging.WARNING)
     figures = []
     for name in args.suites or list(SUITES):
         print(f"== {name}", flush=True)
-        for figure in SUITES[name]():
+        for figure in {**SUITES, **OPT_IN}[name]():
             print(figure.line(), flush=True)
             figures.append(figure)
     path = write_results(figures, "make bench " + " ".join(sys.argv[1:]))

@@ -97,6 +97,10 @@ def write_local(root: str, digest: str, content: bytes, made: set[str]) -> None:
         # chunk has not synced yet) ~3 ms on this machine's disk, so it is not done.
         if not _holds(final, content):
             _replace(folder, final, digest, content)
+        else:
+            # Reused now: retention keeps a pack until its last writer is older than the
+            # payloads' retention (triage.maintenance.files), so the reuse counts as a write.
+            os.utime(final)
         return
     try:
         _write_all(fd, content)

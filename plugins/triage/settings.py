@@ -9,8 +9,12 @@ a Variable must not be able to widen them.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any, ClassVar
 
 ENV_HOME = "TRIAGE_HOME"
 ENV_PAYLOAD_BASE = "TRIAGE_PAYLOAD_BASE"
@@ -63,3 +67,73 @@ def drill_allowed() -> bool:
     is ``1`` (or true/yes/on). ``make run``, ``make chaos`` and the tests set it; docker-compose
     leaves it off."""
     return os.environ.get(ENV_ALLOW_DRILL, "").strip().lower() in _TRUE
+
+
+# -- retention: how long what is done is kept (triage_maintenance applies it) --------------
+
+ENV_RETENTION = "TRIAGE_RETENTION"
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Days each kind of finished record is kept (``None``: forever); ``triage_maintenance``
+    removes what is older, and never anything open (a job not terminal, an open review, an
+    unsent event, the payload of an open job), whatever these say.
+
+    Set as a JSON object of these names in the Airflow Variable ``triage_retention`` or in
+    ``$TRIAGE_RETENTION`` (``{"outbox": 3, "payloads": null}``); a name left out keeps its
+    default. Each has a floor that what reconciliation and review read needs: the outbox the
+    consistency checks' one-day window, the transition log the report's seven-day window.
+
+    :ivar outbox: published outbox events (by day partition).
+    :ivar job_events: the transition log (by day partition; a day holding an event of an open
+        job is kept whole).
+    :ivar classifications: the classifications of terminal jobs (in bounded batches).
+    :ivar payloads: payload packs no open job references (local payload bases).
+    :ivar event_files: the rotated files of the JSON-lines event sink (rotated daily).
+    :ivar reports: reconciliation reports: the HTML files and the rows of ``reconciliation_runs``.
+    :ivar partitions_ahead: days of partitions made in advance (not a retention).
+    """
+
+    outbox: float | None = 7
+    job_events: float | None = 30
+    classifications: float | None = 30
+    payloads: float | None = 30
+    event_files: float | None = 14
+    reports: float | None = 30
+    partitions_ahead: int = 7
+
+    FLOORS: ClassVar[dict[str, float]] = {
+        "outbox": 2,
+        "job_events": 8,
+        "classifications": 1,
+        "payloads": 1,
+        "event_files": 1,
+        "reports": 1,
+    }
+
+    def __post_init__(self) -> None:
+        for name, floor in self.FLOORS.items():
+            days = getattr(self, name)
+            if days is not None and not (isinstance(days, int | float) and days >= floor):
+                raise ValueError(f"retention of {name} must be at least {floor} days or null (forever), not {days!r}")
+        if not (isinstance(self.partitions_ahead, int) and 1 <= self.partitions_ahead <= 60):
+            raise ValueError(f"partitions_ahead must be 1..60 days, not {self.partitions_ahead!r}")
+
+    @classmethod
+    def parse(cls, text: str | Mapping[str, Any] | None) -> Retention:
+        if text is None or text == "":
+            return cls()
+        values = json.loads(text) if isinstance(text, str) else dict(text)
+        if not isinstance(values, dict):
+            raise ValueError("retention must be a JSON object of days per kind")
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown retention kinds: {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+
+def retention(explicit: str | Mapping[str, Any] | None = None) -> Retention:
+    """The deployment's retention: ``explicit`` (the operator passes Variable ``triage_retention``),
+    else ``$TRIAGE_RETENTION``, else the defaults of :class:`Retention`."""
+    return Retention.parse(explicit if explicit is not None else os.environ.get(ENV_RETENTION))

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
-EXPECTED = {"classify_documents", "reconcile_jobs"}
+EXPECTED = {"classify_documents", "reconcile_jobs", "triage_maintenance"}
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +150,18 @@ def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) ->
                 assert on_task_failure in callbacks, task.task_id
 
 
+def test_triage_maintenance_runs_daily_unpaused_with_retries(dagbag) -> None:  # type: ignore[no-untyped-def]
+    dag = dagbag.dags["triage_maintenance"]
+    assert dag.catchup is False
+    assert dag.max_active_runs == 1
+    assert "triage" in dag.tags
+    assert dag.is_paused_upon_creation is False
+    assert [t.task_id for t in dag.tasks] == ["apply_retention"]
+    task = dag.get_task("apply_retention")
+    assert task.retries >= 1
+    assert not task.on_failure_callback
+
+
 def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagbag) -> None:  # type: ignore[no-untyped-def]
     from triage.reconciliation.params import ReconcileParams
 
@@ -225,6 +237,7 @@ def test_reconcile_jobs_is_created_unpaused_and_classify_documents_paused_whatev
     follow the setting. Read from the ``dag`` table, where ``airflow dags list`` reads it."""
     paused = {dag_id: is_paused for dag_id, is_paused in first_parse.rows("SELECT dag_id, is_paused FROM dag")}
     assert paused.pop("reconcile_jobs") is False
+    assert paused.pop("triage_maintenance") is False  # its partitions ahead keep each day's rows in their day
     assert paused.pop("classify_documents") is True
     assert set(paused) >= {"review_jobs"}
     assert paused == dict.fromkeys(paused, first_parse.paused_at_creation == "True")

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from triage.jobs.models import NewJob
 from triage.jobs.states import JobStatus
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def new_jobs(n: int, *, prefix: str = "doc", version: str = "keyword-v1", source: str = "synthetic") -> list[NewJob]:
@@ -78,3 +83,48 @@ def job_in(conn: sa.Connection, status: JobStatus) -> uuid.UUID:
     for step in steps:
         move(conn, job_id, step)
     return job_id
+
+
+# -- time travel for retention (tests and the footprint bench): as the database's owner ---------
+
+
+def drop_legacy_partitions(conn: psycopg.Connection) -> None:
+    """A fresh database's legacy partitions (migration 0015: everything before its next
+    midnight) go, so that rows can be aged into day partitions of the past; today's come."""
+    for table in ("job_events", "outbox"):
+        conn.execute(f"ALTER TABLE triage.{table} DETACH PARTITION triage.{table}_legacy")
+        conn.execute(f"DROP TABLE triage.{table}_legacy")
+    conn.execute("SELECT * FROM triage.ensure_day_partitions(2)")
+
+
+def past_day_partitions(conn: psycopg.Connection, day: datetime) -> None:
+    """The partitions of job_events and outbox for the UTC day starting at ``day``."""
+    for table in ("job_events", "outbox"):
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS triage.{table}_p{day:%Y%m%d} PARTITION OF triage.{table}"
+            f" FOR VALUES FROM ('{day.isoformat()}') TO ('{(day + timedelta(days=1)).isoformat()}')"
+        )
+
+
+def age_rows(
+    conn: psycopg.Connection, at: datetime, job_ids: list[uuid.UUID] | None = None, *, jobs: bool = True
+) -> None:
+    """Every row of these jobs (None: of all jobs) as if written at ``at``; ``jobs=False``
+    leaves the jobs rows (and labels) alone: a new version of each would be bloat the
+    footprint bench must not count. The append-only triggers stand aside
+    (``session_replication_role = replica``), which no deployment role may do."""
+    where, args = ("WHERE job_id = ANY(%s::uuid[])", [[str(i) for i in job_ids]]) if job_ids else ("", [])
+    jobs_where = where.replace("job_id", "id")
+    conn.execute("SET session_replication_role = replica")
+    if jobs:
+        conn.execute(f"UPDATE triage.jobs SET created_at = %s, updated_at = %s {jobs_where}", (at, at, *args))
+    conn.execute(f"UPDATE triage.job_events SET at = %s {where}", (at, *args))
+    conn.execute(
+        "UPDATE triage.outbox SET created_at = %s, published_at = CASE WHEN published_at IS NOT NULL THEN %s END "
+        + where,
+        (at, at, *args),
+    )
+    conn.execute(f"UPDATE triage.classifications SET created_at = %s {where}", (at, *args))
+    if jobs:
+        conn.execute(f"UPDATE triage.document_labels SET updated_at = %s, job_created_at = %s {where}", (at, at, *args))
+    conn.execute("SET session_replication_role = origin")

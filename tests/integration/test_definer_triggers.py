@@ -125,6 +125,14 @@ def _is_superuser(url: DatabaseUrl, role: str) -> bool:
     return bool(row and row[0])
 
 
+MAINTENANCE_FUNCTIONS = (
+    "drop_expired_partitions",
+    "ensure_day_partitions",
+    "purge_classifications",
+    "purge_reconciliation_runs",
+)
+
+
 @pytest.mark.parametrize(
     "statement",
     [
@@ -200,11 +208,20 @@ def test_layer_4_the_trigger_functions_are_pinned_closed_and_owned_by_the_ledger
             " FROM pg_roles r WHERE rolname = %s",
             (LEDGER_OWNER_ROLE,),
         ).fetchone()
-    assert [r[0] for r in rows] == ["jobs_check_insert", "jobs_check_update"]
-    for _, owner, config, public_may, app_may in rows:
+    triggers = [r for r in rows if r[0] not in MAINTENANCE_FUNCTIONS]
+    assert [r[0] for r in triggers] == ["jobs_check_insert", "jobs_check_update"]
+    for _, owner, config, public_may, app_may in triggers:
         assert owner == LEDGER_OWNER_ROLE
         assert "search_path=pg_catalog, triage, pg_temp" in config
         assert (public_may, app_may) == (False, False)
+    # The retention functions (0015) are the app role's on purpose (triage_maintenance runs them
+    # as the DAGs' role): pinned, closed to everyone else, owned by the tables' owner.
+    maintenance = [r for r in rows if r[0] in MAINTENANCE_FUNCTIONS]
+    assert sorted(r[0] for r in maintenance) == sorted(MAINTENANCE_FUNCTIONS)
+    for _, owner, config, public_may, app_may in maintenance:
+        assert owner != LEDGER_OWNER_ROLE
+        assert "search_path=pg_catalog, triage, pg_temp" in config
+        assert (public_may, app_may) == (False, True)
     assert ledger == (False, False, False, False, False, False, 0)  # and a member of no role
 
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from triage.settings import Retention
 from triage_tools.deploy.airflow_settings import (
     AirflowSettings,
     SettingsError,
@@ -105,7 +106,18 @@ def test_project_file_has_the_llm_pool_and_variables(project: AirflowSettings) -
         "triage_payload_base": "/srv/triage/payloads",
         "triage_reports_dir": "/srv/triage/reports",
         "triage_event_sink": "/srv/triage/events/outbox.jsonl",
+        "triage_retention": RETENTION_JSON,
     }
+
+
+RETENTION_JSON = (
+    '{"outbox": 7, "job_events": 30, "classifications": 30, "payloads": 30, "event_files": 14, "reports": 30}'
+)
+
+
+def test_project_file_sets_the_retention_defaults_the_code_has() -> None:
+    """The file says what an operator gets without it: the defaults of ``Retention``."""
+    assert Retention.parse(RETENTION_JSON) == Retention()
 
 
 def test_project_file_takes_the_model_endpoint_from_the_environment() -> None:

@@ -32,15 +32,33 @@ COMPLETION_EVENTS = (EventType.COMPLETED.value,)
 the label and the reviewer); ``job.reviewed`` is a rejection's, whose job ends terminal_failed."""
 
 
+CONSISTENCY_WINDOW = sa.literal_column("interval '1 day'", sa.Interval)
+"""How far back the consistency checks of finished work look (completions, labels): every
+15-minute run reads only the last day's, never the history, and the outbox's retention (whose
+floor is two days: triage.settings.Retention) never removes an event these checks still want."""
+
+
+def recent(at: ColumnElement[Any]) -> ColumnElement[bool]:
+    """Written within :data:`CONSISTENCY_WINDOW` (served by ``jobs_terminal_recent_idx`` and
+    ``document_labels_updated_at_idx``)."""
+    return at >= NOW - CONSISTENCY_WINDOW
+
+
 def age_seconds(at: ColumnElement[Any]) -> ColumnElement[Any]:
     return sa.func.extract("epoch", NOW - at)
 
 
 def entered_at() -> ColumnElement[Any]:
-    """When the job entered its current state: its latest transition into it (``job_events``)."""
+    """When the job entered its current state: its latest transition into it (``job_events``).
+    Only the log's days since the job was created are read (run-time partition pruning: the
+    log is partitioned by day of ``at``)."""
     return (
         sa.select(sa.func.max(job_events.c.at))
-        .where(job_events.c.job_id == jobs.c.id, job_events.c.to_status == jobs.c.status)
+        .where(
+            job_events.c.job_id == jobs.c.id,
+            job_events.c.to_status == jobs.c.status,
+            job_events.c.at >= jobs.c.created_at,
+        )
         .scalar_subquery()
     )
 
@@ -131,8 +149,9 @@ def in_review_without_row() -> list[ColumnElement[bool]]:
 
 
 def completed_without_completion_event() -> list[ColumnElement[bool]]:
-    """Completed jobs without a ``job.completed`` event in the outbox."""
-    return [in_state(S.COMPLETED), settled(), ~has_completion_event()]
+    """Completed jobs of the last day (:data:`CONSISTENCY_WINDOW`) without a ``job.completed``
+    event in the outbox."""
+    return [in_state(S.COMPLETED), settled(), recent(jobs.c.updated_at), ~has_completion_event()]
 
 
 def open_review_of_job_in(*states: S) -> list[ColumnElement[bool]]:
@@ -207,16 +226,23 @@ def outbox_lag() -> sa.Select[Any]:
 
 @cache
 def completed_without_label() -> sa.Select[Any]:
-    """Completed jobs whose document has no label from this job or a newer one."""
-    newer_or_own = sa.exists().where(
-        document_labels.c.source == jobs.c.source,
-        document_labels.c.external_id == jobs.c.external_id,
-        sa.tuple_(document_labels.c.job_created_at, document_labels.c.job_id)
-        >= sa.tuple_(jobs.c.created_at, jobs.c.id),
+    """Completed jobs of the last day whose document has no label from this job or a newer one."""
+    # OFFSET 0 keeps the EXISTS a per-job probe of the labels' key: pulled up into an anti-join,
+    # the planner hashed every label ever written (a scan of the history every 15 minutes).
+    newer_or_own = (
+        sa.select(sa.literal(1))
+        .where(
+            document_labels.c.source == jobs.c.source,
+            document_labels.c.external_id == jobs.c.external_id,
+            sa.tuple_(document_labels.c.job_created_at, document_labels.c.job_id)
+            >= sa.tuple_(jobs.c.created_at, jobs.c.id),
+        )
+        .offset(0)
+        .exists()
     )
     rows = (
         sa.select(jobs.c.id, jobs.c.updated_at.label("since"))
-        .where(in_state(S.COMPLETED), settled(), ~newer_or_own)
+        .where(in_state(S.COMPLETED), settled(), recent(jobs.c.updated_at), ~newer_or_own)
         .subquery()
     )
     return summarise(rows)
@@ -224,11 +250,11 @@ def completed_without_label() -> sa.Select[Any]:
 
 @cache
 def label_without_completed_job() -> sa.Select[Any]:
-    """Labels whose writing job does not exist or is not completed."""
+    """Labels of the last day whose writing job does not exist or is not completed."""
     completed = sa.exists().where(jobs.c.id == document_labels.c.job_id, jobs.c.status == S.COMPLETED.value)
     rows = (
         sa.select(document_labels.c.job_id.label("id"), document_labels.c.updated_at.label("since"))
-        .where(~completed, document_labels.c.updated_at < NOW - seconds("grace"))
+        .where(~completed, document_labels.c.updated_at < NOW - seconds("grace"), recent(document_labels.c.updated_at))
         .subquery()
     )
     return summarise(rows)

@@ -109,12 +109,33 @@ jobs = sa.Table(
     sa.Index("jobs_lease_expiry_idx", "lease_expires_at", postgresql_where=sa.text("status = 'running'")),
     # Serves batch summaries, the failure callback and reconciliation's per-state scans.
     sa.Index("jobs_batch_key_status_idx", "batch_key", "status"),
+    # Serves reconciliation and retention: the jobs that are not terminal (few, whatever the
+    # history). The partial predicate lists the states so that a check of one state matches it.
+    sa.Index(
+        "jobs_open_idx",
+        "status",
+        "created_at",
+        postgresql_where=sa.text(
+            "status IN ('received', 'queued', 'running', 'waiting', 'retryable_failed', 'manual_review')"
+        ),
+    ),
+    # Serves the consistency checks of recent completions and the report's window of finished jobs.
+    sa.Index(
+        "jobs_terminal_recent_idx",
+        "status",
+        "updated_at",
+        postgresql_where=sa.text("status IN ('completed', 'terminal_failed')"),
+    ),
+    # Autovacuum at 2 % (migration 0015): dead versions reclaimed early. No fillfactor: no
+    # transition can be a HOT update (status is indexed). Storage options are not metadata.
 )
 
 job_events = sa.Table(
     "job_events",
     metadata,
-    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    # From one sequence. No primary key: the table is partitioned by day of ``at`` (whose key
+    # would have to include it) and no query reads an event by id (migration 0015).
+    sa.Column("id", sa.BigInteger, nullable=False, server_default=sa.text("nextval('triage.job_events_id_seq')")),
     # No foreign key: rows come only from the jobs trigger, and jobs are never deleted; a
     # row-level FK check would double the cost of every transition.
     sa.Column("job_id", pg.UUID(as_uuid=True), nullable=False),
@@ -126,6 +147,7 @@ job_events = sa.Table(
     sa.Column("reason", sa.Text),
     sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
     sa.Index("job_events_job_id_id_idx", "job_id", "id"),
+    postgresql_partition_by="RANGE (at)",  # one partition per UTC day; retention drops whole days
 )
 
 job_transitions = sa.Table(
@@ -139,7 +161,9 @@ job_transitions = sa.Table(
 classifications = sa.Table(
     "classifications",
     metadata,
-    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    # From one sequence. No primary key: the table is partitioned by day of ``at`` (whose key
+    # would have to include it) and no query reads an event by id (migration 0015).
+    sa.Column("id", sa.BigInteger, nullable=False, server_default=sa.text("nextval('triage.job_events_id_seq')")),
     # No foreign key on the hot path (a row-level check cost 4 µs a row, measured): rows are
     # written only by the store, in the transaction that holds the job's lease, and jobs are
     # never deleted (a trigger refuses it). Reconciliation checks the pairing.
@@ -200,6 +224,7 @@ document_labels = sa.Table(
     sa.Column("job_created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
     sa.Index("document_labels_job_id_idx", "job_id"),
+    sa.Index("document_labels_updated_at_idx", "updated_at"),  # the consistency checks' window
 )
 
 manual_review = sa.Table(
@@ -243,6 +268,7 @@ outbox = sa.Table(
     "outbox",
     metadata,
     sa.Column("event_id", pg.UUID(as_uuid=True), primary_key=True, server_default=sa.text("gen_random_uuid()")),
+    # Part of the key: the table is partitioned by day of it (migration 0015).
     sa.Column("job_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("event_type", sa.Text, nullable=False),
     sa.Column("schema_version", sa.Integer, nullable=False),
@@ -251,11 +277,12 @@ outbox = sa.Table(
     # job's correlation_id and payload_ref are joined at relay time: building a JSON document
     # per event inside the completing transaction cost more than the job update itself.
     sa.Column("payload", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("created_at", sa.DateTime(timezone=True), primary_key=True, server_default=NOW),
     sa.Column("published_at", sa.DateTime(timezone=True)),
     # Serves the outbox relay: unsent events, oldest first.
     sa.Index("outbox_unpublished_idx", "created_at", postgresql_where=sa.text("published_at IS NULL")),
     sa.Index("outbox_job_id_idx", "job_id"),
+    postgresql_partition_by="RANGE (created_at)",  # one partition per UTC day; retention drops whole days
 )
 
 # A relay's claim on a batch of unsent events while it sends them outside any transaction

@@ -27,7 +27,8 @@ def ledger_view(conn: sa.Connection, params: ReconcileParams) -> dict[str, Any]:
     """What the ledger looks like now (after this run's repairs)."""
     window = {"window": params.report_window_hours * 3600.0}
     by_state_step = [
-        {"status": r.status, "step": r.step, "count": int(r.n)} for r in conn.execute(Q.counts_by_state_and_step())
+        {"status": r.status, "step": r.step, "count": int(r.n)}
+        for r in conn.execute(Q.counts_by_state_and_step(), window)
     ]
     by_state = {s.value: 0 for s in JobStatus}
     for row in by_state_step:
@@ -51,7 +52,9 @@ def ledger_view(conn: sa.Connection, params: ReconcileParams) -> dict[str, Any]:
             }
             for r in conn.execute(Q.time_in_state(), window)
         ],
-        "attempts": [{"attempt": int(r.attempt), "count": int(r.n)} for r in conn.execute(Q.attempts_histogram())],
+        "attempts": [
+            {"attempt": int(r.attempt), "count": int(r.n)} for r in conn.execute(Q.attempts_histogram(), window)
+        ],
         "retry_reasons": [{"reason": r.reason, "count": int(r.n)} for r in conn.execute(Q.retry_reasons(), window)],
         "review_queue": {
             "total": int(queue[0].total) if queue else 0,

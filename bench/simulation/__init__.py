@@ -1,0 +1,4 @@
+"""The benchmarks' simulation of a ledger's past: bulk loads and decisions written as the
+database's owner, triggers aside (``session_replication_role = replica``), which no deployment
+does. The only writes to the ledger's tables outside ``plugins/triage/jobs/`` but the migrations
+(tests/unit/test_layout.py exempts this folder, and only it)."""

@@ -1,0 +1,1 @@
+"""Maintenance: retention of what is done (``triage_maintenance``). No Airflow here."""
