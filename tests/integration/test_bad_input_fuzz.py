@@ -299,7 +299,17 @@ def test_any_model_reply_ends_each_job_settled_or_retryable_with_a_reason(
         ).all()
     assert len(jobs) == len(replies)  # nothing lost
     for job in jobs:  # nothing stuck: leases released, every unfinished job has a reason
-        assert job.status in ("completed", "manual_review", "terminal_failed", "retryable_failed", "queued"), job
+        assert job.status in (
+            "completed",
+            "manual_review",
+            "terminal_failed",
+            "retryable_failed",
+            "queued",
+            "waiting",  # parked: the first calls all said the model is down (the breaker's all-down rule)
+        ), job
+        if job.status == "waiting":
+            assert job.status_reason == "outage:model", job
+            assert job.last_error_class, job
         if job.status == "manual_review":
             assert job.reason, job
         if job.status in ("terminal_failed", "retryable_failed"):
