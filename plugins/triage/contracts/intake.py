@@ -152,7 +152,8 @@ def parse_documents(items: list[Any]) -> tuple[list[tuple[int, IntakeDocument, D
     problems: list[Problem] = []
     for index, item in enumerate(items):
         raw_id = item.get("external_id") if isinstance(item, dict) else None
-        shown = raw_id if isinstance(raw_id, str) and hostile_id_problem(raw_id) is None else None
+        # Echoed only when it is a plain id: a hostile one is never sent back (nor logged).
+        shown = raw_id if isinstance(raw_id, str) and raw_id and hostile_id_problem(raw_id) is None else None
         if shown is not None and len(shown) > MAX_EXTERNAL_ID_LENGTH:
             shown = None
         try:

@@ -71,10 +71,11 @@ def jobs_by_key() -> Any:
 @cache
 def queued_depth() -> Any:
     """How many jobs of a batch and step are queued and not yet claimed, counted up to ``:bound``
-    only (the backpressure check needs no more): at most ``bound`` entries of ``jobs_claimable_idx``
-    are read, whatever the table holds. A queued job has no ``next_attempt_at`` (the
-    ``next_attempt_only_while_retryable_or_parked`` check), so the index alone answers: its
-    predicate names the claimable states, its columns the batch, step and due time."""
+    only (the backpressure check needs no more): one index scan of the batch's entries that stops
+    after ``bound``, whatever the table holds. ``jobs_claimable_idx`` answers it alone (its
+    predicate names the claimable states, and a queued job has no ``next_attempt_at``: the
+    ``next_attempt_only_while_retryable_or_parked`` check); the planner may take
+    ``jobs_batch_key_status_idx`` instead, as bounded (tests/integration/test_intake.py)."""
     queued = (
         sa.select(sa.literal(1))
         .where(
