@@ -6,10 +6,10 @@ import argparse
 import logging
 import sys
 
-from bench import ledger, pipeline, review_queue
+from bench import intake, ledger, pipeline, review_queue
 from bench.common import write_results
 
-SUITES = {"ledger": ledger.run, "pipeline": pipeline.run, "review": review_queue.run}
+SUITES = {"ledger": ledger.run, "pipeline": pipeline.run, "review": review_queue.run, "intake": intake.run}
 
 
 def main() -> int:
