@@ -146,7 +146,7 @@ class IntakeLedger(Ledger):
         """Register each document's job (job and outbox event) and read back every key's job,
         in one transaction; one :class:`Accepted` per distinct key, in the order given."""
         keys = list(dict.fromkeys(j.idempotency_key for j in new_jobs))
-        first = {}
+        first: dict[str, NewJob] = {}
         for job in new_jobs:
             first.setdefault(job.idempotency_key, job)
         with self.transaction(actor) as conn:

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from triage.contracts.documents import DocumentPayload
-from triage.contracts.intake import IntakeDocument
-from triage.jobs.intake import INTAKE_BATCH, Accepted
+from triage.contracts.intake import INTAKE_BATCH, IntakeDocument
+from triage.jobs.intake import Accepted
 from triage.jobs.models import NewJob
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore

@@ -45,7 +45,6 @@ def announce_intake(documents: int) -> bool:
     from airflow.assets.manager import asset_manager
     from airflow.models.asset import AssetModel
     from airflow.sdk import Asset
-    from airflow.utils import timezone
     from airflow.utils.session import create_session
 
     uri = Asset(name=INTAKE_ASSET_NAME, uri=INTAKE_ASSET_URI).uri  # as Airflow stores it: triage://intake/
@@ -55,7 +54,6 @@ def announce_intake(documents: int) -> bool:
             return False
         event = asset_manager.register_asset_change(
             asset=asset,
-            timestamp=timezone.utcnow(),
             extra={"documents": documents},
             source_is_api=True,
             session=session,
