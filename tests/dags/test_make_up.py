@@ -324,3 +324,51 @@ def test_intake_without_a_token_gets_401_and_without_the_right_403(up: Up) -> No
     status, answer = curl(up, INTAKE_DOCS[0], token_of(up, reconcile_user.USERNAME, reconcile_password(up)))
     assert status == 403, answer
     assert "classify_intake" in answer["detail"]
+
+
+def test_a_document_posted_while_a_run_is_past_its_claims_is_classified_by_the_next_run(up: Up) -> None:
+    """Runs never pile up (max_active_runs=1), and none strands a document: B is posted while the
+    run that classifies A is still active but its classify tasks are done (no claim will take B);
+    its asset event waits for that run to end, and the next run classifies B."""
+    import time
+
+    from triage_tools.local import admin_login
+
+    wait_for_intake_dag(up)
+    token = token_of(up, *admin_login(up.airflow_env))
+    a, b = ({**INTAKE_DOCS[0], "external_id": f"UP-RUN-{n}"} for n in ("A", "B"))
+    status, posted_a = curl(up, a, token)
+    assert status == 202, posted_a
+    run_of_a, deadline = None, time.monotonic() + 180
+    with admin(up) as api:
+        while run_of_a is None and time.monotonic() < deadline:
+            for run in api.get("/api/v2/dags/classify_intake/dagRuns", params={"state": "running"}).json()["dag_runs"]:
+                tis = api.get(f"/api/v2/dags/classify_intake/dagRuns/{run['dag_run_id']}/taskInstances").json()
+                classify = [t["state"] for t in tis["task_instances"] if t["task_id"] == "classify"]
+                if classify and all(s == "success" for s in classify):
+                    run_of_a = run["dag_run_id"]
+            time.sleep(0.2)
+        assert run_of_a, "no classify_intake run seen between its claims and its end"
+        status, posted_b = curl(up, b, token)
+        assert status == 202, posted_b
+        still = api.get(f"/api/v2/dags/classify_intake/dagRuns/{run_of_a}").json()["state"]
+        settled = None
+        while settled is None and time.monotonic() < deadline + 120:
+            where = api.get(f"/triage/api/documents/{posted_b['job_id']}").json()
+            settled = where if where["status"] in ("completed", "manual_review") else None
+            time.sleep(1)
+        runs = api.get("/api/v2/dags/classify_intake/dagRuns").json()["dag_runs"]
+    assert settled is not None, task_logs(up, "classify_intake")
+    with psycopg.connect(up.jobs_url.libpq()) as conn:
+        movers = dict(
+            conn.execute(
+                "SELECT j.external_id, array_agg(DISTINCT split_part(e.actor, '/', 2)) FROM triage.job_events e"
+                " JOIN triage.jobs j ON j.id = e.job_id WHERE j.external_id LIKE 'UP-RUN-%%'"
+                " AND e.actor LIKE 'classify_intake/%%' GROUP BY j.external_id"
+            ).fetchall()
+        )
+    assert still == "running"  # B's asset event came during A's run, after its claims
+    assert movers["UP-RUN-A"] == [run_of_a]
+    [run_of_b] = movers["UP-RUN-B"]
+    assert run_of_b != run_of_a  # the next run, started once A's ended, took B
+    assert sum(r["state"] in ("running", "queued") for r in runs) <= 1

@@ -100,7 +100,7 @@ def main() -> None:
     airflow_app.init_auth_manager()
     url = configured_url()
     assert url is not None, "TRIAGE_DATABASE_URL is not set"
-    store = JobStore(create_engine(url, pool_size=2))
+    store = JobStore(create_engine(url, pool_size=5))  # the API server's (TriageService.store)
 
     def announce(n: int) -> bool:
         with Path(args.announced).open("a") as f:

@@ -145,24 +145,28 @@ def _errors(exc: ValidationError) -> list[dict[str, str]]:
     ]
 
 
+def _shown_id(item: Any) -> str | None:
+    """The id to name an invalid document by: only a plain one (a hostile id is never sent back,
+    nor logged)."""
+    raw = item.get("external_id") if isinstance(item, dict) else None
+    if not isinstance(raw, str) or not raw or len(raw) > MAX_EXTERNAL_ID_LENGTH or hostile_id_problem(raw):
+        return None
+    return raw
+
+
 def parse_documents(items: list[Any]) -> tuple[list[tuple[int, IntakeDocument, DocumentPayload]], list[Problem]]:
     """Each item checked on its own: the valid ones (with their index and payload) and a
     :class:`Problem` for each invalid one."""
     valid: list[tuple[int, IntakeDocument, DocumentPayload]] = []
     problems: list[Problem] = []
     for index, item in enumerate(items):
-        raw_id = item.get("external_id") if isinstance(item, dict) else None
-        # Echoed only when it is a plain id: a hostile one is never sent back (nor logged).
-        shown = raw_id if isinstance(raw_id, str) and raw_id and hostile_id_problem(raw_id) is None else None
-        if shown is not None and len(shown) > MAX_EXTERNAL_ID_LENGTH:
-            shown = None
         try:
             document = IntakeDocument.model_validate(item)
             valid.append((index, document, document.payload()))
         except ValidationError as exc:
-            problems.append(Problem(index=index, external_id=shown, errors=_errors(exc)))
+            problems.append(Problem(index=index, external_id=_shown_id(item), errors=_errors(exc)))
         except (ValueError, ArithmeticError, RecursionError):  # a validator's arithmetic, parser limits
             problems.append(
-                Problem(index=index, external_id=shown, errors=[{"field": "document", "problem": "invalid"}])
+                Problem(index=index, external_id=_shown_id(item), errors=[{"field": "document", "problem": "invalid"}])
             )
     return valid, problems

@@ -148,7 +148,7 @@ def answer(
     else:
         body = {k: v for k, v in ordered[0].items() if k != "index"}
     headers = {"Location": f"documents/{accepted[0].job_id}"} if not batch and accepted else {}
-    return JSONResponse(jsonable_encoder(body), status_code=code, headers=headers)
+    return JSONResponse(body, status_code=code, headers=headers)  # plain str/int/None values
 
 
 @router.post("/documents", status_code=202)
