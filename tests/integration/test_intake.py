@@ -15,6 +15,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from tests.integration.intake_server import ROOT_PATH, ThreadServer, free_port, 
 from tests.integration.test_triage_web import airflow_auth, as_user  # noqa: F401 - the module's auth fixture
 from triage.jobs.models import ClassificationRecord, Complete, LabelWrite
 from triage.jobs.store import JobStore
+from triage.web.intake_service import DEPTH_TTL_SECONDS
 
 URL = f"{ROOT_PATH}/api/documents"
 JSON = {"Content-Type": "application/json"}
@@ -331,7 +333,9 @@ def test_a_full_queue_answers_429_with_retry_after_until_work_is_claimed(
     assert refused.headers["Retry-After"] == "7"
     assert [r.external_id for r in ledger(store)["jobs"]] == ["Q-1", "Q-2", "Q-3"]
     store.claim(batch_key="intake", step="classify", limit=1, lease_seconds=60, owner="w")  # one is claimed
-    assert post(server, doc("Q-4"), poster).status_code == 202
+    assert post(server, doc("Q-4"), poster).status_code == 429  # the depth measured < 1 s ago, plus Q-1..3
+    time.sleep(DEPTH_TTL_SECONDS + 0.1)
+    assert post(server, doc("Q-4"), poster).status_code == 202  # measured again: 2 queued
 
 
 def test_the_queue_depth_is_read_from_the_claim_index_and_bounded(store: JobStore) -> None:

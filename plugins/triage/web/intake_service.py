@@ -29,6 +29,11 @@ from triage.web.service import TriageService
 
 log = logging.getLogger(__name__)
 
+DEPTH_TTL_SECONDS = 1.0
+"""How long a measured queue depth is reused (plus what this process accepted since): one depth
+query a second per API server process, not one a request. The bound may be overshot by what the
+other API server processes accept within it."""
+
 VERSION_TTL_SECONDS = 60.0
 """How long the classifier version is reused before it is worked out again (a changed
 ``triage_llm`` connection or taxonomy reaches intake within this)."""
@@ -103,6 +108,7 @@ class IntakeService:
         self._lock = threading.Lock()
         self._max_attempts = max_attempts
         self.after_commit = after_commit
+        self._depth: tuple[float, int] | None = None  # (measured at, depth) of the intake queue
 
     @property
     def max_queued(self) -> int:
@@ -118,9 +124,21 @@ class IntakeService:
             return self._version[1]
 
     def queue_full(self) -> bool:
-        """Whether the intake queue holds its bound (counted up to it, index only)."""
+        """Whether the intake queue holds its bound: counted up to it (one bounded index scan) at
+        most every :data:`DEPTH_TTL_SECONDS`, plus what this process accepted since."""
         bound = self.max_queued
-        return self.triage.store.queued_depth(step=Step.CLASSIFY, bound=bound) >= bound
+        with self._lock:
+            known = self._depth
+        if known is None or time.monotonic() - known[0] > DEPTH_TTL_SECONDS:
+            known = (time.monotonic(), self.triage.store.queued_depth(step=Step.CLASSIFY, bound=bound))
+            with self._lock:
+                self._depth = known
+        return known[1] >= bound
+
+    def _accepted(self, new: int) -> None:
+        with self._lock:
+            if self._depth is not None:
+                self._depth = (self._depth[0], self._depth[1] + new)
 
     def accept(self, documents: Sequence[tuple[IntakeDocument, DocumentPayload]], caller: str) -> list[Accepted]:
         """Payloads stored, jobs committed, Airflow told; one :class:`Accepted` per document.
@@ -147,6 +165,7 @@ class IntakeService:
             IntakeSettings(self.classifier_version(), max_attempts),
             actor=f"intake:{caller}"[:200],
         )
+        self._accepted(sum(a.new for a in accepted))
         if self.after_commit is not None:
             self.after_commit(accepted)
         waiting = sum(1 for a in accepted if a.status == JobStatus.QUEUED.value)
