@@ -8,8 +8,9 @@ Each request is authenticated, read, validated per document, its payloads stored
 its jobs and outbox events registered in one transaction and read back, then announced (a line
 in a file here: the asset event of a real API server is a row in Airflow's metadata database,
 not measured). Beside it, in the same run, on a database of its own: the same rows by a bare
-``INSERT`` (one statement per 100 rows, as many connections as clients, no payload, no outbox,
-no read-back). Reported: documents per second of each, their ratio (goal >= 0.3), the
+``INSERT`` into a copy of ``triage.jobs`` without its triggers (as ``bench/ledger.py``'s
+baseline: one statement per 100 rows, as many connections as clients, no payload, no event log,
+no outbox, no read-back). Reported: documents per second of each, their ratio (goal >= 0.3), the
 acknowledgement latency of a request (p50, p99), and (on the embedded server, whose CPU is the
 benchmark's alone) documents per CPU-second of each, which a loaded machine disturbs less.
 """
@@ -137,7 +138,7 @@ def _bare_insert(url: str, run: str, n: int, n_clients: int) -> float:
     chunks = [rows[i : i + BATCH] for i in range(0, n, BATCH)]
     lock = threading.Lock()
     sql = (
-        "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
+        "INSERT INTO plain.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
         " classifier_version, correlation_id, batch_key, step, status, max_attempts) VALUES "
     )
 
@@ -196,6 +197,9 @@ def run() -> list[Figure]:
         if registered != (n + BATCH,):  # every document once: the warm-up batch, then the run's
             raise RuntimeError(f"{registered} jobs registered, not {n + BATCH}")
     with scratch_database() as url:
+        with psycopg.connect(url.libpq(), autocommit=True) as conn:  # the ledger's table without its triggers
+            conn.execute("CREATE SCHEMA plain")
+            conn.execute("CREATE TABLE plain.jobs (LIKE triage.jobs INCLUDING ALL)")
         _bare_insert(url.libpq(), "warm", 4 * BATCH, 1)
         pg_bare_before = server_cpu_seconds()
         bare = _bare_insert(url.libpq(), run_id, n, n_clients)
