@@ -1,7 +1,7 @@
 """Intake through HTTP against a bare INSERT of the same rows (issue #15).
 
 ``python -m bench intake`` (``BENCH_INTAKE_DOCS`` documents, default 20,000): concurrent clients
-(``BENCH_INTAKE_CLIENTS``, default 4) post batches of 100 documents on loopback to the Triage app
+(``BENCH_INTAKE_CLIENTS``, default 8) post batches of 100 documents on loopback to the Triage app
 served by uvicorn in a process of its own (``tests/integration/intake_server.py``: the app as
 Airflow's API server mounts it, Airflow's SimpleAuthManager checking a JWT on every request).
 Each request is authenticated, read, validated per document, its payloads stored as one pack,
@@ -46,7 +46,7 @@ def documents() -> int:
 
 
 def clients() -> int:
-    return int(os.environ.get("BENCH_INTAKE_CLIENTS", "4"))
+    return int(os.environ.get("BENCH_INTAKE_CLIENTS", "8"))
 
 
 def _doc(i: int, run: str) -> dict[str, Any]:
