@@ -12,7 +12,7 @@ export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
 CONF   ?= {}
 
-.PHONY: help setup test-deps lock migrate run up stop test test-fast bench bench-intake chaos distributed lint clean reset-secrets
+.PHONY: help setup test-deps lock migrate run up stop test test-fast bench bench-intake chaos distributed lint clean reset-secrets schemas
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}'] [VERBOSE=1]  set up, migrate, run classify_documents then reconcile_jobs"
@@ -22,6 +22,7 @@ help:
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
 	@echo "make lock                                  refresh docker/airflow-constraints.txt and constraints.txt"
 	@echo "make bench-intake                          POST-to-label latency of intake (1,000 documents over 10 s); needs make up running"
+	@echo "make schemas                               write the event schemas (include/schemas/) from the models"
 	@echo "make migrate | up | stop | bench | lint"
 	@echo "make reset-secrets                         delete Airflow connections/variables another Fernet key encrypted"
 
@@ -126,6 +127,11 @@ chaos: $(STAMP)
 # installed when missing and root), two Celery workers, all stopped again (docs/distributed.md).
 distributed: $(STAMP)
 	$(BIN)/triage distributed --date '$(DATE)' --conf '$(CONF)'
+
+# The event registry: the JSON schema of every published event, generated from the pydantic
+# models (docs/events.md); tests fail when a committed file and its model differ.
+schemas: $(STAMP)
+	$(BIN)/triage schemas
 
 lint: $(STAMP)
 	$(BIN)/ruff check plugins dags tests bench triage_tools

@@ -51,6 +51,7 @@ DEVELOPER_VERBS: dict[str, tuple[str, str]] = {
     "prepare": ("triage_tools.local", "migrations, Airflow's metadata DB, settings, if changed"),
     "dags-test": ("triage_tools.local", "one in-process DAG run (airflow dags test)"),
     "reset-secrets": ("triage_tools.local", "delete secrets that another Fernet key encrypted"),
+    "schemas": ("triage_tools.schemas", "write the event schemas into include/schemas/ (make schemas); --check"),
 }
 """Handed over whole (options included) to their module; ``env`` and ``db start|stop`` are here."""
 

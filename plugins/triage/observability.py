@@ -13,6 +13,13 @@ sent only to an enabled sink.
 Log lines name jobs by id and ``correlation_id`` with states and result classes; never the
 document, its external id (it comes from outside and may hold anything, newlines included),
 an error message (it may echo input) or a credential.
+
+A per-job line carries ``job_id``, ``correlation_id``, ``attempt`` and ``max_attempts`` as
+structured fields, not in its text (:func:`log_job`): bound with ``structlog``'s context
+variables for the line, which Airflow 3's task logger merges into each JSON line of the task
+log (``structlog.contextvars.merge_contextvars`` is in its processor chain for stdlib records
+too), so they are keys a log search can filter on; and as the record's ``extra`` attributes for
+any other stdlib handler. A client-supplied correlation id thus never becomes log text.
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+from structlog.contextvars import bound_contextvars
 
 from triage.jobs.models import Advance, ClaimedJob, Complete, Fail, Outcome, Park, Release, RetryLater, SendToReview
 from triage.jobs.states import JobStatus
@@ -173,15 +183,37 @@ def observe_states(metrics: Metrics, step: str, batch_key: str, counts: Mapping[
 # -- logs -----------------------------------------------------------------------------------
 
 
-def job_fields(job: ClaimedJob) -> str:
-    """``job=… correlation_id=… attempt=n/max``: how every per-job line names its job."""
-    return f"job={job.id} correlation_id={job.correlation_id} attempt={job.attempt}/{job.max_attempts}"
+def job_log_fields(job: ClaimedJob) -> dict[str, Any]:
+    """The structured fields of every per-job line: ``job_id``, ``correlation_id``, ``attempt``, ``max_attempts``."""
+    return {
+        "job_id": str(job.id),
+        "correlation_id": job.correlation_id,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+    }
+
+
+@contextmanager
+def job_context(job: ClaimedJob) -> Iterator[dict[str, Any]]:
+    """Every line logged inside carries the job's fields (Airflow's JSON task log: as keys)."""
+    fields = job_log_fields(job)
+    with bound_contextvars(**fields):
+        yield fields
+
+
+def log_job(log: logging.Logger, level: int, job: ClaimedJob, msg: str, *args: object) -> None:
+    """One per-job line: ``msg`` (states, codes; never a document or an error's text) with the
+    job's fields bound for it (:func:`job_context`) and as the record's ``extra``."""
+    if not log.isEnabledFor(level):
+        return
+    with job_context(job) as fields:
+        log.log(level, msg, *args, extra=fields)
 
 
 def log_job_outcomes(log: logging.Logger, step: str, jobs: Sequence[ClaimedJob], outcomes: Sequence[Outcome]) -> None:
     """One line per job that did not simply succeed: retries and failures (WARNING), review
     routing (INFO for a model's doubt, WARNING for a failure), releases (INFO). Accepted jobs are
-    counted, not logged one by one."""
+    counted, not logged one by one. Each line carries its job's fields (:func:`log_job`)."""
     if not log.isEnabledFor(logging.INFO):
         return
     by_id = {job.id: job for job in jobs}
@@ -195,33 +227,38 @@ def log_job_outcomes(log: logging.Logger, step: str, jobs: Sequence[ClaimedJob],
             # The store sends a retry of the last attempt to review instead (retries_exhausted).
             spent = job.attempt >= job.max_attempts
             then = f"{JobStatus.MANUAL_REVIEW.value} (retries_exhausted)" if spent else JobStatus.RETRYABLE_FAILED.value
-            log.warning("step=%s %s retry error_class=%s -> %s", step, job_fields(job), outcome.error_class, then)
+            log_job(log, logging.WARNING, job, "step=%s retry error_class=%s -> %s", step, outcome.error_class, then)
         elif isinstance(outcome, SendToReview):
             # A model's doubt is routine (INFO); a failure that needs a person is not (WARNING).
             level = logging.INFO if outcome.classification is not None else logging.WARNING
-            log.log(
+            log_job(
+                log,
                 level,
-                "step=%s %s manual_review reason=%s error_class=%s",
+                job,
+                "step=%s manual_review reason=%s error_class=%s",
                 step,
-                job_fields(job),
                 outcome.reason,
                 outcome.error_class,
             )
         elif isinstance(outcome, Fail):
-            log.warning(
-                "step=%s %s terminal_failed reason=%s error_class=%s",
+            log_job(
+                log,
+                logging.WARNING,
+                job,
+                "step=%s terminal_failed reason=%s error_class=%s",
                 step,
-                job_fields(job),
                 outcome.reason,
                 outcome.error_class,
             )
         elif isinstance(outcome, Park):
-            log.info(
-                "step=%s %s parked reason=outage:%s error_class=%s",
+            log_job(
+                log,
+                logging.INFO,
+                job,
+                "step=%s parked reason=outage:%s error_class=%s",
                 step,
-                job_fields(job),
                 outcome.dependency,
                 outcome.error_class,
             )
         else:
-            log.info("step=%s %s released", step, job_fields(job))
+            log_job(log, logging.INFO, job, "step=%s released", step)

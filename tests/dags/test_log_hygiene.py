@@ -5,7 +5,8 @@ OpenAI-compatible server (an API key in ``triage_llm``) and a password in ``tria
 embedded server trusts local sockets, so the password is never checked, only carried): then
 every file under the deployment's Airflow home and TRIAGE_HOME plus the captured stdout and
 stderr is scanned for the documents' sentences, the prompt's instructions and both passwords.
-Per-job lines must carry ``correlation_id``.
+Per-job lines must carry ``job_id``, ``correlation_id`` and ``attempt`` as fields of the event
+(keys of a JSON task log line), never in the message.
 
 A second DAG checks Airflow's secret masker: fetching the connection registers its password,
 and ``redact`` replaces it. It does not log the password itself: ``airflow dags test`` runs
@@ -34,7 +35,11 @@ CONF = {
     "concurrency": 4,
     "drill": {"transient_error_rate": 0.1, "permanent_error_rate": 0.05, "inconclusive_rate": 0.1, "seed": 3},
 }
-PER_JOB = re.compile(r"job=([0-9a-f-]{36})\b")
+PER_JOB = re.compile(r'job_id"?\s*[=:]\s*"?([0-9a-f-]{36})\b')
+"""A line naming a job by a field: ``job_id=`` of the console's rendering of a log event
+(``airflow dags test`` runs tasks in-process and prints their logs; Airflow 3.3.2 writes no JSON
+task log file then, so the JSON form is ``tests/unit/test_job_log_fields.py``'s), or a key of a
+JSON line (the published events in the event log, which carry the same ids)."""
 
 LEAKY_DAG = """
 from __future__ import annotations
@@ -166,6 +171,18 @@ def test_every_per_job_line_carries_its_correlation_id(deployment: Deployment, s
         engine.dispose()
     lines = [line for text in scanned["texts"].values() for line in text.splitlines() if PER_JOB.search(line)]
     assert lines
+    log_lines = 0
     for line in lines:
         job_id = PER_JOB.search(line).group(1)  # type: ignore[union-attr]
-        assert f"correlation_id={correlation[job_id]}" in line, line
+        if line.lstrip().startswith("{"):  # a JSON line: the fields are keys
+            event = json.loads(line)
+            assert (event["job_id"], event["correlation_id"]) == (job_id, correlation[job_id]), line
+            assert isinstance(event["attempt"], int), line
+            if "event_id" not in event:  # a task log line (else a published event, of the event log)
+                assert job_id not in event["event"], line
+                log_lines += 1
+        else:  # the console's rendering: the event, then key=value
+            assert f"correlation_id={correlation[job_id]}" in line, line
+            assert "attempt=" in line, line
+            log_lines += 1
+    assert log_lines, "no per-job log line carried its job's fields"

@@ -12,12 +12,17 @@ Requests take the queued replies first, then ``responder(body)``. ``latency_ms``
 reply (benchmarks); the server sustains many concurrent requests (a deep listen backlog, a
 thread per connection). It records every JSON body it received. ``refuse_json_schema`` plays a
 provider without structured outputs: a request asking for ``response_format: json_schema`` gets
-the 400 OpenAI answers for a model that lacks it, before any queued reply.
+the 400 OpenAI answers for a model that lacks it, before any queued reply. ``requests_per_second``
+plays a provider's rate limit: a token bucket of that rate (holding ``burst_seconds`` of it) per
+server, and a request finding it empty gets a 429 with ``retry-after-ms`` and OpenAI's
+``x-ratelimit-*`` headers (``rate_limited`` counts them); answered requests carry the headers too.
+``batches`` serves OpenAI's batch interface (``/v1/files``, ``/v1/batches``: :mod:`tests.fakes.batches`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -29,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
+from tests.fakes.batches import FakeBatches
 from triage.classifiers.keyword import KeywordClassifier
 from triage.classifiers.taxonomy import Taxonomy
 
@@ -51,6 +57,7 @@ class Reply:
     usage: Any = None  # replaces the whole usage object as given (anything JSON, NaN included)
     retry_after: str | None = None  # sent as the Retry-After header (seconds or an HTTP date)
     refusal: str | None = None  # structured outputs: the model declined (content null)
+    headers: tuple[tuple[str, str], ...] = ()  # sent as they are (x-ratelimit-*, retry-after-ms)
 
     @classmethod
     def ok(cls, label: str, confidence: float = 0.9, **kwargs: Any) -> Reply:
@@ -155,12 +162,33 @@ def keyword_responder(taxonomy: Taxonomy, fallback: str = "general_inquiry") -> 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the real APIs; needs Content-Length
+    # A reply leaves in one write (the status line, headers and body buffered, flushed once after
+    # do_POST): written in two, Nagle's algorithm held the body back until the client's delayed
+    # ACK of the headers, about 40 ms on Linux, which every timed call paid (docs/performance.md).
+    wbufsize = -1
     server: _Server
     timeout = 10  # an idle keep-alive connection ends its thread after this
+
+    def _send_batch_api(self, status: int, answer: Any) -> None:
+        payload = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header(
+            "Content-Type", "application/octet-stream" if isinstance(answer, bytes) else "application/json"
+        )
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        self._send_batch_api(*self.server.fake.batches.get(self.path))
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
+        if self.path.startswith(("/v1/files", "/v1/batches")):
+            fake = self.server.fake
+            self._send_batch_api(*fake.batches.post(self.path, self.headers.get("Content-Type", ""), raw))
+            return
         try:
             body = json.loads(raw)
         except ValueError:
@@ -177,6 +205,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         if reply.retry_after is not None:
             self.send_header("Retry-After", reply.retry_after)
+        for name, value in reply.headers:
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
@@ -196,6 +226,8 @@ class _Server(ThreadingHTTPServer):
         self.connections_lock = threading.Lock()
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        with contextlib.suppress(OSError):  # as a real API server: no Nagle delay on small replies
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.connections_lock:
             self.connections.add(request)
         super().process_request(request, client_address)
@@ -223,9 +255,21 @@ class FakeOpenAIServer:
     """Context manager running the fake server; ``base_url`` ends in ``/v1``."""
 
     def __init__(
-        self, responder: Responder | None = None, latency_ms: float = 0.0, *, refuse_json_schema: bool = False
+        self,
+        responder: Responder | None = None,
+        latency_ms: float = 0.0,
+        *,
+        refuse_json_schema: bool = False,
+        requests_per_second: float | None = None,
+        burst_seconds: float = 1.0,
     ) -> None:
         self.responder: Responder = responder or fixed_label("general_inquiry")
+        self.requests_per_second, self.burst_seconds = requests_per_second, burst_seconds
+        self.rate_limited = 0
+        self.batches = FakeBatches(self)
+        """The batch interface (:mod:`tests.fakes.batches`): its files and batches."""
+        self._bucket = (requests_per_second or 0.0) * burst_seconds
+        self._bucket_at = time.monotonic()
         self.latency_ms = latency_ms
         self.refuse_json_schema = refuse_json_schema
         self.requests: list[dict[str, Any]] = []
@@ -262,9 +306,43 @@ class FakeOpenAIServer:
             mode = response_format.get("type") if isinstance(response_format, dict) else None
             if self.refuse_json_schema and mode == "json_schema":
                 return SCHEMA_REFUSED
+            limit = self._rate_limit()
+            if limit is not None and limit.status == 429:
+                return limit
             if self._queue:
-                return self._queue.popleft()
-        return self.responder(body)
+                reply = self._queue.popleft()
+                return reply if limit is None else dataclasses.replace(reply, headers=reply.headers + limit.headers)
+        reply = self.responder(body)
+        return reply if limit is None else dataclasses.replace(reply, headers=reply.headers + limit.headers)
+
+    def _rate_limit(self) -> Reply | None:
+        """Take one request from the bucket (under the lock): None without a limit, a 429 when it
+        is empty, else a reply carrying only the headers to add."""
+        rate = self.requests_per_second
+        if rate is None:
+            return None
+        now, capacity = time.monotonic(), rate * self.burst_seconds
+        self._bucket = min(capacity, self._bucket + (now - self._bucket_at) * rate)
+        self._bucket_at = now
+        if self._bucket < 1.0:
+            self.rate_limited += 1
+            wait_ms = max((1.0 - self._bucket) / rate * 1000.0, 1.0)
+            headers = (
+                ("retry-after-ms", f"{wait_ms:.0f}"),
+                ("x-ratelimit-limit-requests", f"{rate * 60:.0f}"),
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-reset-requests", f"{wait_ms:.0f}ms"),
+            )
+            return Reply(status=429, headers=headers)
+        self._bucket -= 1.0
+        full_ms = (capacity - self._bucket) / rate * 1000.0
+        return Reply(
+            headers=(
+                ("x-ratelimit-limit-requests", f"{rate * 60:.0f}"),
+                ("x-ratelimit-remaining-requests", f"{int(self._bucket)}"),
+                ("x-ratelimit-reset-requests", f"{full_ms:.0f}ms"),
+            )
+        )
 
     def start(self) -> FakeOpenAIServer:
         server = _Server(("127.0.0.1", 0))

@@ -99,7 +99,9 @@ def test_1_a_document_delivered_twice_is_one_job_one_label_one_event(
         conn.execute(sa.text("UPDATE triage.outbox SET published_at = NULL"))
     publish_all(fast, sink)
     ids = [json.loads(line)["event_id"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert len(ids) == len(set(ids)) == 200 + completed  # type: ignore[operator]
+    in_review = q(fast, "SELECT count(*) FROM triage.jobs WHERE status = 'manual_review'")
+    assert q(fast, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.needs_review'") == in_review
+    assert len(ids) == len(set(ids)) == 200 + completed + in_review  # type: ignore[operator]
 
 
 def test_2_a_worker_that_stops_after_the_external_action_causes_one_effect(

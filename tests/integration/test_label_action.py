@@ -279,10 +279,21 @@ def test_published_review_events_carry_the_label_and_the_reviewer(store: JobStor
     path = tmp_path / "events.jsonl"
     publish_all(store, JsonlEventSink(path))
     events = [parse_event(line) for line in path.read_bytes().splitlines()]
-    decided = {(e.job_id, e.event_type): e.payload for e in events if e.event_type != "job.registered"}
+    decided = {
+        (e.job_id, e.event_type): e.payload
+        for e in events
+        if e.event_type not in ("job.registered", "job.needs_review")
+    }
     assert decided == {
-        (labelled, "job.completed"): {"resolution": "labelled", "label": "shipping", "resolved_by": "alice"},
+        (labelled, "job.completed"): {
+            "resolution": "labelled",
+            "label": "shipping",
+            "confidence": None,
+            "classifier_version": "human:alice",
+            "resolved_by": "alice",
+        },
         (rejected, "job.reviewed"): {"resolution": "rejected", "resolved_by": "bob"},
+        (rejected, "job.failed"): {"reason": "rejected", "resolved_by": "bob"},
     }
     registered = [line for line in path.read_bytes().splitlines() if b'"job.registered"' in line]
     assert all(b'"payload"' not in line for line in registered)  # no payload: the bytes of version 1

@@ -215,19 +215,50 @@ def test_an_answer_is_not_reused_across_classifier_versions(
     assert classification_of(store, ids["B"]).reused_job_id is None
 
 
-def test_an_answer_below_this_runs_threshold_is_not_reused(
+def test_an_answer_below_this_runs_threshold_sends_its_repeat_to_review_without_a_call(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
     server.responder = fixed_label("billing", 0.75)
     classifier = llm(server)
-    register(store, payloads, classifier.version, {"A": "same text"})
+    first = register(store, payloads, classifier.version, {"A": "same text"})
     classify(store, classifier, payloads, threshold=0.7)
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
-    server.responder = fixed_label("billing", 0.95)
     ids = register(store, payloads, classifier.version, {"B": "same text"}, batch=later)
-    classify(store, llm(server), payloads, threshold=0.8, batch=later)
-    assert server.request_count == 2  # 0.75 would not be accepted now: the model is asked
-    assert classification_of(store, ids["B"]).confidence == 0.95
+    _, cache = classify(store, llm(server), payloads, threshold=0.8, batch=later)
+    # The same input to the same version answers 0.75 again: decided afresh at 0.8, doubtful.
+    assert server.request_count == 1
+    assert cache is not None
+    assert cache.reused == 1
+    row = classification_of(store, ids["B"])
+    assert (row.outcome, row.confidence, row.reused_job_id) == ("inconclusive", 0.75, first["A"])
+    [review] = rows(store, "SELECT * FROM triage.manual_review WHERE job_id = :j", j=ids["B"])
+    assert review.reason == "inconclusive"
+    assert review.context["reused_job_id"] == str(first["A"])
+    assert review.context["reused_attempt"] == 1
+    assert str(first["A"]) in review.last_error
+
+
+def test_a_doubtful_answer_is_reused_within_a_claim_and_an_accepted_one_wins_over_it(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
+    classifier = llm(server)
+    server.enqueue(Reply.ok("billing", 0.3))  # A: doubtful; B, its repeat, takes that answer
+    ids = register(store, payloads, classifier.version, {"A": "same text", "B": "same text"})
+    classify(store, classifier, payloads)
+    assert server.request_count == 1
+    statuses = {r.id: r.status for r in rows(store, "SELECT id, status FROM triage.jobs")}
+    assert statuses == {ids["A"]: "manual_review", ids["B"]: "manual_review"}
+    assert classification_of(store, ids["B"]).reused_job_id == ids["A"]
+    # A reviewer requeues A: the model is asked again and accepts; that answer is the entry now.
+    store.resolve_with_requeue(ids["A"], actor="alice", note="ask again")
+    classify(store, llm(server), payloads)
+    assert server.request_count == 2
+    later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
+    ids |= register(store, payloads, classifier.version, {"C": "same text"}, batch=later)
+    classify(store, llm(server), payloads, batch=later)
+    assert server.request_count == 2
+    row = classification_of(store, ids["C"])
+    assert (row.outcome, row.reused_job_id, row.reused_attempt) == ("accepted", ids["A"], 2)
 
 
 def test_a_repeat_of_a_rejected_answer_is_asked_itself(
@@ -276,11 +307,13 @@ def test_a_job_a_reviewer_requeued_is_asked_again_not_answered_from_the_cache(
     ids = register(store, payloads, classifier.version, {"A": "same text"})
     classify(store, classifier, payloads)
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
-    register(store, payloads, classifier.version, {"B": "same text"}, batch=later)
-    classify(store, llm(server), payloads, batch=later)  # B: accepted, an entry for the content
-    assert server.request_count == 2
+    server.responder = fixed_label("billing", 0.92)
+    ids |= register(store, payloads, classifier.version, {"B": "same text"}, batch=later)
+    classify(store, llm(server), payloads, batch=later)  # B: A's doubtful answer, to review
+    assert server.request_count == 1
+    assert classification_of(store, ids["B"]).reused_job_id == ids["A"]
     store.resolve_with_requeue(ids["A"], actor="alice", note="ask again")
     classify(store, llm(server), payloads)
-    assert server.request_count == 3  # the reviewer asked for the model, not the cache
+    assert server.request_count == 2  # the reviewer asked for the model, not the cache
     [again] = rows(store, "SELECT * FROM triage.classifications WHERE job_id = :j AND attempt = 2", j=ids["A"])
     assert (again.outcome, again.reused_job_id) == ("accepted", None)

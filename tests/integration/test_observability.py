@@ -4,7 +4,6 @@ with what the ledger recorded, every per-job line carries its job's correlation_
 from __future__ import annotations
 
 import logging
-import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -119,13 +118,16 @@ def test_every_per_job_line_names_its_correlation_id(
         correlation: dict[str, str] = dict(
             conn.execute(sa.text("SELECT id::text, correlation_id FROM triage.jobs")).all()
         )
-    per_job = [r.getMessage() for r in caplog.records if "job=" in r.getMessage()]
+    # The job's fields are the record's attributes (and structlog context: test_job_log_fields),
+    # never the message's text.
+    per_job = [r for r in caplog.records if hasattr(r, "job_id")]
     assert len(per_job) >= scalar(store, "SELECT count(*) FROM triage.manual_review")  # every review was logged
-    for line in per_job:
-        match = re.search(r"job=(\S+) correlation_id=(\S+) attempt=\d+/\d+", line)
-        assert match, line
-        assert correlation[match.group(1)] == match.group(2), line
-    kinds = {re.search(r"attempt=\S+ (\S+)", line).group(1) for line in per_job}  # type: ignore[union-attr]
+    for record in per_job:
+        assert correlation[record.job_id] == record.correlation_id, record.getMessage()
+        assert 1 <= record.attempt <= record.max_attempts
+        assert record.job_id not in record.getMessage()
+        assert record.correlation_id not in record.getMessage()
+    kinds = {r.getMessage().split()[1] for r in per_job}
     assert kinds == {"retry", "manual_review"}
     # batch lines name the batch; no line names a document's external id
     with store.engine.connect() as conn:

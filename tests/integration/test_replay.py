@@ -191,7 +191,14 @@ def test_requeued_twice_then_accepted_the_job_completes_with_label_action_and_hi
     ]
     assert [a for (_f, _t, _s, a, _a, _r) in history] == sorted(a for (_f, _t, _s, a, _a, _r) in history)
     events = rows(store, "SELECT event_type, attempt FROM triage.outbox ORDER BY created_at, event_type")
-    assert sorted(events) == [("job.completed", 4), ("job.registered", 0), ("job.requeued", 1), ("job.requeued", 2)]
+    assert sorted(events) == [
+        ("job.completed", 4),
+        ("job.needs_review", 1),
+        ("job.needs_review", 2),
+        ("job.registered", 0),
+        ("job.requeued", 1),
+        ("job.requeued", 2),
+    ]
 
 
 @pytest.mark.parametrize("replays", [pytest.param(1, id="one-requeue"), pytest.param(3, id="three-requeues")])

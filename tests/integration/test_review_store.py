@@ -106,7 +106,18 @@ def test_a_label_completes_the_job_with_its_label_review_row_and_event(store: Jo
         store,
         "SELECT event_type, payload FROM triage.outbox WHERE job_id = :j ORDER BY created_at DESC LIMIT 1",
         j=job_id,
-    ) == [("job.completed", {"resolution": "labelled", "label": "billing", "resolved_by": "alice"})]
+    ) == [
+        (
+            "job.completed",
+            {
+                "resolution": "labelled",
+                "label": "billing",
+                "confidence": None,
+                "classifier_version": "human:alice",
+                "resolved_by": "alice",
+            },
+        )
+    ]
     # the model's attempts stay the model's: no classification row for a human label
     assert rows(store, "SELECT count(*) FROM triage.classifications") == classifications_before
 
@@ -121,10 +132,10 @@ def test_a_reject_fails_the_job_for_good(store: JobStore) -> None:
     ]
     assert rows(
         store,
-        "SELECT event_type, payload->>'resolution' FROM triage.outbox WHERE job_id = :j"
-        " AND event_type <> 'job.registered'",
+        "SELECT event_type, payload->>'resolution', payload->>'reason' FROM triage.outbox WHERE job_id = :j"
+        " AND event_type NOT IN ('job.registered', 'job.needs_review') ORDER BY event_type",
         j=job_id,
-    ) == [("job.reviewed", "rejected")]
+    ) == [("job.failed", None, "rejected"), ("job.reviewed", "rejected", None)]
     assert rows(store, "SELECT count(*) FROM triage.document_labels") == [(0,)]
 
 
@@ -262,8 +273,10 @@ def test_decision_events_are_valid_work_events(store: JobStore) -> None:
     store.resolve_with_requeue(ids[2], actor="alice")
     sent: list[WorkEvent] = []
     store.relay(sent.extend)
-    decided = sorted(e.event_type for e in sent if e.event_type != "job.registered")
-    assert decided == ["job.completed", "job.requeued", "job.reviewed"]
+    decided = sorted(e.event_type for e in sent if e.event_type not in ("job.registered", "job.needs_review"))
+    # a reject is a decision (job.reviewed) and a move into terminal_failed (job.failed)
+    assert decided == ["job.completed", "job.failed", "job.requeued", "job.reviewed"]
+    assert sorted(e.event_type for e in sent if e.event_type == "job.needs_review") == ["job.needs_review"] * 3
 
 
 def test_two_reviewers_at_once_one_decision_wins(store: JobStore) -> None:

@@ -80,7 +80,23 @@ def test_project_file_has_an_openai_compatible_model(project: AirflowSettings) -
     assert llm.conn_type == "http"
     assert llm.conn_host == "http://127.0.0.1:8000/v1"
     assert llm.conn_password is not None
-    assert llm.conn_extra == {"model": "gpt-4o-mini", "temperature": 0.0, "timeout": 30, "prompt_version": "p1"}
+    assert llm.conn_extra == {
+        "model": "gpt-4o-mini",
+        "temperature": 0.0,
+        "timeout": 30,
+        "prompt_version": "p1",
+        # No budget unless the environment sets one (docs/model-calls.md).
+        "requests_per_minute": "",
+        "tokens_per_minute": "",
+        "budget_burst_seconds": 1,
+        "budget_max_wait_seconds": 60,
+    }
+
+
+def test_project_file_takes_the_model_budgets_from_the_environment() -> None:
+    environ = {**ENV, "TRIAGE_LLM_REQUESTS_PER_MINUTE": "3000", "TRIAGE_LLM_TOKENS_PER_MINUTE": "250000"}
+    extra = load_airflow_settings(PROJECT_FILE, environ=environ).connection("triage_llm").conn_extra
+    assert (extra["requests_per_minute"], extra["tokens_per_minute"]) == ("3000", "250000")
 
 
 def test_project_file_has_the_llm_pool_and_variables(project: AirflowSettings) -> None:

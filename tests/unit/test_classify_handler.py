@@ -50,7 +50,7 @@ from triage.payloads import (
     PayloadUnavailable,
 )
 from triage.pipeline.classify import OUTAGE_SECONDS, CircuitBreaker, ClassifyHandler, ClassifySettings
-from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured
+from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, claim_size
 
 VERSION = "keyword-test-1"
 THRESHOLD = 0.7
@@ -500,3 +500,18 @@ def test_a_missing_payload_base_parks_the_batch_and_stops_the_step(
         "and stays down for the run"
     )
     payloads.get_many.assert_called_once()
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "concurrency", "expected"),
+    [
+        pytest.param(500, 32, 512, id="rounded-up-to-whole-rounds"),
+        pytest.param(1000, 32, 1024, id="operator-default"),
+        pytest.param(512, 32, 512, id="already-whole"),
+        pytest.param(1000, 1, 1000, id="sequential"),
+        pytest.param(10, 32, 32, id="smaller-than-concurrency"),
+        pytest.param(500, 0, 500, id="no-concurrency-given"),
+    ],
+)
+def test_a_claim_is_whole_rounds_of_the_concurrency(batch_size: int, concurrency: int, expected: int) -> None:
+    assert claim_size(batch_size, concurrency) == expected

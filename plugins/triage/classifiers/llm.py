@@ -23,6 +23,9 @@ the job and fails the task without retrying), or with ``auto`` the classifier as
 again in ``json_object`` and keeps that mode for the rest of its life. The mode of each answer is
 recorded with its classification (``ModelOutput.output_mode``).
 
+With a shared budget (requests/tokens per minute, :mod:`triage.classifiers.rate_limits`) each call
+waits for its slot, and a 429 blocks the budget for every worker and is sent again, not raised.
+
 Neither prompts, document text nor the API key are ever logged or put in an error message.
 """
 
@@ -35,17 +38,22 @@ import time
 from typing import Any, Final
 
 import httpx
+from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from structlog.contextvars import bound_contextvars
 
 from triage.classifiers.base import (
+    ClassifierError,
     ClassifyRequest,
     ModelOutput,
     PermanentClassifierError,
     TransientClassifierError,
 )
 from triage.classifiers.provider_errors import error_detail, refuses_schema, retry_after
+from triage.classifiers.rate_limits import CallBudget, RateLimiter
 from triage.classifiers.taxonomy import Taxonomy
-from triage.jobs.usage import bounded, non_negative
+from triage.jobs.usage import model_usage
+from triage.tracing import correlation_header, inject_trace_headers, model_call_span, set_attributes, set_error
 
 __all__ = [
     "OUTPUT_MODES",
@@ -90,38 +98,11 @@ class _Choice(BaseModel):
 
 class _ChatCompletion(BaseModel):
     """The part of the OpenAI chat-completion response Triage reads. ``usage`` is taken as
-    sent and bounded by :func:`_usage`: a strange figure there never rejects the answer."""
+    sent and bounded by :func:`~triage.jobs.usage.model_usage`: a strange figure there never rejects the answer."""
 
     model_config = ConfigDict(extra="ignore")
     choices: list[_Choice] = Field(min_length=1)
     usage: Any = None
-
-
-def _usage(
-    usage: Any, price_per_1k_prompt: float | None, price_per_1k_completion: float | None
-) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """``prompt_tokens``, ``completion_tokens`` and ``cost_usd`` within the columns' bounds
-    (:mod:`triage.jobs.usage`), and the names of the figures left out because they were not."""
-    if usage is None:
-        return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ()
-    if not isinstance(usage, dict):
-        return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ("usage",)
-    figures, discarded = bounded(
-        prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens")
-    )
-    prompt, completion = figures["prompt_tokens"], figures["completion_tokens"]
-    cost: object = None
-    if (price_per_1k_prompt is not None or price_per_1k_completion is not None) and (
-        prompt is not None or completion is not None
-    ):
-        # Prices come from the connection's extra: one that is not a number spoils the cost only.
-        prices = [non_negative(p) if p is not None else 0.0 for p in (price_per_1k_prompt, price_per_1k_completion)]
-        if None not in prices:
-            cost = (prompt or 0) / 1000.0 * (prices[0] or 0.0) + (completion or 0) / 1000.0 * (prices[1] or 0.0)
-        else:
-            cost = float("nan")  # named below as discarded
-    priced, over = bounded(cost_usd=cost)
-    return {**figures, **priced}, discarded + over
 
 
 def system_prompt(taxonomy: Taxonomy) -> str:
@@ -223,7 +204,7 @@ def parse_chat_response(
         completion = _ChatCompletion.model_validate_json(body)
     except (ValidationError, ValueError, RecursionError):
         return ModelOutput(None, 0.0, "invalid_response", latency_ms)
-    usage, discarded = _usage(completion.usage, price_per_1k_prompt, price_per_1k_completion)
+    usage, discarded = model_usage(completion.usage, price_per_1k_prompt, price_per_1k_completion)
     message = completion.choices[0].message
     if message.refusal and not message.content:
         output = ModelOutput(None, 0.0, "model_refused", latency_ms, **usage)
@@ -243,6 +224,9 @@ class OpenAICompatibleClassifier:
     :param response_format: the output mode, one of :data:`OUTPUT_MODES` (see the module
         docstring). Not part of :attr:`version`: the prompt, model and labels are the same in
         every mode and the answer is validated the same way; each answer records its mode.
+    :param budget: the connection's shared requests/tokens budget; None: calls are limited by
+        the caller's concurrency only, and a 429 fails the call (``rate_limited``).
+    :param budget_max_wait_seconds: the longest one call waits for the budget before giving up.
     """
 
     def __init__(
@@ -258,6 +242,8 @@ class OpenAICompatibleClassifier:
         price_per_1k_prompt: float | None = None,
         price_per_1k_completion: float | None = None,
         response_format: str = "json_schema",
+        budget: CallBudget | None = None,
+        budget_max_wait_seconds: float = 60.0,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
@@ -277,6 +263,9 @@ class OpenAICompatibleClassifier:
         self._system_prompt = system_prompt(taxonomy)
         self._formats = {"json_schema": verdict_schema(taxonomy), "json_object": {"type": "json_object"}}
         self._url = f"{base_url.rstrip('/')}/chat/completions"
+        self._limiter = RateLimiter(budget, max_wait_seconds=budget_max_wait_seconds) if budget else None
+        # About 4 characters a token: the instructions, the schema and a short answer.
+        self._fixed_tokens = (len(self._system_prompt) + len(str(self._formats["json_schema"]))) / 4 + 20
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             headers=headers,
@@ -297,12 +286,25 @@ class OpenAICompatibleClassifier:
         }
 
     def classify(self, request: ClassifyRequest) -> ModelOutput:
-        """One call; see the module docstring for what raises and what is rejected."""
+        """One call, in a span of its own (:mod:`triage.tracing`); see the module docstring for
+        what raises and what is rejected."""
+        with model_call_span(request.job_id, request.correlation_id, request.attempt, self.model) as span:
+            try:
+                return self._call(request)
+            except ClassifierError as exc:
+                set_error(span, exc.error_class)
+                raise
+
+    def _call(self, request: ClassifyRequest) -> ModelOutput:
         headers = {
             # Lets a provider or proxy deduplicate a retried call of the same logical operation.
             "Idempotency-Key": request.idempotency_key,
-            "X-Correlation-ID": request.correlation_id,
+            # The job's correlation id travels as a header (never in the body: OpenAI's "user"
+            # names an end user and "metadata" needs "store"; a strict server refuses fields
+            # it does not know, while every server ignores a header it does not know).
+            "X-Correlation-ID": correlation_header(request.correlation_id),
         }
+        inject_trace_headers(headers)
         mode = self.output_mode
         started = time.perf_counter()
         response = self._post(request, mode, headers)
@@ -319,9 +321,19 @@ class OpenAICompatibleClassifier:
             response = self._post(request, mode, headers)
         latency_ms = (time.perf_counter() - started) * 1000.0
         output = self._read(request, response, latency_ms)
+        if self._limiter is not None and output.prompt_tokens is not None:
+            self._limiter.used(self._estimate(request), output.prompt_tokens + (output.completion_tokens or 0))
         return dataclasses.replace(output, output_mode=mode)
 
+    def _estimate(self, request: ClassifyRequest) -> float:
+        return self._fixed_tokens + len(request.text) / 4
+
     def _post(self, request: ClassifyRequest, mode: str, headers: dict[str, str]) -> httpx.Response:
+        if self._limiter is None:
+            return self._send(request, mode, headers)
+        return self._limiter.call(lambda: self._send(request, mode, headers), self._estimate(request))
+
+    def _send(self, request: ClassifyRequest, mode: str, headers: dict[str, str]) -> httpx.Response:
         try:
             return self._client.post(self._url, json=self.request_body(request.text, mode), headers=headers)
         except httpx.TimeoutException as exc:
@@ -334,14 +346,11 @@ class OpenAICompatibleClassifier:
     def _read(self, request: ClassifyRequest, response: httpx.Response, latency_ms: float) -> ModelOutput:
         """The output of a response, or the classified error of a failed call."""
         status = response.status_code
-        log.debug(
-            "model call job=%s correlation_id=%s attempt=%s status=%s latency_ms=%.1f",
-            request.job_id,
-            request.correlation_id,
-            request.attempt,
-            status,
-            latency_ms,
-        )
+        set_attributes(trace.get_current_span(), {"http.response.status_code": status})
+        if log.isEnabledFor(logging.DEBUG):
+            fields = {"job_id": request.job_id, "correlation_id": request.correlation_id, "attempt": request.attempt}
+            with bound_contextvars(**fields):  # structured fields, as triage.observability.log_job
+                log.debug("model call status=%s latency_ms=%.1f", status, latency_ms, extra=fields)
         if status == 429:
             raise TransientClassifierError("rate_limited", "HTTP 429", retry_after=retry_after(response))
         if status == 408:
@@ -362,6 +371,11 @@ class OpenAICompatibleClassifier:
             price_per_1k_prompt=self.price_per_1k_prompt,
             price_per_1k_completion=self.price_per_1k_completion,
         )
+
+    def answer_of(self, request: ClassifyRequest, response: httpx.Response) -> ModelOutput:
+        """The output of a response obtained elsewhere (a batch's line), in :attr:`output_mode`;
+        raises the classified error of a failed request as :meth:`classify` does."""
+        return dataclasses.replace(self._read(request, response, 0.0), output_mode=self.output_mode)
 
     def close(self) -> None:
         """Close the connection pool; idempotent."""

@@ -2,27 +2,41 @@
 
 Events are claim checks: they carry ``payload_ref``, never the document. A reader meets
 ``schema_version`` first: a version it does not know raises :class:`UnsupportedSchemaVersion`
-rather than being misread. The JSON schema of each version is kept in ``include/schemas/``
-(``python -m triage.contracts.events`` prints it) and a test fails when the file and the model
-differ.
+rather than being misread; then ``event_type``: a type it does not know raises
+:class:`UnknownEventType`, which a consumer skips (the compatibility rule below).
 
-``payload`` is optional: the event type's extra data, e.g. a review decision's label and
-reviewer. An event without one is serialised without the key (:meth:`WorkEvent.to_json`), byte
-for byte what version 1 always was, so a reader that predates the field still reads it.
+The registry: the JSON schema of the envelope of each version and of each event type's
+``payload`` is generated from these models into ``include/schemas/`` (:func:`registry`;
+``make schemas`` writes them, ``triage schemas --check`` compares), and tests fail when a
+committed file and its model differ, and when a change to a published version is not additive.
+
+The compatibility rule (``docs/events.md``):
+
+- additive changes keep the version: a new key in an event type's ``payload`` (payloads are
+  open objects: a consumer ignores keys it does not know), a new event type (a consumer skips
+  event types it does not know, before validating the rest);
+- anything else needs ``SCHEMA_VERSION + 1`` and a file of its own, the old one published as
+  long as it is supported: a field of the envelope added (it is closed:
+  ``additionalProperties: false``), removed, renamed or retyped, a payload key removed or
+  retyped, a meaning changed.
+
+``payload`` is optional: an event without one is serialised without the key
+(:meth:`WorkEvent.to_json`), byte for byte what version 1 always was.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION})
 
-EventType = Literal["job.registered", "job.completed", "job.requeued", "job.reviewed"]
+EventType = Literal["job.registered", "job.completed", "job.requeued", "job.reviewed", "job.needs_review", "job.failed"]
+EVENT_TYPES: frozenset[str] = frozenset(get_args(EventType))
 
 
 class UnsupportedSchemaVersion(ValueError):
@@ -35,6 +49,15 @@ class UnsupportedSchemaVersion(ValueError):
 
 class MalformedEvent(ValueError):
     """The bytes are not an event of a supported schema."""
+
+
+class UnknownEventType(MalformedEvent):
+    """An event type this code does not know (a newer producer's): skip it, as the
+    compatibility rule asks of every consumer."""
+
+    def __init__(self, event_type: object) -> None:
+        super().__init__(f"unknown event_type {event_type!r}; known: {sorted(EVENT_TYPES)}")
+        self.event_type = event_type
 
 
 class WorkEvent(BaseModel):
@@ -52,8 +75,9 @@ class WorkEvent(BaseModel):
     payload_ref: str = Field(min_length=1)
     payload: dict[str, Any] | None = Field(
         default=None,
-        description="What the event type adds, never document text: for a review decision "
-        "'resolution', 'resolved_by' (the reviewer) and, for a label, 'label'.",
+        description="What the event type adds, never document text: an open object whose keys "
+        "each event type names (include/schemas/payloads/<event_type>.v1.json); a consumer ignores "
+        "keys it does not know.",
     )
 
     def to_json(self) -> bytes:
@@ -73,6 +97,9 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> WorkEvent:
     # type() first: a list or object version is unhashable, and True == 1 must not pass as 1.
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedSchemaVersion(version)
+    event_type = data.get("event_type")
+    if isinstance(event_type, str) and event_type not in EVENT_TYPES:
+        raise UnknownEventType(event_type)
     try:
         return WorkEvent.model_validate(data, strict=False)  # JSON gives strings for uuid/datetime
     except ValidationError as exc:
@@ -81,8 +108,21 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> WorkEvent:
 
 
 def json_schema() -> dict[str, Any]:
+    """The envelope's JSON schema (every event type) of :data:`SCHEMA_VERSION`."""
     return WorkEvent.model_json_schema()
 
 
-if __name__ == "__main__":  # regenerate include/schemas/work_event.v1.json
-    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+def registry() -> dict[str, dict[str, Any]]:
+    """Every published schema of the current version, by its path under ``include/schemas/``:
+    the envelope and each event type's payload (:mod:`triage.contracts.event_payloads`)."""
+    from triage.contracts.event_payloads import PAYLOADS
+
+    schemas = {f"work_event.v{SCHEMA_VERSION}.json": json_schema()}
+    for event_type, model in sorted(PAYLOADS.items()):
+        schemas[f"payloads/{event_type}.v{SCHEMA_VERSION}.json"] = model.model_json_schema()
+    return schemas
+
+
+def schema_text(schema: dict[str, Any]) -> str:
+    """A schema as committed: indented, keys sorted, a final newline."""
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"

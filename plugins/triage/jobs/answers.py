@@ -1,15 +1,19 @@
 """The content cache's one question to the ledger, as a named statement: for each job of a claim,
-may it take a reused answer, and which accepted answer of the model is there for its input?
+may it take a reused answer, and which answer of the model is there for its input?
 
 The key is ``input_sha256``, the SHA-256 of the text the classifier reads (subject and body), not
 the payload's ``content_sha256``, which covers the external id and time too. An entry is a
-classification that is ``accepted``, the model's own (not itself reused), of the same
-``classifier_version`` and input, with at least the run's confidence threshold; the oldest wins,
-so every reuse of an input names the same answer. A job may take one only if no reviewer requeued
-it (``replays = 0``: a reviewer who asks again wants the model asked again) and no reviewer has
-labelled a job whose classification had the same input, in any version (a person's decision about
-that text is never contradicted by a cached answer of the model). A job labelled by a reviewer
-without any classification (its call failed permanently) is not seen by that guard.
+classification that is the model's own (not itself reused), ``accepted`` or ``inconclusive`` (a
+doubtful answer: identical input to the same classifier version gets the same doubtful answer
+again, so its repeat goes to review at once, naming the answer it reused), of the same
+``classifier_version`` and input. A ``rejected`` answer (malformed output) is no entry: a
+provider's glitch is worth asking again. An answer with at least the run's confidence threshold
+wins over one below it; among those the oldest, so every reuse of an input names the same answer.
+A job may take one only if no reviewer requeued it (``replays = 0``: a reviewer who asks again
+wants the model asked again) and no reviewer has labelled a job whose classification had the same
+input, in any version (a person's decision about that text is never contradicted by a cached
+answer of the model). A job labelled by a reviewer without any classification (its call failed
+permanently) is not seen by that guard.
 
 What invalidates an entry is what changes the classifier version: the model, the prompt
 (``prompt_version``), the temperature or the taxonomy. Nothing else expires.
@@ -34,12 +38,12 @@ __all__ = ["Answer", "reusable_answers"]
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """An accepted answer of the model, as the cache hands it on: the classification it is
-    (``job_id``, ``attempt``) and what it said."""
+    """An answer of the model (accepted or doubtful), as the cache hands it on: the
+    classification it is (``job_id``, ``attempt``) and what it said (``label`` None: no label)."""
 
     job_id: uuid.UUID
     attempt: int
-    label: str
+    label: str | None
     confidence: float
     output_mode: str | None
 
@@ -74,11 +78,10 @@ def reusable_answers() -> Any:
         .where(
             c.c.input_sha256 == batch.c.input_sha256,
             c.c.classifier_version == sa.bindparam("classifier_version", type_=sa.Text),
-            c.c.outcome == "accepted",
+            c.c.outcome.in_(("accepted", "inconclusive")),
             c.c.reused_job_id.is_(None),
-            c.c.confidence >= sa.bindparam("threshold", type_=sa.Float),
         )
-        .order_by(c.c.id)
+        .order_by((c.c.confidence >= sa.bindparam("threshold", type_=sa.Float)).desc().nulls_last(), c.c.id)
         .limit(1)
         .lateral("entry")
     )

@@ -66,25 +66,35 @@ def status_literal(value: S) -> ColumnElement[Any]:
 NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
 
 
-def outbox_insert(rows: Any, event_type: EventType) -> Any:
+def outbox_insert(
+    rows: Any,
+    event_type: EventType,
+    payload: ColumnElement[Any] | None = None,
+    where: ColumnElement[bool] | None = None,
+) -> Any:
     """INSERT one outbox event per row of ``rows`` (a CTE returning the job's id and attempt,
     and the ``event_id`` when the batch brings one: :func:`event_ids`; else the column's
-    ``gen_random_uuid()``).
+    ``gen_random_uuid()``), for the rows ``where`` holds.
 
     The envelope goes into columns; :func:`triage.jobs.outbox.claim_events` joins the job's
-    correlation id and payload reference when the relay claims it.
+    correlation id and payload reference when the relay claims it. ``payload`` is the event
+    type's data (a JSONB expression over ``rows``; none: ``{}``), what
+    :mod:`triage.contracts.events` names for each type, never document text.
     """
     given = ["event_id"] if "event_id" in rows.c else []
-    return sa.insert(outbox).from_select(
-        [*given, "job_id", "event_type", "schema_version", "attempt"],
-        sa.select(
-            *[rows.c[name] for name in given],
-            rows.c.id,
-            sa.literal(event_type.value),
-            sa.literal(EVENT_SCHEMA_VERSION),
-            rows.c.attempt,
-        ),
+    extra = [] if payload is None else [payload]
+    select = sa.select(
+        *[rows.c[name] for name in given],
+        rows.c.id,
+        sa.literal(event_type.value),
+        sa.literal(EVENT_SCHEMA_VERSION),
+        rows.c.attempt,
+        *extra,
     )
+    if where is not None:
+        select = select.where(where)
+    columns = [*given, "job_id", "event_type", "schema_version", "attempt", *(["payload"] if extra else [])]
+    return sa.insert(outbox).from_select(columns, select)
 
 
 def event_ids(n: int) -> list[str]:

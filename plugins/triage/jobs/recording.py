@@ -148,7 +148,7 @@ def record_txn(
     conn.execute(session.fenced_write_joins())
     if Complete in by_kind:
         events = iter(event_ids(len(by_kind[Complete])))
-        counts["completed"] = run(T.complete(), Complete, lambda o: {"event_id": next(events)})
+        counts["completed"] = run(T.complete(), Complete, lambda o: {"event_id": next(events), **_label_row(o)})
     if Advance in by_kind:
         counts["advanced"] = run(T.advance(), Advance, lambda o: {"next_step": o.next_step})
     if RetryLater in by_kind:
@@ -210,6 +210,14 @@ def record_txn(
             ),
         )
     return Recorded(**counts)
+
+
+def _label_row(outcome: Complete) -> dict[str, Any]:
+    """What a completion's event says of its label (none: ``{}``, the keys left out)."""
+    label = outcome.label
+    if label is None:
+        return {}
+    return {"label": label.label, "confidence": label.confidence, "classifier_version": label.classifier_version}
 
 
 def _classification_row(outcome: Any) -> dict[str, Any]:

@@ -11,7 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from triage.jobs.expressions import MOVED, NO_LEASE, NOW, review_rows, status_literal
+from triage.jobs import state_events as E
+from triage.jobs.expressions import MOVED, NO_LEASE, NOW, status_literal
 from triage.jobs.outages import parked
 from triage.jobs.schema import job_events, jobs
 from triage.jobs.states import UNLEASED
@@ -113,8 +114,7 @@ def release_expired_leases() -> Any:
         .cte("moved")
     )
     context = sa.func.jsonb_build_object("lease_expired", True)
-    reviews = review_rows(moved, moved.c.status_reason, context).cte("reviews")
-    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
+    return sa.select(moved.c.id, moved.c.status).add_cte(*E.entered_review(moved, context=context))
 
 
 def _last_actor() -> Any:
@@ -194,5 +194,4 @@ def send_batch_to_review() -> Any:
         .cte("moved")
     )
     context = sa.cast(sa.bindparam("context", type_=sa.Text), pg.JSONB)
-    reviews = review_rows(moved, moved.c.status_reason, context).cte("reviews")
-    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
+    return sa.select(moved.c.id, moved.c.status).add_cte(*E.entered_review(moved, context=context))

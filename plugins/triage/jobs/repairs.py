@@ -20,9 +20,17 @@ from typing import Any
 import sqlalchemy as sa
 
 from triage.jobs import checks as C
-from triage.jobs.expressions import MOVED, NOW, outbox_insert, review_rows, seconds_param, status_literal
+from triage.jobs import state_events as E
+from triage.jobs.expressions import (
+    MOVED,
+    NOW,
+    outbox_insert,
+    review_rows,
+    seconds_param,
+    status_literal,
+)
 from triage.jobs.models import REPAIRER
-from triage.jobs.schema import jobs, manual_review, outbox
+from triage.jobs.schema import classifications, jobs, manual_review, outbox
 from triage.jobs.states import TERMINAL, EventType
 from triage.jobs.states import JobStatus as S
 
@@ -70,8 +78,8 @@ def send_spent_retries_to_review() -> Any:
         .cte("moved")
     )
     context = sa.func.jsonb_build_object("repaired_by", REPAIRER, "retryable", True)
-    reviews = review_rows(moved, sa.literal("retries_exhausted"), context).cte("reviews")
-    return sa.select(moved.c.id).add_cte(reviews)
+    cases = E.entered_review(moved, sa.literal("retries_exhausted"), context)
+    return sa.select(moved.c.id).add_cte(*cases)
 
 
 @cache
@@ -102,9 +110,27 @@ def supersede_reviews_of_terminal_jobs() -> Any:
 
 @cache
 def append_missing_completion_events() -> Any:
-    """The ``job.completed`` event of completed jobs that have no completion event."""
-    rows = sa.select(jobs.c.id, jobs.c.attempt).where(*C.completed_without_completion_event())
-    return outbox_insert(rows.cte("rows"), EventType.COMPLETED).returning(outbox.c.job_id)
+    """The ``job.completed`` event of completed jobs that have no completion event, with the
+    label of the job's latest accepted classification when it has one (a reviewer's label,
+    which has no classification, is not restated: the event carries ``{}``)."""
+    answer = (
+        sa.select(classifications.c.label, classifications.c.confidence, classifications.c.classifier_version)
+        .where(
+            classifications.c.job_id == jobs.c.id,
+            classifications.c.attempt <= jobs.c.attempt,
+            classifications.c.outcome == "accepted",
+        )
+        .order_by(classifications.c.attempt.desc())
+        .limit(1)
+        .lateral("answer")
+    )
+    rows = (
+        sa.select(jobs.c.id, jobs.c.attempt, answer.c.label, answer.c.confidence, answer.c.classifier_version)
+        .outerjoin(answer, sa.true())
+        .where(*C.completed_without_completion_event())
+        .cte("rows")
+    )
+    return outbox_insert(rows, EventType.COMPLETED, E.label_payload(rows)).returning(outbox.c.job_id)
 
 
 @cache
@@ -124,5 +150,5 @@ def send_orphans_to_review() -> Any:
     context = sa.func.jsonb_build_object(
         "repaired_by", REPAIRER, "orphaned", True, "threshold_seconds", sa.bindparam("threshold", type_=sa.Float)
     )
-    reviews = review_rows(moved, sa.literal(ORPHANED), context).cte("reviews")
-    return sa.select(moved.c.id).add_cte(reviews)
+    cases = E.entered_review(moved, sa.literal(ORPHANED), context)
+    return sa.select(moved.c.id).add_cte(*cases)

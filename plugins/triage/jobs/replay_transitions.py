@@ -145,7 +145,15 @@ def replay_batch(selection: ReplayFilter) -> Any:
         )
         .cte("resolved")
     )
-    return outbox_insert(moved, EventType.REQUEUED).returning(outbox.c.job_id).add_cte(resolved)
+    payload = sa.func.jsonb_build_object(
+        "resolution",
+        "requeued",
+        "resolved_by",
+        sa.cast(sa.bindparam("p_actor", type_=sa.Text), sa.Text),
+        "reason",
+        sa.cast(sa.bindparam("p_replay_reason", type_=sa.Text), sa.Text),
+    )
+    return outbox_insert(moved, EventType.REQUEUED, payload).returning(outbox.c.job_id).add_cte(resolved)
 
 
 @cache

@@ -64,7 +64,8 @@ def requeue_from_review() -> Any:
         )
         .cte("resolved")
     )
-    return outbox_insert(moved, EventType.REQUEUED).returning(outbox.c.job_id).add_cte(resolved)
+    payload = sa.func.jsonb_build_object("resolution", "requeued", "resolved_by", _text("p_actor"))
+    return outbox_insert(moved, EventType.REQUEUED, payload).returning(outbox.c.job_id).add_cte(resolved)
 
 
 def _text(name: str) -> ColumnElement[Any]:
@@ -117,8 +118,19 @@ def label_from_review() -> Any:
     newer job's label is never overwritten by a reviewer either."""
     moved = _decided(S.COMPLETED, "labelled")
     resolved = _resolve_review(moved, "labelled", sa.func.jsonb_build_object("resolved_label", _text("p_label")))
+    # The shape of a classifier's completion (label, confidence, classifier_version: as
+    # document_labels gets it, ``human:<reviewer>`` and no confidence) and the decision.
     payload = sa.func.jsonb_build_object(
-        "resolution", "labelled", "label", _text("p_label"), "resolved_by", _text("p_actor")
+        "resolution",
+        "labelled",
+        "label",
+        _text("p_label"),
+        "confidence",
+        sa.null(),
+        "classifier_version",
+        sa.func.concat("human:", _text("p_actor")),
+        "resolved_by",
+        _text("p_actor"),
     )
     return _review_event(moved, EventType.COMPLETED, payload).returning(outbox.c.job_id).add_cte(resolved)
 
@@ -126,8 +138,12 @@ def label_from_review() -> Any:
 @cache
 def reject_from_review() -> Any:
     """Review decision "reject": ``manual_review -> terminal_failed``, the review row resolved
-    ``rejected`` and a ``job.reviewed`` event."""
+    ``rejected``, a ``job.reviewed`` event (the decision) and a ``job.failed`` event (the state
+    it entered, as every move into ``terminal_failed`` has)."""
     moved = _decided(S.TERMINAL_FAILED, "rejected")
     resolved = _resolve_review(moved, "rejected")
     payload = sa.func.jsonb_build_object("resolution", "rejected", "resolved_by", _text("p_actor"))
-    return _review_event(moved, EventType.REVIEWED, payload).returning(outbox.c.job_id).add_cte(resolved)
+    failed = _review_event(
+        moved, EventType.FAILED, sa.func.jsonb_build_object("reason", "rejected", "resolved_by", _text("p_actor"))
+    ).cte("failed")
+    return _review_event(moved, EventType.REVIEWED, payload).returning(outbox.c.job_id).add_cte(resolved, failed)

@@ -172,14 +172,16 @@ classifications = sa.Table(
         "output_mode IS NULL OR output_mode IN ('json_schema', 'json_object')", name="output_mode_known"
     ),
     sa.CheckConstraint("(reused_job_id IS NULL) = (reused_attempt IS NULL)", name="reused_whole"),
-    # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted
-    # answers of the model itself, by input and classifier version, oldest first.
+    # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted and
+    # doubtful answers of the model itself, by input and classifier version, oldest first (0016).
     sa.Index(
         "classifications_answers_idx",
         "input_sha256",
         "classifier_version",
         "id",
-        postgresql_where=sa.text("outcome = 'accepted' AND reused_job_id IS NULL AND input_sha256 IS NOT NULL"),
+        postgresql_where=sa.text(
+            "outcome IN ('accepted', 'inconclusive') AND reused_job_id IS NULL AND input_sha256 IS NOT NULL"
+        ),
     ),
 )
 
@@ -305,4 +307,67 @@ reconciliation_runs = sa.Table(
     # Serves the report tab of a reconcile_jobs run page in the Airflow UI.
     sa.Index("reconciliation_runs_dag_run_id_idx", "dag_run_id"),
     comment="One row per reconcile_jobs run: its params, findings, repairs and report summary",
+)
+
+# The requests and tokens per minute of a model connection, shared by every worker (migration
+# 0017, triage.jobs.budgets). A generic cell rate: ``request_tat``/``token_tat`` is when the
+# budget would be empty again at its rate (a call may start once it is at most ``burst_seconds``
+# ahead of now), ``blocked_until`` is how long the provider asked to be left alone (a 429's
+# Retry-After, an x-ratelimit reset). One row per connection, updated by one statement per call.
+model_budgets = sa.Table(
+    "model_budgets",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),  # the Airflow connection id
+    sa.Column("requests_per_minute", sa.Float),  # NULL: no request budget
+    sa.Column("tokens_per_minute", sa.Float),  # NULL: no token budget
+    sa.Column("burst_seconds", sa.Float, nullable=False, server_default=sa.text("1")),
+    sa.Column("request_tat", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("token_tat", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("blocked_until", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("'-infinity'")),
+    sa.Column("rate_limited", sa.BigInteger, nullable=False, server_default=sa.text("0")),  # 429s reported
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.CheckConstraint("requests_per_minute IS NULL OR requests_per_minute > 0", name="requests_per_minute"),
+    sa.CheckConstraint("tokens_per_minute IS NULL OR tokens_per_minute > 0", name="tokens_per_minute"),
+    sa.CheckConstraint("burst_seconds >= 0", name="burst_seconds"),
+    comment="Requests and tokens per minute of a model connection, shared by every worker",
+    prefixes=["UNLOGGED"],  # a pacing state: not worth a WAL flush per call (migration 0017)
+)
+
+# A set of jobs submitted to the provider's batch interface (migration 0017, triage.jobs.batches):
+# written before the provider is asked (status ``submitting``, keyed by the submission's name),
+# so that a resubmission after a crash adopts the provider's batch instead of paying twice.
+model_batches = sa.Table(
+    "model_batches",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("batch_key", sa.Text, nullable=False),
+    sa.Column("classifier_version", sa.Text, nullable=False),
+    sa.Column("provider_batch_id", sa.Text),  # NULL until the provider accepted it
+    sa.Column("status", sa.Text, nullable=False, server_default=sa.text("'submitting'")),
+    sa.Column("job_ids", pg.ARRAY(pg.UUID(as_uuid=True)), nullable=False),
+    sa.Column("attempts", pg.ARRAY(sa.Integer), nullable=False),  # each job's attempt, as submitted
+    sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint("status IN ('submitting', 'running', 'collected', 'lost')", name="status"),
+    # Serves the open batches of a run (the collector's and the operator's question).
+    sa.Index("model_batches_open_idx", "batch_key", postgresql_where=sa.text("status IN ('submitting', 'running')")),
+    comment="A set of jobs submitted to the provider's batch interface, and what became of it",
+)
+
+# A job's answer from a provider batch: the classify step takes it instead of calling the model.
+model_batch_answers = sa.Table(
+    "model_batch_answers",
+    metadata,
+    sa.Column("job_id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("batch", sa.Text, sa.ForeignKey(model_batches.c.key), nullable=False),
+    sa.Column("label", sa.Text),
+    sa.Column("confidence", sa.Float),
+    sa.Column("rejected_reason", sa.Text),
+    sa.Column("output_mode", sa.Text),
+    sa.Column("prompt_tokens", sa.Integer),
+    sa.Column("completion_tokens", sa.Integer),
+    sa.Column("error_class", sa.Text),  # the batch's request failed: asked again interactively
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    comment="A job's answer from a provider batch, taken by the classify step instead of a call",
 )

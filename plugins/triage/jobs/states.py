@@ -86,8 +86,9 @@ UNLEASED: frozenset[JobStatus] = frozenset(UNFINISHED - {S.RUNNING})
 """Unfinished work that no lease holds: a failed task's batch may give it up to review."""
 
 OUTAGE_PREFIX = "outage:"
-"""The ``status_reason`` of a job parked in ``waiting`` because a dependency is down
-(``outage:model``, ``outage:payload_store``): an outage, not the job's failure, so no attempt
+"""The ``status_reason`` of a job parked in ``waiting`` because a dependency is down or busy
+(``outage:model``, ``outage:payload_store``; ``outage:rate_limit``: the model budget has no room,
+``outage:batch``: a provider batch answers it): not the job's failure, so no attempt
 is spent on it, a failed task's callback leaves it alone, and a claim of its batch and step
 queues it again once its ``next_attempt_at`` has passed."""
 
@@ -110,6 +111,8 @@ class EventType(StrEnum):
     COMPLETED = "job.completed"  # set by persistence, a reviewer's label, or reconciliation
     REQUEUED = "job.requeued"  # set by review (requeue) and by a replay by filter
     REVIEWED = "job.reviewed"  # set by review (reject)
+    NEEDS_REVIEW = "job.needs_review"  # set by every move into manual_review (with its review row)
+    FAILED = "job.failed"  # set by every move into terminal_failed (a step, review's reject)
 
 
 def is_allowed(old: JobStatus | None, new: JobStatus) -> bool:

@@ -373,7 +373,7 @@ class JobStore(IntakeLedger, ReviewDecisions):
             rows = conn.execute(answers.reusable_answers(), params).all()
         eligible = frozenset(r.job_id for r in rows if r.eligible)
         found = {
-            r.job_id: Answer(r.from_job_id, r.from_attempt, r.label, r.confidence, r.output_mode)
+            r.job_id: Answer(r.from_job_id, r.from_attempt, r.label, r.confidence or 0.0, r.output_mode)
             for r in rows
             if r.eligible and r.from_job_id is not None
         }

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
+from triage.jobs import state_events as E
 from triage.jobs.expressions import (
     EVENT_COLUMNS,
     MOVED,
@@ -31,7 +32,6 @@ from triage.jobs.expressions import (
     fresh_budget,
     outbox_insert,
     recordset,
-    review_rows,
     seconds_param,
     status_literal,
 )
@@ -111,7 +111,7 @@ def register_for_review() -> Any:
             ),
         )
         .on_conflict_do_nothing(index_elements=["idempotency_key"])
-        .returning(*EVENT_COLUMNS)
+        .returning(*MOVED)
         .cte("inserted")
     )
     reviews = (
@@ -124,7 +124,8 @@ def register_for_review() -> Any:
         )
         .cte("reviews")
     )
-    return outbox_insert(inserted, EventType.REGISTERED).returning(outbox.c.job_id).add_cte(reviews)
+    events = E.needs_review(inserted)
+    return outbox_insert(inserted, EventType.REGISTERED).returning(outbox.c.job_id).add_cte(reviews, events)
 
 
 @cache
@@ -248,16 +249,16 @@ HELD = dict(id=UUID, attempt=sa.Integer)
 
 @cache
 def complete() -> Any:
-    """``running -> completed`` with the ``job.completed`` outbox event (its id from the batch), in one statement."""
-    held = recordset("held", **HELD, event_id=UUID)
+    """``running -> completed`` with the ``job.completed`` event (its id from the batch, its payload the label)."""
+    held = recordset("held", **HELD, event_id=UUID, label=sa.Text, confidence=sa.Float, classifier_version=sa.Text)
     done = (
         sa.update(jobs)
         .where(*_held(held))
         .values(status=status_literal(S.COMPLETED), status_reason="completed", updated_at=NOW, **NO_LEASE)
-        .returning(*EVENT_COLUMNS, held.c.event_id)
+        .returning(*EVENT_COLUMNS, held.c.event_id, held.c.label, held.c.confidence, held.c.classifier_version)
         .cte("done")
     )
-    return outbox_insert(done, EventType.COMPLETED).returning(outbox.c.job_id)
+    return outbox_insert(done, EventType.COMPLETED, E.label_payload(done)).returning(outbox.c.job_id)
 
 
 @cache
@@ -305,8 +306,7 @@ def retry_later() -> Any:
         .cte("moved")
     )
     context = sa.func.jsonb_build_object("retryable", True)
-    reviews = review_rows(moved, moved.c.status_reason, context).cte("reviews")
-    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
+    return sa.select(moved.c.id, moved.c.status).add_cte(*E.entered_review(moved, context=context))
 
 
 @cache
@@ -328,15 +328,14 @@ def send_to_review() -> Any:
         .cte("moved")
     )
     # The context comes back through RETURNING: a subquery per moved row would re-read the batch.
-    reviews = review_rows(moved, moved.c.status_reason, moved.c.context).cte("reviews")
-    return sa.select(moved.c.id, moved.c.status).add_cte(reviews)
+    return sa.select(moved.c.id, moved.c.status).add_cte(*E.entered_review(moved, context=moved.c.context))
 
 
 @cache
 def fail() -> Any:
-    """``running -> terminal_failed``: permanent, and no human needs to look."""
+    """``running -> terminal_failed``: permanent, and no human needs to look; a ``job.failed`` event."""
     held = recordset("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text)
-    return (
+    return E.failed(
         sa.update(jobs)
         .where(*_held(held))
         .values(
@@ -347,8 +346,8 @@ def fail() -> Any:
             updated_at=NOW,
             **NO_LEASE,
         )
-        .returning(jobs.c.id)
-    )
+        .returning(*MOVED)
+    ).returning(outbox.c.job_id)
 
 
 @cache

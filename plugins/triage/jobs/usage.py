@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 MAX_TOKENS: Final = 2**31 - 1
 """The largest ``integer``."""
@@ -67,3 +67,30 @@ def bounded(**figures: object) -> tuple[dict[str, float | int | None], tuple[str
         if figure is None:
             discarded += (name,)
     return kept, discarded
+
+
+def model_usage(
+    usage: Any, price_per_1k_prompt: float | None, price_per_1k_completion: float | None
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """``prompt_tokens``, ``completion_tokens`` and ``cost_usd`` within the columns' bounds
+    (:mod:`triage.jobs.usage`), and the names of the figures left out because they were not."""
+    if usage is None:
+        return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ()
+    if not isinstance(usage, dict):
+        return {"prompt_tokens": None, "completion_tokens": None, "cost_usd": None}, ("usage",)
+    figures, discarded = bounded(
+        prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens")
+    )
+    prompt, completion = figures["prompt_tokens"], figures["completion_tokens"]
+    cost: object = None
+    if (price_per_1k_prompt is not None or price_per_1k_completion is not None) and (
+        prompt is not None or completion is not None
+    ):
+        # Prices come from the connection's extra: one that is not a number spoils the cost only.
+        prices = [non_negative(p) if p is not None else 0.0 for p in (price_per_1k_prompt, price_per_1k_completion)]
+        if None not in prices:
+            cost = (prompt or 0) / 1000.0 * (prices[0] or 0.0) + (completion or 0) / 1000.0 * (prices[1] or 0.0)
+        else:
+            cost = float("nan")  # named below as discarded
+    priced, over = bounded(cost_usd=cost)
+    return {**figures, **priced}, discarded + over

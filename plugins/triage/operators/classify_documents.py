@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, BaseHook
+from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from triage.jobs.states import Step
@@ -22,82 +22,35 @@ from triage.operators.base import (
     batch_key,
     build_label_action,
     event_sink,
-    http_url,
     label_action_connection,
     lease_owner,
     owner_prefix,
     variable,
+)
+from triage.operators.model_connection import (
+    build_run_classifier,
+    configured_classifier_versions,
+    content_cache_on,
+    llm_settings,
 )
 from triage.operators.retry import DependencyOutage
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from triage.classifiers.base import Classifier
-    from triage.contracts.run_config import ClassifyRunConfig
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "DOCUMENT_LABELS",
+    "build_run_classifier",
+    "configured_classifier_versions",
+    "content_cache_on",
+    "llm_settings",
+]
+
 DOCUMENT_LABELS = Asset(name="triage_document_labels", uri="triage://document_labels")
 """Updated whenever a run publishes: downstream DAGs can be scheduled on it."""
-
-
-def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
-    """The ``OpenAICompatibleClassifier`` settings in an Airflow connection: host is the base URL
-    (``http://host:port/v1``), password the API key, extra the model call's settings."""
-    conn = BaseHook.get_connection(conn_id)
-    extra = conn.extra_dejson or {}
-    settings: dict[str, Any] = {
-        "base_url": http_url(conn, default_path="/v1").rstrip("/"),
-        "api_key": conn.password or None,
-        "model": extra.get("model", "gpt-4o-mini"),
-    }
-    for key, target in (
-        ("temperature", "temperature"),
-        ("timeout", "timeout_s"),
-        ("prompt_version", "prompt_version"),
-        ("price_per_1k_prompt", "price_per_1k_prompt"),
-        ("price_per_1k_completion", "price_per_1k_completion"),
-        ("response_format", "response_format"),
-    ):
-        if key in extra:
-            settings[target] = extra[key]
-    return settings
-
-
-def content_cache_on(conn_id: str = "triage_llm") -> bool:
-    """Whether the connection's extra ``content_cache`` (default true) lets the classify step reuse
-    an accepted answer of the model for the same content and classifier version."""
-    value = (BaseHook.get_connection(conn_id).extra_dejson or {}).get("content_cache", True)
-    return value not in (False, "false", "False", "0", 0)
-
-
-def configured_classifier_versions(llm_conn_id: str = "triage_llm") -> frozenset[str]:
-    """The version of each classifier a run of this deployment could use now: ``keyword``, and
-    ``llm`` when its connection exists. A queued job of any other version is claimed by no run."""
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    from triage.classifiers import CLASSIFIERS, Taxonomy, build_classifier
-
-    taxonomy, versions = Taxonomy.load(), set()
-    for name in sorted(CLASSIFIERS):
-        try:
-            settings = llm_settings(llm_conn_id) if name == "llm" else None
-        except AirflowNotFoundException:
-            continue
-        classifier = build_classifier(name, taxonomy=taxonomy, llm_settings=settings)
-        versions.add(classifier.version)
-        classifier.close()
-    return frozenset(versions)
-
-
-def build_run_classifier(config: ClassifyRunConfig, llm_conn_id: str) -> Classifier:
-    from triage.classifiers import Taxonomy, build_classifier
-
-    settings = None
-    if config.classifier == "llm":
-        settings = {**llm_settings(llm_conn_id), "max_connections": max(config.concurrency, 1)}
-    return build_classifier(config.classifier, taxonomy=Taxonomy.load(), llm_settings=settings, drill=config.drill)
 
 
 def _payloads(explicit: str | None) -> Any:
@@ -247,13 +200,22 @@ class ClassifyDocumentsOperator(TriageOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from triage.jobs.batches import BatchLedger
         from triage.operators.metrics import AirflowStatsMetrics
+        from triage.pipeline.batch_mode import given_answers
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
         from triage.pipeline.reuse import ContentCache
-        from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, RunSettings, StepError, run_step
+        from triage.pipeline.steps import (
+            CircuitOpen,
+            DependencyMisconfigured,
+            RunSettings,
+            StepError,
+            claim_size,
+            run_step,
+        )
 
         config = self.run_config(context)
-        classifier = build_run_classifier(config, self.llm_conn_id)
+        classifier = build_run_classifier(config, self.llm_conn_id, self.store.engine)
         # The keyword classifier is CPU-bound: threads would only contend for the GIL. Model
         # calls in flight never exceed the pool slots this task holds (the llm_api pool bounds
         # them across every worker).
@@ -273,10 +235,12 @@ class ClassifyDocumentsOperator(TriageOperator):
             _payloads(self.payload_base),
             ClassifySettings(config.confidence_threshold, concurrency, separate),
             cache=cache,
+            # Answers a provider batch gave (batch mode, triage.operators.model_batches): no call.
+            given=given_answers(BatchLedger(self.store.engine)) if config.classifier == "llm" else None,
         )
         settings = RunSettings(
             owner=lease_owner(context),
-            batch_size=self.batch_size,
+            batch_size=claim_size(self.batch_size, concurrency),
             lease_seconds=config.lease_seconds,
             retry_soon_seconds=self.retry_soon_seconds,
             earlier_tries_of=owner_prefix(context),
@@ -334,7 +298,7 @@ class PersistLabelsOperator(TriageOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.persist import PersistHandler
-        from triage.pipeline.steps import RunSettings, StepError, run_step
+        from triage.pipeline.steps import CircuitOpen, RunSettings, StepError, run_step
 
         config = self.run_config(context)
         settings = RunSettings(
@@ -350,6 +314,15 @@ class PersistLabelsOperator(TriageOperator):
                 metrics=AirflowStatsMetrics(),
                 drain=self.drain,
             )
+        except CircuitOpen as exc:
+            raise DependencyOutage(
+                f"{exc}; parked the batch's unfinished jobs (waiting, outage:{exc.dependency}) for "
+                f"{exc.delay_seconds:.0f}s (doubled for each earlier outage parking, up to 1 h) without "
+                "spending an attempt; Airflow's retry, the next run of this date or reconcile_jobs "
+                "(once they are all due) takes them up again",
+                dependency=exc.dependency,
+                retry_after=None,
+            ) from None
         except StepError as exc:  # work remains, drained, lease lost
             raise AirflowException(str(exc)) from None
         finally:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class DependencyOutage(AirflowException):
     """The try stopped because a dependency is down; its batch's unfinished jobs are parked.
 
-    :param dependency: ``model`` or ``payload_store``.
+    :param dependency: ``model``, ``payload_store`` or ``label_provider``.
     :param retry_after: the model's ``Retry-After`` in seconds, bounded; None if it gave none.
     """
 

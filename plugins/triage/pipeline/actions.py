@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 import httpx
 
 from triage.jobs.models import ClaimedJob, LabelWrite
+from triage.tracing import correlation_header
 
 ORDER_HEADER = "X-Label-Order"
 
@@ -67,7 +68,31 @@ class LabelRequest:
 
 
 class ActionFailed(Exception):
-    """The provider did not confirm the action; the job's attempt is retried."""
+    """The provider did not confirm the action; the job's attempt is retried.
+
+    :param error_class: what failed, as the classifier's errors name it: ``connection_error``,
+        ``timeout`` and ``server_error`` (5xx) say the provider is down (the persist step's
+        circuit breaker counts them: :data:`triage.pipeline.breaker.DEPENDENCY_DOWN`);
+        ``rate_limited`` (429) and ``rejected`` (another status) say it answered.
+    """
+
+    def __init__(self, message: str, error_class: str = "rejected") -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+def _error_class(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.TransportError):  # refused, reset, DNS: nothing answered
+        return "connection_error"
+    return "rejected"
+
+
+def _status_class(status: int) -> str:
+    if status >= 500:
+        return "server_error"
+    return "rate_limited" if status == 429 else "rejected"
 
 
 class WebhookLabelAction:
@@ -95,15 +120,17 @@ class WebhookLabelAction:
         }
         headers = {
             "Idempotency-Key": request.idempotency_key,
-            "X-Correlation-ID": request.correlation_id,
+            "X-Correlation-ID": correlation_header(request.correlation_id),
             ORDER_HEADER: order,
         }
         try:
             response = self._client.post(self.url, json=body, headers=headers)
         except httpx.HTTPError as exc:
-            raise ActionFailed(f"{type(exc).__name__} calling the action endpoint") from None
+            raise ActionFailed(f"{type(exc).__name__} calling the action endpoint", _error_class(exc)) from None
         if response.status_code >= 300:
-            raise ActionFailed(f"HTTP {response.status_code} from the action endpoint")
+            raise ActionFailed(
+                f"HTTP {response.status_code} from the action endpoint", _status_class(response.status_code)
+            )
 
     def close(self) -> None:
         self._client.close()

@@ -12,6 +12,8 @@ rejected (invalid output, or   ``manual_review``, reason ``rejected_output``
 a label holding NUL)
 transient (timeout, 429, 5xx)  ``retryable_failed`` with backoff, or ``manual_review``
                                (``retries_exhausted``) once attempts run out
+no room in the shared budget   ``waiting`` (``outage:rate_limit``, the attempt given back)
+(``budget_exhausted``)         until it has room; never counted by the circuit breaker
 permanent for the document     ``manual_review``, reason ``permanent_error`` (a person can
 (400, other 4xx, drill)        still label it)
 malformed payload              ``manual_review``, reason ``malformed_input``
@@ -46,28 +48,23 @@ job's attempts against a dependency that is down; a claim of the batch queues th
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from triage.classifiers.base import (
-    Classifier,
-    ClassifierError,
-    ClassifyRequest,
-    ModelOutput,
-    decide_outcome,
-)
-from triage.contracts.documents import DocumentPayload, MalformedDocument
+from triage.classifiers.base import Classifier, ClassifierError, ClassifyRequest, ModelOutput, decide_outcome
+from triage.classifiers.rate_limits import BUDGET_EXHAUSTED
+from triage.contracts.documents import DocumentPayload
 from triage.jobs.models import (
     Advance,
     ClaimedJob,
     ClassificationRecord,
     Complete,
-    Fail,
     LabelWrite,
     Outcome,
     Park,
@@ -76,17 +73,11 @@ from triage.jobs.models import (
     SendToReview,
 )
 from triage.jobs.states import Step
-from triage.observability import job_fields
-from triage.payloads import (
-    PayloadBaseMissing,
-    PayloadError,
-    PayloadMissing,
-    PayloadRefInvalid,
-    PayloadStore,
-    PayloadUnavailable,
-)
+from triage.observability import log_job
+from triage.payloads import PayloadBaseMissing, PayloadError, PayloadStore
 from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker
 from triage.pipeline.ownership import Ownership
+from triage.pipeline.reading import read_document
 from triage.pipeline.reuse import ContentCache, input_key
 from triage.pipeline.steps import CircuitOpen, DependencyMisconfigured, StepError
 
@@ -95,11 +86,9 @@ log = logging.getLogger(__name__)
 MISCONFIGURED = frozenset({"unauthorized", "forbidden", "not_found", "redirected", "structured_output_unsupported"})
 
 OUTAGE_SECONDS = 30.0
-"""How long jobs stay parked on an outage when the model named no ``Retry-After``: about the
-classify task's first Airflow retry delay, so its retry finds them due."""
+"""Parked on an outage without a ``Retry-After``: about the classify task's first retry delay."""
 MAX_RETRY_AFTER_SECONDS = 900.0
-"""The longest ``Retry-After`` honoured (the classify task's longest Airflow retry delay): a
-provider's hint, not a licence to park a day's work for hours."""
+"""The longest ``Retry-After`` honoured (the task's longest retry delay): a hint, not a licence."""
 
 
 def bounded_retry_after(seconds: float | None) -> float | None:
@@ -150,9 +139,12 @@ class ClassifyHandler:
         settings: ClassifySettings,
         breaker: CircuitBreaker | None = None,
         cache: ContentCache | None = None,
+        given: Callable[[Sequence[ClaimedJob]], Mapping[uuid.UUID, ModelOutput]] | None = None,
     ) -> None:
-        """:param cache: the content cache (:mod:`triage.pipeline.reuse`); None: every job is asked."""
+        """:param cache: the content cache (:mod:`triage.pipeline.reuse`); None: every job is asked.
+        :param given: the answers a claim's jobs already have (a provider batch's, :mod:`.batch_mode`)."""
         self.classifier, self.payloads, self.settings, self.cache = classifier, payloads, settings, cache
+        self.given, self._given = given, dict[uuid.UUID, ModelOutput]()
         self.breaker = breaker or CircuitBreaker()
         self._misconfigured: str | None = None
         self._store_down: str | None = None
@@ -188,6 +180,7 @@ class ClassifyHandler:
             return [self.park(job.id, job.attempt) for job in jobs]
 
         self.breaker.claimed(job.id for job in jobs)
+        self._given = dict(self.given(jobs)) if self.given is not None else {}
 
         def one(index: int) -> Outcome:  # no model call once the job is not ours
             job, content = jobs[index], contents[index]
@@ -199,7 +192,7 @@ class ClassifyHandler:
         waves = self.cache.split(jobs, contents) if self.cache is not None else (range(len(jobs)),)
         by_index: dict[int, Outcome] = {}
         for wave in waves:
-            done = list(map(one, wave) if self._pool is None else self._pool.map(one, wave))
+            done = list(map(one, wave)) if self._pool is None else self._in_pool(one, wave)
             by_index.update(zip(wave, done, strict=True))
             if self.cache is not None:
                 self.cache.learn([jobs[i] for i in wave], done)
@@ -209,6 +202,13 @@ class ClassifyHandler:
             return outcomes
         # The circuit opened during this batch: its failed calls were the outage's, not the jobs'.
         return [self.park(o.job_id, o.attempt) if isinstance(o, RetryLater | Release) else o for o in outcomes]
+
+    def _in_pool(self, one: Callable[[int], Outcome], wave: Sequence[int]) -> list[Outcome]:
+        """``one`` over ``wave`` on the pool, each call in a copy of this thread's context: the
+        current span (the batch's: its model calls are its children) and any bound log fields."""
+        assert self._pool is not None
+        calls = [self._pool.submit(contextvars.copy_context().run, one, i) for i in wave]
+        return [call.result() for call in calls]
 
     def outage(self) -> str | None:
         """The dependency that is down (``model``, ``payload_store``), or None."""
@@ -232,26 +232,6 @@ class ClassifyHandler:
             error,
             backoff=self._retry_after is None,  # the model's Retry-After is its word, not grown
         )
-
-    @staticmethod
-    def read(job: ClaimedJob, content: bytes | PayloadError) -> DocumentPayload | Outcome:
-        """The job's document, or the outcome that reading it failed with."""
-        if isinstance(content, PayloadRefInvalid):  # a row naming what the store never wrote
-            return SendToReview(job.id, job.attempt, "payload_ref_invalid", content.error_class, str(content))
-        if isinstance(content, PayloadMissing):  # the store is healthy and the pack is gone: a person decides
-            return SendToReview(job.id, job.attempt, "missing_payload", content.error_class, str(content))
-        if isinstance(content, PayloadUnavailable):
-            return RetryLater(job.id, job.attempt, content.error_class, str(content))
-        if isinstance(content, PayloadError):
-            return SendToReview(job.id, job.attempt, "payload_corrupt", content.error_class, str(content))
-        try:
-            return DocumentPayload.from_bytes(content)
-        except MalformedDocument as exc:
-            if exc.reason == "unsupported_schema_version":
-                return Fail(job.id, job.attempt, "unsupported_schema_version", exc.reason, str(exc))
-            return SendToReview(
-                job.id, job.attempt, "malformed_input", exc.reason, str(exc), context={"malformed_reason": exc.reason}
-            )
 
     def stop_reason(self) -> StepError | None:
         if self._misconfigured:
@@ -282,6 +262,8 @@ class ClassifyHandler:
         return stop
 
     def _failed(self, job: ClaimedJob, exc: ClassifierError, started: float) -> Outcome:
+        if exc.error_class == BUDGET_EXHAUSTED:  # rate limiting is neither the job's failure nor an outage
+            return Park(job.id, job.attempt, "rate_limit", exc.retry_after or 1.0, exc.error_class, str(exc))
         if exc.transient:
             self._last_transient = (exc.error_class, str(exc))
             retry_after = bounded_retry_after(exc.retry_after)
@@ -308,7 +290,7 @@ class ClassifyHandler:
         as transient (bounded by ``max_attempts``, then manual review): the batch goes on and
         nothing is stuck under a lease. Logged with its class, never its message (it may echo
         document text)."""
-        log.error("classifier raised unexpectedly %s error_class=%s", job_fields(job), type(exc).__name__)
+        log_job(log, logging.ERROR, job, "classifier raised unexpectedly error_class=%s", type(exc).__name__)
         self.breaker.record(True)
         return RetryLater(job.id, job.attempt, "unexpected_error", type(exc).__name__)
 
@@ -319,13 +301,15 @@ class ClassifyHandler:
             return Release(job.id, job.attempt)
         if self.outage() is not None:
             return self.park(job.id, job.attempt)
-        document = self.read(job, content)
+        document = read_document(job, content)
         if not isinstance(document, DocumentPayload):
             if isinstance(document, RetryLater):  # the store failed: a transient call like any other
                 self._last_transient = (document.error_class, document.error or document.error_class)
                 self.breaker.record(True)
             return document
         key = input_key(document)
+        if (output := self._given.get(job.id)) is not None:  # answered by a provider batch: no call
+            return self._decided(job, output, key)
         if self.cache is not None and (answer := self.cache.answer(job)) is not None:
             reused = ModelOutput(answer.label, answer.confidence, None, 0.0, 0, 0, 0.0, output_mode=answer.output_mode)
             return self._decided(job, reused, key, (answer.job_id, answer.attempt))
@@ -346,9 +330,8 @@ class ClassifyHandler:
             return self._unexpected(job, exc)
         self.breaker.record(False)
         if output.usage_discarded:  # recorded with the classification; the outcome stands
-            log.warning(
-                "model reported usage out of bounds %s discarded=%s", job_fields(job), ",".join(output.usage_discarded)
-            )
+            discarded = ",".join(output.usage_discarded)
+            log_job(log, logging.WARNING, job, "model reported usage out of bounds discarded=%s", discarded)
         if output.label is not None and "\x00" in output.label:
             # PostgreSQL text cannot hold NUL: the label could never be stored, so the output
             # is unusable, like any other malformed model output (manual review, not a crash).
@@ -368,17 +351,22 @@ class ClassifyHandler:
             label = LabelWrite(output.label or "", output.confidence, version)
             return Complete(job.id, job.attempt, label, classification=record)
         if outcome == "inconclusive":
+            # A reused doubtful answer says whose it was: the reviewer sees the same text's answer.
+            reused = (
+                {} if reused_from is None else {"reused_job_id": str(reused_from[0]), "reused_attempt": reused_from[1]}
+            )
             return SendToReview(
                 job.id,
                 job.attempt,
                 "inconclusive",
                 "inconclusive",
-                None,
+                None if reused_from is None else f"the answer of job {reused_from[0]} attempt {reused_from[1]} reused",
                 classification=record,
                 context={
                     "label": output.label,
                     "confidence": output.confidence,
                     "threshold": self.settings.confidence_threshold,
+                    **reused,
                 },
             )
         return SendToReview(

@@ -5,6 +5,13 @@ the job's idempotency key so that the provider refuses a duplicate when a retry 
 the label's order (:mod:`triage.pipeline.actions`). A job whose document already has a newer
 job's label completes without its action: the older label must not reach the provider after
 the newer one (the ledger keeps the newer either way).
+
+A provider that is down (refused connections, timeouts, 5xx for every call: the same circuit
+breaker as the classify step's, :mod:`triage.pipeline.breaker`) is an outage, not the jobs'
+failure: the step parks them (``waiting``, ``outage:label_provider``) with their attempts given
+back and stops with :class:`~triage.pipeline.steps.CircuitOpen`, so the failure callback sends
+nothing of it to review, and the next try, run of the date or ``reconcile_jobs``' resume
+finishes them once the provider is back (issue #13, item 3).
 """
 
 from __future__ import annotations
@@ -15,15 +22,29 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from triage.jobs.label_actions import superseded
-from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, RetryLater
+from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, Park, Release, RetryLater
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
+from triage.observability import log_job
+from triage.pipeline.actions import ActionFailed
+from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker
 from triage.pipeline.ownership import Ownership
-from triage.pipeline.steps import StepError
+from triage.pipeline.steps import CircuitOpen, StepError
 
 ExternalAction = Callable[[ClaimedJob, LabelWrite], None]
 
 log = logging.getLogger(__name__)
+
+DEPENDENCY = "label_provider"
+OUTAGE_SECONDS = 30.0
+"""How long jobs stay parked when the provider is down (doubled for each earlier outage parking
+of a job, up to an hour: :func:`triage.jobs.outages.outage_due`): about the persist task's first
+Airflow retry delay, so its retry finds them due."""
+BREAKER_MIN_JOBS = 5
+"""Distinct jobs whose first attempt's action failed with the provider down, and nothing
+else in between, before the step calls it an outage: more than the classify step's 3, since a
+provider that answers one request late (its effect applied: the timeout-after-success case) is
+not down."""
 
 
 class PersistHandler:
@@ -32,10 +53,26 @@ class PersistHandler:
     step = Step.PERSIST
     classifier_version = None  # runs no classifier: the label is the classification already recorded
 
-    def __init__(self, store: JobStore, action: ExternalAction | None = None) -> None:
+    def __init__(
+        self, store: JobStore, action: ExternalAction | None = None, breaker: CircuitBreaker | None = None
+    ) -> None:
         self.store, self.action = store, action
+        self.breaker = breaker or CircuitBreaker(min_jobs=BREAKER_MIN_JOBS)
+        self._last_failure: tuple[str, str] | None = None  # (error_class, error) of the latest
+        self._retried: dict[uuid.UUID, int] = {}  # RetryLater handed out by this try: id -> attempt
 
     def handle(self, jobs: Sequence[ClaimedJob], ownership: Ownership | None = None) -> list[Outcome]:
+        if self.breaker.is_open:
+            return [self._park(job.id, job.attempt) for job in jobs]
+        self.breaker.claimed(job.id for job in jobs)
+        outcomes = self._outcomes(jobs, ownership)
+        if not self.breaker.is_open:
+            self._retried.update((o.job_id, o.attempt) for o in outcomes if isinstance(o, RetryLater))
+            return outcomes
+        # The provider went down during this batch: its failed actions were the outage's.
+        return [self._park(o.job_id, o.attempt) if isinstance(o, RetryLater | Release) else o for o in outcomes]
+
+    def _outcomes(self, jobs: Sequence[ClaimedJob], ownership: Ownership | None) -> list[Outcome]:
         labels = self.store.accepted_labels([j.id for j in jobs])
         stale: set[uuid.UUID] = set()
         if self.action is not None:
@@ -56,11 +93,7 @@ class PersistHandler:
                 )
                 continue
             if job.id in stale:
-                log.info(
-                    "job %s correlation_id=%s: label action skipped, a newer job's label stands for its document",
-                    job.id,
-                    job.correlation_id,
-                )
+                log_job(log, logging.INFO, job, "label action skipped: a newer job's label stands for its document")
             elif self.action is not None:
                 if ownership is None:
                     outcomes.append(self._act(job, label))
@@ -72,11 +105,37 @@ class PersistHandler:
 
     def _act(self, job: ClaimedJob, label: LabelWrite) -> Outcome:
         assert self.action is not None
+        if self.breaker.is_open:  # no more calls to a provider that is down
+            return self._park(job.id, job.attempt)
         try:
             self.action(job, label)
+        except ActionFailed as exc:  # the provider answered no, or nothing answered
+            down = exc.error_class in DEPENDENCY_DOWN  # a job that failed before proves nothing
+            self.breaker.record(True, dependency_down=down, job=job.id if job.attempt_in_budget == 1 else None)
+            self._last_failure = (exc.error_class, str(exc))
+            return RetryLater(job.id, job.attempt, "external_action_failed", exc.error_class)
         except Exception as exc:  # noqa: BLE001 - a failed action is retried, bounded, never a stuck batch
+            self.breaker.record(True)
             return RetryLater(job.id, job.attempt, "external_action_failed", type(exc).__name__)
+        self.breaker.record(False)
         return Complete(job.id, job.attempt, label)
 
+    def _park(self, job_id: uuid.UUID, attempt: int) -> Park:
+        error_class, error = self._last_failure or (None, None)
+        return Park(job_id, attempt, DEPENDENCY, OUTAGE_SECONDS, error_class, error, backoff=True)
+
     def stop_reason(self) -> StepError | None:
-        return None
+        if not self.breaker.is_open:
+            return None
+        error_class, error = self._last_failure or (None, None)
+        stop = CircuitOpen(
+            "the label provider is down: its actions fail with no answer or a server error",
+            dependency=DEPENDENCY,
+            delay_seconds=OUTAGE_SECONDS,
+            error_class=error_class,
+            error=error,
+        )
+        # This try's earlier failed actions are what opened the circuit: the outage's, not the
+        # jobs'. The step gives those attempts back as it parks the jobs.
+        stop.give_back = dict(self._retried)
+        return stop

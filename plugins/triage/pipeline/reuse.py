@@ -1,22 +1,24 @@
-"""The content cache of the classify step: an accepted answer of the model is reused for another
-job whose classifier input (the text it reads: subject and body) is the same, under the same
-classifier version, so repeated content costs no model call: a forwarded email, a re-opened
-ticket, a duplicate upload under another external id.
+"""The content cache of the classify step: an answer of the model is reused for another job whose
+classifier input (the text it reads: subject and body) is the same, under the same classifier
+version, so repeated content costs no model call: a forwarded email, a re-opened ticket, a
+duplicate upload under another external id. An accepted answer completes the repeat; a doubtful
+one sends it to review at once, naming the answer it reused.
 
 Per claim, one lookup (:meth:`~triage.jobs.store.JobStore.reusable_answers`) says which jobs may
-take a reused answer and which entry the ledger holds for each; the entry is the oldest accepted
-answer of the model for that input and version (:mod:`triage.jobs.answers` says what an entry
-is, which jobs may not take one, and what invalidates one). Within the claim, the first job of an
-input not answered yet is asked (:meth:`ContentCache.split`), the others wait for it and take
-its answer if it was accepted, or are asked themselves if not. Accepted answers of this try are
+take a reused answer and which entry the ledger holds for each; the entry is an answer of the model for
+that input and version, accepted ones first (:mod:`triage.jobs.answers` says what an entry is,
+which jobs may not take one, and what invalidates one). Within the claim, the first job of an
+input not answered yet is asked (:meth:`ContentCache.split`), the others wait for it and take its
+answer if it was accepted or doubtful, or are asked themselves if it was rejected or the call
+failed. Answers of this try are
 also remembered here (:attr:`ContentCache.remembered`, bounded), because the step records a claim
 while it handles the next one and the lookup may not see the previous claim's answers yet; an
 answer remembered from a claim whose recording failed is never used, since the step stops there.
 
-A reused answer completes its job through the state machine like any other (its own events,
-classification row and label row): the classification is ``accepted``, with the entry's label,
+A reused answer moves its job through the state machine like any other (its own events,
+classification row, and label row or review row): the classification has the entry's label,
 confidence and output mode, no tokens, no cost, and ``reused_job_id``/``reused_attempt`` naming
-the answer it copied. Across workers handling claims at the same moment, an input may still be
+the answer it copied; its outcome is decided afresh at this run's threshold. Across workers handling claims at the same moment, an input may still be
 asked once per worker.
 """
 
@@ -29,13 +31,13 @@ from collections.abc import Iterable, Sequence
 
 from triage.contracts.documents import DocumentPayload, MalformedDocument
 from triage.jobs.answers import Answer
-from triage.jobs.models import Advance, ClaimedJob, Complete, Outcome
+from triage.jobs.models import Advance, ClaimedJob, Complete, Outcome, SendToReview
 from triage.jobs.store import JobStore
 
 __all__ = ["ContentCache", "input_key"]
 
 REMEMBERED = 100_000
-"""Accepted answers of this try kept in memory at most (about 30 MB); then forgotten, oldest first."""
+"""Answers of this try kept in memory at most (about 30 MB); then forgotten, oldest first."""
 
 
 def input_key(document: DocumentPayload) -> str:
@@ -46,8 +48,7 @@ def input_key(document: DocumentPayload) -> str:
 class ContentCache:
     """The cache of one classify try, for one classifier version and confidence threshold.
 
-    ``reused`` counts the answers it handed on; the thresholds of entries are this run's, so a
-    reused answer is always accepted (the cache never sends a job to review).
+    ``reused`` counts the answers it handed on (the accepted and the doubtful ones).
     """
 
     def __init__(self, store: JobStore, classifier_version: str, threshold: float) -> None:
@@ -92,17 +93,22 @@ class ContentCache:
         return self._found.get(job.id) or self.remembered.get(self._keys[job.id])
 
     def learn(self, jobs: Iterable[ClaimedJob], outcomes: Iterable[Outcome]) -> None:
-        """Remember the accepted answers of the model among ``outcomes`` and count the reused ones."""
+        """Remember the model's answers among ``outcomes`` (an accepted one replaces a doubtful
+        one, as in the ledger's choice of entry) and count the reused ones."""
         for job, outcome in zip(jobs, outcomes, strict=True):
-            record = outcome.classification if isinstance(outcome, Complete | Advance) else None
-            if record is None or record.outcome != "accepted" or record.label is None:
+            record = outcome.classification if isinstance(outcome, Complete | Advance | SendToReview) else None
+            if record is None or record.outcome not in ("accepted", "inconclusive"):
                 continue
             if record.reused_from is not None:
                 self.reused += 1
-            elif record.input_sha256 is not None and record.input_sha256 not in self.remembered:
-                if len(self.remembered) >= REMEMBERED:
-                    del self.remembered[next(iter(self.remembered))]
-                confidence = record.confidence if record.confidence is not None else 0.0
-                self.remembered[record.input_sha256] = Answer(
-                    job.id, job.attempt, record.label, confidence, record.output_mode
-                )
+                continue
+            key = record.input_sha256
+            if key is None:
+                continue
+            known = self.remembered.get(key)
+            if known is not None and (record.outcome != "accepted" or known.confidence >= self.threshold):
+                continue
+            if known is None and len(self.remembered) >= REMEMBERED:
+                del self.remembered[next(iter(self.remembered))]
+            confidence = record.confidence if record.confidence is not None else 0.0
+            self.remembered[key] = Answer(job.id, job.attempt, record.label, confidence, record.output_mode)

@@ -1,0 +1,106 @@
+"""The model connection (``triage_llm``) as the classify operators read it: the classifier's
+settings, the content cache switch, the shared requests/tokens budget, the versions a deployment
+could run. Every key is described in docs/model-calls.md."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+from triage.operators.base import http_url
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from triage.classifiers.base import Classifier
+    from triage.contracts.run_config import ClassifyRunConfig
+
+BUDGET_KEYS = ("requests_per_minute", "tokens_per_minute", "budget_burst_seconds", "budget_max_wait_seconds")
+"""The connection extra's budget keys (docs/model-calls.md)."""
+
+
+def llm_settings(conn_id: str = "triage_llm") -> dict[str, Any]:
+    """The ``OpenAICompatibleClassifier`` settings in an Airflow connection: host is the base URL
+    (``http://host:port/v1``), password the API key, extra the model call's settings."""
+    conn = BaseHook.get_connection(conn_id)
+    extra = conn.extra_dejson or {}
+    settings: dict[str, Any] = {
+        "base_url": http_url(conn, default_path="/v1").rstrip("/"),
+        "api_key": conn.password or None,
+        "model": extra.get("model", "gpt-4o-mini"),
+    }
+    for key, target in (
+        ("temperature", "temperature"),
+        ("timeout", "timeout_s"),
+        ("prompt_version", "prompt_version"),
+        ("price_per_1k_prompt", "price_per_1k_prompt"),
+        ("price_per_1k_completion", "price_per_1k_completion"),
+        ("response_format", "response_format"),
+    ):
+        if key in extra:
+            settings[target] = extra[key]
+    return settings
+
+
+def content_cache_on(conn_id: str = "triage_llm") -> bool:
+    """Whether the connection's extra ``content_cache`` (default true) lets the classify step reuse
+    an accepted answer of the model for the same content and classifier version."""
+    value = (BaseHook.get_connection(conn_id).extra_dejson or {}).get("content_cache", True)
+    return value not in (False, "false", "False", "0", 0)
+
+
+def configured_classifier_versions(llm_conn_id: str = "triage_llm") -> frozenset[str]:
+    """The version of each classifier a run of this deployment could use now: ``keyword``, and
+    ``llm`` when its connection exists. A queued job of any other version is claimed by no run."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from triage.classifiers import CLASSIFIERS, Taxonomy, build_classifier
+
+    taxonomy, versions = Taxonomy.load(), set()
+    for name in sorted(CLASSIFIERS):
+        try:
+            settings = llm_settings(llm_conn_id) if name == "llm" else None
+        except AirflowNotFoundException:
+            continue
+        classifier = build_classifier(name, taxonomy=taxonomy, llm_settings=settings)
+        versions.add(classifier.version)
+        classifier.close()
+    return frozenset(versions)
+
+
+def connection_budget(engine: sa.Engine, conn_id: str = "triage_llm") -> dict[str, Any]:
+    """The classifier settings of the connection's shared budget (its extra's
+    ``requests_per_minute``, ``tokens_per_minute``, ``budget_burst_seconds``,
+    ``budget_max_wait_seconds``), kept in the job database ``engine``; {} when neither rate is set."""
+    from triage.jobs.budgets import BudgetSettings, ModelBudget
+
+    extra = BaseHook.get_connection(conn_id).extra_dejson or {}
+
+    def number(key: str) -> float | None:
+        value = extra.get(key)
+        return None if value in (None, "", 0, "0") else float(value)
+
+    settings = BudgetSettings(
+        requests_per_minute=number("requests_per_minute"),
+        tokens_per_minute=number("tokens_per_minute"),
+        burst_seconds=number("budget_burst_seconds") or 1.0,
+    )
+    if not settings.enabled:
+        return {}
+    budget = {"budget": ModelBudget(engine, conn_id, settings)}
+    wait = number("budget_max_wait_seconds")
+    return budget if wait is None else {**budget, "budget_max_wait_seconds": wait}
+
+
+def build_run_classifier(config: ClassifyRunConfig, llm_conn_id: str, engine: sa.Engine | None = None) -> Classifier:
+    """The run's classifier; with ``engine`` (the job database), the llm one within the
+    connection's shared budget, if it has one."""
+    from triage.classifiers import Taxonomy, build_classifier
+
+    settings = None
+    if config.classifier == "llm":
+        settings = {**llm_settings(llm_conn_id), "max_connections": max(config.concurrency, 1)}
+        if engine is not None:
+            settings.update(connection_budget(engine, llm_conn_id))
+    return build_classifier(config.classifier, taxonomy=Taxonomy.load(), llm_settings=settings, drill=config.drill)

@@ -1,0 +1,162 @@
+"""Batch mode against the fake OpenAI-compatible server's batch interface on loopback (real HTTP)
+and a real PostgreSQL: jobs wait while their batch runs, answers are taken per job (partial
+results), a lost batch sends its jobs back to be asked, and a resubmission adopts the batch."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label
+from triage.classifiers.batch_api import BatchClient
+from triage.classifiers.llm import OpenAICompatibleClassifier
+from triage.classifiers.taxonomy import Taxonomy
+from triage.contracts.documents import DocumentPayload
+from triage.jobs.batches import BatchLedger
+from triage.jobs.store import JobStore
+from triage.payloads import PayloadStore
+from triage.pipeline.batch_mode import collect, given_answers, submission_key, submit
+from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+from triage.pipeline.retrieve import to_new_jobs
+from triage.pipeline.steps import RunSettings, run_step
+from triage.sources.base import SourceDocument
+
+BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
+TAXONOMY = Taxonomy.load()
+
+
+def responder(body: dict) -> Reply:  # type: ignore[type-arg]
+    text = body["messages"][1]["content"]
+    if text.endswith("broken"):
+        return Reply.status_only(500)
+    if text.endswith("unsure"):
+        return Reply.ok("billing", 0.2)
+    return Reply.ok("billing", 0.9)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(responder=responder) as fake:
+        yield fake
+
+
+@pytest.fixture
+def payloads(tmp_path: Path) -> PayloadStore:
+    return PayloadStore(tmp_path / "payloads")
+
+
+def llm(server: FakeOpenAIServer) -> OpenAICompatibleClassifier:
+    return OpenAICompatibleClassifier(base_url=server.base_url, api_key="k", model="fake", taxonomy=TAXONOMY)
+
+
+def register(store: JobStore, payloads: PayloadStore, version: str, bodies: list[str]) -> list[uuid.UUID]:
+    docs = [
+        SourceDocument(
+            "test",
+            f"doc-{i}",
+            DocumentPayload(
+                external_id=f"doc-{i}", subject="Ticket", body=body, received_at=datetime(2026, 11, 1, tzinfo=UTC)
+            ).to_bytes(),
+        )
+        for i, body in enumerate(bodies)
+    ]
+    store.register(to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify", max_attempts=3)
+    with store.engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT id FROM triage.jobs ORDER BY external_id")).scalars())
+
+
+def jobs(store: JobStore) -> list[sa.Row]:
+    with store.engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT * FROM triage.jobs ORDER BY external_id")).all())
+
+
+def classify(store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, ledger: BatchLedger) -> None:
+    handler = ClassifyHandler(llm(server), payloads, ClassifySettings(0.7, 2), given=given_answers(ledger))
+    try:
+        run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="classify", retry_soon_seconds=0))
+    finally:
+        handler.close()
+
+
+def test_jobs_wait_on_their_batch_and_take_its_answers_per_job(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
+    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ids = register(store, payloads, client.classifier.version, ["a", "b", "c broken", "d unsure"])
+    [key] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit")
+    assert key == submission_key(BATCH, ids)
+    assert {(j.status, j.status_reason, j.attempt) for j in jobs(store)} == {("waiting", "outage:batch", 0)}
+    assert server.request_count == 0  # nothing interactive
+    assert submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit") == []  # all waiting
+    assert collect(ledger, client, batch_key=BATCH, actor="collect").running == 1  # still in progress
+    done = collect(ledger, client, batch_key=BATCH, actor="collect")
+    assert (done.collected, done.answers, done.due) == (1, 3, 4)
+    server.responder = fixed_label("billing")  # asked interactively, "c broken" is answered
+    classify(store, server, payloads, ledger)
+    # Three answers taken from the batch; the request that failed inside it is asked once.
+    assert server.request_count == 1
+    statuses = [(j.status, j.attempt) for j in jobs(store)]
+    assert statuses == [("completed", 1), ("completed", 1), ("completed", 1), ("manual_review", 1)]
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT job_id, output_mode, prompt_tokens FROM triage.classifications")).all()
+    assert len(rows) == 4
+    assert all(r.output_mode == "json_schema" and r.prompt_tokens == 120 for r in rows)
+    client.close()
+
+
+@pytest.mark.parametrize(("how", "kept"), [("failed", 0), ("gone", 0), ("expired", 2)])
+def test_a_batch_the_provider_loses_sends_its_jobs_back_to_be_asked(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, how: str, kept: int
+) -> None:
+    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    register(store, payloads, client.classifier.version, ["a", "b", "c", "d"])
+    submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit")
+    [batch_id] = server.batches.batches
+    server.batches.lose(batch_id, how, keep=kept)
+    result = collect(ledger, client, batch_key=BATCH, actor="collect")
+    assert (result.lost, result.collected, result.answers, result.due) == (
+        (0, 1, kept, 4) if how == "expired" else (1, 0, 0, 4)
+    )
+    classify(store, server, payloads, ledger)
+    assert server.request_count == 4 - kept  # what the batch did not answer is asked interactively
+    assert [(j.status, j.attempt) for j in jobs(store)] == [("completed", 1)] * 4  # no attempt lost, no review
+    client.close()
+
+
+def test_a_resubmission_after_a_crash_adopts_the_batch_the_provider_accepted(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
+    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ids = register(store, payloads, client.classifier.version, ["a", "b"])
+    key = submission_key(BATCH, ids)
+    # A worker wrote its row and the provider accepted the batch; the worker died before it
+    # recorded the provider's id or parked the jobs (their lease then ran out: queued again).
+    ledger.open_submission(key, BATCH, client.classifier.version, [(i, 1) for i in ids])
+    accepted = client.submit([(f"{i}:1", "x") for i in ids], key)
+    [again] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit-2")
+    assert again == key
+    assert server.batches.created == 1  # adopted, not paid twice
+    assert [s.provider_batch_id for s in ledger.open_batches(BATCH)] == [accepted]
+    client.close()
+
+
+def test_the_same_jobs_submitted_after_their_batch_finished_make_a_new_batch(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
+    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ids = register(store, payloads, client.classifier.version, ["a", "b"])
+    [first] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit")
+    [batch_id] = server.batches.batches
+    server.batches.lose(batch_id, "failed")
+    collect(ledger, client, batch_key=BATCH, actor="collect")  # lost: the jobs are due, queued by a claim
+    store.resume_parked(BATCH, "classify", actor="test", classifier_version=client.classifier.version)
+    [second] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit-again")
+    assert second == f"{first}.1" == f"{submission_key(BATCH, ids)}.1"
+    assert server.batches.created == 2
+    assert [s.key for s in ledger.open_batches(BATCH)] == [second]
+    client.close()

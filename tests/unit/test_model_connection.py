@@ -1,0 +1,56 @@
+"""The model connection's extra as the classify operator reads it: the shared budget's keys."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from triage.jobs.budgets import BudgetSettings
+from triage.operators import model_connection
+
+
+@pytest.fixture
+def extra(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    hook = SimpleNamespace(get_connection=lambda _conn_id: SimpleNamespace(extra_dejson=values))
+    monkeypatch.setattr(model_connection, "BaseHook", hook)
+    return values
+
+
+ENGINE = sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:9/none")  # never connected here
+
+
+@pytest.mark.parametrize(
+    ("given", "settings", "wait"),
+    [
+        pytest.param({}, None, None, id="none"),
+        pytest.param({"requests_per_minute": "", "tokens_per_minute": ""}, None, None, id="empty-from-yaml"),
+        pytest.param({"requests_per_minute": "3000"}, BudgetSettings(3000.0, None, 1.0), None, id="requests"),
+        pytest.param(
+            {"tokens_per_minute": 250000, "budget_burst_seconds": "0.5", "budget_max_wait_seconds": 30},
+            BudgetSettings(None, 250000.0, 0.5),
+            30.0,
+            id="tokens-burst-wait",
+        ),
+    ],
+)
+def test_connection_budget(
+    extra: dict[str, Any], given: dict[str, Any], settings: BudgetSettings | None, wait: float | None
+) -> None:
+    extra.update(given)
+    found = model_connection.connection_budget(ENGINE, "triage_llm")
+    if settings is None:
+        assert found == {}
+        return
+    assert found["budget"].settings == settings
+    assert found["budget"].name == "triage_llm"
+    assert found.get("budget_max_wait_seconds") == wait
+
+
+def test_a_negative_rate_is_refused(extra: dict[str, Any]) -> None:
+    extra["requests_per_minute"] = -5
+    with pytest.raises(ValueError, match="requests_per_minute"):
+        model_connection.connection_budget(ENGINE, "triage_llm")
