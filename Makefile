@@ -12,7 +12,7 @@ export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
 CONF   ?= {}
 
-.PHONY: help setup test-deps lock migrate run up stop test test-fast bench bench-growth chaos distributed lint clean reset-secrets schemas
+.PHONY: help setup test-deps lock migrate run up stop test test-fast bench bench-growth bench-intake chaos distributed lint clean reset-secrets schemas
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}'] [VERBOSE=1]  set up, migrate, run classify_documents then reconcile_jobs"
@@ -21,6 +21,7 @@ help:
 	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
 	@echo "make lock                                  refresh docker/airflow-constraints.txt and constraints.txt"
+	@echo "make bench-intake                          POST-to-label latency of intake (1,000 documents over 10 s); needs make up running"
 	@echo "make schemas                               write the event schemas (include/schemas/) from the models"
 	@echo "make bench-growth [GROWTH_SIZES=100000,1000000,10000000]  cost per document as the ledger grows"
 	@echo "make migrate | up | stop | bench | lint"
@@ -118,6 +119,11 @@ bench: $(STAMP)
 GROWTH_SIZES ?= 100000,1000000
 bench-growth: $(STAMP)
 	BENCH_GROWTH_SIZES=$(GROWTH_SIZES) $(PY) -m bench growth
+
+# Intake's POST-to-label latency against the running `make up` (bench/intake_latency.py): not in
+# `make bench`, which needs no deployment; results in bench/results/intake-latency.json.
+bench-intake: $(STAMP)
+	$(PY) -m bench.intake_latency
 
 # The failure drill on a deployment of its own under $(TRIAGE_HOME)/chaos (.venv/bin/triage chaos -h).
 CHAOS ?=

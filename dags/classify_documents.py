@@ -28,53 +28,18 @@ constants: the DAG file does no work when it is parsed.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
-from triage.callbacks import on_task_failure
 from triage.contracts.run_config import param_schemas
-from triage.operators import (
-    ClassifyDocumentsOperator,
-    PersistLabelsOperator,
-    PublishEventsOperator,
-    RetrieveDocumentsOperator,
-)
-from triage.operators.alerts import RunAlertsOperator, classify_deadlines
-from triage.operators.retry import OUTAGE_RETRY_POLICY
+from triage.operators import RetrieveDocumentsOperator
+from triage.operators.alerts import classify_deadlines
+from triage.operators.tasks import DEFAULT_ARGS, classification_tasks
 
 RETRIEVE_SHARDS = 2
 """Parallel ``retrieve`` task instances per run, each registering the documents of one shard
 (by external id): reading, hashing, packing and registering run in several processes."""
-
-CLASSIFY_WORKERS = 2
-"""Parallel ``classify`` task instances per run (map indexes 0..N-1)."""
-
-LLM_POOL, CLASSIFY_POOL_SLOTS = "llm_api", 8
-"""Each ``classify`` instance holds 8 slots of the ``llm_api`` pool (airflow_settings.yaml) and
-keeps at most that many model calls in flight, so the pool's size bounds the model calls of
-every worker together."""
-
-CLASSIFY_BATCH_SIZE, MODEL_TIMEOUT_SECONDS = 1000, 30
-"""Jobs per claim (the operator's ``batch_size``) and the model call's timeout (the default of the
-``triage_llm`` connection's extra ``timeout``): what a try of ``classify`` may take is derived
-from them."""
-
-CLASSIFY_TIMEOUT = timedelta(seconds=2 * -(-CLASSIFY_BATCH_SIZE // CLASSIFY_POOL_SLOTS) * MODEL_TIMEOUT_SECONDS)
-"""A ``classify`` try's ``execution_timeout`` (2 h 5 min): two claims (the one recorded while the
-next is handled) in which every model call takes its whole timeout, ``CLASSIFY_POOL_SLOTS`` at
-a time. Past it Airflow raises ``AirflowTaskTimeout`` in the task (its claim is settled: what
-finished is recorded, the rest given back) and retries; the retry continues with the
-unfinished jobs. A run that needs longer than this per try (a day of far more than 100,000
-documents through the model) raises it."""
-
-PERSIST_BATCH_SIZE, LABEL_ACTION_TIMEOUT_SECONDS = 1000, 10
-"""Jobs per ``persist`` claim and the label action's timeout (``triage_label_action`` extra
-``timeout``, default 10 s)."""
-
-PERSIST_TIMEOUT = timedelta(seconds=PERSIST_BATCH_SIZE * LABEL_ACTION_TIMEOUT_SECONDS)
-"""A ``persist`` try's ``execution_timeout`` (2 h 46 min 40 s): one claim whose every label
-action, one after the other, takes its whole timeout."""
 
 with DAG(
     dag_id="classify_documents",
@@ -91,32 +56,11 @@ with DAG(
     tags=["triage", "classification"],
     params={name: Param(**schema) for name, schema in param_schemas().items()},
     deadline=classify_deadlines(),  # none under `airflow dags test` (apache/airflow#73428)
-    default_args={
-        "owner": "triage",
-        "retries": 3,
-        "retry_delay": timedelta(seconds=30),
-        "retry_exponential_backoff": 2.0,
-        "max_retry_delay": timedelta(minutes=15),
-        "on_failure_callback": on_task_failure,
-    },
+    default_args=dict(DEFAULT_ARGS),
     doc_md=__doc__,
 ) as dag:
     retrieve = RetrieveDocumentsOperator.partial(task_id="retrieve", shards=RETRIEVE_SHARDS).expand(
         shard=list(range(RETRIEVE_SHARDS))
     )
-    classify = ClassifyDocumentsOperator.partial(
-        task_id="classify",
-        pool=LLM_POOL,
-        pool_slots=CLASSIFY_POOL_SLOTS,
-        batch_size=CLASSIFY_BATCH_SIZE,
-        execution_timeout=CLASSIFY_TIMEOUT,
-        retry_policy=OUTAGE_RETRY_POLICY,
-    ).expand(worker=list(range(CLASSIFY_WORKERS)))
-    persist = PersistLabelsOperator(task_id="persist", execution_timeout=PERSIST_TIMEOUT)
-    publish = PublishEventsOperator(task_id="publish_events")
-
-    # Downstream of every task, not only the last: it must wait for every map index of classify.
-    alert = RunAlertsOperator(task_id="alert").as_teardown()
-
-    retrieve >> classify >> persist >> publish
-    [retrieve, classify, persist, publish] >> alert
+    # classify → persist → publish_events, and the alert teardown: shared with classify_intake.
+    classification_tasks(retrieve)

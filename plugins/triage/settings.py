@@ -137,3 +137,54 @@ def retention(explicit: str | Mapping[str, Any] | None = None) -> Retention:
     """The deployment's retention: ``explicit`` (the operator passes Variable ``triage_retention``),
     else ``$TRIAGE_RETENTION``, else the defaults of :class:`Retention`."""
     return Retention.parse(explicit if explicit is not None else os.environ.get(ENV_RETENTION))
+
+
+# -- intake (POST /triage/api/documents): limits and the classifier its documents wait for --------
+
+ENV_INTAKE_MAX_BODY_BYTES = "TRIAGE_INTAKE_MAX_BODY_BYTES"
+ENV_INTAKE_MAX_DOCUMENTS = "TRIAGE_INTAKE_MAX_DOCUMENTS"
+ENV_INTAKE_MAX_QUEUED = "TRIAGE_INTAKE_MAX_QUEUED"
+ENV_INTAKE_RETRY_AFTER = "TRIAGE_INTAKE_RETRY_AFTER_SECONDS"
+ENV_INTAKE_CLASSIFIER = "TRIAGE_INTAKE_CLASSIFIER"
+
+
+def _positive_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    value = int(raw)  # a malformed limit is a deployment error: fail loudly, never guess
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, not {raw!r}")
+    return value
+
+
+def intake_max_body_bytes() -> int:
+    """The largest request body intake reads (``$TRIAGE_INTAKE_MAX_BODY_BYTES``, 10 MiB): a
+    longer one is refused with 413 while it is read, never buffered whole."""
+    return _positive_int(ENV_INTAKE_MAX_BODY_BYTES, 10 << 20)
+
+
+def intake_max_documents() -> int:
+    """The most documents one intake request may carry (``$TRIAGE_INTAKE_MAX_DOCUMENTS``, 500)."""
+    return _positive_int(ENV_INTAKE_MAX_DOCUMENTS, 500)
+
+
+def intake_max_queued() -> int:
+    """The backpressure bound (``$TRIAGE_INTAKE_MAX_QUEUED``, 50,000): while this many intake jobs
+    are queued and not yet claimed, intake answers 429 with ``Retry-After``."""
+    return _positive_int(ENV_INTAKE_MAX_QUEUED, 50_000)
+
+
+def intake_retry_after() -> int:
+    """The ``Retry-After`` of a 429 (``$TRIAGE_INTAKE_RETRY_AFTER_SECONDS``, 10 s)."""
+    return _positive_int(ENV_INTAKE_RETRY_AFTER, 10)
+
+
+def intake_classifier() -> str:
+    """The classifier intake's documents are registered for and ``classify_intake`` runs with
+    (``$TRIAGE_INTAKE_CLASSIFIER``: ``keyword``, the default, or ``llm``). One setting for both:
+    a job is claimed only by a run of the classifier version it was registered for."""
+    name = os.environ.get(ENV_INTAKE_CLASSIFIER, "").strip() or "keyword"
+    if name not in ("keyword", "llm"):
+        raise ValueError(f"{ENV_INTAKE_CLASSIFIER} must be keyword or llm, not {name!r}")
+    return name

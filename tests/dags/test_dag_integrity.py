@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
-EXPECTED = {"classify_documents", "reconcile_jobs", "triage_maintenance"}
+EXPECTED = {"classify_documents", "classify_intake", "reconcile_jobs", "triage_maintenance"}
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,8 @@ def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) ->
             callbacks = (
                 task.on_failure_callback if isinstance(task.on_failure_callback, list) else [task.on_failure_callback]
             )
-            if dag.dag_id == "classify_documents":  # the callback sends a run's batch to review; others have none
+            # the callback sends a run's batch to review; the other DAGs have none
+            if dag.dag_id in ("classify_documents", "classify_intake"):
                 assert on_task_failure in callbacks, task.task_id
 
 
@@ -228,7 +229,7 @@ def first_parse(request, pg_server, template_db, airflow_metadata_template, serv
             server_homes.remove(home)
 
 
-def test_reconcile_jobs_is_created_unpaused_and_classify_documents_paused_whatever_the_default(
+def test_reconcile_jobs_and_classify_intake_are_created_unpaused_and_classify_documents_paused_whatever_the_default(
     first_parse: FirstParse,
 ) -> None:
     """With either ``dags_are_paused_at_creation`` (docker-compose.yaml and Airflow's default:
@@ -239,6 +240,7 @@ def test_reconcile_jobs_is_created_unpaused_and_classify_documents_paused_whatev
     assert paused.pop("reconcile_jobs") is False
     assert paused.pop("triage_maintenance") is False  # its partitions ahead keep each day's rows in their day
     assert paused.pop("classify_documents") is True
+    assert paused.pop("classify_intake") is False  # intake's documents are classified without anyone unpausing
     assert set(paused) >= {"review_jobs"}
     assert paused == dict.fromkeys(paused, first_parse.paused_at_creation == "True")
 
@@ -321,14 +323,9 @@ def test_classify_and_persist_have_an_execution_timeout_derived_from_their_batch
     """A hung model call or label action ends the try (its claim settled, Airflow retries) instead
     of holding the run forever: two claims of model calls at their whole timeout, the pool's
     slots at a time, for classify; one claim of label actions, one after the other, for persist."""
-    import importlib.util
     from datetime import timedelta
 
-    spec = importlib.util.spec_from_file_location("classify_documents_dag", ROOT / "dags" / "classify_documents.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from triage.operators import tasks as module
 
     dag = dagbag.dags["classify_documents"]
     classify, persist = dag.get_task("classify"), dag.get_task("persist")
@@ -339,3 +336,32 @@ def test_classify_and_persist_have_an_execution_timeout_derived_from_their_batch
     assert classify.partial_kwargs["execution_timeout"] == timedelta(hours=2, minutes=5)
     assert persist.execution_timeout == timedelta(seconds=1000 * 10)
     assert dag.get_task("retrieve").partial_kwargs.get("execution_timeout") is None
+
+
+def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """Asset-scheduled (no polling), one run at a time, unpaused, and the very tasks of
+    classify_documents but retrieve: the same operators, pools, timeouts, retries and callback,
+    each on the ``intake`` batch instead of the run's (absent) data interval."""
+    from triage.callbacks import on_task_failure
+
+    intake, daily = dagbag.dags["classify_intake"], dagbag.dags["classify_documents"]
+    assets = {(asset.name, asset.uri) for asset in intake.timetable.asset_condition.objects}
+    assert assets == {("triage_intake", "triage://intake/")}  # Airflow normalises the URI
+    assert intake.max_active_runs == 1
+    assert intake.is_paused_upon_creation is False
+    assert intake.catchup is False
+    assert not intake.deadline
+    assert {t.task_id for t in intake.tasks} == {t.task_id for t in daily.tasks} - {"retrieve"}
+    for task in intake.tasks:
+        twin = daily.get_task(task.task_id)
+        assert type(task) is type(twin), task.task_id
+        batch = task.partial_kwargs["batch"] if task.task_id == "classify" else task.batch
+        assert batch == "intake", task.task_id
+        for field in ("retries", "retry_exponential_backoff", "max_retry_delay", "retry_delay", "pool", "pool_slots"):
+            assert getattr(task, field) == getattr(twin, field), (task.task_id, field)
+        assert on_task_failure in (task.on_failure_callback or []), task.task_id
+    classify, twin = intake.get_task("classify"), daily.get_task("classify")
+    same = ("pool", "pool_slots", "batch_size", "execution_timeout", "retry_policy")
+    assert {k: classify.partial_kwargs[k] for k in same} == {k: twin.partial_kwargs[k] for k in same}
+    assert intake.get_task("alert").is_teardown
+    assert intake.params["classifier"] == "keyword"  # $TRIAGE_INTAKE_CLASSIFIER unset

@@ -1,5 +1,7 @@
 """``make up`` as a user starts it (issue #13, item 1): the backstop is on without anyone
-touching it, and its cross-check with Airflow's own task states runs as a user of its own.
+touching it, and its cross-check with Airflow's own task states runs as a user of its own; and
+(issue #15) documents posted with ``curl`` are classified by ``classify_intake`` within two
+minutes, nobody triggering a DAG.
 
 ``triage up`` in a child (``make up``'s command: prepare, then ``airflow standalone`` with its
 API server, scheduler, DAG processor and triggerer) on the test server (a fresh metadata
@@ -228,3 +230,169 @@ def test_the_triage_pages_are_served_by_make_ups_api_server(up: Up) -> None:
     with api_client(up.base_url, reconcile_user.USERNAME, reconcile_password(up)) as viewer:
         refused = viewer.post(f"/triage/api/reviews/{uuid.uuid4()}", json={"action": "requeue", "note": "x"})
         assert refused.status_code == 403, refused.text
+
+
+# -- intake (issue #15): posted with curl, classified without anyone triggering a DAG ----------------
+
+INTAKE_DOCS = [
+    {
+        "source": "helpdesk",
+        "external_id": f"UP-{n}",
+        "subject": subject,
+        "body": body,
+        "received_at": "2026-12-01T09:00:00+00:00",
+    }
+    for n, (subject, body) in enumerate(
+        [
+            ("Refund please", "I was charged twice for my order; please refund the duplicate charge."),
+            ("Where is my parcel", "The shipping tracking number shows no delivery update for a week."),
+        ],
+        start=1,
+    )
+]
+
+
+def curl(up: Up, document: dict[str, Any], token: str | None) -> tuple[int, dict[str, Any]]:
+    """``curl -X POST …/triage/api/documents`` as the README shows it; (HTTP status, JSON answer)."""
+    argv = ["curl", "-sS", "-w", "\n%{http_code}", "-X", "POST", f"{up.base_url}/triage/api/documents"]
+    argv += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(document)]
+    if token is not None:
+        argv += ["-H", f"Authorization: Bearer {token}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    body, _, code = done.stdout.rpartition("\n")
+    return int(code), json.loads(body or "{}")
+
+
+def token_of(up: Up, username: str, password: str) -> str:
+    response = httpx.post(f"{up.base_url}/auth/token", json={"username": username, "password": password}, timeout=60)
+    assert response.status_code == 201, response.text
+    return str(response.json()["access_token"])
+
+
+def wait_for_intake_dag(up: Up, timeout: float = 240) -> None:
+    """Until the DAG processor has parsed classify_intake (and Airflow knows its asset)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    with admin(up) as api:
+        while time.monotonic() < deadline:
+            dag = api.get("/api/v2/dags/classify_intake")
+            assets = api.get("/api/v2/assets", params={"name_pattern": "triage_intake"})
+            if dag.status_code == 200 and assets.status_code == 200 and assets.json().get("assets"):
+                assert dag.json()["is_paused"] is False  # nobody unpaused it
+                return
+            time.sleep(2)
+    pytest.fail(
+        "classify_intake was not parsed in time\n" + _tail(Path(up.env["TRIAGE_HOME"]) / "logs" / "standalone.log")
+    )
+
+
+def test_documents_posted_with_curl_are_classified_within_two_minutes_without_a_trigger(up: Up) -> None:
+    import time
+
+    from triage_tools.local import admin_login
+
+    wait_for_intake_dag(up)
+    token = token_of(up, *admin_login(up.airflow_env))
+    first, second, again = (curl(up, d, token) for d in (*INTAKE_DOCS, INTAKE_DOCS[0]))
+    assert [first[0], second[0], again[0]] == [202, 202, 200], (first, second, again)
+    assert again[1]["job_id"] == first[1]["job_id"] != second[1]["job_id"]
+    posted = time.monotonic()
+
+    settled: dict[str, dict[str, Any]] = {}
+    with admin(up) as api:
+        while len(settled) < 2 and time.monotonic() - posted < 120:
+            for answer in (first[1], second[1]):
+                where = api.get(f"/triage/api/documents/{answer['job_id']}").json()
+                if where["status"] == "completed" or (where["status"] == "manual_review" and where["review_reason"]):
+                    settled[answer["job_id"]] = where
+            time.sleep(1)
+        runs = api.get("/api/v2/dags/classify_intake/dagRuns").json()["dag_runs"]
+    assert len(settled) == 2, f"not settled in 2 minutes: {settled}\n{task_logs(up, 'classify_intake')}"
+    assert all(s["status"] != "completed" or s["label"] for s in settled.values()), settled
+    assert runs
+    assert {r["run_type"] for r in runs} == {"asset_triggered"}  # nobody triggered a DAG
+    with psycopg.connect(up.jobs_url.libpq()) as conn:
+        jobs = conn.execute("SELECT count(*) FROM triage.jobs WHERE batch_key = 'intake'").fetchone()
+    assert jobs == (2,)
+
+
+def test_intake_without_a_token_gets_401_and_without_the_right_403(up: Up) -> None:
+    status, _ = curl(up, INTAKE_DOCS[0], None)
+    assert status == 401
+    status, answer = curl(up, INTAKE_DOCS[0], token_of(up, reconcile_user.USERNAME, reconcile_password(up)))
+    assert status == 403, answer
+    assert "classify_intake" in answer["detail"]
+
+
+def _settled(api: httpx.Client, job_id: str, timeout: float) -> dict[str, Any] | None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        where = api.get(f"/triage/api/documents/{job_id}").json()
+        if where["status"] in ("completed", "manual_review"):
+            return dict(where)
+        time.sleep(0.5)
+    return None
+
+
+def _movers(up: Up, external_id: str) -> list[str]:
+    """The classify_intake runs whose tasks moved the job of ``external_id``."""
+    with psycopg.connect(up.jobs_url.libpq()) as conn:
+        row = conn.execute(
+            "SELECT array_agg(DISTINCT split_part(e.actor, '/', 2)) FROM triage.job_events e"
+            " JOIN triage.jobs j ON j.id = e.job_id WHERE j.external_id = %s AND e.actor LIKE 'classify_intake/%%'",
+            (external_id,),
+        ).fetchone()
+    return list(row[0] or []) if row else []
+
+
+def _past_its_claims(api: httpx.Client, run_id: str, timeout: float = 120) -> bool:
+    """Waits until the run's classify tasks have all succeeded (no claim of it is left) while the
+    run is still running; False if it ended first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if api.get(f"/api/v2/dags/classify_intake/dagRuns/{run_id}").json()["state"] != "running":
+            return False
+        tis = api.get(f"/api/v2/dags/classify_intake/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        classify = [t["state"] for t in tis if t["task_id"] == "classify"]
+        if classify and all(state == "success" for state in classify):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_document_posted_while_a_run_is_past_its_claims_is_classified_by_the_next_run(up: Up) -> None:
+    """Runs never pile up (max_active_runs=1), and none strands a document: A is classified by a
+    run; B is posted once that run's classify tasks have succeeded while the run is still active
+    (persist, publish and alert to go: no claim of it will take B). B's asset event waits for the
+    run to end, and the next run classifies B."""
+    from triage_tools.local import admin_login
+
+    wait_for_intake_dag(up)
+    token = token_of(up, *admin_login(up.airflow_env))
+    for attempt in range(3):  # until B is posted while A's run is still active
+        a, b = ({**INTAKE_DOCS[0], "external_id": f"UP-RUN-{attempt}-{n}"} for n in ("A", "B"))
+        status, posted_a = curl(up, a, token)
+        assert status == 202, posted_a
+        with admin(up) as api:
+            assert _settled(api, posted_a["job_id"], 180) is not None, task_logs(up, "classify_intake")
+            [run_of_a] = _movers(up, a["external_id"])
+            if not _past_its_claims(api, run_of_a):
+                continue  # A's run ended before we could post: try again
+            status, posted_b = curl(up, b, token)
+            assert status == 202, posted_b
+            after = api.get(f"/api/v2/dags/classify_intake/dagRuns/{run_of_a}").json()["state"]
+            if after != "running":
+                continue  # it ended while B was being posted: not the case under test
+            assert _settled(api, posted_b["job_id"], 240) is not None, task_logs(up, "classify_intake")
+            runs = api.get("/api/v2/dags/classify_intake/dagRuns").json()["dag_runs"]
+        [run_of_b] = _movers(up, b["external_id"])
+        assert run_of_b != run_of_a  # the next run, started once A's had ended, took B
+        assert sum(r["state"] in ("running", "queued") for r in runs) <= 1
+        return
+    pytest.fail("no try posted B while A's run was still active")

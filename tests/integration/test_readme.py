@@ -8,6 +8,8 @@ is a command this checkout has, and those safe to run here run, against a test d
   as ``python -m triage_tools`` because the test's interpreter need not have the checkout installed.
 - ``make TARGET VAR=...``: ``make -n`` accepts it (the target exists; nothing is run).
 - ``./airflow.sh ...``: the script exists, is executable and parses (``bash -n``).
+- ``curl ...``: a call of ``make up``'s API server (localhost:8080) at a path it serves (Airflow's
+  token, intake); a document it posts is one intake accepts (:func:`parse_documents`).
 
 A README line of any other form fails the test: add it here with how it is checked.
 """
@@ -100,5 +102,26 @@ def test_readme_shell_line(line: str, checkout_env: dict[str, str], db_url: Data
         script = ROOT / "airflow.sh"
         assert os.access(script, os.X_OK)
         assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    elif words[0] == "curl":
+        check_curl(words)
     else:
         pytest.fail(f"README line of a form no test checks: {line!r}")
+
+
+CURL_PATHS = {"/auth/token", "/triage/api/documents", "/triage/api/documents/JOB_ID"}
+
+
+def check_curl(words: list[str]) -> None:
+    import json
+
+    from triage.contracts.intake import parse_documents
+
+    [url] = [w for w in words if w.startswith("http")]
+    assert url.startswith("http://localhost:8080/"), url
+    path = url.removeprefix("http://localhost:8080")
+    assert path in CURL_PATHS, path
+    if "-d" in words and path == "/triage/api/documents":
+        body = json.loads(words[words.index("-d") + 1])
+        valid, problems = parse_documents(body.get("documents", [body]))
+        assert valid, body
+        assert problems == [], problems

@@ -72,6 +72,9 @@ class DocumentPayload(BaseModel):
     body: str
     received_at: AwareDatetime
     channel: str | None = None
+    # Intake's optional client metadata (flat, scalar values). Left out of the bytes when absent,
+    # so every payload written before it existed keeps its bytes, hash and idempotency key.
+    metadata: dict[str, str | int | float | bool | None] | None = None
 
     @field_validator("external_id")
     @classmethod
@@ -115,7 +118,7 @@ class DocumentPayload(BaseModel):
 
     def to_bytes(self) -> bytes:
         """The canonical bytes of this payload (see :func:`canonical_json_bytes`)."""
-        return canonical_json_bytes(self.model_dump(mode="json"))
+        return canonical_json_bytes(self.model_dump(mode="json", exclude=None if self.metadata else {"metadata"}))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DocumentPayload:

@@ -33,6 +33,7 @@ from triage.jobs.backoff import RetryPolicy
 from triage.jobs.decisions import ReviewDecisions
 from triage.jobs.errors import JobNotFound
 from triage.jobs.expressions import context_json, rowset
+from triage.jobs.intake import IntakeLedger
 from triage.jobs.ledger import DEFAULT_ACTOR
 from triage.jobs.models import (
     REPAIRER,
@@ -51,9 +52,10 @@ from triage.jobs.schema import jobs
 from triage.jobs.states import JobStatus, parse_status
 
 
-class JobStore(ReviewDecisions):
+class JobStore(IntakeLedger, ReviewDecisions):
     """The ledger over one engine: a worker's moves, recovery, repairs, the relay and reads here;
-    a reviewer's decisions inherited from :class:`~triage.jobs.decisions.ReviewDecisions`.
+    a reviewer's decisions inherited from :class:`~triage.jobs.decisions.ReviewDecisions`, intake's
+    from :class:`~triage.jobs.intake.IntakeLedger`.
 
     :param engine: a SQLAlchemy engine on the job database (psycopg 3).
     :param retry_policy: backoff for :class:`RetryLater` outcomes that carry no delay.

@@ -81,8 +81,21 @@ def http_url(conn: Any, *, default_path: str = "", default_port: int | None = No
     return f"{scheme}://{host}{f':{port}' if port else ''}" + (f"/{str(path).lstrip('/')}" if path else "")
 
 
+def fixed_batch(task: Any) -> str | None:
+    """The batch a task was given (``batch=``), also on a mapped task not yet unmapped (the
+    failure callback may get one); None: the run's data interval names it."""
+    found = getattr(task, "batch", None)
+    if found is None:
+        found = (getattr(task, "partial_kwargs", None) or {}).get("batch")
+    return str(found) if found else None
+
+
 def batch_key(context: Context) -> str:
-    """The DAG run's data interval: the unit of work that retries, callbacks and reports name."""
+    """The task's batch (``classify_intake``'s tasks: ``intake``), else the DAG run's data
+    interval: the unit of work that retries, callbacks and reports name."""
+    fixed = fixed_batch(context.get("task"))
+    if fixed is not None:
+        return fixed
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if start is None or end is None:
         raise AirflowFailException("this run has no data interval; classify_documents needs one to know its documents")
@@ -168,6 +181,8 @@ class TriageOperator(BaseOperator):
     """Base of Triage's operators.
 
     :param triage_conn_id: the Airflow connection to the job database.
+    :param batch: the batch this task works on, whatever its run (``classify_intake``: every
+        run takes what intake queued); None, the default: the run's data interval.
     """
 
     drain_grace_seconds: ClassVar[float] = 3.0
@@ -178,9 +193,10 @@ class TriageOperator(BaseOperator):
     """The step whose jobs this task works on (claims, or registers into): what the failure
     callback gives up when Airflow gives up on the task. None: it holds no jobs."""
 
-    def __init__(self, *, triage_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+    def __init__(self, *, triage_conn_id: str = DEFAULT_CONN_ID, batch: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.triage_conn_id = triage_conn_id
+        self.batch = batch
 
     def get_db_hook(self) -> PostgresHook:
         """The hook of ``triage_conn_id`` (:func:`job_database_hook`)."""

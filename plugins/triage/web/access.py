@@ -55,8 +55,9 @@ class Caller:
         return form_token(self.user)
 
 
-def authorized(user: BaseUser, method: str, dag_id: str) -> bool:
-    """The auth manager's answer for ``method`` on DAG ``dag_id`` (its team looked up only when
+def authorized(user: BaseUser, method: str, dag_id: str, entity: Any = None) -> bool:
+    """The auth manager's answer for ``method`` on DAG ``dag_id`` (``entity``: a
+    ``DagAccessEntity`` such as ``RUN``, for the DAG's runs; its team looked up only when
     Airflow runs with teams: the lookup reads Airflow's metadata database)."""
     team = None
     if conf.getboolean("core", "multi_team", fallback=False):
@@ -64,7 +65,9 @@ def authorized(user: BaseUser, method: str, dag_id: str) -> bool:
 
         team = DagModel.get_team_name(dag_id)
     details = DagDetails(id=dag_id, team_name=team)
-    return bool(get_auth_manager().is_authorized_dag(method=method, details=details, user=user))  # type: ignore[arg-type]
+    return bool(
+        get_auth_manager().is_authorized_dag(method=method, access_entity=entity, details=details, user=user)  # type: ignore[arg-type]
+    )
 
 
 def _form_key() -> bytes:

@@ -3,6 +3,7 @@
     from triage.web.app import create_app
     app = create_app()                          # what plugins/triage_plugin.py mounts
     app = create_app(TriageService(store, payload_base=..., taxonomy_names=[...]))  # tests
+    app = create_app(service, IntakeService(service, announce=..., classifier_version=...))  # tests
 
 Pages are HTML rendered on the server (no script: they work inside the Airflow UI's frame and
 with scripts off), every value escaped; the API is JSON. Both answer an error in their own
@@ -19,8 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from triage.web import api, pages
+from triage.web import api, intake, pages
 from triage.web.access import login_url
+from triage.web.intake_service import IntakeService
 from triage.web.service import TriageService, default_label_action
 
 SECURITY_HEADERS = {
@@ -33,16 +35,17 @@ SECURITY_HEADERS = {
 }
 
 
-def create_app(triage: TriageService | None = None) -> FastAPI:
+def create_app(triage: TriageService | None = None, intake_service: IntakeService | None = None) -> FastAPI:
     app = FastAPI(
         title="Triage",
-        description="Triage's review queue, jobs and reconciliation reports (behind Airflow's auth)",
+        description="Triage's intake, review queue, jobs and reconciliation reports (behind Airflow's auth)",
         docs_url=None,
         redoc_url=None,
         openapi_url="/api/openapi.json",
     )
     app.state.triage = triage or TriageService(label_action=default_label_action)
     app.include_router(api.router)
+    intake.install(app, intake_service, app.state.triage)
     app.include_router(pages.router)
 
     @app.middleware("http")

@@ -1,0 +1,251 @@
+"""Intake through HTTP against a bare INSERT of the same rows (issue #15).
+
+``python -m bench intake`` (``BENCH_INTAKE_DOCS`` documents, default 20,000): concurrent clients
+(``BENCH_INTAKE_CLIENTS``, default 8) post batches of 100 documents on loopback to the Triage app
+served by uvicorn in a process of its own (``tests/integration/intake_server.py``: the app as
+Airflow's API server mounts it, Airflow's SimpleAuthManager checking a JWT on every request).
+Each request is authenticated, read, validated per document, its payloads stored as one pack,
+its jobs and outbox events registered in one transaction and read back, then announced (a line
+in a file here: the asset event of a real API server is a row in Airflow's metadata database,
+not measured). Beside it, in the same run, on a database of its own: the same rows by a bare
+``INSERT`` into a copy of ``triage.jobs`` without its triggers (as ``bench/ledger.py``'s
+baseline: one statement per 100 rows, as many connections as clients, no payload, no event log,
+no outbox, no read-back). Reported: documents per second of each, their ratio (goal >= 0.3), the
+acknowledgement latency of a request (p50, p99), and (on the embedded server, whose CPU is the
+benchmark's alone) documents per CPU-second of each, which a loaded machine disturbs less.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from bench.common import Figure, scratch_database, server_cpu_seconds
+from tests.integration.intake_server import free_port, wait_listening
+
+BATCH = 100
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def documents() -> int:
+    return int(os.environ.get("BENCH_INTAKE_DOCS", "20000"))
+
+
+def clients() -> int:
+    return int(os.environ.get("BENCH_INTAKE_CLIENTS", "8"))
+
+
+def _doc(i: int, run: str) -> dict[str, Any]:
+    return {
+        "source": "bench",
+        "external_id": f"{run}-{i}",
+        "subject": f"Order {i}: refund please",
+        "body": "I was charged twice for my order and would like the duplicate charge refunded. " * 4,
+        "received_at": "2026-12-01T09:00:00+00:00",
+        "metadata": {"queue": "billing", "priority": i % 3},
+    }
+
+
+@contextmanager
+def _auth(home: Path) -> Iterator[dict[str, str]]:
+    """Airflow's SimpleAuthManager as the API server runs it (an environment for the server
+    process), and a JWT of a user who may trigger classify_intake."""
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "bench:user",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__API_AUTH__JWT_SECRET": "bench-jwt-secret-" + uuid.uuid4().hex + uuid.uuid4().hex,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        from airflow import settings
+        from airflow.api_fastapi import app as airflow_app
+        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+        from airflow.models.revoked_token import RevokedToken
+
+        settings.configure_vars()
+        settings.configure_orm()
+        RevokedToken.__table__.create(settings.engine, checkfirst=True)
+        airflow_app.purge_cached_app()
+        manager = airflow_app.init_auth_manager()
+        token = manager.generate_jwt(SimpleAuthManagerUser(username="bench", role="user"))
+        yield {**env, "BENCH_TOKEN": str(token)}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _post_all(url: str, token: str, bodies: list[bytes], n_clients: int) -> tuple[float, list[float]]:
+    """Every body posted by ``n_clients`` threads (keep-alive clients); wall seconds and each
+    request's latency."""
+    latencies: list[float] = []
+    lock, queue = threading.Lock(), list(reversed(bodies))
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    failures: list[str] = []
+
+    def client() -> None:
+        with httpx.Client(timeout=120, headers=headers) as http:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    body = queue.pop()
+                began = time.perf_counter()
+                response = http.post(url, content=body)
+                took = time.perf_counter() - began
+                with lock:
+                    latencies.append(took)
+                    if response.status_code not in (200, 202):
+                        failures.append(f"{response.status_code} {response.text[:200]}")
+
+    threads = [threading.Thread(target=client) for _ in range(n_clients)]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise RuntimeError(f"{len(failures)} requests failed, e.g. {failures[0]}")
+    return time.perf_counter() - began, latencies
+
+
+def _bare_insert(url: str, run: str, n: int, n_clients: int) -> float:
+    """The same rows by a bare multi-row INSERT, 100 a statement, on ``n_clients`` connections."""
+    rows = [
+        (f"bench/{len(f'{run}-{i}')}:{run}-{i}/{uuid.uuid4().hex}/keyword-v1", "bench", f"{run}-{i}", uuid.uuid4().hex)
+        for i in range(n)
+    ]
+    chunks = [rows[i : i + BATCH] for i in range(0, n, BATCH)]
+    lock = threading.Lock()
+    sql = (
+        "INSERT INTO plain.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
+        " classifier_version, correlation_id, batch_key, step, status, max_attempts) VALUES "
+    )
+
+    def client() -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            while True:
+                with lock:
+                    if not chunks:
+                        return
+                    chunk = chunks.pop()
+                values = ",".join(
+                    ["(%s, %s, %s, %s, 'file:///p', 'keyword-v1', %s, 'intake', 'classify', 'queued', 4)"] * len(chunk)
+                )
+                params = [v for key, source, ext, sha in chunk for v in (key, source, ext, sha, key)]
+                conn.execute(sql + values, params)  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=client) for _ in range(n_clients)]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - began
+
+
+def run() -> list[Figure]:
+    n, n_clients = documents(), clients()
+    run_id = uuid.uuid4().hex[:6]
+    bodies = [
+        json.dumps({"documents": [_doc(i, run_id) for i in range(b, min(b + BATCH, n))]}).encode()
+        for b in range(0, n, BATCH)
+    ]
+    with tempfile.TemporaryDirectory() as tmp, _auth(Path(tmp)) as env, scratch_database() as url:
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.intake_server", str(port), f"{tmp}/payloads", f"{tmp}/told"],
+            env={**os.environ, **env, "TRIAGE_DATABASE_URL": url.libpq(), "TRIAGE_INTAKE_MAX_QUEUED": str(10 * n)},
+            cwd=ROOT,
+        )
+        try:
+            wait_listening(port)
+            endpoint = f"http://127.0.0.1:{port}/triage/api/documents"
+            warm = json.dumps({"documents": [_doc(i, "warm") for i in range(BATCH)]}).encode()
+            _post_all(endpoint, env["BENCH_TOKEN"], [warm] * 4, 1)  # plans, caches, the first pack folder
+            import psutil
+
+            served = psutil.Process(server.pid)
+            before, pg_before = sum(served.cpu_times()[:2]), server_cpu_seconds()
+            wall, latencies = _post_all(endpoint, env["BENCH_TOKEN"], bodies, n_clients)
+            server_cpu, pg_after = sum(served.cpu_times()[:2]) - before, server_cpu_seconds()
+        finally:
+            server.terminate()
+            server.wait(30)
+        with psycopg.connect(url.libpq()) as conn:
+            registered = conn.execute("SELECT count(*) FROM triage.jobs WHERE source = 'bench'").fetchone()
+        if registered != (n + BATCH,):  # every document once: the warm-up batch, then the run's
+            raise RuntimeError(f"{registered} jobs registered, not {n + BATCH}")
+    with scratch_database() as url:
+        with psycopg.connect(url.libpq(), autocommit=True) as conn:  # the ledger's table without its triggers
+            conn.execute("CREATE SCHEMA plain")
+            conn.execute("CREATE TABLE plain.jobs (LIKE triage.jobs INCLUDING ALL)")
+        _bare_insert(url.libpq(), "warm", 4 * BATCH, 1)
+        pg_bare_before = server_cpu_seconds()
+        bare = _bare_insert(url.libpq(), run_id, n, n_clients)
+        pg_bare_after = server_cpu_seconds()
+    latencies.sort()
+    p50 = statistics.median(latencies) * 1000
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
+    details = {
+        "documents": n,
+        "batch": BATCH,
+        "clients": n_clients,
+        "requests": len(bodies),
+        "server_cpu_seconds": round(server_cpu, 2),  # the API server process (one, as Airflow's default)
+        "server_cpu_share": round(server_cpu / wall, 2),
+    }
+    figures = [
+        Figure(
+            "intake docs/s (HTTP, batches of 100)",
+            "docs/s",
+            n / wall,
+            "bare INSERT of the same rows",
+            n / bare,
+            0.3,
+            details=details,
+        ),
+        Figure(
+            "intake ack latency p99 (batch of 100)",
+            "ms",
+            p99,
+            "intake ack latency p50",
+            p50,
+            higher_is_better=False,
+            details=details,
+        ),
+    ]
+    if None not in (pg_before, pg_after, pg_bare_before, pg_bare_after):  # the embedded server: its CPU is ours
+        intake_cpu = server_cpu + (pg_after or 0) - (pg_before or 0)
+        bare_cpu = (pg_bare_after or 0) - (pg_bare_before or 0)
+        figures.append(
+            Figure(
+                "intake docs per CPU-second (API server + PG)",
+                "docs/cpu-s",
+                n / intake_cpu,
+                "bare INSERT docs per CPU-second (PG)",
+                n / bare_cpu,
+                details={"intake_cpu_s": round(intake_cpu, 2), "bare_cpu_s": round(bare_cpu, 2), **details},
+            )
+        )
+    return figures

@@ -1,0 +1,93 @@
+"""The classification tasks both classifying DAGs wire: classify (mapped) → persist → publish
+events, and the ``alert`` teardown, with the same pools, timeouts and retry policy.
+
+``classify_documents`` puts ``retrieve`` before them (a day's documents from a source);
+``classify_intake`` runs them alone on the ``intake`` batch (the documents posted over HTTP,
+already registered). One factory, so the two cannot drift apart: what a DAG adds is its
+schedule, its params and where its jobs come from. Building the tasks does no work (a DAG
+parse calls this).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from triage.callbacks import on_task_failure
+from triage.operators.alerts import RunAlertsOperator
+from triage.operators.classify_documents import (
+    ClassifyDocumentsOperator,
+    PersistLabelsOperator,
+    PublishEventsOperator,
+)
+from triage.operators.retry import OUTAGE_RETRY_POLICY
+
+CLASSIFY_WORKERS = 2
+"""Parallel ``classify`` task instances per run (map indexes 0..N-1)."""
+
+LLM_POOL, CLASSIFY_POOL_SLOTS = "llm_api", 8
+"""Each ``classify`` instance holds 8 slots of the ``llm_api`` pool (airflow_settings.yaml) and
+keeps at most that many model calls in flight, so the pool's size bounds the model calls of
+every worker together."""
+
+CLASSIFY_BATCH_SIZE, MODEL_TIMEOUT_SECONDS = 1000, 30
+"""Jobs per claim (the operator's ``batch_size``) and the model call's timeout (the default of the
+``triage_llm`` connection's extra ``timeout``): what a try of ``classify`` may take is derived
+from them."""
+
+CLASSIFY_TIMEOUT = timedelta(seconds=2 * -(-CLASSIFY_BATCH_SIZE // CLASSIFY_POOL_SLOTS) * MODEL_TIMEOUT_SECONDS)
+"""A ``classify`` try's ``execution_timeout`` (2 h 5 min): two claims (the one recorded while the
+next is handled) in which every model call takes its whole timeout, ``CLASSIFY_POOL_SLOTS`` at
+a time. Past it Airflow raises ``AirflowTaskTimeout`` in the task (its claim is settled: what
+finished is recorded, the rest given back) and retries; the retry continues with the
+unfinished jobs. A run that needs longer than this per try (a day of far more than 100,000
+documents through the model) raises it."""
+
+PERSIST_BATCH_SIZE, LABEL_ACTION_TIMEOUT_SECONDS = 1000, 10
+"""Jobs per ``persist`` claim and the label action's timeout (``triage_label_action`` extra
+``timeout``, default 10 s)."""
+
+PERSIST_TIMEOUT = timedelta(seconds=PERSIST_BATCH_SIZE * LABEL_ACTION_TIMEOUT_SECONDS)
+"""A ``persist`` try's ``execution_timeout`` (2 h 46 min 40 s): one claim whose every label
+action, one after the other, takes its whole timeout."""
+
+DEFAULT_ARGS: dict[str, Any] = {
+    "owner": "triage",
+    "retries": 3,
+    "retry_delay": timedelta(seconds=30),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=15),
+    "on_failure_callback": on_task_failure,
+}
+"""Both DAGs' task defaults: retried with exponential backoff, and the failure callback that moves
+a task's unfinished jobs to review when Airflow gives up (copy it: ``dict(DEFAULT_ARGS)``)."""
+
+
+def classification_tasks(upstream: Any = None, *, batch: str | None = None) -> dict[str, Any]:
+    """classify → persist → publish_events after ``upstream`` (if any), and ``alert``, a teardown
+    downstream of every one of them; returns the tasks by id.
+
+    :param batch: the batch every task works on (None: the run's data interval).
+    """
+    classify = ClassifyDocumentsOperator.partial(
+        task_id="classify",
+        pool=LLM_POOL,
+        pool_slots=CLASSIFY_POOL_SLOTS,
+        batch_size=CLASSIFY_BATCH_SIZE,
+        execution_timeout=CLASSIFY_TIMEOUT,
+        retry_policy=OUTAGE_RETRY_POLICY,
+        batch=batch,
+    ).expand(worker=list(range(CLASSIFY_WORKERS)))
+    persist = PersistLabelsOperator(task_id="persist", execution_timeout=PERSIST_TIMEOUT, batch=batch)
+    publish = PublishEventsOperator(task_id="publish_events", batch=batch)
+
+    # Downstream of every task, not only the last: it must wait for every map index of classify.
+    alert = RunAlertsOperator(task_id="alert", batch=batch).as_teardown()
+
+    steps = [classify, persist, publish]
+    if upstream is not None:
+        upstream >> classify
+        steps.insert(0, upstream)
+    classify >> persist >> publish
+    steps >> alert
+    return {"classify": classify, "persist": persist, "publish_events": publish, "alert": alert}

@@ -1,0 +1,195 @@
+"""Intake over HTTP: ``POST /triage/api/documents`` and ``GET /triage/api/documents/{job_id}``.
+
+    POST /triage/api/documents        one document {source, external_id, subject, body, received_at,
+                                      channel?, correlation_id?, metadata?}, or {"documents": [...]}
+    GET  /triage/api/documents/{id}   where that document's job is: state, label, review reason
+
+The order of a POST, each step refusing before the next begins: the caller (401 without a
+token, 403 without the right to trigger ``classify_intake``: the auth manager's DAG-run create
+on it), ``Content-Type: application/json`` (415: a page of another site cannot send that
+without a CORS preflight, which this app never grants), backpressure (429 with ``Retry-After``
+while the intake queue holds its bound), the body (413 past the byte limit, counted while it
+is read: a declared ``Content-Length`` over it is refused before a byte is read), the JSON and
+the batch size (422, 413), each document (422 for the invalid ones, which register nothing),
+then payloads and jobs, committed, then the asset event, then the answer. A document is
+acknowledged only after its job committed: an answer lost on the way (the server killed after
+the commit) is repaired by posting again, which answers the same job id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from triage import settings
+from triage.contracts.intake import INTAKE_DAG_ID, Problem, parse_documents
+from triage.jobs.intake import Accepted
+from triage.web.access import READ, authorized
+from triage.web.intake_service import IntakeService, NotAnnounced
+from triage.web.service import TriageService
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/api")
+
+TRIGGER = "POST"
+
+
+async def intake_poster(user: Annotated[BaseUser, Depends(get_user)]) -> str:
+    """The caller's name, if the auth manager lets them trigger ``classify_intake``."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+
+    if not authorized(user, TRIGGER, INTAKE_DAG_ID, DagAccessEntity.RUN):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"posting documents needs the right to trigger {INTAKE_DAG_ID}")
+    return str(user.get_name())
+
+
+async def intake_reader(user: Annotated[BaseUser, Depends(get_user)]) -> str:
+    if not authorized(user, READ, INTAKE_DAG_ID):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"reading a document's state needs read access to {INTAKE_DAG_ID}"
+        )
+    return str(user.get_name())
+
+
+Poster = Annotated[str, Depends(intake_poster)]
+Reader = Annotated[str, Depends(intake_reader)]
+
+
+def intake(request: Request) -> IntakeService:
+    return request.app.state.intake
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it exceeds ``limit`` bytes (never buffered past it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, "Content-Length is not a number")
+        if int(declared) > limit:
+            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"the body is over {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"the body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def documents_of(body: bytes, max_documents: int) -> tuple[list[Any], bool]:
+    """The posted documents and whether they came as a batch (``{"documents": [...]}``)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise HTTPException(422, "the body is not JSON (UTF-8)") from None
+    if not isinstance(data, dict):
+        raise HTTPException(422, 'the body is one document (a JSON object) or {"documents": [...]}')
+    if "documents" not in data:
+        return [data], False
+    if set(data) != {"documents"} or not isinstance(data["documents"], list):
+        raise HTTPException(422, 'a batch is {"documents": [...]} and nothing else')
+    items = data["documents"]
+    if not items:
+        raise HTTPException(422, "the batch holds no document")
+    if len(items) > max_documents:
+        raise HTTPException(
+            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            f"{len(items)} documents in one request; at most {max_documents} (TRIAGE_INTAKE_MAX_DOCUMENTS)",
+        )
+    return items, True
+
+
+def _entry(external_id: str, found: Accepted) -> dict[str, Any]:
+    return {
+        "external_id": external_id,
+        "job_id": str(found.job_id),
+        "status": "accepted" if found.new else "existing",
+        "job_status": found.status,
+        "correlation_id": found.correlation_id,
+    }
+
+
+def answer(
+    items: Sequence[Any],
+    valid_ids: dict[int, str],
+    accepted: Sequence[Accepted],
+    problems: Sequence[Problem],
+    batch: bool,
+) -> JSONResponse:
+    """202 when a document was registered now, 200 when every one was known, 422 when any is
+    invalid (the valid ones of a batch registered all the same: each entry says)."""
+    entries: dict[int, dict[str, Any]] = {}
+    for (index, external_id), found in zip(valid_ids.items(), accepted, strict=True):
+        entries[index] = {"index": index, **_entry(external_id, found)}
+    for problem in problems:
+        entries[problem.index] = {
+            "index": problem.index,
+            "external_id": problem.external_id,
+            "status": "invalid",
+            "errors": problem.errors,
+        }
+    ordered = [entries[i] for i in range(len(items))]
+    code = 422 if problems else 202 if any(a.new for a in accepted) else 200
+    if batch:
+        body: dict[str, Any] = {"documents": ordered}
+    elif problems:
+        body = {"detail": ordered}
+    else:
+        body = {k: v for k, v in ordered[0].items() if k != "index"}
+    headers = {"Location": f"documents/{accepted[0].job_id}"} if not batch and accepted else {}
+    return JSONResponse(body, status_code=code, headers=headers)  # plain str/int/None values
+
+
+@router.post("/documents", status_code=202)
+async def post_documents(request: Request, caller: Poster) -> JSONResponse:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "send the documents as application/json")
+    service = intake(request)
+    if await run_in_threadpool(service.queue_full):
+        retry_after = str(settings.intake_retry_after())
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"the intake queue holds {service.max_queued} documents not yet claimed; post again later",
+            headers={"Retry-After": retry_after},
+        )
+    body = await read_body(request, settings.intake_max_body_bytes())
+    items, batch = documents_of(body, settings.intake_max_documents())
+    valid, problems = parse_documents(items)
+    accepted: list[Accepted] = []
+    if valid:
+        documents = [(doc, payload) for _i, doc, payload in valid]
+        try:
+            accepted = await run_in_threadpool(service.accept, documents, caller)
+        except NotAnnounced as exc:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                f"{exc}; the documents are stored: post them again to hear their job ids",
+                headers={"Retry-After": "5"},
+            ) from None
+    return answer(items, {i: doc.external_id for i, doc, _p in valid}, accepted, problems, batch)
+
+
+@router.get("/documents/{job_id}")
+def document_status(job_id: uuid.UUID, request: Request, caller: Reader) -> Any:
+    found = intake(request).status(job_id)
+    if found is None:
+        raise HTTPException(404, f"job {job_id} does not exist")
+    return jsonable_encoder(found)
+
+
+def install(app: Any, service: IntakeService | None, triage: TriageService) -> None:
+    """Mount intake on the Triage app, with its service (tests give their own)."""
+    app.state.intake = service or IntakeService(triage)
+    app.include_router(router)

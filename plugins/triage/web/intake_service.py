@@ -1,0 +1,186 @@
+"""What intake does, without HTTP: the queue bound, accepting documents, telling Airflow, and a
+document's state. Its seams (tests give their own): the Triage service (the store and the
+payload base), the classifier version, the announcement, and a hook after the commit.
+
+Telling Airflow is an asset event on ``triage://intake`` (``triage_intake``), recorded the way
+Airflow's own REST endpoint ``POST /api/v2/assets/events`` records one: the asset manager's
+``register_asset_change`` in a session on Airflow's metadata database, which the API server
+serving this app holds anyway. It queues a run of every DAG scheduled on the asset
+(``classify_intake``); with a run of it active, the queued request waits and the scheduler
+starts the next run when the active one ends, so nothing posted during a run is left behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from triage import settings
+from triage.contracts.documents import DocumentPayload
+from triage.contracts.intake import INTAKE_ASSET_NAME, INTAKE_ASSET_URI, IntakeDocument
+from triage.jobs.intake import Accepted
+from triage.jobs.states import JobStatus, Step
+from triage.web.service import TriageService
+
+log = logging.getLogger(__name__)
+
+DEPTH_TTL_SECONDS = 1.0
+"""How long a measured queue depth is reused (plus what this process accepted since): one depth
+query a second per API server process, not one a request. The bound may be overshot by what the
+other API server processes accept within it."""
+
+VERSION_TTL_SECONDS = 60.0
+"""How long the classifier version is reused before it is worked out again (a changed
+``triage_llm`` connection or taxonomy reaches intake within this)."""
+
+
+class NotAnnounced(Exception):
+    """The documents are committed, but Airflow could not be told (no asset event)."""
+
+
+def announce_intake(documents: int) -> bool:
+    """Record an asset event on the intake asset; False when Airflow does not know the asset yet
+    (``classify_intake`` not parsed)."""
+    import sqlalchemy as sa
+    from airflow.assets.manager import asset_manager
+    from airflow.models.asset import AssetModel
+    from airflow.sdk import Asset
+    from airflow.utils.session import create_session
+
+    uri = Asset(name=INTAKE_ASSET_NAME, uri=INTAKE_ASSET_URI).uri  # as Airflow stores it: triage://intake/
+    with create_session() as session:
+        asset = session.scalar(sa.select(AssetModel).where(AssetModel.name == INTAKE_ASSET_NAME, AssetModel.uri == uri))
+        if asset is None:
+            return False
+        event = asset_manager.register_asset_change(
+            asset=asset,
+            extra={"documents": documents},
+            source_is_api=True,
+            session=session,
+        )
+        return event is not None
+
+
+def intake_classifier_version() -> str:
+    """The version of the classifier ``classify_intake`` runs (``$TRIAGE_INTAKE_CLASSIFIER``)."""
+    from triage.classifiers import Taxonomy, build_classifier
+
+    name = settings.intake_classifier()
+    llm = None
+    if name == "llm":
+        from triage.operators.classify_documents import llm_settings
+
+        llm = llm_settings()
+    classifier = build_classifier(name, taxonomy=Taxonomy.load(), llm_settings=llm)
+    try:
+        return classifier.version
+    finally:
+        classifier.close()
+
+
+class IntakeService:
+    """:param triage: the Triage service (its store and payload base).
+    :param announce: tells Airflow that ``n`` documents wait (default :func:`announce_intake`);
+        returns whether it could.
+    :param classifier_version: a fixed version (default: worked out, :func:`intake_classifier_version`).
+    :param after_commit: called with what was accepted, after the commit and before the answer
+        (the kill test's seam).
+    """
+
+    def __init__(
+        self,
+        triage: TriageService,
+        *,
+        announce: Callable[[int], bool] | None = None,
+        classifier_version: str | None = None,
+        max_attempts: int | None = None,
+        after_commit: Callable[[Sequence[Accepted]], None] | None = None,
+    ) -> None:
+        self.triage = triage
+        self._announce = announce or announce_intake
+        self._fixed_version = classifier_version
+        self._version: tuple[float, str] | None = None
+        self._lock = threading.Lock()
+        self._max_attempts = max_attempts
+        self.after_commit = after_commit
+        self._depth: tuple[float, int] | None = None  # (measured at, depth) of the intake queue
+
+    @property
+    def max_queued(self) -> int:
+        return settings.intake_max_queued()
+
+    def classifier_version(self) -> str:
+        if self._fixed_version is not None:
+            return self._fixed_version
+        with self._lock:
+            now = time.monotonic()
+            if self._version is None or now - self._version[0] > VERSION_TTL_SECONDS:
+                self._version = (now, intake_classifier_version())
+            return self._version[1]
+
+    def queue_full(self) -> bool:
+        """Whether the intake queue holds its bound: counted up to it (one bounded index scan) at
+        most every :data:`DEPTH_TTL_SECONDS`, plus what this process accepted since."""
+        bound = self.max_queued
+        with self._lock:
+            known = self._depth
+        if known is None or time.monotonic() - known[0] > DEPTH_TTL_SECONDS:
+            known = (time.monotonic(), self.triage.store.queued_depth(step=Step.CLASSIFY, bound=bound))
+            with self._lock:
+                self._depth = known
+        return known[1] >= bound
+
+    def _accepted(self, new: int) -> None:
+        with self._lock:
+            if self._depth is not None:
+                self._depth = (self._depth[0], self._depth[1] + new)
+
+    def accept(self, documents: Sequence[tuple[IntakeDocument, DocumentPayload]], caller: str) -> list[Accepted]:
+        """Payloads stored, jobs committed, Airflow told; one :class:`Accepted` per document.
+
+        :raises NotAnnounced: the jobs are committed but Airflow was not told; posting again
+            answers their ids and tells it again.
+        """
+        from triage.contracts.run_config import ClassifyRunConfig
+        from triage.payloads import PayloadStore
+        from triage.pipeline.intake import IntakeSettings, accept_documents
+
+        base = self.triage.payload_base()
+        if "://" in base:
+            from airflow.sdk import ObjectStoragePath
+
+            payloads = PayloadStore(ObjectStoragePath(base))
+        else:
+            payloads = PayloadStore(base)
+        max_attempts = self._max_attempts or ClassifyRunConfig().max_attempts
+        accepted = accept_documents(
+            self.triage.store,
+            payloads,
+            documents,
+            IntakeSettings(self.classifier_version(), max_attempts),
+            actor=f"intake:{caller}"[:200],
+        )
+        self._accepted(sum(a.new for a in accepted))
+        if self.after_commit is not None:
+            self.after_commit(accepted)
+        waiting = sum(1 for a in accepted if a.status == JobStatus.QUEUED.value)
+        if waiting:
+            # Also for a document known before and still queued: an earlier request's announcement
+            # may have been lost with its answer, and one more asset event costs a row.
+            try:
+                told = self._announce(waiting)
+            except Exception as exc:  # noqa: BLE001 - the answer says so; the jobs are committed
+                log.warning("intake: the asset event failed: %s", type(exc).__name__)
+                told = False
+            if not told:
+                raise NotAnnounced(f"Airflow has no asset {INTAKE_ASSET_URI} or could not record its event")
+        return accepted
+
+    def status(self, job_id: uuid.UUID) -> dict[str, Any] | None:
+        found = self.triage.store.intake_status(job_id)
+        return dataclasses.asdict(found) if found is not None else None
