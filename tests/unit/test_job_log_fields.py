@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 TASK = r"""
-import io, logging, sys, uuid
+import io, logging, os, sys, uuid
 from datetime import UTC, datetime
 
 import structlog
@@ -55,7 +55,9 @@ reader = process_log_messages_from_subprocess((logger,))
 next(reader)
 for line in channel.getvalue().splitlines():
     reader.send(line)
-sys.stdout.write(out.getvalue().decode())
+# to a file of its own: whatever else the process prints (a warning of Airflow's) is not the log
+with open(os.environ["TRIAGE_TEST_TASK_LOG"], "wb") as f:
+    f.write(out.getvalue())
 """
 
 
@@ -67,12 +69,13 @@ def task_log(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]
         "AIRFLOW_HOME": str(home),
         "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "TRIAGE_TEST_TASK_LOG": str(home / "task.log"),
     }
     done = subprocess.run(
         [sys.executable, "-c", TASK], env=env, capture_output=True, text=True, timeout=180, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return [json.loads(line) for line in (home / "task.log").read_text().splitlines() if line.strip()]
 
 
 def test_every_per_job_line_has_the_jobs_fields_as_keys(task_log: list[dict[str, object]]) -> None:
