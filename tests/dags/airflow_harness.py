@@ -100,6 +100,11 @@ def airflow_test_env(
             # Every component must sign and check the Execution API's tokens with the same key.
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
             "AIRFLOW__API__WORKERS": "1",
+            # A DAG file is parsed again when it changes (Airflow sorts by modification time); an
+            # unchanged one every 30 s by default, which costs an idle deployment ~1.5 CPU-s a
+            # minute here (docs/performance.md). No test changes what a DAG file reads without
+            # editing it, so an unchanged file is parsed once per test.
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
             "PYTHONPATH": os.pathsep.join(p for p in (plugins, os.environ.get("PYTHONPATH", "")) if p),
             "PYTHONUNBUFFERED": "1",
             "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
