@@ -333,13 +333,15 @@ def wait_for_runs(
     timeout: float = 120,
     *,
     run_type: str | None = None,
-    poll: float = 0.5,
+    poll: float = 1.0,
 ) -> list[dict[str, Any]]:
     """Wait until ``n`` runs of ``dag_id`` (of ``run_type``, if given) are finished; return them.
 
     Returns the runs (sorted by logical date) once ``n`` of them have finished and all finished
     ones are in ``states``. Raises :class:`HarnessError` as soon as a run finishes in a state not
-    in ``states`` (e.g. ``failed`` while waiting for ``success``), or after ``timeout``.
+    in ``states`` (e.g. ``failed`` while waiting for ``success``), or after ``timeout``. Each look
+    (a health check and a page of runs) costs the API server ~22 ms of CPU here: one a second,
+    not two, while the runs take tens of seconds.
     """
     wanted = set(states)
     deadline = time.monotonic() + timeout
