@@ -49,6 +49,12 @@ class Fab:
     airflow: RunningAirflow
     admin_password: str
     jobs_url: DatabaseUrl
+    # airflow_api as the workers read it, until the next provision() replaces its password
+    read_connection: dict[str, Any] | None = None
+
+    def provision(self) -> subprocess.CompletedProcess[str]:
+        self.read_connection = None
+        return provision(self.airflow.env, self.base_url)
 
     @property
     def base_url(self) -> str:
@@ -121,11 +127,14 @@ def client(fab: Fab, username: str, password: str) -> httpx.Client:
 
 
 def connection(fab: Fab) -> dict[str, Any]:
-    """The airflow_api connection as the workers read it (from the metadata DB, decrypted)."""
-    listed = json_output(
-        airflow_cli(fab.airflow.env, "connections", "get", reconcile_user.CONN_ID, "-o", "json").stdout
-    )
-    return dict(listed[0])
+    """The airflow_api connection as the workers read it (from the metadata DB, decrypted): one
+    ``airflow connections get`` (a start of Airflow, ~4 CPU-s) per provisioning, not per look."""
+    if fab.read_connection is None:
+        listed = json_output(
+            airflow_cli(fab.airflow.env, "connections", "get", reconcile_user.CONN_ID, "-o", "json").stdout
+        )
+        fab.read_connection = dict(listed[0])
+    return fab.read_connection
 
 
 def reconcile_client(fab: Fab) -> httpx.Client:
@@ -186,7 +195,7 @@ def test_the_user_reads_classify_documents_and_nothing_else(fab: Fab) -> None:
 
 def test_provisioning_again_keeps_the_role_and_replaces_the_password(fab: Fab) -> None:
     before = connection(fab)["password"]
-    provision(fab.airflow.env, fab.base_url)
+    fab.provision()
     after = connection(fab)["password"]
     assert after != before
     assert token(fab, reconcile_user.USERNAME, before).status_code == 401
@@ -195,7 +204,7 @@ def test_provisioning_again_keeps_the_role_and_replaces_the_password(fab: Fab) -
 
 
 def test_the_password_is_in_no_output_and_no_log(fab: Fab) -> None:
-    done = provision(fab.airflow.env, fab.base_url)
+    done = fab.provision()
     password = connection(fab)["password"]
     assert password not in done.stdout + done.stderr
     logs = [p for p in Path(fab.airflow.env["AIRFLOW_HOME"]).rglob("*.log") if p.is_file()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from triage_tools.deploy.airflow_settings import (
     apply,
     apply_commands,
     connections_import_json,
+    in_process,
     load_airflow_settings,
     main,
     without_environment_overrides,
@@ -203,6 +205,19 @@ def test_apply_runs_each_command_with_the_connections_file_present(tmp_path: Pat
     assert files["content"]["triage_db"]["password"] == "pw"  # type: ignore[index]
     assert files["dir_mode"] == 0o700
     assert not Path(str(files["path"])).exists(), "the file with passwords must not outlive apply()"
+
+
+@pytest.mark.parametrize(
+    ("airflow", "in_this_process"),
+    [
+        pytest.param(lambda: [sys.executable, "-m", "airflow"], True, id="this-interpreters-airflow"),
+        pytest.param(lambda: ["airflow"], False, id="airflow-on-path"),
+        pytest.param(lambda: ["./airflow.sh"], False, id="a-wrapper-script"),
+        pytest.param(lambda: ["/usr/bin/python3", "-m", "airflow"], False, id="another-interpreter"),
+    ],
+)
+def test_commands_run_in_this_process_only_with_this_interpreters_airflow(airflow, in_this_process: bool) -> None:  # type: ignore[no-untyped-def]
+    assert (in_process(airflow()) is not None) is in_this_process
 
 
 def test_main_dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
