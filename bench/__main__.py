@@ -6,10 +6,16 @@ import argparse
 import logging
 import sys
 
-from bench import ledger, pipeline, review_queue
+from bench import ledger, pipeline, realrun, relay, review_queue
 from bench.common import write_results
 
-SUITES = {"ledger": ledger.run, "pipeline": pipeline.run, "review": review_queue.run}
+SUITES = {
+    "ledger": ledger.run,
+    "pipeline": pipeline.run,
+    "review": review_queue.run,
+    "realrun": realrun.run,
+    "relay": relay.run,
+}
 
 
 def main() -> int:

@@ -29,9 +29,21 @@ CLAIM_LOCK_KEY = 0x6F75_7462_6F78  # "outbox": the advisory lock that takes clai
 
 @cache
 def claim_lock() -> Any:
-    """Wait for the claim lock (held until the transaction ends). Its own statement: the
-    claim that follows takes its snapshot after the lock, so it sees every earlier claim."""
-    return sa.select(sa.func.pg_advisory_xact_lock(CLAIM_LOCK_KEY))
+    """Wait for the claim lock (held until the transaction ends), and commit the relay's
+    transaction without waiting for its WAL flush (``synchronous_commit`` off for this
+    transaction only). Its own statement: the claim that follows takes its snapshot after the
+    lock, so it sees every earlier claim.
+
+    Why no flush: a relay's commit that a server crash loses is a claim or a mark that never
+    happened, and both are already allowed. A lost claim leaves its events unclaimed (another
+    relay sends them; the first may have sent them too: at least once). A lost mark leaves
+    events that the sink holds unpublished in the outbox, sent again: at least once. The sink
+    is made durable before the mark is written (the JSON-lines sink fsyncs), so no mark can
+    ever stand for an event the sink lost. Other transactions keep waiting for their flush.
+    """
+    return sa.select(
+        sa.func.pg_advisory_xact_lock(CLAIM_LOCK_KEY), sa.func.set_config("synchronous_commit", "off", True)
+    )
 
 
 @cache

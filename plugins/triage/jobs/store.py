@@ -329,6 +329,21 @@ class JobStore(ReviewDecisions):
         """
         return relay_events(self.transaction, publish, limit=limit, actor=actor, claim_seconds=claim_seconds)
 
+    def relay_all(
+        self,
+        publish: Callable[[list[WorkEvent]], None],
+        *,
+        limit: int = 5000,
+        actor: str = "outbox_relay",
+        claim_seconds: float = 300.0,
+    ) -> int:
+        """:meth:`relay` batch after batch until no unsent event is left (``limit`` a batch):
+        each batch's mark and the next batch's claim share one transaction. Returns how many
+        were sent."""
+        return relay_events(
+            self.transaction, publish, limit=limit, actor=actor, claim_seconds=claim_seconds, batches=None
+        )
+
     # -- reading --------------------------------------------------------------------------
 
     def status_counts(self, batch_key: str | None = None) -> dict[JobStatus, int]:

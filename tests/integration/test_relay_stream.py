@@ -1,0 +1,165 @@
+"""The streaming relay (issue #16, item 1) on a real PostgreSQL and a real events file: batch
+after batch, one transaction between two sends, oldest first, and across a crash or a failing
+sink every event in the file once.
+
+That the relay's cost does not grow with history is a benchmark ratio, not a timed assertion
+here: ``python -m bench relay`` (the last of four rounds, with three rounds published before,
+against the first).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.integration.helpers import new_jobs
+from triage.contracts.events import WorkEvent, parse_event
+from triage.jobs.store import JobStore
+from triage.pipeline.publish import JsonlEventSink
+
+BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
+
+
+class Killed(BaseException):
+    """The relay's process dies here: nothing after it runs, not even a release."""
+
+
+class CountingStore(JobStore):
+    """The store, counting its transactions; once ``die`` is set, the next one kills the relay."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        super().__init__(engine)
+        self.transactions = 0
+        self.die = False
+
+    def transaction(self, actor: str | None = "triage") -> AbstractContextManager[sa.Connection]:  # type: ignore[override]
+        if self.die:
+            raise Killed
+        self.transactions += 1
+        return super().transaction(actor)
+
+
+@pytest.fixture
+def counting(store: JobStore) -> CountingStore:
+    return CountingStore(store.engine)
+
+
+def register_in_chunks(store: JobStore, chunks: int, size: int) -> None:
+    """``chunks`` registrations, one transaction each: their events' ``created_at`` ascend."""
+    for c in range(chunks):
+        store.register(new_jobs(size, prefix=f"c{c}-"), batch_key=BATCH, step="classify", max_attempts=3)
+
+
+def created_at(store: JobStore) -> dict[str, Any]:
+    """Each event's ``created_at`` by id (the events of one registration share it)."""
+    with store.engine.connect() as conn:
+        return {str(i): at for i, at in conn.execute(sa.text("SELECT event_id, created_at FROM triage.outbox"))}
+
+
+def assert_oldest_first_each_once(store: JobStore, path: Path) -> None:
+    ids = file_ids(path)
+    at = created_at(store)
+    assert len(ids) == len(set(ids)) == len(at)
+    assert set(ids) == set(at)
+    assert [at[i] for i in ids] == sorted(at.values())
+
+
+def file_ids(path: Path) -> list[str]:
+    return [str(parse_event(line).event_id) for line in path.read_bytes().splitlines()]
+
+
+def scalar(store: JobStore, sql: str) -> Any:
+    with store.engine.connect() as conn:
+        return conn.execute(sa.text(sql)).scalar()
+
+
+def test_a_stream_sends_oldest_first_with_one_transaction_a_batch(counting: CountingStore, tmp_path: Path) -> None:
+    register_in_chunks(counting, 5, 9)  # 45 events, in batches of 10: 5 sends
+    counting.transactions = 0
+    path = tmp_path / "events.jsonl"
+    sends: list[int] = []
+    sink = JsonlEventSink(path)
+
+    def publish(events: list[WorkEvent]) -> None:
+        sends.append(len(events))
+        sink.publish(events)
+
+    assert counting.relay_all(publish, limit=10) == 45
+    assert sends == [10, 10, 10, 10, 5]
+    assert_oldest_first_each_once(counting, path)  # across batches
+    # The first claim, then one transaction a batch: its mark and the next claim together
+    # (before: claim and mark apart, two a batch).
+    assert counting.transactions == 1 + len(sends)
+    assert scalar(counting, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 0
+    assert scalar(counting, "SELECT count(*) FROM triage.outbox_claims") == 0
+
+
+def test_a_relay_killed_between_send_and_mark_loses_nothing_and_writes_nothing_twice(
+    counting: CountingStore, store: JobStore, tmp_path: Path
+) -> None:
+    """Killed after the third batch is in the file and before its mark: the first two batches
+    are marked, the third is held by a claim that runs out, and a restarted relay (a new sink,
+    a new process) sends the rest. The third batch is offered again and the sink skips it (it
+    is in the file's tail): every event once, in order."""
+    register_in_chunks(counting, 4, 10)
+    path = tmp_path / "events.jsonl"
+    sink = JsonlEventSink(path)
+    sent: list[int] = []
+
+    def publish(events: list[WorkEvent]) -> None:
+        sink.publish(events)
+        sent.append(len(events))
+        counting.die = len(sent) == 3
+
+    with pytest.raises(Killed):
+        counting.relay_all(publish, limit=10, claim_seconds=0.5)
+    assert scalar(counting, "SELECT count(*) FROM triage.outbox WHERE published_at IS NOT NULL") == 20
+    assert scalar(counting, "SELECT count(*) FROM triage.outbox_claims") == 1  # the dead relay's
+    assert store.relay_all(JsonlEventSink(path).publish, limit=10) == 10  # the claim still holds its 10
+    with store.engine.connect() as conn:  # let it run out
+        conn.execute(sa.text("SELECT pg_sleep(0.6)"))
+    assert store.relay_all(JsonlEventSink(path).publish, limit=10) == 10  # offered again, skipped by the sink
+    assert len(file_ids(path)) == 40
+    assert_oldest_first_each_once(store, path)
+    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 0
+    assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0
+
+
+def test_a_sink_that_fails_mid_stream_gives_its_batch_back_at_once(counting: CountingStore, tmp_path: Path) -> None:
+    register_in_chunks(counting, 3, 10)
+    path = tmp_path / "events.jsonl"
+    sink = JsonlEventSink(path)
+    calls = 0
+
+    def flaky(events: list[WorkEvent]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise ConnectionError("sink down")
+        sink.publish(events)
+
+    with pytest.raises(ConnectionError):
+        counting.relay_all(flaky, limit=10)
+    assert scalar(counting, "SELECT count(*) FROM triage.outbox WHERE published_at IS NOT NULL") == 10
+    assert scalar(counting, "SELECT count(*) FROM triage.outbox_claims") == 0  # released, not left to run out
+    assert counting.relay_all(sink.publish, limit=10) == 20
+    assert_oldest_first_each_once(counting, path)
+
+
+def test_only_the_relays_own_transactions_skip_the_commit_flush(store: JobStore) -> None:
+    """The claim lock turns ``synchronous_commit`` off for its transaction alone (a lost claim or
+    mark is a resend, which at-least-once allows); the connection's next transaction flushes again."""
+    from triage.jobs import outbox as O
+
+    with store.engine.connect() as conn:
+        conn.execute(sa.text("SET synchronous_commit = on"))  # as deployed (the test server runs without)
+        conn.commit()
+        with conn.begin():
+            conn.execute(O.claim_lock())
+            assert conn.execute(sa.text("SHOW synchronous_commit")).scalar() == "off"
+        with conn.begin():
+            assert conn.execute(sa.text("SHOW synchronous_commit")).scalar() == "on"
