@@ -17,13 +17,17 @@ which has no scheduler and, in Airflow 3.3.2, exits 1 after a successful run of 
 deadline). See
 docs/reliability.md, "Alerts".
 
-``classify`` is mapped over ``CLASSIFY_WORKERS`` parallel task instances of the same batch:
-each claims jobs with ``FOR UPDATE SKIP LOCKED`` under its own lease owner (the map index is
-part of it), so under the CeleryExecutor they classify on different workers at once and split
-the batch between them; under ``airflow dags test`` they run one after the other and the first
-usually finds all the work. ``retrieve`` is mapped over ``RETRIEVE_SHARDS`` shards of the
-source (by external id), so that several processes read, pack and register documents. The counts are
-constants: the DAG file does no work when it is parsed.
+``classify`` is mapped over as many parallel task instances of the same batch as its work needs:
+``size_classify`` counts the batch's open jobs once ``retrieve`` is done and returns
+``ceil(jobs / CLASSIFY_JOBS_PER_WORKER)`` map indexes, at least one and at most
+``CLASSIFY_MAX_WORKERS`` (Variables ``triage_classify_jobs_per_worker`` and
+``triage_classify_max_workers`` override them; ``triage.operators.sizing``). Each claims jobs
+with ``FOR UPDATE SKIP LOCKED`` under its own lease owner (the map index is part of it), so
+under the CeleryExecutor they classify on different workers at once and split the batch
+between them; an instance that finds the batch drained finishes at once. ``retrieve`` is
+mapped over ``RETRIEVE_SHARDS`` shards of the source (by external id), so that several
+processes read, pack and register documents; its count is a constant (the work is not known
+before it is read): the DAG file does no work when it is parsed.
 """
 
 from __future__ import annotations
@@ -42,13 +46,19 @@ from triage.operators import (
 )
 from triage.operators.alerts import RunAlertsOperator, classify_deadlines
 from triage.operators.retry import OUTAGE_RETRY_POLICY
+from triage.operators.sizing import SizeClassifyOperator
 
 RETRIEVE_SHARDS = 2
 """Parallel ``retrieve`` task instances per run, each registering the documents of one shard
 (by external id): reading, hashing, packing and registering run in several processes."""
 
-CLASSIFY_WORKERS = 2
-"""Parallel ``classify`` task instances per run (map indexes 0..N-1)."""
+CLASSIFY_JOBS_PER_WORKER = {"keyword": 50_000, "llm": 2_000}
+"""Open jobs per ``classify`` task instance, by classifier: a 10-document day gets one, a
+100,000-document keyword day two (one per core here), a day of 2,000 model calls one."""
+
+CLASSIFY_MAX_WORKERS = 4
+"""At most this many ``classify`` instances a run: the ``llm_api`` pool's 32 slots hold four
+instances of 8 at once; more would only queue."""
 
 LLM_POOL, CLASSIFY_POOL_SLOTS = "llm_api", 8
 """Each ``classify`` instance holds 8 slots of the ``llm_api`` pool (airflow_settings.yaml) and
@@ -104,6 +114,9 @@ with DAG(
     retrieve = RetrieveDocumentsOperator.partial(task_id="retrieve", shards=RETRIEVE_SHARDS).expand(
         shard=list(range(RETRIEVE_SHARDS))
     )
+    size = SizeClassifyOperator(
+        task_id="size_classify", jobs_per_worker=CLASSIFY_JOBS_PER_WORKER, max_workers=CLASSIFY_MAX_WORKERS
+    )
     classify = ClassifyDocumentsOperator.partial(
         task_id="classify",
         pool=LLM_POOL,
@@ -111,12 +124,12 @@ with DAG(
         batch_size=CLASSIFY_BATCH_SIZE,
         execution_timeout=CLASSIFY_TIMEOUT,
         retry_policy=OUTAGE_RETRY_POLICY,
-    ).expand(worker=list(range(CLASSIFY_WORKERS)))
+    ).expand(worker=size.output)
     persist = PersistLabelsOperator(task_id="persist", execution_timeout=PERSIST_TIMEOUT)
     publish = PublishEventsOperator(task_id="publish_events")
 
     # Downstream of every task, not only the last: it must wait for every map index of classify.
     alert = RunAlertsOperator(task_id="alert").as_teardown()
 
-    retrieve >> classify >> persist >> publish
-    [retrieve, classify, persist, publish] >> alert
+    retrieve >> size >> classify >> persist >> publish
+    [retrieve, size, classify, persist, publish] >> alert
