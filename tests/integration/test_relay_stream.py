@@ -163,3 +163,57 @@ def test_only_the_relays_own_transactions_skip_the_commit_flush(store: JobStore)
             assert conn.execute(sa.text("SHOW synchronous_commit")).scalar() == "off"
         with conn.begin():
             assert conn.execute(sa.text("SHOW synchronous_commit")).scalar() == "on"
+
+
+@pytest.mark.parametrize("timezone", [pytest.param("UTC", id="utc"), pytest.param("Asia/Kolkata", id="other-zone")])
+def test_the_events_the_database_builds_are_the_contract_byte_for_byte(
+    store: JobStore, tmp_path: Path, timezone: str
+) -> None:
+    """The claim builds each event's JSON in the database; the line in the file is exactly what
+    ``WorkEvent`` built from the rows' columns (the relay's way before) serialises to: an empty
+    payload left out, a non-empty one kept, the time in the session's zone either way."""
+    import json as jsonlib
+
+    @sa.event.listens_for(store.engine, "connect")
+    def _zone(dbapi_connection: Any, _: Any) -> None:  # every new connection of this engine
+        dbapi_connection.execute(f"SET TIME ZONE '{timezone}'")
+
+    store.engine.dispose()  # the pool's connections are made again, in the zone
+    try:
+        register_in_chunks(store, 1, 3)
+        with store.engine.begin() as conn:  # a non-empty payload, as a review decision's event has
+            conn.execute(
+                sa.text(
+                    "UPDATE triage.outbox SET payload = CAST(:p AS jsonb)"
+                    " WHERE event_id = (SELECT event_id FROM triage.outbox LIMIT 1)"
+                ),
+                {"p": jsonlib.dumps({"resolution": "labelled", "label": "billing", "resolved_by": "ann"})},
+            )
+            columns = conn.execute(
+                sa.text(
+                    "SELECT o.*, j.correlation_id, j.payload_ref"
+                    " FROM triage.outbox o JOIN triage.jobs j ON j.id = o.job_id"
+                )
+            ).all()
+        path = tmp_path / "events.jsonl"
+        assert store.relay_all(JsonlEventSink(path).publish) == 3
+    finally:
+        sa.event.remove(store.engine, "connect", _zone)
+    expected = {
+        str(r.event_id): WorkEvent(
+            event_id=r.event_id,
+            job_id=r.job_id,
+            event_type=r.event_type,
+            schema_version=r.schema_version,
+            attempt=r.attempt,
+            occurred_at=r.created_at,
+            correlation_id=r.correlation_id,
+            payload_ref=r.payload_ref,
+            payload=r.payload or None,
+        ).to_json()
+        for r in columns
+    }
+    lines = path.read_bytes().splitlines()
+    assert {str(parse_event(line).event_id): line for line in lines} == expected
+    assert sum(b'"payload":{' in line for line in lines) == 1
+    assert sum(b'"payload"' in line for line in lines) == 1

@@ -4,14 +4,14 @@ batch, one short transaction between two sends (:mod:`triage.jobs.outbox` has th
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import TypeAdapter
 
 from triage.contracts.events import WorkEvent
 from triage.jobs import outbox as O
@@ -77,7 +77,7 @@ def _send(
     """Send the claimed rows' events; if that fails, release the claim (its events go out next
     time) and raise."""
     try:
-        events = [event_from_row(r) for r in rows]
+        events = events_from_rows(rows)
         publish(events)
     except BaseException:
         try:
@@ -91,20 +91,10 @@ def _send(
     return events
 
 
-def event_from_row(row: Any) -> WorkEvent:
-    """The event of an outbox row (its ``payload`` as JSON text or already decoded); an empty
-    payload is none (see :meth:`WorkEvent.to_json`)."""
-    payload = row.payload
-    if isinstance(payload, str):
-        payload = None if payload == "{}" else json.loads(payload)
-    return WorkEvent(
-        event_id=row.event_id,
-        job_id=row.job_id,
-        event_type=row.event_type,
-        schema_version=row.schema_version,
-        attempt=row.attempt,
-        occurred_at=row.occurred_at,
-        correlation_id=row.correlation_id,
-        payload_ref=row.payload_ref,
-        payload=payload or None,
-    )
+EVENTS = TypeAdapter(list[WorkEvent])
+
+
+def events_from_rows(rows: Sequence[Any]) -> list[WorkEvent]:
+    """The events of claimed outbox rows (each ``event`` JSON text, :func:`triage.jobs.outbox.claim_events`),
+    validated against the contract in one call: a row that is not a valid event fails the batch."""
+    return EVENTS.validate_json("[" + ",".join(r.event for r in rows) + "]")
