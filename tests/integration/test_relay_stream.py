@@ -217,3 +217,23 @@ def test_the_events_the_database_builds_are_the_contract_byte_for_byte(
     assert {str(parse_event(line).event_id): line for line in lines} == expected
     assert sum(b'"payload":{' in line for line in lines) == 1
     assert sum(b'"payload"' in line for line in lines) == 1
+
+
+def test_publish_all_claims_what_the_sink_takes_at_once(store: JobStore, tmp_path: Path) -> None:
+    """The file takes 5,000 events an append; a webhook, one request an event, 1,000 a claim
+    (its claim's 300 s must cover them); ``batch`` overrides either."""
+    from triage.pipeline.publish import WebhookEventSink, publish_all
+
+    assert (JsonlEventSink.batch_size, WebhookEventSink.batch_size) == (5000, 1000)
+    register_in_chunks(store, 2, 10)
+    sends: list[int] = []
+
+    class Small(JsonlEventSink):
+        batch_size = 7
+
+        def publish(self, events: Any) -> None:
+            sends.append(len(events))
+            super().publish(events)
+
+    assert publish_all(store, Small(tmp_path / "events.jsonl")) == 20
+    assert sends == [7, 7, 6]
