@@ -142,11 +142,11 @@ def timed_run(api: httpx.Client, n: int, day: date = DAY, timeout: float = 1800)
     work: dict[str, float] = {}
     for name in tasks:
         try:
-            seconds = _work_seconds(api, path, name)
+            own = _work_seconds(api, path, name)
         except (httpx.HTTPError, ValueError, TypeError, AttributeError):  # a detail of the figure, never its end
-            seconds = None
-        if seconds is not None:
-            work[name] = seconds
+            own = None
+        if own is not None:
+            work[name] = own
     return {"run_id": run_id, "state": state, "seconds": seconds, "tasks": tasks, "timeline": timeline, "work": work}
 
 
