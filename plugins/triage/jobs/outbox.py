@@ -131,10 +131,18 @@ def mark_published() -> Any:
         .returning(outbox_claims.c.event_ids)
         .cte("claim")
     )
+    # Probe the outbox by its primary key, the claim's ids one array value (an InitPlan), and
+    # no ``published_at IS NULL`` test: with it the planner could walk ``outbox_unpublished_idx``
+    # (which it guesses nearly empty when the last ANALYZE saw every event published, and a run's
+    # events came in bulk since) and test every unpublished event against every id of the claim:
+    # 6-13 s a mark of 5,000 among 191,000 unpublished, measured, growing with the backlog. An
+    # event marked already keeps its first ``published_at`` (a claim holds unsent events only,
+    # so that is a claim that ran out and was sent again).
+    ids = sa.cast(sa.select(claim.c.event_ids).scalar_subquery(), pg.ARRAY(UUID))
     return (
         sa.update(outbox)
-        .where(outbox.c.event_id == sa.any_(claim.c.event_ids), outbox.c.published_at.is_(None))
-        .values(published_at=NOW)
+        .where(outbox.c.event_id == sa.any_(ids))
+        .values(published_at=sa.func.coalesce(outbox.c.published_at, NOW))
     )
 
 

@@ -15,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -67,7 +68,10 @@ class JsonlEventSink:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.bytes_read = 0
-        self._recent: dict[str, None] = {}  # insertion-ordered: the oldest is dropped first
+        # Insertion-ordered, the oldest dropped first. An OrderedDict: dropping a plain dict's
+        # first key scans past every key deleted before it (10 of 32 s of relaying 191,000
+        # events, measured), an OrderedDict unlinks it.
+        self._recent: OrderedDict[str, None] = OrderedDict()
         self._seeded = False
 
     def _read(self, fd: int, size: int, offset: int) -> bytes:
@@ -107,7 +111,7 @@ class JsonlEventSink:
         recent = self._recent
         recent.update(dict.fromkeys(ids))
         for _ in range(len(recent) - RECENT_IDS):
-            del recent[next(iter(recent))]
+            recent.popitem(last=False)
 
     def _seed(self, fd: int, size: int) -> None:
         """Remember the ids of the file's last lines: the batch of a relay that wrote and died
@@ -133,16 +137,17 @@ class JsonlEventSink:
             size = self._cut_torn_tail(fd)
             if not self._seeded:
                 self._seed(fd, size)
-            fresh = [e for e in events if str(e.event_id) not in self._recent]
+            recent = self._recent
+            fresh = [(i, e) for e in events if (i := str(e.event_id)) not in recent]
             if not fresh:
                 return
-            data = memoryview(b"".join(e.to_json() + b"\n" for e in fresh))
+            data = memoryview(b"".join(e.to_json() + b"\n" for _, e in fresh))
             while data:
                 data = data[os.write(fd, data) :]
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._remember([str(e.event_id) for e in fresh])
+        self._remember([i for i, _ in fresh])
 
     def close(self) -> None:
         """Nothing to release: every publish opens, locks and fsyncs the file itself."""
