@@ -6,10 +6,17 @@ import argparse
 import logging
 import sys
 
-from bench import footprint, growth, intake, ledger, migration, pipeline, review_queue
+from bench import footprint, growth, intake, ledger, migration, pipeline, realrun, relay, review_queue
 from bench.common import write_results
 
-SUITES = {"ledger": ledger.run, "pipeline": pipeline.run, "review": review_queue.run, "intake": intake.run}
+SUITES = {
+    "ledger": ledger.run,
+    "pipeline": pipeline.run,
+    "review": review_queue.run,
+    "intake": intake.run,
+    "realrun": realrun.run,
+    "relay": relay.run,
+}
 OPT_IN = {"footprint": footprint.run, "growth": growth.run, "migration": migration.run}
 """Longer than the quick `make bench` (minutes to an hour): run only when named (`make bench-growth`)."""
 

@@ -160,18 +160,37 @@ def _naive(engine: sa.Engine, classifier, n: int) -> float:  # type: ignore[no-u
     return time.perf_counter() - start
 
 
+NAIVE_SCHEMA = (
+    "CREATE SCHEMA naive",
+    "CREATE TABLE naive.labels (source text, external_id text, label text,"
+    " confidence float8, PRIMARY KEY (source, external_id))",
+)
+
+
+def naive_seconds(url: DatabaseUrl, n: int) -> float:
+    """The naive script of ``n`` keyword documents on ``url`` (its own schema ``naive``, dropped
+    again): what the real run is compared with (``bench.realrun``)."""
+    engine = create_engine(url, pool_size=1)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP SCHEMA IF EXISTS naive CASCADE"))
+            for statement in NAIVE_SCHEMA:
+                conn.execute(sa.text(statement))
+        seconds = _naive(engine, build_classifier("keyword", taxonomy=Taxonomy.load()), n)
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP SCHEMA naive CASCADE"))
+        return seconds
+    finally:
+        engine.dispose()
+
+
 def bench_end_to_end() -> list[Figure]:
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load())
     with scratch_database() as url, tempfile.TemporaryDirectory() as tmp:
         engine = create_engine(url, pool_size=4)
         with engine.begin() as conn:
-            conn.execute(sa.text("CREATE SCHEMA naive"))
-            conn.execute(
-                sa.text(
-                    "CREATE TABLE naive.labels (source text, external_id text, label text,"
-                    " confidence float8, PRIMARY KEY (source, external_id))"
-                )
-            )
+            for statement in NAIVE_SCHEMA:
+                conn.execute(sa.text(statement))
         naive_s = _naive(engine, classifier, E2E_N)
         stages = _stages(
             JobStore(engine), url, f"{tmp}/payloads", classifier, E2E_N, "e2e", RETRIEVE_SHARDS, CLASSIFY_WORKERS

@@ -17,13 +17,17 @@ which has no scheduler and, in Airflow 3.3.2, exits 1 after a successful run of 
 deadline). See
 docs/reliability.md, "Alerts".
 
-``classify`` is mapped over ``CLASSIFY_WORKERS`` parallel task instances of the same batch:
-each claims jobs with ``FOR UPDATE SKIP LOCKED`` under its own lease owner (the map index is
-part of it), so under the CeleryExecutor they classify on different workers at once and split
-the batch between them; under ``airflow dags test`` they run one after the other and the first
-usually finds all the work. ``retrieve`` is mapped over ``RETRIEVE_SHARDS`` shards of the
-source (by external id), so that several processes read, pack and register documents. The counts are
-constants: the DAG file does no work when it is parsed.
+``classify`` is mapped over as many parallel task instances of the same batch as its work needs:
+``size_classify`` counts the batch's open jobs once ``retrieve`` is done and returns
+``ceil(jobs / CLASSIFY_JOBS_PER_WORKER)`` map indexes, at least one and at most
+``CLASSIFY_MAX_WORKERS`` (Variables ``triage_classify_jobs_per_worker`` and
+``triage_classify_max_workers`` override them; ``triage.operators.sizing``). Each claims jobs
+with ``FOR UPDATE SKIP LOCKED`` under its own lease owner (the map index is part of it), so
+under the CeleryExecutor they classify on different workers at once and split the batch
+between them; an instance that finds the batch drained finishes at once. ``retrieve`` is
+mapped over ``RETRIEVE_SHARDS`` shards of the source (by external id), so that several
+processes read, pack and register documents; its count is a constant (the work is not known
+before it is read): the DAG file does no work when it is parsed.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def test_classify_documents_is_scheduled_with_real_intervals(dagbag) -> None:  #
     assert dag.catchup is False
     assert dag.max_active_runs >= 1
     assert {"triage"} <= set(dag.tags)
-    order = ["retrieve", "classify", "persist", "publish_events", "alert"]
+    order = ["retrieve", "size_classify", "classify", "persist", "publish_events", "alert"]
     assert [t.task_id for t in dag.topological_sort()] == order
 
 
@@ -111,16 +111,44 @@ def test_classify_documents_has_its_deadline_alert(dagbag) -> None:  # type: ign
     assert all(not dag.deadline for dag_id, dag in dagbag.dags.items() if dag_id != "classify_documents")
 
 
-def test_classify_is_mapped_over_parallel_instances_of_the_same_batch(dagbag) -> None:  # type: ignore[no-untyped-def]
-    """Every map index claims from the whole batch (SKIP LOCKED); the count is a constant."""
+def test_classify_is_mapped_over_as_many_instances_as_the_batch_needs(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """Issue #16, item 4: ``classify`` expands over what ``size_classify`` returns after
+    ``retrieve`` (dynamic task mapping), from the batch's open jobs: one instance for a
+    10-document day, two for a 100,000-document keyword day (one a core here), the pool's four
+    for two million; every instance claims from the whole batch (SKIP LOCKED)."""
+
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
-    task = dagbag.dags["classify_documents"].get_task("classify")
+    from triage.operators.sizing import SizeClassifyOperator, classify_workers
+
+    dag = dagbag.dags["classify_documents"]
+    task, size = dag.get_task("classify"), dag.get_task("size_classify")
     assert isinstance(task, MappedOperator)
-    workers = task.expand_input.value["worker"]
-    assert workers == list(range(len(workers)))
-    assert len(workers) >= 2
+    assert isinstance(size, SizeClassifyOperator)
+    (upstream,) = task.expand_input.value["worker"].iter_references()
+    assert upstream[0] is size
+    assert size.upstream_task_ids == {"retrieve"}
     assert task.retries >= 1
+    from triage.operators import tasks as module  # the factory both classifying DAGs build from
+
+    assert size.jobs_per_worker == module.CLASSIFY_JOBS_PER_WORKER
+    assert size.max_workers == module.CLASSIFY_MAX_WORKERS
+    pool_slots = {p["pool_name"]: p["pool_slot"] for p in _pools()}[task.pool]
+    assert size.max_workers * task.partial_kwargs["pool_slots"] <= pool_slots  # the pool runs them all at once
+
+    def sized(documents: int, classifier: str = "keyword") -> int:
+        return len(
+            classify_workers(documents, jobs_per_worker=size.jobs_per_worker[classifier], max_workers=size.max_workers)
+        )
+
+    assert [sized(10), sized(100_000), sized(2_000_000)] == [1, 2, 4]
+    assert [sized(10, "llm"), sized(2_000, "llm"), sized(2_001, "llm")] == [1, 1, 2]
+
+
+def _pools() -> list[dict]:  # type: ignore[type-arg]
+    import yaml
+
+    return yaml.safe_load((ROOT / "airflow_settings.yaml").read_text())["airflow"]["pools"]  # type: ignore[no-any-return]
 
 
 def test_classify_holds_slots_of_the_llm_api_pool_the_settings_define(dagbag) -> None:  # type: ignore[no-untyped-def]

@@ -49,7 +49,12 @@ def test_a_day_on_two_celery_workers_keeps_every_invariant(deployment: Deploymen
 
     started = time.monotonic()
     with FakeOpenAIServer(responder=keyword_responder(Taxonomy.load()), latency_ms=50) as model:
-        env = {**deployment.env, "AIRFLOW_CONN_TRIAGE_LLM": json.dumps({"conn_type": "http", "host": model.base_url})}
+        env = {
+            **deployment.env,
+            "AIRFLOW_CONN_TRIAGE_LLM": json.dumps({"conn_type": "http", "host": model.base_url}),
+            # Two classify instances for this small day (the DAG would give it one): the split is the point.
+            "AIRFLOW_VAR_TRIAGE_CLASSIFY_JOBS_PER_WORKER": str(DOCUMENTS // 2),
+        }
         run = run_distributed(
             env,
             DAY,

@@ -327,9 +327,22 @@ class JobStore(IntakeLedger, ReviewDecisions):
         ``publish`` raises, the claim is released and the events go out next time. If the
         process dies between sending and marking, the claim runs out and another relay sends
         them again: delivery is at least once, and the event id lets the receiver refuse a
-        duplicate. ``actor`` names the relay in its log lines (the outbox has no event log).
-        """
+        duplicate. ``actor`` names the relay in its log lines (the outbox has no event log)."""
         return relay_events(self.transaction, publish, limit=limit, actor=actor, claim_seconds=claim_seconds)
+
+    def relay_all(
+        self,
+        publish: Callable[[list[WorkEvent]], None],
+        *,
+        limit: int = 5000,
+        actor: str = "outbox_relay",
+        claim_seconds: float = 300.0,
+    ) -> int:
+        """:meth:`relay` until no unsent event is left (``limit`` a batch, each batch's mark and
+        the next one's claim in one transaction); returns how many were sent."""
+        return relay_events(
+            self.transaction, publish, limit=limit, actor=actor, claim_seconds=claim_seconds, batches=None
+        )
 
     # -- reading --------------------------------------------------------------------------
 

@@ -21,9 +21,15 @@ from triage.operators.classify_documents import (
     PublishEventsOperator,
 )
 from triage.operators.retry import OUTAGE_RETRY_POLICY
+from triage.operators.sizing import SizeClassifyOperator
 
-CLASSIFY_WORKERS = 2
-"""Parallel ``classify`` task instances per run (map indexes 0..N-1)."""
+CLASSIFY_JOBS_PER_WORKER = {"keyword": 50_000, "llm": 2_000}
+"""Open jobs per ``classify`` task instance, by classifier: a 10-document day gets one, a
+100,000-document keyword day two (one per core here), a day of 2,000 model calls one."""
+
+CLASSIFY_MAX_WORKERS = 4
+"""At most this many ``classify`` instances a run: the ``llm_api`` pool's 32 slots hold four
+instances of 8 at once; more would only queue."""
 
 LLM_POOL, CLASSIFY_POOL_SLOTS = "llm_api", 8
 """Each ``classify`` instance holds 8 slots of the ``llm_api`` pool (airflow_settings.yaml) and
@@ -64,11 +70,18 @@ a task's unfinished jobs to review when Airflow gives up (copy it: ``dict(DEFAUL
 
 
 def classification_tasks(upstream: Any = None, *, batch: str | None = None) -> dict[str, Any]:
-    """classify → persist → publish_events after ``upstream`` (if any), and ``alert``, a teardown
-    downstream of every one of them; returns the tasks by id.
+    """size_classify → classify (mapped over as many instances as the batch's open jobs need:
+    :mod:`triage.operators.sizing`) → persist → publish_events after ``upstream`` (if any), and
+    ``alert``, a teardown downstream of every one of them; returns the tasks by id.
 
     :param batch: the batch every task works on (None: the run's data interval).
     """
+    size = SizeClassifyOperator(
+        task_id="size_classify",
+        jobs_per_worker=CLASSIFY_JOBS_PER_WORKER,
+        max_workers=CLASSIFY_MAX_WORKERS,
+        batch=batch,
+    )
     classify = ClassifyDocumentsOperator.partial(
         task_id="classify",
         pool=LLM_POOL,
@@ -77,17 +90,17 @@ def classification_tasks(upstream: Any = None, *, batch: str | None = None) -> d
         execution_timeout=CLASSIFY_TIMEOUT,
         retry_policy=OUTAGE_RETRY_POLICY,
         batch=batch,
-    ).expand(worker=list(range(CLASSIFY_WORKERS)))
+    ).expand(worker=size.output)
     persist = PersistLabelsOperator(task_id="persist", execution_timeout=PERSIST_TIMEOUT, batch=batch)
     publish = PublishEventsOperator(task_id="publish_events", batch=batch)
 
     # Downstream of every task, not only the last: it must wait for every map index of classify.
     alert = RunAlertsOperator(task_id="alert", batch=batch).as_teardown()
 
-    steps = [classify, persist, publish]
+    steps = [size, classify, persist, publish]
     if upstream is not None:
-        upstream >> classify
+        upstream >> size
         steps.insert(0, upstream)
-    classify >> persist >> publish
+    size >> classify >> persist >> publish
     steps >> alert
-    return {"classify": classify, "persist": persist, "publish_events": publish, "alert": alert}
+    return {"size_classify": size, "classify": classify, "persist": persist, "publish_events": publish, "alert": alert}

@@ -15,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 TAIL_BYTES = 4 << 20
 """How much of the file's end a new sink reads once, for ids it may be offered again (a batch
-of 1,000 events is about 350 KB)."""
+of 5,000 events is about 1.7 MB)."""
 RECENT_IDS = 50_000
 """How many ids of recent lines a sink remembers."""
 MAX_TORN_BYTES = 1 << 20
@@ -61,10 +62,16 @@ class JsonlEventSink:
     once per sink, the last :data:`TAIL_BYTES`. ``bytes_read`` counts both.
     """
 
+    batch_size = 5000
+    """Events a claim: one append and one fsync each (about 1.7 MB)."""
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.bytes_read = 0
-        self._recent: dict[str, None] = {}  # insertion-ordered: the oldest is dropped first
+        # Insertion-ordered, the oldest dropped first. An OrderedDict: dropping a plain dict's
+        # first key scans past every key deleted before it (10 of 32 s of relaying 191,000
+        # events, measured), an OrderedDict unlinks it.
+        self._recent: OrderedDict[str, None] = OrderedDict()
         self._seeded = False
 
     def _read(self, fd: int, size: int, offset: int) -> bytes:
@@ -104,7 +111,7 @@ class JsonlEventSink:
         recent = self._recent
         recent.update(dict.fromkeys(ids))
         for _ in range(len(recent) - RECENT_IDS):
-            del recent[next(iter(recent))]
+            recent.popitem(last=False)
 
     def _seed(self, fd: int, size: int) -> None:
         """Remember the ids of the file's last lines: the batch of a relay that wrote and died
@@ -130,16 +137,17 @@ class JsonlEventSink:
             size = self._cut_torn_tail(fd)
             if not self._seeded:
                 self._seed(fd, size)
-            fresh = [e for e in events if str(e.event_id) not in self._recent]
+            recent = self._recent
+            fresh = [(i, e) for e in events if (i := str(e.event_id)) not in recent]
             if not fresh:
                 return
-            data = memoryview(b"".join(e.to_json() + b"\n" for e in fresh))
+            data = memoryview(b"".join(e.to_json() + b"\n" for _, e in fresh))
             while data:
                 data = data[os.write(fd, data) :]
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._remember([str(e.event_id) for e in fresh])
+        self._remember([i for i, _ in fresh])
 
     def close(self) -> None:
         """Nothing to release: every publish opens, locks and fsyncs the file itself."""
@@ -147,6 +155,9 @@ class JsonlEventSink:
 
 class WebhookEventSink:
     """POSTs each event as JSON with ``Idempotency-Key: <event_id>``; any non-2xx raises."""
+
+    batch_size = 1000
+    """Events a claim: one request each, so a claim's 300 s cover 300 ms a request."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> None:
         import httpx
@@ -167,13 +178,10 @@ class WebhookEventSink:
         self._client.close()
 
 
-def publish_all(store: JobStore, sink: EventSink, *, batch: int = 1000) -> int:
-    """Relay every unsent event; returns how many were sent."""
-    sent = 0
-    while True:
-        n = store.relay(sink.publish, limit=batch)
-        if n == 0:
-            break
-        sent += n
+def publish_all(store: JobStore, sink: EventSink, *, batch: int | None = None) -> int:
+    """Relay every unsent event, ``batch`` a claim (default: the sink's ``batch_size``, else
+    1,000; :meth:`JobStore.relay_all`); returns how many were sent."""
+    limit = batch if batch is not None else int(getattr(sink, "batch_size", 1000))
+    sent = store.relay_all(sink.publish, limit=limit)
     log.info("published %d events", sent)
     return sent

@@ -1,0 +1,260 @@
+"""The run users see (issue #16, item 1): ``make up``'s deployment, one ``classify_documents`` run
+of 100,000 keyword documents triggered through the REST API, timed from the trigger to the run's
+success, every task's seconds read back from the REST API's task instances; beside it the naive
+script of the same documents (:func:`bench.pipeline.naive_seconds`).
+
+The deployment is ``triage up`` (``make up``'s command: ``airflow standalone``) in a child, on a
+fresh ``TRIAGE_HOME`` with a metadata database and a job database of its own on the benchmark
+server and ports of its own, so it runs beside a ``make up`` on 8080 and leaves nothing behind
+(``triage stop`` at the end; the job database's URL is given, so the server keeps running). The
+DAGs connect with the URL given (the server's owner), not the embedded deployment's worker login,
+and the scheduler starts only triggered runs (``use_job_schedule`` off: no scheduled day of
+``classify_documents`` once it is unpaused, no ``reconcile_jobs`` beside the timed run). A
+10-document day runs first, untimed: the deployment is warm, and its tasks show the mapping
+follow the work (one ``classify``).
+
+``BENCH_REAL_DOCUMENTS`` changes the volume (default 100,000).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from bench.common import Figure, scratch_database
+from triage.database import DatabaseUrl
+from triage_tools.processes import side_by_side_env
+
+ROOT = Path(__file__).resolve().parents[1]
+DAG_ID = "classify_documents"
+DAY = date(2026, 11, 2)
+TARGET = 5000.0
+"""Documents per second the issue asks of the real run."""
+WARM_UP_DOCUMENTS = 10
+RELAY_SHARE_TARGET = 0.2
+"""The relay's (``publish_events``) share of the run, at most."""
+
+
+def documents() -> int:
+    return int(os.environ.get("BENCH_REAL_DOCUMENTS", "100000"))
+
+
+def _triage(env: Mapping[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "triage_tools", *args],
+        env=dict(env),
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        check=False,
+        timeout=timeout,
+    )
+
+
+@contextmanager
+def deployment(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl) -> Iterator[tuple[dict[str, str], str]]:
+    """``triage up`` on a home and ports of its own; yields its environment and base URL."""
+    with tempfile.TemporaryDirectory(prefix="triage-realrun-") as home:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TRIAGE_"))}
+        env.update(
+            PYTHONPATH=os.pathsep.join(
+                [str(ROOT / "plugins"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+            TRIAGE_HOME=home,
+            TRIAGE_DATABASE_URL=jobs_url.libpq(),
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=metadata_url.airflow_metadata_url(),
+        )
+        env.update(side_by_side_env())
+        # Only the triggered runs: unpausing classify_documents must not also start its latest
+        # scheduled day (1,000 documents of the params' defaults beside the timed run), nor the
+        # scheduler start reconcile_jobs in the middle of it.
+        env["AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"] = "False"
+        try:
+            started = _triage(env, "up")
+            if started.returncode != 0:
+                raise RuntimeError(f"triage up failed:\n{(started.stdout + started.stderr)[-4000:]}")
+            yield env, env["AIRFLOW__API__BASE_URL"]
+        finally:
+            _triage(env, "stop", timeout=120)
+
+
+def _client(env: Mapping[str, str], base_url: str) -> httpx.Client:
+    from triage_tools.local import admin_login
+
+    user, password = admin_login({**env, "AIRFLOW_HOME": str(Path(env["TRIAGE_HOME"]) / "airflow")})
+    token = httpx.post(f"{base_url}/auth/token", json={"username": user, "password": password}, timeout=60)
+    token.raise_for_status()
+    return httpx.Client(
+        base_url=base_url, timeout=60, headers={"Authorization": f"Bearer {token.json()['access_token']}"}
+    )
+
+
+def _wait_for_dag(api: httpx.Client, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while api.get(f"/api/v2/dags/{DAG_ID}").status_code != 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{DAG_ID} not parsed within {timeout:.0f}s")
+        time.sleep(1.0)
+
+
+def timed_run(api: httpx.Client, n: int, day: date = DAY, timeout: float = 1800) -> dict[str, Any]:
+    """Trigger one run of ``n`` keyword documents for ``day`` and wait for it; its seconds and tasks."""
+    from triage_tools.run import day_run
+
+    api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
+    run_id = f"bench__{day.isoformat()}__{int(time.time())}"
+    body = day_run(run_id, day, {"documents": n, "classifier": "keyword", "source": "synthetic"})
+    started = time.perf_counter()
+    api.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json=body).raise_for_status()
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}"
+    while True:
+        state = api.get(path).json()["state"]
+        if state in ("success", "failed"):
+            break
+        if time.perf_counter() - started > timeout:
+            raise RuntimeError(f"run {run_id} still {state} after {timeout:.0f}s")
+        time.sleep(0.2)
+    seconds = time.perf_counter() - started
+    api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": True})
+    queued_at = _time(api.get(path).json()["queued_at"])
+    instances = api.get(f"{path}/taskInstances", params={"limit": 100}).json()["task_instances"]
+    tasks: dict[str, float] = {}
+    timeline: dict[str, list[float]] = {}
+    for ti in sorted(instances, key=lambda t: (t["start_date"] or "", t["task_id"], t["map_index"])):
+        name = ti["task_id"] + (f"[{ti['map_index']}]" if ti["map_index"] >= 0 else "")
+        tasks[name] = round(float(ti["duration"] or 0.0), 2)
+        if ti["start_date"] and ti["end_date"]:
+            timeline[name] = [
+                round(_time(ti["start_date"]) - queued_at, 2),
+                round(_time(ti["end_date"]) - queued_at, 2),
+            ]
+    work: dict[str, float] = {}
+    for name in tasks:
+        try:
+            own = _work_seconds(api, path, name)
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError):  # a detail of the figure, never its end
+            own = None
+        if own is not None:
+            work[name] = own
+    return {"run_id": run_id, "state": state, "seconds": seconds, "tasks": tasks, "timeline": timeline, "work": work}
+
+
+def _work_seconds(api: httpx.Client, run_path: str, name: str) -> float | None:
+    """The seconds a task's own work took, as it returned them (``retrieve`` and ``classify``
+    return ``seconds``): the rest of its duration is the task process's start and end."""
+    task_id, _, index = name.partition("[")
+    path = f"{run_path}/taskInstances/{task_id}" + (f"/{index.rstrip(']')}" if index else "")
+    response = api.get(f"{path}/xcomEntries/return_value", params={"deserialize": True})
+    if response.status_code != 200:
+        return None
+    value = response.json().get("value")
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    seconds = value.get("seconds") if isinstance(value, dict) else None
+    return round(float(seconds), 2) if isinstance(seconds, int | float) else None
+
+
+def _time(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def between_tasks(timeline: Mapping[str, list[float]]) -> float:
+    """Seconds of the run in which no task ran: the scheduler's and the executor's own time
+    (queueing, starting task processes) between one stage's end and the next one's start."""
+    idle, last_end = 0.0, 0.0
+    for start, end in sorted(timeline.values()):
+        idle += max(0.0, start - last_end)
+        last_end = max(last_end, end)
+    return idle
+
+
+def task_seconds(tasks: Mapping[str, float], task_id: str) -> float:
+    """The wall-clock seconds of a task: its longest map index (they run side by side)."""
+    return max((s for name, s in tasks.items() if name.split("[")[0] == task_id), default=0.0)
+
+
+def published_events(url: DatabaseUrl) -> int:
+    import psycopg
+
+    with psycopg.connect(url.libpq()) as conn:
+        row = conn.execute("SELECT count(*) FROM triage.outbox WHERE published_at IS NOT NULL").fetchone()
+    return int(row[0]) if row else 0
+
+
+def run() -> list[Figure]:
+    from bench.pipeline import naive_seconds
+
+    n = documents()
+    with scratch_database(migrate=False) as metadata_url, scratch_database() as jobs_url:
+        with deployment(metadata_url, jobs_url) as (env, base_url), _client(env, base_url) as api:
+            _wait_for_dag(api)
+            # A 10-document day first: the deployment is warm when the timed run starts (the
+            # first run's first task started 95 s after its trigger here), and it shows the
+            # mapping follow the work (one classify task).
+            warm = timed_run(api, WARM_UP_DOCUMENTS, day=DAY - timedelta(days=1))
+            result = timed_run(api, n)
+        events = published_events(jobs_url)
+        naive = naive_seconds(jobs_url, n)
+    if result["state"] != "success" or warm["state"] != "success":
+        raise RuntimeError(f"a run failed: {warm['state']} {warm['tasks']}; {result['state']} {result['tasks']}")
+    seconds, tasks = result["seconds"], result["tasks"]
+    relay = task_seconds(tasks, "publish_events")
+    details = {
+        "seconds": round(seconds, 2),
+        "tasks_seconds": tasks,
+        "tasks_work_seconds": result["work"],
+        "warm_up_run": {"documents": WARM_UP_DOCUMENTS, "seconds": round(warm["seconds"], 2), "tasks": warm["tasks"]},
+        "timeline_from_queued": result["timeline"],
+        "seconds_with_no_task_running": round(between_tasks(result["timeline"]), 2),
+        "publish_events_share": round(relay / seconds, 3),
+        "naive_seconds": round(naive, 2),
+        "command": "python -m bench realrun",
+        "load_average": os.getloadavg(),
+    }
+    return [
+        Figure(
+            f"real run through make up, keyword, {n // 1000}k docs",
+            "docs/s",
+            n / seconds,
+            "target",
+            TARGET,
+            target_ratio=1.0,
+            details=details,
+        ),
+        Figure(
+            "real run vs naive script",
+            "docs/s",
+            n / seconds,
+            "naive: classify + upsert labels",
+            n / naive,
+            details={"naive_seconds": round(naive, 2), "real_run_seconds": round(seconds, 2)},
+        ),
+        Figure(
+            "relay share of the real run (publish_events)",
+            "seconds",
+            relay,
+            "the whole run",
+            seconds,
+            target_ratio=RELAY_SHARE_TARGET,
+            higher_is_better=False,
+            details={"events": events, "events_per_second": round(events / relay) if relay else None},
+        ),
+    ]
