@@ -206,6 +206,8 @@ class Drill:
                 pending = json.dumps({r: s for r, s in wanted.items() if s not in FINISHED})
                 if all(s in FINISHED for s in wanted.values()):
                     return wanted
+            if self.faults.airflow_lost:
+                raise RuntimeError(f"Airflow could not be started again; {dag_id} runs unfinished: {pending}")
             if time.monotonic() > self.deadline:
                 raise TimeoutError(f"{dag_id} runs still unfinished at the drill's deadline (--timeout): {pending}")
             time.sleep(2.0)
@@ -224,9 +226,10 @@ class Drill:
                 last = self.run_info(run_id, dag_id)
                 if last[0] in FINISHED and last[1] != before[1]:
                     return last[0]
-            if time.monotonic() > self.deadline:
+            if self.faults.airflow_lost or time.monotonic() > self.deadline:
+                why = "Airflow could not be started again" if self.faults.airflow_lost else "the drill's deadline"
                 raise TimeoutError(
-                    f"{dag_id} run {run_id}, cleared when it was {before[0]}, is still {last[0]} at the drill's deadline"
+                    f"{dag_id} run {run_id}, cleared when it was {before[0]}, is still {last[0]} at {why}"
                 )
             time.sleep(2.0)
 

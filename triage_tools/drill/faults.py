@@ -58,6 +58,8 @@ class FaultInjector:
         self._next_action_kill = 200
         self._lock = threading.Lock()
         self.last_try_kill: LastTryKill | None = None
+        self.airflow_lost = False
+        """Set when Airflow could not be started again: every wait of the drill ends on it."""
 
     def fault(self, kind: str, target: str, detail: str) -> None:
         """Record a fault the drill injected (or suffered: an Airflow restart)."""
@@ -252,6 +254,7 @@ class FaultInjector:
                 kill_groups([pid])
             if local.up() != 0:
                 self.fault("airflow_restart_failed", "airflow standalone", "could not start it again")
+                self.airflow_lost = True
                 return
             self.api._token = None  # a new API server: ask for a new token
             why = "its process exited" if exited else f"unhealthy for {grace:.0f} s"
