@@ -35,7 +35,8 @@ wiped at the start, so a drill never touches the deployment ``make run`` uses.
 
 This module is the orchestration (trigger, wait, settle, judge); the knobs and the command line
 are :mod:`~triage_tools.drill.options`, the faults :mod:`~triage_tools.drill.faults`, the
-report :mod:`~triage_tools.drill.report`, the phases :mod:`~triage_tools.drill.outage` and
+waits for Airflow's runs :mod:`~triage_tools.drill.runs`, the report
+:mod:`~triage_tools.drill.report`, the phases :mod:`~triage_tools.drill.outage` and
 :mod:`~triage_tools.drill.last_try`, and the verdict :mod:`~triage_tools.drill.judge` (over
 :mod:`~triage_tools.drill.invariants`).
 """
@@ -49,7 +50,6 @@ import shutil
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -58,15 +58,12 @@ from typing import Any
 from triage_tools.drill.faults import FaultInjector
 from triage_tools.drill.options import DrillOptions, parse
 from triage_tools.drill.report import DrillReport, say
+from triage_tools.drill.runs import DAG_ID, RECONCILE_DAG_ID, RunWatcher
 
 __all__ = ["Drill", "DrillOptions", "DrillReport", "main", "run"]
 
-DAG_ID = "classify_documents"
-RECONCILE_DAG_ID = "reconcile_jobs"
-FINISHED = frozenset({"success", "failed"})
 
-
-class Drill:
+class Drill(RunWatcher):
     """One drill on a running local deployment (see :func:`run`)."""
 
     def __init__(
@@ -184,54 +181,6 @@ class Drill:
         self.model.set(ModelState.UP)
         say(f"the model is back (calls so far by the state they found: {dict(self.model.calls)})")
         heal(self, self.outage, self.outage_record)
-
-    def runs(self, dag_id: str = DAG_ID) -> dict[str, tuple[str, str]]:
-        """``run_id -> (state, day of its data interval)`` of every run of ``dag_id``: the drill's
-        own and the one the scheduler creates for the latest interval when the DAG is unpaused."""
-        rows = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns", params={"limit": 100}).get("dag_runs", [])
-        return {r["dag_run_id"]: (str(r["state"]), str(r.get("data_interval_start") or "")[:10]) for r in rows}
-
-    def wait_runs(self, run_ids: Sequence[str] | None = None, dag_id: str = DAG_ID) -> dict[str, str]:
-        """Wait until ``run_ids`` (default: every run of ``dag_id``) have finished, at most until
-        the drill's deadline; the error names the runs still unfinished and their states."""
-        last, pending = "", "(Airflow's API did not answer)"
-        while True:
-            with contextlib.suppress(Exception):
-                states = {r: state for r, (state, _) in self.runs(dag_id).items()}
-                wanted = {r: states.get(r, "missing") for r in (run_ids if run_ids is not None else states)}
-                summary = json.dumps(dict(Counter(wanted.values())))
-                if summary != last:
-                    say(f"{dag_id} runs: {summary}")
-                    last = summary
-                pending = json.dumps({r: s for r, s in wanted.items() if s not in FINISHED})
-                if all(s in FINISHED for s in wanted.values()):
-                    return wanted
-            if self.faults.airflow_lost:
-                raise RuntimeError(f"Airflow could not be started again; {dag_id} runs unfinished: {pending}")
-            if time.monotonic() > self.deadline:
-                raise TimeoutError(f"{dag_id} runs still unfinished at the drill's deadline (--timeout): {pending}")
-            time.sleep(2.0)
-
-    def run_info(self, run_id: str, dag_id: str = DAG_ID) -> tuple[str, str]:
-        """``(state, end_date)`` of one run (its end date tells one finish from the next)."""
-        run = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
-        return str(run.get("state")), str(run.get("end_date") or "")
-
-    def wait_rerun(self, run_id: str, before: tuple[str, str], dag_id: str = DAG_ID) -> str:
-        """Wait until a run that was ``before`` (state, end date) when it was cleared has finished
-        again, at most until the drill's deadline; its state then."""
-        last = before
-        while True:
-            with contextlib.suppress(Exception):
-                last = self.run_info(run_id, dag_id)
-                if last[0] in FINISHED and last[1] != before[1]:
-                    return last[0]
-            if self.faults.airflow_lost or time.monotonic() > self.deadline:
-                why = "Airflow could not be started again" if self.faults.airflow_lost else "the drill's deadline"
-                raise TimeoutError(
-                    f"{dag_id} run {run_id}, cleared when it was {before[0]}, is still {last[0]} at {why}"
-                )
-            time.sleep(2.0)
 
     def reconcile(self, run_id: str) -> int:
         """One ``reconcile_jobs`` run through Airflow, ``run_id``; how many repairs it (and any
