@@ -14,13 +14,15 @@ it and judges the tables:
   provider applied an effect and before the answer (the action happened, the record did not);
 - a PostgreSQL restart mid-run (every connection of every component breaks);
 - several workers on one batch (the DAG maps ``classify`` over parallel tasks, when it does);
-- a model outage: one more date whose every model call fails for longer than all of the classify
-  task's retries, then a run of that date with the model back
+- a model outage: the drill's model on loopback (:mod:`triage_tools.drill.model`) is down from
+  the start, for longer than all of the classify task's retries, so one more date's run fails
+  with its jobs parked; ``reconcile_jobs`` resumes it while the model is still down (it fails
+  again), and again once the model is back (it succeeds), with no run of the date by hand
   (:mod:`triage_tools.drill.outage`).
 - a kill on the last try: one more date whose ``classify`` is SIGKILLed on its final try while
   it holds a claim, so Airflow gives up and no failure callback runs; only reconciliation's
-  Airflow view can settle its jobs (:mod:`triage_tools.drill.last_try`, against a model on
-  loopback, :mod:`triage_tools.drill.model`).
+  Airflow view can settle its jobs (:mod:`triage_tools.drill.last_try`, against the same model:
+  the outage lasts until that kill).
 
 Afterwards: ``reconcile_jobs`` runs, runs with unfinished jobs are cleared from ``classify``
 on (what an operator does after reading the report), and again, until a reconciliation
@@ -33,7 +35,8 @@ wiped at the start, so a drill never touches the deployment ``make run`` uses.
 
 This module is the orchestration (trigger, wait, settle, judge); the knobs and the command line
 are :mod:`~triage_tools.drill.options`, the faults :mod:`~triage_tools.drill.faults`, the
-report :mod:`~triage_tools.drill.report`, the phases :mod:`~triage_tools.drill.outage` and
+waits for Airflow's runs :mod:`~triage_tools.drill.runs`, the report
+:mod:`~triage_tools.drill.report`, the phases :mod:`~triage_tools.drill.outage` and
 :mod:`~triage_tools.drill.last_try`, and the verdict :mod:`~triage_tools.drill.judge` (over
 :mod:`~triage_tools.drill.invariants`).
 """
@@ -47,43 +50,50 @@ import shutil
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from triage_tools.drill.faults import FaultInjector
 from triage_tools.drill.options import DrillOptions, parse
 from triage_tools.drill.report import DrillReport, say
+from triage_tools.drill.runs import DAG_ID, RECONCILE_DAG_ID, RunWatcher
 
 __all__ = ["Drill", "DrillOptions", "DrillReport", "main", "run"]
 
-DAG_ID = "classify_documents"
-RECONCILE_DAG_ID = "reconcile_jobs"
-FINISHED = frozenset({"success", "failed"})
 
-
-class Drill:
+class Drill(RunWatcher):
     """One drill on a running local deployment (see :func:`run`)."""
 
     def __init__(
-        self, options: DrillOptions, env: dict[str, str], api: Any, provider: Any, home: Path, model: Any = None
+        self,
+        options: DrillOptions,
+        env: dict[str, str],
+        api: Any,
+        provider: Any,
+        home: Path,
+        model: Any = None,
+        began: float | None = None,
     ) -> None:
         from triage.database import DatabaseUrl, create_engine
         from triage_tools.drill.last_try import LastTryPhase
-        from triage_tools.drill.outage import OutagePhase
+        from triage_tools.drill.outage import OutagePhase, OutageRecord
 
         self.options, self.env, self.api, self.provider, self.home = options, env, api, provider, home
         self.engine = create_engine(DatabaseUrl.parse(env["TRIAGE_DATABASE_URL"]), pool_size=2, pool_pre_ping=True)
         self.report = DrillReport()
         self.started = time.monotonic()
+        # --timeout counts from the drill's start, Airflow's start-up included: every wait ends by then.
+        self.deadline = (began if began is not None else self.started) + options.timeout_s
         self.run_ids = {f"chaos__{d.isoformat()}": d for d in options.days}
         self.outage = (
             OutagePhase(options.first_date - timedelta(days=1), options.outage_documents, options.seed)
-            if options.outage_documents
+            if options.outage_documents and model is not None
             else None
         )
+        self.outage_record = OutageRecord(forced=options.outage_resumes_while_down)
+        self.cleared: set[str] = set()  # runs the settling rounds cleared by hand
         self.model = model
         self.last_try = (
             LastTryPhase(
@@ -115,14 +125,14 @@ class Drill:
             self.faults.fault(
                 "model_outage",
                 self.outage.outage_run,
-                f"every model call of {self.outage.documents} documents fails, past every retry",
+                f"the model answers 503 to every call of {self.outage.documents} documents, past every retry",
             )
 
     def start_last_try(self) -> threading.Thread | None:
         """Trigger the last-try case's run and start the thread that kills it on its last try.
 
-        After the other runs, beside the outage's recovery: on its own, no database or Airflow
-        restart can end a try of it (a sibling map index that Airflow's restart killed is failed
+        After the other runs, the model still down (the outage goes on until the kill): on its
+        own, no database or Airflow restart can end a try of it (a sibling map index that Airflow's restart killed is failed
         by the scheduler later, and its failure callback, run then, would sweep the killed try's
         expired lease before reconciliation looks)."""
         if self.last_try is None:
@@ -152,50 +162,31 @@ class Drill:
             time.sleep(max(0.0, kill.killed_at + self.last_try.lease_seconds + 1.0 - time.monotonic()))
         say(f"{run_id} ended {self.first_states[run_id]}")
 
+    def resume_outage_while_down(self) -> None:
+        """``reconcile_jobs`` resumes the failed outage run while the model is still down
+        (:func:`triage_tools.drill.outage.resume_while_down`)."""
+        if self.outage is not None:
+            from triage_tools.drill.outage import resume_while_down
+
+            resume_while_down(self, self.outage, self.outage_record)
+
     def recover_from_outage(self) -> None:
-        """The model is back: the next run of the outage's date, which must finish every job."""
+        """The model is back: ``reconcile_jobs`` resumes the outage run, which must finish every
+        job (:func:`triage_tools.drill.outage.heal`); nothing of the date is run by hand."""
         if self.outage is None:
             return
-        from triage_tools.run import day_run
+        from triage_tools.drill.model import ModelState
+        from triage_tools.drill.outage import heal
 
-        body = day_run(self.outage.recovery_run, self.outage.day, self.outage.recovery_conf())
-        # The same data interval (so the same batch) under a logical date of its own: Airflow
-        # refuses a second run of the DAG at the outage run's logical date (HTTP 409).
-        logical = datetime.fromisoformat(body["logical_date"]) + timedelta(seconds=1)
-        body = {**body, "logical_date": logical.isoformat(), "note": "make chaos: the model is back"}
-        self.api.send("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", body)
-        state = self.wait_runs([self.outage.recovery_run])[self.outage.recovery_run]
-        say(f"the model is back: {self.outage.recovery_run} ended {state}")
+        self.model.set(ModelState.UP)
+        say(f"the model is back (calls so far by the state they found: {dict(self.model.calls)})")
+        heal(self, self.outage, self.outage_record)
 
-    def runs(self, dag_id: str = DAG_ID) -> dict[str, tuple[str, str]]:
-        """``run_id -> (state, day of its data interval)`` of every run of ``dag_id``: the drill's
-        own and the one the scheduler creates for the latest interval when the DAG is unpaused."""
-        rows = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns", params={"limit": 100}).get("dag_runs", [])
-        return {r["dag_run_id"]: (str(r["state"]), str(r.get("data_interval_start") or "")[:10]) for r in rows}
-
-    def wait_runs(self, run_ids: Sequence[str] | None = None, dag_id: str = DAG_ID) -> dict[str, str]:
-        """Wait until ``run_ids`` (default: every run of ``dag_id``) have finished."""
-        deadline = self.started + self.options.timeout_s
-        last = ""
-        while True:
-            with contextlib.suppress(Exception):
-                states = {r: state for r, (state, _) in self.runs(dag_id).items()}
-                wanted = {r: states.get(r, "missing") for r in (run_ids if run_ids is not None else states)}
-                summary = json.dumps(dict(Counter(wanted.values())))
-                if summary != last:
-                    say(f"{dag_id} runs: {summary}")
-                    last = summary
-                if all(s in FINISHED for s in wanted.values()):
-                    return wanted
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{dag_id} runs not finished after {self.options.timeout_s:.0f} s: {last}")
-            time.sleep(2.0)
-
-    def reconcile(self, round_no: int) -> int:
-        """One ``reconcile_jobs`` run through Airflow; how many repairs it made."""
+    def reconcile(self, run_id: str) -> int:
+        """One ``reconcile_jobs`` run through Airflow, ``run_id``; how many repairs it (and any
+        scheduled run that finished meanwhile) made."""
         import sqlalchemy as sa
 
-        run_id = f"chaos_reconcile__{round_no}"
         with self.engine.connect() as conn:
             before = conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM triage.reconciliation_runs")).scalar_one()
         self.api.send(
@@ -244,13 +235,14 @@ class Drill:
                     "reset_dag_runs": True,
                 },
             )
+            self.cleared.add(run_id)
         say(f"cleared {list(run_ids)} from classify on (unfinished jobs after reconciliation)")
 
     def settle(self) -> None:
         """Reconcile until a round changes nothing; clear the runs that still have open jobs."""
         for round_no in range(1, self.options.settle_rounds + 1):
             self.report.settle_rounds = round_no
-            repairs = self.reconcile(round_no)
+            repairs = self.reconcile(f"chaos_reconcile__{round_no}")
             open_jobs = self.unfinished()
             say(f"reconciliation {round_no}: {repairs} repairs, unfinished jobs {sum(open_jobs.values())}")
             if not open_jobs and repairs == 0:
@@ -314,7 +306,9 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
     drill: Drill | None = None
     provider = FakeProvider(late_rate=options.late_answer_rate, late_by_s=1.5, seed=options.seed)
     report = DrillReport()
-    model = FakeModel(label=Taxonomy.load().labels[0].name) if options.last_try_documents else None
+    # One model for the outage and the last-try case: down from the start, back after the kill.
+    with_model = bool(options.last_try_documents or options.outage_documents)
+    model = FakeModel(label=Taxonomy.load().labels[0].name) if with_model else None
     with provider, model or contextlib.nullcontext():
         os.environ["AIRFLOW_CONN_TRIAGE_LABEL_ACTION"] = json.dumps(
             {"conn_type": "http", "host": provider.url, "extra": {"timeout": 1.0}}
@@ -327,7 +321,7 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
             env = deployment.environment()
             user, password = local.admin_login(env)  # the drill triggers and clears runs
             api = AirflowApi(local.base_url(env), username=user, password=password, timeout_s=30)
-            drill = Drill(options, env, api, provider, home, model)
+            drill = Drill(options, env, api, provider, home, model, began)
             provider.on_effect = drill.faults.on_effect
             _wait_dag(api, DAG_ID)
             _wait_dag(api, RECONCILE_DAG_ID)
@@ -342,9 +336,10 @@ def run(options: DrillOptions, home: Path) -> DrillReport:
             drill.report.runs = drill.wait_runs()
             drill.first_states = dict(drill.report.runs)
             saboteur.join(timeout=10)
+            drill.resume_outage_while_down()
             killer = drill.start_last_try()
-            drill.recover_from_outage()
             drill.finish_last_try(killer)
+            drill.recover_from_outage()
             drill.settle()
             drill._stop.set()
             supervisor.join(timeout=60)

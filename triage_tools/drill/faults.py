@@ -58,6 +58,8 @@ class FaultInjector:
         self._next_action_kill = 200
         self._lock = threading.Lock()
         self.last_try_kill: LastTryKill | None = None
+        self.airflow_lost = False
+        """Set when Airflow could not be started again: every wait of the drill ends on it."""
 
     def fault(self, kind: str, target: str, detail: str) -> None:
         """Record a fault the drill injected (or suffered: an Airflow restart)."""
@@ -227,7 +229,11 @@ class FaultInjector:
         does not start it again. When the scheduler process has exited, or the API server has
         reported the scheduler unhealthy for ``grace`` seconds, restart the deployment's Airflow
         (its running tasks die with it). An exit is seen within a poll, as a service manager sees
-        it; the API server only calls a scheduler unhealthy once its heartbeat is 30 s old."""
+        it; the API server only calls a scheduler unhealthy once its heartbeat is 30 s old.
+
+        Before the drill has restarted PostgreSQL, an unhealthy scheduler that has not exited is
+        a loaded machine's late heartbeat, not a death: restarting Airflow then only killed the
+        tries it ran (twice in one small drill at a load average of 15-20)."""
         from triage_tools import local
         from triage_tools.processes import kill_groups
 
@@ -236,7 +242,8 @@ class FaultInjector:
             doc = local.health(local.base_url(self.env))
             healthy = bool(doc and (doc.get("scheduler") or {}).get("status") == "healthy")
             exited = self._scheduler_exited()
-            if healthy and not exited:
+            restarted_db = any(f.kind == "postgres_restart" for f in self.report.faults)
+            if (healthy or not restarted_db) and not exited:
                 unhealthy_since = None
                 continue
             unhealthy_since = unhealthy_since or time.monotonic()
@@ -247,6 +254,7 @@ class FaultInjector:
                 kill_groups([pid])
             if local.up() != 0:
                 self.fault("airflow_restart_failed", "airflow standalone", "could not start it again")
+                self.airflow_lost = True
                 return
             self.api._token = None  # a new API server: ask for a new token
             why = "its process exited" if exited else f"unhealthy for {grace:.0f} s"

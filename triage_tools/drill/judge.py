@@ -47,8 +47,10 @@ def judge(drill: Drill) -> None:
         if drill.outage is not None:
             from triage_tools.drill.outage import outage_invariants
 
-            states = {r: state for r, (state, _) in drill.runs().items()}
-            invariants += outage_invariants(conn, drill.outage, states)
+            record = drill.outage_record
+            record.cleared_by_hand = drill.outage.outage_run in drill.cleared
+            final = {r: state for r, (state, _) in drill.runs().items()}.get(drill.outage.outage_run)
+            invariants += outage_invariants(conn, drill.outage, record, final)
         if drill.last_try is not None:
             from triage_tools.drill.last_try import last_try_invariants
 

@@ -1,7 +1,9 @@
 """A chat model on loopback whose state the drill sets: down, hanging, or up.
 
-The ``triage_llm`` connection of the drill's deployment points at it (only the last-try case's
-run uses the ``llm`` classifier). Down: every call is answered ``503`` with ``Retry-After``,
+The ``triage_llm`` connection of the drill's deployment points at it (only the outage's and the
+last-try case's runs use the ``llm`` classifier). It starts down, which is the drill's model
+outage (:mod:`triage_tools.drill.outage`), and is up again once the last-try case's kill is
+done. Down: every call is answered ``503`` with ``Retry-After``,
 an outage that opens the classify step's circuit breaker, so ``classify`` fails each try at
 once and its retry policy retries after the hint, not after Airflow's backoff. Hanging: a call
 is held open until the state changes (at most ``hang_limit_s``), so the try that made it holds

@@ -30,6 +30,9 @@ class DrillOptions:
     settle_rounds: int = 6
     outage_documents: int = 200
     """Documents of the outage phase's date (the day before ``first_date``); 0: no outage phase."""
+    outage_resumes_while_down: int = 1
+    """``reconcile_jobs`` runs the drill starts while the model is down, each resuming the outage's
+    failed run (which must fail again): what a scheduled run does when a quarter hour falls there."""
     last_try_documents: int = 100
     """Documents of the kill-on-the-last-try date (two days before ``first_date``); 0: no such case."""
 
@@ -56,7 +59,9 @@ The failure drill (make chaos): classify_documents for several dates on a
 deployment of its own under $TRIAGE_HOME/chaos (wiped first), with faults on every
 side: classifier errors and duplicates, a label provider answering after the
 timeout, task processes killed under a claim, on their last try, and right after
-an external action, a PostgreSQL restart, a model outage. Reconciliation then settles it; the invariants are judged.
+an external action, a PostgreSQL restart, a model outage (resumed by
+reconcile_jobs while down and once back). Reconciliation then settles it; the
+invariants are judged.
 
 Exit code 1 if an invariant is broken or the drill could not finish; the report
 is written to report.json in the drill's home.
@@ -75,6 +80,13 @@ KNOBS: tuple[tuple[str, str, type, str, str], ...] = (
         int,
         "N",
         "documents of the model-outage date, the day before the first (0: no outage; default %(default)s)",
+    ),
+    (
+        "--outage-resumes-while-down",
+        "outage_resumes_while_down",
+        int,
+        "N",
+        "reconcile_jobs runs forced while the model is down, each resuming the outage's run (default %(default)s)",
     ),
     (
         "--last-try-documents",

@@ -7,11 +7,13 @@ import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 
 def say(message: str) -> None:
-    print(f"chaos: {message}", file=sys.stderr, flush=True)
+    """One line of the drill's progress, with the UTC time (to read it beside Airflow's logs)."""
+    print(f"chaos: {datetime.now(UTC):%H:%M:%S} {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
