@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 from cryptography.fernet import Fernet
 
 from tests.conftest import ServerHomes
@@ -30,8 +31,18 @@ from triage.database import DatabaseUrl
 from triage_tools.deploy.fernet import KEY_ENV, RESET_COMMAND, FernetKeyMismatch, Sealed, sealed_entries
 
 ROOT = Path(__file__).resolve().parents[2]
-# What airflow_settings.yaml writes encrypted (triage_db is in the environment, so skipped).
-TRIAGE_SECRETS = Sealed(("triage_llm",), ("triage_event_sink", "triage_payload_base", "triage_reports_dir"))
+
+
+def _settings_secrets() -> Sealed:
+    """What airflow_settings.yaml writes encrypted: every connection but triage_db (it is in the
+    environment, so skipped) and every variable, read from the file so that a new entry is
+    covered without editing this test."""
+    settings = yaml.safe_load((ROOT / "airflow_settings.yaml").read_text())["airflow"]
+    connections = sorted(c["conn_id"] for c in settings["connections"] if c["conn_id"] != "triage_db")
+    return Sealed(tuple(connections), tuple(sorted(v["variable_name"] for v in settings["variables"])))
+
+
+TRIAGE_SECRETS = _settings_secrets()
 
 pytestmark = pytest.mark.slow  # about twenty Airflow CLI processes
 

@@ -77,12 +77,12 @@ async def read_body(request: Request, limit: int) -> bytes:
         if not declared.isdigit():
             raise HTTPException(status.HTTP_400_BAD_REQUEST, "Content-Length is not a number")
         if int(declared) > limit:
-            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"the body is over {limit} bytes")
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"the body is over {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"the body is over {limit} bytes")
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"the body is over {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -104,7 +104,7 @@ def documents_of(body: bytes, max_documents: int) -> tuple[list[Any], bool]:
         raise HTTPException(422, "the batch holds no document")
     if len(items) > max_documents:
         raise HTTPException(
-            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            status.HTTP_413_CONTENT_TOO_LARGE,
             f"{len(items)} documents in one request; at most {max_documents} (TRIAGE_INTAKE_MAX_DOCUMENTS)",
         )
     return items, True
