@@ -117,8 +117,12 @@ def bench_queue_page() -> Figure:
             if after is not None:
                 paged["after_at"], paged["after_id"] = after
             ours = _median_ms(lambda w=where, a=after: service.queue(w, limit=PAGE, after=a))
-            unpaged = queue_statement(where.given(), False).limit(None)
-            whole = _median_ms(lambda q=unpaged, p=params: _all_rows(engine, q, p))
+            # The same statement with a limit past the end of the queue: every matching row.
+            # (Its LIMIT sits inside, before the model's answer is joined, so `.limit(None)`
+            # on the outer select would leave the inner one unbound.)
+            unpaged = {**params, "limit": n + 1}
+            query = queue_statement(where.given(), False)
+            whole = _median_ms(lambda q=query, p=unpaged: _all_rows(engine, q, p))
             page_ms.append(ours)
             whole_ms.append(whole)
             details[name] = {
