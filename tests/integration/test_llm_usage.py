@@ -7,7 +7,6 @@ fake on loopback, on a real PostgreSQL."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,17 +15,14 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply
-from tests.integration.helpers import new_jobs
+from tests.integration.helpers import documents, new_jobs, register_documents
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
-from triage.contracts.documents import DocumentPayload
 from triage.jobs.models import ClassificationRecord, Complete, LabelWrite
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-from triage.pipeline.retrieve import to_new_jobs
 from triage.pipeline.steps import RunSettings, run_step
-from triage.sources.base import SourceDocument
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = Taxonomy.load()
@@ -35,22 +31,7 @@ GOOD = Reply.ok("billing", 0.95, prompt_tokens=120, completion_tokens=12)
 
 
 def register(store: JobStore, payloads: PayloadStore, version: str) -> list[uuid.UUID]:
-    docs = [
-        SourceDocument(
-            "test",
-            f"T-{i:03d}",
-            DocumentPayload(
-                external_id=f"T-{i:03d}",
-                subject="Invoice",
-                body=f"I was charged twice, ticket {i}",
-                received_at=datetime(2026, 11, 1, 9, tzinfo=UTC),
-            ).to_bytes(),
-        )
-        for i in range(DOCUMENTS)
-    ]
-    return list(
-        store.register(to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify", max_attempts=3).new_ids
-    )
+    return list(register_documents(store, payloads, documents(DOCUMENTS), version, batch_key=BATCH).new_ids)
 
 
 def user_text(body: dict[str, Any]) -> str:
