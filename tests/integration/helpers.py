@@ -17,13 +17,17 @@ from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
 from triage.jobs.models import NewJob, Registered
 from triage.jobs.states import JobStatus, Step
+from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.retrieve import to_new_jobs
+from triage.pipeline.reuse import ContentCache
+from triage.pipeline.steps import RunSettings, StepReport, run_step
 from triage.sources.base import SourceDocument
 
 if TYPE_CHECKING:
     import psycopg
 
     from tests.fakes.openai_server import FakeOpenAIServer
+    from triage.classifiers.base import Classifier
     from triage.jobs.store import JobStore
     from triage.payloads import PayloadStore
 
@@ -84,6 +88,31 @@ def llm_classifier(server: FakeOpenAIServer, **kw: Any) -> OpenAICompatibleClass
     return OpenAICompatibleClassifier(
         base_url=server.base_url, api_key="sk-test", model="fake-model", taxonomy=Taxonomy.load(), **kw
     )
+
+
+def classify_try(
+    store: JobStore,
+    classifier: Classifier,
+    payloads: PayloadStore,
+    settings: RunSettings,
+    *,
+    batch_key: str,
+    classify: ClassifySettings | None = None,
+    cache: ContentCache | None = None,
+) -> StepReport:
+    """One try of the classify step with ``classifier`` (``classify``: the default settings if
+    None); the handler (and its classifier) is closed after it, as the operator does."""
+    handler = ClassifyHandler(classifier, payloads, classify or ClassifySettings(), cache=cache)
+    try:
+        return run_step(store, handler, batch_key=batch_key, settings=settings)
+    finally:
+        handler.close()
+
+
+def counts(store: JobStore, sql: str) -> dict[tuple[Any, ...], int]:
+    """``sql``'s rows as {the other columns: the last one} (a ``GROUP BY`` with a count last)."""
+    with store.engine.connect() as conn:
+        return {tuple(r[:-1]): r[-1] for r in conn.execute(sa.text(sql))}
 
 
 def failure_callback_context(*, run_id: str, batch_key: str, task_id: str, ledger_step: Step) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fakes.provider import FakeProvider
-from tests.integration.helpers import failure_callback_context
+from tests.integration.helpers import counts, failure_callback_context
 from triage.callbacks import on_task_failure
 from triage.database import DatabaseUrl
 from triage.jobs.models import Advance, ClassificationRecord, NewJob
@@ -67,11 +67,6 @@ def persist(store: JobStore, url: str, *, try_number: int, retry_soon_seconds: f
         )
     finally:
         action.close()
-
-
-def counts(store: JobStore, sql: str) -> dict[tuple[Any, ...], int]:
-    with store.engine.connect() as conn:
-        return {tuple(r[:-1]): r[-1] for r in conn.execute(sa.text(sql))}
 
 
 def into_review(store: JobStore) -> int:

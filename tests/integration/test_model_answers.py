@@ -13,14 +13,14 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label
-from tests.integration.helpers import document, llm_classifier, register_documents
+from tests.integration.helpers import classify_try, document, llm_classifier, register_documents
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
-from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+from triage.pipeline.classify import ClassifySettings
 from triage.pipeline.reuse import ContentCache
-from triage.pipeline.steps import DependencyMisconfigured, RunSettings, StepReport, run_step
+from triage.pipeline.steps import DependencyMisconfigured, RunSettings, StepReport
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = Taxonomy.load()
@@ -53,17 +53,9 @@ def classify(
     batch_size: int = 50,
 ) -> tuple[StepReport, ContentCache | None]:
     reuse = ContentCache(store, classifier.version, threshold) if cache else None
-    handler = ClassifyHandler(classifier, payloads, ClassifySettings(threshold, concurrency), cache=reuse)
-    try:
-        report = run_step(
-            store,
-            handler,
-            batch_key=batch,
-            settings=RunSettings(owner="answers-test", batch_size=batch_size, lease_seconds=60, retry_soon_seconds=0),
-        )
-    finally:
-        handler.close()
-    return report, reuse
+    settings = RunSettings(owner="answers-test", batch_size=batch_size, lease_seconds=60, retry_soon_seconds=0)
+    settled = ClassifySettings(threshold, concurrency)
+    return classify_try(store, classifier, payloads, settings, batch_key=batch, classify=settled, cache=reuse), reuse
 
 
 def rows(store: JobStore, sql: str, **params: object) -> list[sa.Row]:

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label
-from tests.integration.helpers import documents, failure_callback_context, register_documents
+from tests.integration.helpers import classify_try, counts, documents, failure_callback_context, register_documents
 from triage.callbacks import on_task_failure
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
@@ -26,8 +26,8 @@ from triage.database import DatabaseUrl
 from triage.jobs.store import JobStore
 from triage.operators import ClassifyDocumentsOperator
 from triage.payloads import PayloadStore
-from triage.pipeline.classify import MAX_RETRY_AFTER_SECONDS, ClassifyHandler, ClassifySettings
-from triage.pipeline.steps import CircuitOpen, RunSettings, StepReport, run_step
+from triage.pipeline.classify import MAX_RETRY_AFTER_SECONDS
+from triage.pipeline.steps import CircuitOpen, RunSettings, StepReport
 
 BATCH = "2026-11-05T00:00:00+00:00/2026-11-06T00:00:00+00:00"
 RUN = "manual__2026-11-06T00:00:00+00:00"
@@ -65,27 +65,13 @@ def classify(
 ) -> StepReport:
     """One Airflow try of ``classify`` map index 0 (its lease owner names the try); the try
     closes its classifier, as the operator does."""
-    handler = ClassifyHandler(classifier, payloads, ClassifySettings())
-    owner = f"classify_documents/{RUN}/classify/0/try{try_number}"
-    try:
-        return run_step(
-            store,
-            handler,
-            batch_key=BATCH,
-            settings=RunSettings(
-                owner=owner,
-                batch_size=batch_size,
-                retry_soon_seconds=0.0,
-                earlier_tries_of="classify_documents/" + RUN + "/classify/0/",
-            ),
-        )
-    finally:
-        handler.close()
-
-
-def counts(store: JobStore, sql: str) -> dict[tuple[Any, ...], int]:
-    with store.engine.connect() as conn:
-        return {tuple(r[:-1]): r[-1] for r in conn.execute(sa.text(sql))}
+    settings = RunSettings(
+        owner=f"classify_documents/{RUN}/classify/0/try{try_number}",
+        batch_size=batch_size,
+        retry_soon_seconds=0.0,
+        earlier_tries_of="classify_documents/" + RUN + "/classify/0/",
+    )
+    return classify_try(store, classifier, payloads, settings, batch_key=BATCH)
 
 
 def reviews(store: JobStore) -> int:

@@ -15,14 +15,14 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, keyword_responder
-from tests.integration.helpers import documents, llm_classifier, register_documents
+from tests.integration.helpers import classify_try, documents, llm_classifier, register_documents
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
-from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+from triage.pipeline.classify import ClassifySettings
 from triage.pipeline.steps import (
     CircuitOpen,
     DependencyMisconfigured,
@@ -30,7 +30,6 @@ from triage.pipeline.steps import (
     StepError,
     StepReport,
     WorkRemains,
-    run_step,
 )
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
@@ -54,18 +53,12 @@ def classify(
     batch_size: int = 50,
     retry_soon_seconds: float = 0.0,
 ) -> StepReport:
-    handler = ClassifyHandler(classifier, payloads, ClassifySettings(concurrency=concurrency))
-    try:
-        return run_step(
-            store,
-            handler,
-            batch_key=BATCH,
-            settings=RunSettings(
-                owner="llm-test", batch_size=batch_size, lease_seconds=60, retry_soon_seconds=retry_soon_seconds
-            ),
-        )
-    finally:
-        handler.close()
+    settings = RunSettings(
+        owner="llm-test", batch_size=batch_size, lease_seconds=60, retry_soon_seconds=retry_soon_seconds
+    )
+    return classify_try(
+        store, classifier, payloads, settings, batch_key=BATCH, classify=ClassifySettings(concurrency=concurrency)
+    )
 
 
 def rows(store: JobStore, sql: str, **params: object) -> list[sa.Row]:
