@@ -16,8 +16,8 @@ size: flat is within ±20 %. Reconciliation's statements slower than 50 ms are E
 
 from __future__ import annotations
 
+import functools
 import os
-import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +28,7 @@ import psycopg
 import sqlalchemy as sa
 
 from bench.common import Figure, scratch_database, server_cpu_seconds, timed
+from bench.review_queue import median_ms, middle_cursor
 from bench.simulation import bulk
 from tests.integration.helpers import drop_legacy_partitions, new_jobs, past_day_partitions
 from triage.database import DatabaseUrl, create_engine
@@ -127,23 +128,11 @@ def _queue_ms(engine: sa.Engine, store: JobStore) -> dict[str, float]:
         open_reviews = conn.execute(
             sa.select(sa.func.count()).where(manual_review.c.resolved_at.is_(None))
         ).scalar_one()
-        middle = tuple(
-            conn.execute(
-                sa.select(manual_review.c.created_at, manual_review.c.id)
-                .where(manual_review.c.resolved_at.is_(None))
-                .order_by(manual_review.c.created_at, manual_review.c.id)
-                .offset(open_reviews // 2)
-                .limit(1)
-            ).one()
-        )
+        middle = middle_cursor(conn, open_reviews)
     out = {}
     for name, after in (("head", None), ("deep", middle)):
-
-        def page(a: Any = after) -> Any:
-            return service.queue(QueueFilter(), limit=50, after=a)
-
-        page()  # warm
-        out[f"queue_page_{name}_ms"] = 1000 * statistics.median(timed(page)[0] for _ in range(5))
+        page = functools.partial(service.queue, QueueFilter(), limit=50, after=after)
+        out[f"queue_page_{name}_ms"] = median_ms(page, repeats=5)
         out[f"queue_page_{name}_buffers"] = _page_buffers(engine, after)
     return out
 

@@ -74,9 +74,25 @@ def _plan(engine: sa.Engine, query: Any, params: dict[str, Any]) -> list[str]:
     return [r[0].strip() for r in rows if "->" in r[0] or not r[0].startswith(" ")][:12]
 
 
-def _median_ms(fn: Any) -> float:
-    fn()  # warm: plans and caches, as on a server that has been up
-    return statistics.median(timed(fn)[0] for _ in range(REPEATS)) * 1000
+def median_ms(fn: Any, repeats: int | None = None) -> float:
+    """``fn``'s median time over ``repeats`` calls, in ms, after one call to warm plans and
+    caches (as on a server that has been up). The growth bench times its pages with it too."""
+    fn()
+    return statistics.median(timed(fn)[0] for _ in range(repeats or REPEATS)) * 1000
+
+
+def middle_cursor(conn: sa.Connection, open_reviews: int) -> tuple[Any, ...]:
+    """The cursor (``created_at``, ``id``) of the open review half-way down the queue's
+    ``open_reviews``: where a deep page starts."""
+    return tuple(
+        conn.execute(
+            sa.select(manual_review.c.created_at, manual_review.c.id)
+            .where(manual_review.c.resolved_at.is_(None))
+            .order_by(manual_review.c.created_at, manual_review.c.id)
+            .offset(open_reviews // 2)
+            .limit(1)
+        ).one()
+    )
 
 
 def bench_queue_page() -> Figure:
@@ -88,16 +104,8 @@ def bench_queue_page() -> Figure:
         with engine.begin() as conn:  # statistics as autovacuum would have them by now
             conn.execute(sa.text("ANALYZE"))
         service = TriageService(store, payload_base="/nonexistent", taxonomy_names=[])
-        with engine.connect() as conn:  # the cursor of a page half-way down the queue
-            middle = tuple(
-                conn.execute(
-                    sa.select(manual_review.c.created_at, manual_review.c.id)
-                    .where(manual_review.c.resolved_at.is_(None))
-                    .order_by(manual_review.c.created_at, manual_review.c.id)
-                    .offset(n // 2)
-                    .limit(1)
-                ).one()
-            )
+        with engine.connect() as conn:
+            middle = middle_cursor(conn, n)
         variants: dict[str, tuple[QueueFilter, Any]] = {
             "head": (QueueFilter(), None),
             "deep": (QueueFilter(), middle),
@@ -116,13 +124,13 @@ def bench_queue_page() -> Figure:
             paged = {**params, "limit": PAGE + 1}
             if after is not None:
                 paged["after_at"], paged["after_id"] = after
-            ours = _median_ms(lambda w=where, a=after: service.queue(w, limit=PAGE, after=a))
+            ours = median_ms(lambda w=where, a=after: service.queue(w, limit=PAGE, after=a))
             # The same statement with a limit past the end of the queue: every matching row.
             # (Its LIMIT sits inside, before the model's answer is joined, so `.limit(None)`
             # on the outer select would leave the inner one unbound.)
             unpaged = {**params, "limit": n + 1}
             query = queue_statement(where.given(), False)
-            whole = _median_ms(lambda q=query, p=unpaged: _all_rows(engine, q, p))
+            whole = median_ms(lambda q=query, p=unpaged: _all_rows(engine, q, p))
             page_ms.append(ours)
             whole_ms.append(whole)
             details[name] = {

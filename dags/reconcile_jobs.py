@@ -29,6 +29,7 @@ from airflow.sdk import DAG, Param
 
 from triage.operators.outage_resume import ResumeOutageRunOperator, plan_outage_resumes
 from triage.operators.reconcile import ReconcileJobsOperator
+from triage.operators.retry import default_args
 from triage.reconciliation.params import param_schemas
 
 with DAG(
@@ -41,14 +42,7 @@ with DAG(
     is_paused_upon_creation=False,  # wins over [core] dags_are_paused_at_creation
     tags=["triage", "reconciliation"],
     params={name: Param(**schema) for name, schema in param_schemas().items()},
-    default_args={
-        "owner": "triage",
-        "retries": 2,
-        "retry_delay": timedelta(seconds=30),
-        "retry_exponential_backoff": 2.0,
-        "max_retry_delay": timedelta(minutes=5),
-        "execution_timeout": timedelta(minutes=10),
-    },
+    default_args=default_args(retries=2, max_retry_delay=timedelta(minutes=5), execution_timeout=timedelta(minutes=10)),
     doc_md=__doc__,
 ) as dag:
     reconcile = ReconcileJobsOperator(task_id="reconcile")

@@ -27,8 +27,8 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param
 
-from triage.operators.review import ReviewJobsOperator
-from triage.review.config import REVIEW_DEFAULT_ARGS, form_label_names, param_schemas
+from triage.operators.review import REVIEW_DEFAULT_ARGS, ReviewJobsOperator
+from triage.review.config import form_label_names, param_schemas
 
 with DAG(
     dag_id="review_jobs",

@@ -15,9 +15,9 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import DAG, Param
 
-from triage.operators.review import ApplyReviewAnswerOperator, PickReviewCaseOperator
+from triage.operators.review import REVIEW_DEFAULT_ARGS, ApplyReviewAnswerOperator, PickReviewCaseOperator
 from triage.review.cases import options
-from triage.review.config import REVIEW_DEFAULT_ARGS, UUID_PATTERN, form_label_names, param_schemas
+from triage.review.config import UUID_PATTERN, form_label_names, param_schemas
 
 with DAG(
     dag_id="review_jobs_interactive",

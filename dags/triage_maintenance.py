@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG
 
 from triage.operators.maintenance import ApplyRetentionOperator
+from triage.operators.retry import default_args
 
 with DAG(
     dag_id="triage_maintenance",
@@ -28,14 +29,12 @@ with DAG(
     max_active_runs=1,
     is_paused_upon_creation=False,  # wins over [core] dags_are_paused_at_creation
     tags=["triage", "maintenance"],
-    default_args={
-        "owner": "triage",
-        "retries": 2,
-        "retry_delay": timedelta(minutes=5),
-        "retry_exponential_backoff": 2.0,
-        "max_retry_delay": timedelta(minutes=30),
-        "execution_timeout": timedelta(hours=2),
-    },
+    default_args=default_args(
+        retries=2,
+        retry_delay=timedelta(minutes=5),
+        max_retry_delay=timedelta(minutes=30),
+        execution_timeout=timedelta(hours=2),
+    ),
     doc_md=__doc__,
 ) as dag:
     ApplyRetentionOperator(task_id="apply_retention")

@@ -1,19 +1,35 @@
-"""Test helpers for the ledger: documents to register, jobs put in a given state by SQL."""
+"""Test helpers for the ledger: documents to register, jobs put in a given state by SQL, the
+classifier of the fake model server, the context of a failure callback."""
 
 from __future__ import annotations
 
 import hashlib
 import uuid
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from triage.jobs.models import NewJob
-from triage.jobs.states import JobStatus
+from triage.classifiers.llm import OpenAICompatibleClassifier
+from triage.classifiers.taxonomy import Taxonomy
+from triage.contracts.documents import DocumentPayload
+from triage.jobs.models import NewJob, Registered
+from triage.jobs.states import JobStatus, Step
+from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+from triage.pipeline.retrieve import to_new_jobs
+from triage.pipeline.reuse import ContentCache
+from triage.pipeline.steps import RunSettings, StepReport, run_step
+from triage.sources.base import SourceDocument
 
 if TYPE_CHECKING:
     import psycopg
+
+    from tests.fakes.openai_server import FakeOpenAIServer
+    from triage.classifiers.base import Classifier
+    from triage.jobs.store import JobStore
+    from triage.payloads import PayloadStore
 
 
 def new_jobs(n: int, *, prefix: str = "doc", version: str = "keyword-v1", source: str = "synthetic") -> list[NewJob]:
@@ -31,6 +47,87 @@ def new_jobs(n: int, *, prefix: str = "doc", version: str = "keyword-v1", source
             )
         )
     return out
+
+
+# -- documents through the classify step, and the fake model server's classifier --------------
+
+RECEIVED_AT = datetime(2026, 11, 1, 9, tzinfo=UTC)
+
+
+def document(
+    external_id: str, body: str, *, subject: str = "Invoice", received_at: datetime = RECEIVED_AT
+) -> SourceDocument:
+    """A document of the ``test`` source, as ``retrieve`` reads it."""
+    payload = DocumentPayload(external_id=external_id, subject=subject, body=body, received_at=received_at)
+    return SourceDocument("test", external_id, payload.to_bytes())
+
+
+def documents(
+    n: int, body: str = "I was charged twice, ticket {i}", *, prefix: str = "T", received_at: datetime = RECEIVED_AT
+) -> list[SourceDocument]:
+    """``n`` invoices ``T-000``, ``T-001``, … (``prefix``), ``body`` formatted with each one's index."""
+    return [document(f"{prefix}-{i:03d}", body.format(i=i), received_at=received_at) for i in range(n)]
+
+
+def register_documents(
+    store: JobStore,
+    payloads: PayloadStore,
+    docs: Sequence[SourceDocument],
+    version: str,
+    *,
+    batch_key: str,
+    max_attempts: int = 3,
+) -> Registered:
+    """``docs`` packed into ``payloads`` and registered at the classify step, as ``retrieve`` does."""
+    new = to_new_jobs(docs, payloads, version)
+    return store.register(new, batch_key=batch_key, step="classify", max_attempts=max_attempts)
+
+
+def llm_classifier(server: FakeOpenAIServer, **kw: Any) -> OpenAICompatibleClassifier:
+    """The real classifier, calling the fake model server (key ``sk-test``, model ``fake-model``)."""
+    return OpenAICompatibleClassifier(
+        base_url=server.base_url, api_key="sk-test", model="fake-model", taxonomy=Taxonomy.load(), **kw
+    )
+
+
+def classify_try(
+    store: JobStore,
+    classifier: Classifier,
+    payloads: PayloadStore,
+    settings: RunSettings,
+    *,
+    batch_key: str,
+    classify: ClassifySettings | None = None,
+    cache: ContentCache | None = None,
+) -> StepReport:
+    """One try of the classify step with ``classifier`` (``classify``: the default settings if
+    None); the handler (and its classifier) is closed after it, as the operator does."""
+    handler = ClassifyHandler(classifier, payloads, classify or ClassifySettings(), cache=cache)
+    try:
+        return run_step(store, handler, batch_key=batch_key, settings=settings)
+    finally:
+        handler.close()
+
+
+def counts(store: JobStore, sql: str) -> dict[tuple[Any, ...], int]:
+    """``sql``'s rows as {the other columns: the last one} (a ``GROUP BY`` with a count last)."""
+    with store.engine.connect() as conn:
+        return {tuple(r[:-1]): r[-1] for r in conn.execute(sa.text(sql))}
+
+
+def failure_callback_context(*, run_id: str, batch_key: str, task_id: str, ledger_step: Step) -> dict[str, Any]:
+    """What Airflow hands ``on_task_failure`` when it gives up on ``task_id`` of ``classify_documents``'
+    run ``run_id`` (try 4, not mapped), whose data interval is ``batch_key``."""
+    ti = SimpleNamespace(dag_id="classify_documents", run_id=run_id, task_id=task_id, map_index=-1, try_number=4)
+    task = SimpleNamespace(triage_conn_id="triage_db", task_id=task_id, ledger_step=ledger_step)
+    start, end = (datetime.fromisoformat(bound) for bound in batch_key.split("/"))
+    return {
+        "ti": ti,
+        "task": task,
+        "exception": RuntimeError("outage"),
+        "data_interval_start": start,
+        "data_interval_end": end,
+    }
 
 
 def insert_job(conn: sa.Connection, status: JobStatus = JobStatus.QUEUED, *, batch_key: str = "b") -> uuid.UUID:

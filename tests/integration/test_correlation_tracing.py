@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label
-from triage.classifiers.llm import OpenAICompatibleClassifier
-from triage.classifiers.taxonomy import Taxonomy
-from triage.contracts.documents import DocumentPayload
+from tests.integration.helpers import classify_try, documents, llm_classifier
 from triage.contracts.events import WorkEvent
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
-from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+from triage.pipeline.classify import ClassifySettings
 from triage.pipeline.retrieve import to_new_jobs
-from triage.pipeline.steps import RunSettings, run_step
-from triage.sources.base import SourceDocument
+from triage.pipeline.steps import RunSettings
 from triage.tracing import correlation_header
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
@@ -53,34 +49,17 @@ def spans(exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
 
 def run_classify(store: JobStore, tmp_path: Path, server: FakeOpenAIServer, correlation: list[str]) -> trace.Span:
     payloads = PayloadStore(tmp_path / "payloads")
-    classifier = OpenAICompatibleClassifier(
-        base_url=server.base_url, api_key="sk-test", model="fake-model", taxonomy=Taxonomy.load()
-    )
-    docs = [
-        SourceDocument(
-            "test",
-            f"T-{i:03d}",
-            DocumentPayload(
-                external_id=f"T-{i:03d}",
-                subject="Invoice",
-                body=f"charged twice {i}",
-                received_at=datetime(2026, 11, 1, 9, tzinfo=UTC),
-            ).to_bytes(),
-        )
-        for i in range(len(correlation))
-    ]
+    classifier = llm_classifier(server)
+    docs = documents(len(correlation), "charged twice {i}")
     new = [
         dataclasses.replace(job, correlation_id=c)
         for job, c in zip(to_new_jobs(docs, payloads, classifier.version), correlation, strict=True)
     ]
     store.register(new, batch_key=BATCH, step="classify", max_attempts=3)
-    handler = ClassifyHandler(classifier, payloads, ClassifySettings(concurrency=4))
+    settings = RunSettings(owner="t", batch_size=5, lease_seconds=60)
     # Airflow's task runner makes the task's span current while the operator runs.
     with trace.get_tracer("airflow.sdk.execution_time.task_runner").start_as_current_span("worker.classify") as task:
-        try:
-            run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="t", batch_size=5, lease_seconds=60))
-        finally:
-            handler.close()
+        classify_try(store, classifier, payloads, settings, batch_key=BATCH, classify=ClassifySettings(concurrency=4))
     return task
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import socket
 import uuid
-from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from tests.fakes.provider import FakeProvider
+from tests.integration.helpers import counts, failure_callback_context
 from triage.callbacks import on_task_failure
 from triage.database import DatabaseUrl
 from triage.jobs.models import Advance, ClassificationRecord, NewJob
@@ -69,11 +69,6 @@ def persist(store: JobStore, url: str, *, try_number: int, retry_soon_seconds: f
         action.close()
 
 
-def counts(store: JobStore, sql: str) -> dict[tuple[Any, ...], int]:
-    with store.engine.connect() as conn:
-        return {tuple(r[:-1]): r[-1] for r in conn.execute(sa.text(sql))}
-
-
 def into_review(store: JobStore) -> int:
     with store.engine.connect() as conn:
         return int(
@@ -84,15 +79,9 @@ def into_review(store: JobStore) -> int:
 
 
 def failure_context() -> dict[str, Any]:
-    ti = SimpleNamespace(dag_id="classify_documents", run_id=RUN, task_id="persist", map_index=-1, try_number=4)
-    task = SimpleNamespace(triage_conn_id="triage_db", task_id="persist", ledger_step=PersistLabelsOperator.ledger_step)
-    return {
-        "ti": ti,
-        "task": task,
-        "exception": RuntimeError("outage"),
-        "data_interval_start": datetime(2026, 11, 5, tzinfo=UTC),
-        "data_interval_end": datetime(2026, 11, 6, tzinfo=UTC),
-    }
+    return failure_callback_context(
+        run_id=RUN, batch_key=BATCH, task_id="persist", ledger_step=PersistLabelsOperator.ledger_step
+    )
 
 
 def refused_port() -> int:

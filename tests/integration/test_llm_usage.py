@@ -7,7 +7,6 @@ fake on loopback, on a real PostgreSQL."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,17 +15,14 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply
-from tests.integration.helpers import new_jobs
+from tests.integration.helpers import classify_try, documents, new_jobs, register_documents
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
-from triage.contracts.documents import DocumentPayload
 from triage.jobs.models import ClassificationRecord, Complete, LabelWrite
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
-from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-from triage.pipeline.retrieve import to_new_jobs
-from triage.pipeline.steps import RunSettings, run_step
-from triage.sources.base import SourceDocument
+from triage.pipeline.classify import ClassifySettings
+from triage.pipeline.steps import RunSettings
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = Taxonomy.load()
@@ -35,22 +31,7 @@ GOOD = Reply.ok("billing", 0.95, prompt_tokens=120, completion_tokens=12)
 
 
 def register(store: JobStore, payloads: PayloadStore, version: str) -> list[uuid.UUID]:
-    docs = [
-        SourceDocument(
-            "test",
-            f"T-{i:03d}",
-            DocumentPayload(
-                external_id=f"T-{i:03d}",
-                subject="Invoice",
-                body=f"I was charged twice, ticket {i}",
-                received_at=datetime(2026, 11, 1, 9, tzinfo=UTC),
-            ).to_bytes(),
-        )
-        for i in range(DOCUMENTS)
-    ]
-    return list(
-        store.register(to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify", max_attempts=3).new_ids
-    )
+    return list(register_documents(store, payloads, documents(DOCUMENTS), version, batch_key=BATCH).new_ids)
 
 
 def user_text(body: dict[str, Any]) -> str:
@@ -95,11 +76,10 @@ def test_one_out_of_range_usage_figure_never_fails_the_batch(
             price_per_1k_completion=1.0,
         )
         ids = register(store, payloads, classifier.version)
-        handler = ClassifyHandler(classifier, payloads, ClassifySettings(concurrency=4))
-        try:
-            report = run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w", batch_size=100))
-        finally:
-            handler.close()
+        settings = RunSettings(owner="w", batch_size=100)
+        report = classify_try(
+            store, classifier, payloads, settings, batch_key=BATCH, classify=ClassifySettings(concurrency=4)
+        )
         assert server.request_count == DOCUMENTS  # one call each: nothing was paid for twice
     assert report.claimed == DOCUMENTS
     with store.engine.connect() as conn:
@@ -176,11 +156,7 @@ def test_a_price_that_is_not_a_number_spoils_only_the_cost(store: JobStore, tmp_
             base_url=server.base_url, api_key=None, model="m", taxonomy=TAXONOMY, price_per_1k_prompt=price
         )
         register(store, payloads, classifier.version)
-        handler = ClassifyHandler(classifier, payloads, ClassifySettings())
-        try:
-            run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w", batch_size=100))
-        finally:
-            handler.close()
+        classify_try(store, classifier, payloads, RunSettings(owner="w", batch_size=100), batch_key=BATCH)
     with store.engine.connect() as conn:
         got = conn.execute(
             sa.text(

@@ -7,43 +7,23 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label
+from tests.integration.helpers import classify_try, document, llm_classifier, register_documents
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
-from triage.contracts.documents import DocumentPayload
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
-from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-from triage.pipeline.retrieve import to_new_jobs
+from triage.pipeline.classify import ClassifySettings
 from triage.pipeline.reuse import ContentCache
-from triage.pipeline.steps import DependencyMisconfigured, RunSettings, StepReport, run_step
-from triage.sources.base import SourceDocument
+from triage.pipeline.steps import DependencyMisconfigured, RunSettings, StepReport
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = Taxonomy.load()
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer(responder=fixed_label("billing", 0.92)) as fake:
-        yield fake
-
-
-@pytest.fixture
-def payloads(tmp_path: Path) -> PayloadStore:
-    return PayloadStore(tmp_path / "payloads")
-
-
-def llm(server: FakeOpenAIServer, **kw: Any) -> OpenAICompatibleClassifier:
-    return OpenAICompatibleClassifier(base_url=server.base_url, api_key="k", model="fake", taxonomy=TAXONOMY, **kw)
 
 
 def register(
@@ -52,20 +32,10 @@ def register(
     """One job per ``external id -> body``, each received at another minute: equal bodies are
     equal classifier input, though their payloads (and ``content_sha256``) differ."""
     source_docs = [
-        SourceDocument(
-            "test",
-            external_id,
-            DocumentPayload(
-                external_id=external_id,
-                subject="Ticket",
-                body=body,
-                received_at=datetime(2026, 11, 1, 9, minute, tzinfo=UTC),
-            ).to_bytes(),
-        )
+        document(external_id, body, subject="Ticket", received_at=datetime(2026, 11, 1, 9, minute, tzinfo=UTC))
         for minute, (external_id, body) in enumerate(docs.items())
     ]
-    new = to_new_jobs(source_docs, payloads, version)
-    store.register(new, batch_key=batch, step="classify", max_attempts=3)
+    register_documents(store, payloads, source_docs, version, batch_key=batch)
     with store.engine.connect() as conn:
         found = conn.execute(sa.text("SELECT external_id, id FROM triage.jobs WHERE batch_key = :b"), {"b": batch})
         return {r.external_id: r.id for r in found if r.external_id in docs}
@@ -83,17 +53,9 @@ def classify(
     batch_size: int = 50,
 ) -> tuple[StepReport, ContentCache | None]:
     reuse = ContentCache(store, classifier.version, threshold) if cache else None
-    handler = ClassifyHandler(classifier, payloads, ClassifySettings(threshold, concurrency), cache=reuse)
-    try:
-        report = run_step(
-            store,
-            handler,
-            batch_key=batch,
-            settings=RunSettings(owner="answers-test", batch_size=batch_size, lease_seconds=60, retry_soon_seconds=0),
-        )
-    finally:
-        handler.close()
-    return report, reuse
+    settings = RunSettings(owner="answers-test", batch_size=batch_size, lease_seconds=60, retry_soon_seconds=0)
+    settled = ClassifySettings(threshold, concurrency)
+    return classify_try(store, classifier, payloads, settings, batch_key=batch, classify=settled, cache=reuse), reuse
 
 
 def rows(store: JobStore, sql: str, **params: object) -> list[sa.Row]:
@@ -113,7 +75,7 @@ def classification_of(store: JobStore, job_id: uuid.UUID) -> sa.Row:
 def test_each_classification_records_its_output_mode(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, mode: str
 ) -> None:
-    classifier = llm(server, response_format=mode)
+    classifier = llm_classifier(server, response_format=mode)
     ids = register(store, payloads, classifier.version, {"A": "charged twice"})
     classify(store, classifier, payloads, cache=False)
     row = classification_of(store, ids["A"])
@@ -125,7 +87,7 @@ def test_a_provider_refusing_json_schema_stops_the_step_and_spends_nothing(
     store: JobStore, payloads: PayloadStore
 ) -> None:
     with FakeOpenAIServer(responder=fixed_label("billing"), refuse_json_schema=True) as refusing:
-        classifier = llm(refusing)
+        classifier = llm_classifier(refusing)
         register(store, payloads, classifier.version, {"A": "one", "B": "two", "C": "three"})
         with pytest.raises(DependencyMisconfigured, match="structured_output_unsupported"):
             classify(store, classifier, payloads, cache=False, concurrency=1)
@@ -141,7 +103,7 @@ def test_auto_completes_on_a_provider_refusing_json_schema_and_records_json_obje
     store: JobStore, payloads: PayloadStore
 ) -> None:
     with FakeOpenAIServer(responder=fixed_label("billing"), refuse_json_schema=True) as refusing:
-        classifier = llm(refusing, response_format="auto")
+        classifier = llm_classifier(refusing, response_format="auto")
         ids = register(store, payloads, classifier.version, {"A": "one", "B": "two", "C": "three"})
         classify(store, classifier, payloads, cache=False, concurrency=1)
         modes = [r["response_format"]["type"] for r in refusing.requests]
@@ -156,7 +118,7 @@ def test_auto_completes_on_a_provider_refusing_json_schema_and_records_json_obje
 def test_repeated_content_is_answered_once_and_each_job_completes_on_its_own(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     texts = {"charged twice", "other"}
     ids = register(
         store, payloads, classifier.version, {"A": "charged twice", "B": "charged twice", "C": "other", "D": "other"}
@@ -188,13 +150,13 @@ def test_repeated_content_is_answered_once_and_each_job_completes_on_its_own(
 def test_a_later_run_answers_repeated_content_from_the_ledger_without_a_call(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     first = register(store, payloads, classifier.version, {"A": "where is my parcel"})
     classify(store, classifier, payloads)
     assert server.request_count == 1
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
     second = register(store, payloads, classifier.version, {"A2": "where is my parcel"}, batch=later)
-    fresh = llm(server)  # another worker: nothing in memory
+    fresh = llm_classifier(server)  # another worker: nothing in memory
     classify(store, fresh, payloads, batch=later)
     assert server.request_count == 1  # zero calls for the repeat
     row = classification_of(store, second["A2"])
@@ -204,10 +166,10 @@ def test_a_later_run_answers_repeated_content_from_the_ledger_without_a_call(
 def test_an_answer_is_not_reused_across_classifier_versions(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    old = llm(server, prompt_version="p1")
+    old = llm_classifier(server, prompt_version="p1")
     register(store, payloads, old.version, {"A": "same text"})
     classify(store, old, payloads)
-    new = llm(server, prompt_version="p2")  # a prompt change is a new version: new work
+    new = llm_classifier(server, prompt_version="p2")  # a prompt change is a new version: new work
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
     ids = register(store, payloads, new.version, {"B": "same text"}, batch=later)
     classify(store, new, payloads, batch=later)
@@ -219,12 +181,12 @@ def test_an_answer_below_this_runs_threshold_sends_its_repeat_to_review_without_
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
     server.responder = fixed_label("billing", 0.75)
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     first = register(store, payloads, classifier.version, {"A": "same text"})
     classify(store, classifier, payloads, threshold=0.7)
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
     ids = register(store, payloads, classifier.version, {"B": "same text"}, batch=later)
-    _, cache = classify(store, llm(server), payloads, threshold=0.8, batch=later)
+    _, cache = classify(store, llm_classifier(server), payloads, threshold=0.8, batch=later)
     # The same input to the same version answers 0.75 again: decided afresh at 0.8, doubtful.
     assert server.request_count == 1
     assert cache is not None
@@ -241,7 +203,7 @@ def test_an_answer_below_this_runs_threshold_sends_its_repeat_to_review_without_
 def test_a_doubtful_answer_is_reused_within_a_claim_and_an_accepted_one_wins_over_it(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     server.enqueue(Reply.ok("billing", 0.3))  # A: doubtful; B, its repeat, takes that answer
     ids = register(store, payloads, classifier.version, {"A": "same text", "B": "same text"})
     classify(store, classifier, payloads)
@@ -251,11 +213,11 @@ def test_a_doubtful_answer_is_reused_within_a_claim_and_an_accepted_one_wins_ove
     assert classification_of(store, ids["B"]).reused_job_id == ids["A"]
     # A reviewer requeues A: the model is asked again and accepts; that answer is the entry now.
     store.resolve_with_requeue(ids["A"], actor="alice", note="ask again")
-    classify(store, llm(server), payloads)
+    classify(store, llm_classifier(server), payloads)
     assert server.request_count == 2
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
     ids |= register(store, payloads, classifier.version, {"C": "same text"}, batch=later)
-    classify(store, llm(server), payloads, batch=later)
+    classify(store, llm_classifier(server), payloads, batch=later)
     assert server.request_count == 2
     row = classification_of(store, ids["C"])
     assert (row.outcome, row.reused_job_id, row.reused_attempt) == ("accepted", ids["A"], 2)
@@ -264,7 +226,7 @@ def test_a_doubtful_answer_is_reused_within_a_claim_and_an_accepted_one_wins_ove
 def test_a_repeat_of_a_rejected_answer_is_asked_itself(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     server.enqueue(Reply.ok("astrology"))  # the first call: outside the taxonomy
     ids = register(store, payloads, classifier.version, {"A": "same text", "B": "same text"})
     classify(store, classifier, payloads, concurrency=1)
@@ -278,7 +240,7 @@ def test_a_repeat_of_a_rejected_answer_is_asked_itself(
 def test_the_cache_never_answers_for_content_a_reviewer_labelled(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     # A's answer is doubtful: a reviewer labels it refund_request.
     server.enqueue(Reply.ok("billing", 0.3))
     ids = register(store, payloads, classifier.version, {"A": "money back please"})
@@ -287,12 +249,12 @@ def test_the_cache_never_answers_for_content_a_reviewer_labelled(
     # The same content under another id: the model says billing, accepted (an entry exists now).
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
     ids |= register(store, payloads, classifier.version, {"B": "money back please"}, batch=later)
-    classify(store, llm(server), payloads, batch=later)
+    classify(store, llm_classifier(server), payloads, batch=later)
     # And again: a cached "billing" would contradict the reviewer about this content, so the
     # model is asked instead (a reviewer's label is never reused either).
     latest = "2026-11-03T00:00:00+00:00/2026-11-04T00:00:00+00:00"
     ids |= register(store, payloads, classifier.version, {"C": "money back please"}, batch=latest)
-    classify(store, llm(server), payloads, batch=latest)
+    classify(store, llm_classifier(server), payloads, batch=latest)
     assert server.request_count == 3
     assert classification_of(store, ids["C"]).reused_job_id is None
     labels = {r.external_id: r.label for r in rows(store, "SELECT * FROM triage.document_labels")}
@@ -302,18 +264,18 @@ def test_the_cache_never_answers_for_content_a_reviewer_labelled(
 def test_a_job_a_reviewer_requeued_is_asked_again_not_answered_from_the_cache(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     server.enqueue(Reply.ok("billing", 0.3))  # A: doubtful, to review
     ids = register(store, payloads, classifier.version, {"A": "same text"})
     classify(store, classifier, payloads)
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
     server.responder = fixed_label("billing", 0.92)
     ids |= register(store, payloads, classifier.version, {"B": "same text"}, batch=later)
-    classify(store, llm(server), payloads, batch=later)  # B: A's doubtful answer, to review
+    classify(store, llm_classifier(server), payloads, batch=later)  # B: A's doubtful answer, to review
     assert server.request_count == 1
     assert classification_of(store, ids["B"]).reused_job_id == ids["A"]
     store.resolve_with_requeue(ids["A"], actor="alice", note="ask again")
-    classify(store, llm(server), payloads)
+    classify(store, llm_classifier(server), payloads)
     assert server.request_count == 2  # the reviewer asked for the model, not the cache
     [again] = rows(store, "SELECT * FROM triage.classifications WHERE job_id = :j AND attempt = 2", j=ids["A"])
     assert (again.outcome, again.reused_job_id) == ("accepted", None)

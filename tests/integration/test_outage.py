@@ -12,25 +12,22 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label
+from tests.integration.helpers import classify_try, counts, documents, failure_callback_context, register_documents
 from triage.callbacks import on_task_failure
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
-from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl
 from triage.jobs.store import JobStore
 from triage.operators import ClassifyDocumentsOperator
 from triage.payloads import PayloadStore
-from triage.pipeline.classify import MAX_RETRY_AFTER_SECONDS, ClassifyHandler, ClassifySettings
-from triage.pipeline.retrieve import to_new_jobs
-from triage.pipeline.steps import CircuitOpen, RunSettings, StepReport, run_step
-from triage.sources.base import SourceDocument
+from triage.pipeline.classify import MAX_RETRY_AFTER_SECONDS
+from triage.pipeline.steps import CircuitOpen, RunSettings, StepReport
 
 BATCH = "2026-11-05T00:00:00+00:00/2026-11-06T00:00:00+00:00"
 RUN = "manual__2026-11-06T00:00:00+00:00"
@@ -47,30 +44,9 @@ class Switch:
         return self.down if self.down is not None else fixed_label("billing", 0.95)(_body)
 
 
-@pytest.fixture
-def payloads(tmp_path: Path) -> PayloadStore:
-    return PayloadStore(tmp_path / "payloads")
-
-
 def register(store: JobStore, payloads: PayloadStore, n: int, version: str, max_attempts: int = 3) -> list[uuid.UUID]:
-    docs = [
-        SourceDocument(
-            "test",
-            f"O-{i:03d}",
-            DocumentPayload(
-                external_id=f"O-{i:03d}",
-                subject="Invoice",
-                body=f"charged twice {i}",
-                received_at=datetime(2026, 11, 5, 9, tzinfo=UTC),
-            ).to_bytes(),
-        )
-        for i in range(n)
-    ]
-    return list(
-        store.register(
-            to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify", max_attempts=max_attempts
-        ).new_ids
-    )
+    docs = documents(n, "charged twice {i}", prefix="O", received_at=datetime(2026, 11, 5, 9, tzinfo=UTC))
+    return list(register_documents(store, payloads, docs, version, batch_key=BATCH, max_attempts=max_attempts).new_ids)
 
 
 def llm(fake: FakeOpenAIServer, timeout_s: float = 5.0) -> OpenAICompatibleClassifier:
@@ -89,27 +65,13 @@ def classify(
 ) -> StepReport:
     """One Airflow try of ``classify`` map index 0 (its lease owner names the try); the try
     closes its classifier, as the operator does."""
-    handler = ClassifyHandler(classifier, payloads, ClassifySettings())
-    owner = f"classify_documents/{RUN}/classify/0/try{try_number}"
-    try:
-        return run_step(
-            store,
-            handler,
-            batch_key=BATCH,
-            settings=RunSettings(
-                owner=owner,
-                batch_size=batch_size,
-                retry_soon_seconds=0.0,
-                earlier_tries_of="classify_documents/" + RUN + "/classify/0/",
-            ),
-        )
-    finally:
-        handler.close()
-
-
-def counts(store: JobStore, sql: str) -> dict[tuple[Any, ...], int]:
-    with store.engine.connect() as conn:
-        return {tuple(r[:-1]): r[-1] for r in conn.execute(sa.text(sql))}
+    settings = RunSettings(
+        owner=f"classify_documents/{RUN}/classify/0/try{try_number}",
+        batch_size=batch_size,
+        retry_soon_seconds=0.0,
+        earlier_tries_of="classify_documents/" + RUN + "/classify/0/",
+    )
+    return classify_try(store, classifier, payloads, settings, batch_key=BATCH)
 
 
 def reviews(store: JobStore) -> int:
@@ -118,17 +80,9 @@ def reviews(store: JobStore) -> int:
 
 
 def failure_context() -> dict[str, Any]:
-    ti = SimpleNamespace(dag_id="classify_documents", run_id=RUN, task_id="classify", map_index=-1, try_number=4)
-    task = SimpleNamespace(
-        triage_conn_id="triage_db", task_id="classify", ledger_step=ClassifyDocumentsOperator.ledger_step
+    return failure_callback_context(
+        run_id=RUN, batch_key=BATCH, task_id="classify", ledger_step=ClassifyDocumentsOperator.ledger_step
     )
-    return {
-        "ti": ti,
-        "task": task,
-        "exception": RuntimeError("outage"),
-        "data_interval_start": datetime(2026, 11, 5, tzinfo=UTC),
-        "data_interval_end": datetime(2026, 11, 6, tzinfo=UTC),
-    }
 
 
 @pytest.fixture

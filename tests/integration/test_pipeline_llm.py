@@ -9,25 +9,20 @@ import socket
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label, keyword_responder
+from tests.fakes.openai_server import FakeOpenAIServer, Reply, keyword_responder
+from tests.integration.helpers import classify_try, documents, llm_classifier, register_documents
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
-from triage.contracts.documents import DocumentPayload
 from triage.jobs.backoff import RetryPolicy
 from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
-from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-from triage.pipeline.retrieve import to_new_jobs
+from triage.pipeline.classify import ClassifySettings
 from triage.pipeline.steps import (
     CircuitOpen,
     DependencyMisconfigured,
@@ -35,50 +30,16 @@ from triage.pipeline.steps import (
     StepError,
     StepReport,
     WorkRemains,
-    run_step,
 )
-from triage.sources.base import SourceDocument
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = Taxonomy.load()
 
 
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer(responder=fixed_label("billing", 0.92)) as fake:
-        yield fake
-
-
-@pytest.fixture
-def payloads(tmp_path: Path) -> PayloadStore:
-    return PayloadStore(tmp_path / "payloads")
-
-
-def llm(server: FakeOpenAIServer, **kw: Any) -> OpenAICompatibleClassifier:
-    return OpenAICompatibleClassifier(
-        base_url=server.base_url, api_key="sk-test", model="fake-model", taxonomy=TAXONOMY, **kw
-    )
-
-
 def register(
     store: JobStore, payloads: PayloadStore, n: int, version: str, *, max_attempts: int = 3
 ) -> list[uuid.UUID]:
-    docs = [
-        SourceDocument(
-            "test",
-            f"T-{i:03d}",
-            DocumentPayload(
-                external_id=f"T-{i:03d}",
-                subject="Invoice",
-                body=f"I was charged twice, ticket {i}",
-                received_at=datetime(2026, 11, 1, 9, tzinfo=UTC),
-            ).to_bytes(),
-        )
-        for i in range(n)
-    ]
-    result = store.register(
-        to_new_jobs(docs, payloads, version), batch_key=BATCH, step="classify", max_attempts=max_attempts
-    )
+    result = register_documents(store, payloads, documents(n), version, batch_key=BATCH, max_attempts=max_attempts)
     assert result.new == n
     return list(result.new_ids)
 
@@ -92,18 +53,12 @@ def classify(
     batch_size: int = 50,
     retry_soon_seconds: float = 0.0,
 ) -> StepReport:
-    handler = ClassifyHandler(classifier, payloads, ClassifySettings(concurrency=concurrency))
-    try:
-        return run_step(
-            store,
-            handler,
-            batch_key=BATCH,
-            settings=RunSettings(
-                owner="llm-test", batch_size=batch_size, lease_seconds=60, retry_soon_seconds=retry_soon_seconds
-            ),
-        )
-    finally:
-        handler.close()
+    settings = RunSettings(
+        owner="llm-test", batch_size=batch_size, lease_seconds=60, retry_soon_seconds=retry_soon_seconds
+    )
+    return classify_try(
+        store, classifier, payloads, settings, batch_key=BATCH, classify=ClassifySettings(concurrency=concurrency)
+    )
 
 
 def rows(store: JobStore, sql: str, **params: object) -> list[sa.Row]:
@@ -123,7 +78,7 @@ def header(headers: dict[str, str], name: str) -> str | None:
 def test_a_valid_answer_completes_with_latency_and_tokens(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    classifier = llm(server, price_per_1k_prompt=0.5, price_per_1k_completion=1.5)
+    classifier = llm_classifier(server, price_per_1k_prompt=0.5, price_per_1k_completion=1.5)
     [job_id] = register(store, payloads, 1, classifier.version)
     server.enqueue(Reply.ok("shipping", 0.93, prompt_tokens=321, completion_tokens=17))
     classify(store, classifier, payloads)
@@ -162,7 +117,7 @@ def test_a_valid_answer_completes_with_latency_and_tokens(
 def test_transient_replies_are_retryable(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, reply: Reply, error_class: str
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     register(store, payloads, 1, classifier.version)
     server.enqueue(reply)
     with pytest.raises(WorkRemains):  # the default backoff (1-2 s) is not "soon" for this run
@@ -182,7 +137,7 @@ def test_transient_replies_are_retryable(
 def test_a_slow_reply_times_out_and_is_retryable(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    classifier = llm(server, timeout_s=0.2)
+    classifier = llm_classifier(server, timeout_s=0.2)
     register(store, payloads, 1, classifier.version)
     server.enqueue(Reply.slow(1000))
     with pytest.raises(WorkRemains):
@@ -195,7 +150,7 @@ def test_a_transient_failure_then_success_completes_in_one_run(
     engine: sa.Engine, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
     store = JobStore(engine, retry_policy=RetryPolicy(base_seconds=0.01, cap_seconds=0.05), rng=random.Random(1))
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     register(store, payloads, 1, classifier.version)
     server.enqueue(Reply.status_only(429), Reply.status_only(502))
     classify(store, classifier, payloads, retry_soon_seconds=5)
@@ -233,7 +188,7 @@ def test_a_dependency_that_is_down_opens_the_circuit(store: JobStore, payloads: 
 def test_bad_answers_are_rejected_into_review(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, reply: Reply, rejected_reason: str
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     register(store, payloads, 1, classifier.version)
     server.enqueue(reply)
     classify(store, classifier, payloads)
@@ -249,7 +204,7 @@ def test_bad_answers_are_rejected_into_review(
 def test_a_low_confidence_answer_is_inconclusive(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     register(store, payloads, 1, classifier.version)
     server.enqueue(Reply.ok("billing", 0.3))
     classify(store, classifier, payloads)
@@ -264,7 +219,7 @@ def test_a_low_confidence_answer_is_inconclusive(
 def test_a_refused_request_goes_to_review(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, status: int, error_class: str
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     register(store, payloads, 1, classifier.version)
     server.enqueue(Reply.status_only(status))
     classify(store, classifier, payloads)
@@ -279,7 +234,7 @@ def test_a_refused_request_goes_to_review(
 def test_a_misconfigured_endpoint_releases_and_stops(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, status: int
 ) -> None:
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     register(store, payloads, 3, classifier.version)
     server.responder = lambda _body: Reply.status_only(status)
     with pytest.raises(DependencyMisconfigured):
@@ -306,7 +261,7 @@ def test_concurrent_calls_complete_every_job_with_one_call_each(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
     server.responder = keyword_responder(TAXONOMY)
-    classifier = llm(server)
+    classifier = llm_classifier(server)
     register(store, payloads, 50, classifier.version)
     report = classify(store, classifier, payloads, concurrency=8, batch_size=20)
     assert report.claimed == 50

@@ -1,5 +1,6 @@
-"""The classify task's retry policy (Airflow 3.3's ``retry_policy``): how long Airflow waits
-before retrying a try that stopped on a dependency outage.
+"""How Triage's tasks are retried: every DAG's ``default_args`` (:func:`default_args`) and the
+classify task's retry policy (Airflow 3.3's ``retry_policy``): how long Airflow waits before
+retrying a try that stopped on a dependency outage.
 
 The retry-or-fail decision stays where it was (the operator raises ``AirflowException`` to
 retry, ``AirflowFailException`` not to): a policy would only restate it. What a policy states
@@ -18,6 +19,23 @@ from airflow.sdk.exceptions import AirflowException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+def default_args(
+    *, retries: int, max_retry_delay: timedelta, retry_delay: timedelta = timedelta(seconds=30), **more: Any
+) -> dict[str, Any]:
+    """A Triage DAG's ``default_args`` (a new dict each call): owned by ``triage``, ``retries``
+    retries with exponential backoff (factor 2) from ``retry_delay`` up to ``max_retry_delay``.
+
+    :param more: the DAG's other task defaults (``execution_timeout``, ``on_failure_callback``)."""
+    return {
+        "owner": "triage",
+        "retries": retries,
+        "retry_delay": retry_delay,
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": max_retry_delay,
+        **more,
+    }
 
 
 class DependencyOutage(AirflowException):

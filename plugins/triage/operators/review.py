@@ -21,11 +21,13 @@ same decisions again (``already_applied``) and sends the labels again under the 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from triage.operators.base import LABEL_ACTION_CONN_ID, TriageOperator, build_label_action
+from triage.operators.retry import default_args
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -37,6 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPORT_KEY = "review_report"
+
+REVIEW_DEFAULT_ARGS = default_args(retries=1, max_retry_delay=timedelta(minutes=5))
+"""The default_args of both review DAGs: one retry, for a database that was briefly away (safe:
+a decision applied twice changes nothing). Refusals fail with AirflowFailException and are never
+retried."""
 
 
 def reviewer(context: Context) -> str:

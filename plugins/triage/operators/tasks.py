@@ -20,7 +20,7 @@ from triage.operators.classify_documents import (
     PersistLabelsOperator,
     PublishEventsOperator,
 )
-from triage.operators.retry import OUTAGE_RETRY_POLICY
+from triage.operators.retry import OUTAGE_RETRY_POLICY, default_args
 from triage.operators.sizing import SizeClassifyOperator
 
 CLASSIFY_JOBS_PER_WORKER = {"keyword": 50_000, "llm": 2_000}
@@ -57,14 +57,7 @@ PERSIST_TIMEOUT = timedelta(seconds=PERSIST_BATCH_SIZE * LABEL_ACTION_TIMEOUT_SE
 """A ``persist`` try's ``execution_timeout`` (2 h 46 min 40 s): one claim whose every label
 action, one after the other, takes its whole timeout."""
 
-DEFAULT_ARGS: dict[str, Any] = {
-    "owner": "triage",
-    "retries": 3,
-    "retry_delay": timedelta(seconds=30),
-    "retry_exponential_backoff": 2.0,
-    "max_retry_delay": timedelta(minutes=15),
-    "on_failure_callback": on_task_failure,
-}
+DEFAULT_ARGS = default_args(retries=3, max_retry_delay=timedelta(minutes=15), on_failure_callback=on_task_failure)
 """Both DAGs' task defaults: retried with exponential backoff, and the failure callback that moves
 a task's unfinished jobs to review when Airflow gives up (copy it: ``dict(DEFAULT_ARGS)``)."""
 

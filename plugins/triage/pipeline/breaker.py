@@ -9,15 +9,21 @@ connection refused; never a 4xx, a 429 or a bad answer) and those failures span
 :meth:`CircuitBreaker.jobs_needed` distinct jobs that had not failed before. One job is never
 enough: from inside the step a model that is down and a document whose call always times out
 look the same, and parking the latter would park it forever; it spends its attempts instead and
-ends in review."""
+ends in review.
+
+:class:`OutageGuard` keeps, beside a handler's breaker, the outcomes of one try that the outage
+caused before the circuit opened, so that the jobs get those attempts back."""
 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
-__all__ = ["DEPENDENCY_DOWN", "CircuitBreaker"]
+from triage.jobs.models import Outcome, Park, Release, RetryLater
+
+__all__ = ["DEPENDENCY_DOWN", "CircuitBreaker", "OutageGuard"]
 
 DEPENDENCY_DOWN = frozenset({"server_error", "timeout", "connection_error"})
 """The error classes of a model call that say the dependency is down, not that the document or
@@ -64,3 +70,27 @@ class CircuitBreaker:
                 self._down_jobs.add(job)
             if self._all_down and len(self._down_jobs) >= self.jobs_needed():
                 self.is_open = True
+
+
+class OutageGuard:
+    """What a step handler with a breaker keeps of one try's outcomes, so that an outage costs
+    the jobs no attempt: the transient failures handed out before the circuit opened were the
+    outage's, not the jobs'. Used by the classify and persist steps."""
+
+    def __init__(self) -> None:
+        self._retried: dict[uuid.UUID, int] = {}  # RetryLater handed out by this try: id -> attempt
+
+    def settle(self, outcomes: list[Outcome], is_open: bool, park: Callable[[uuid.UUID, int], Park]) -> list[Outcome]:
+        """A batch's outcomes as the step records them. ``is_open``: the circuit is open now,
+        after the batch; ``park``: the handler's parking of one job (id, attempt)."""
+        if not is_open:
+            self._retried.update((o.job_id, o.attempt) for o in outcomes if isinstance(o, RetryLater))
+            return outcomes
+        # The circuit opened during this batch: its failed calls were the outage's, not the jobs'.
+        return [park(o.job_id, o.attempt) if isinstance(o, RetryLater | Release) else o for o in outcomes]
+
+    def give_back(self) -> dict[uuid.UUID, int]:
+        """The attempts of this try's earlier batches that failed on the outage before it was
+        recognised (:attr:`~triage.pipeline.steps.CircuitOpen.give_back`): the step gives them
+        back as it parks the jobs."""
+        return dict(self._retried)

@@ -75,7 +75,7 @@ from triage.jobs.models import (
 from triage.jobs.states import Step
 from triage.observability import log_job
 from triage.payloads import PayloadBaseMissing, PayloadError, PayloadStore
-from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker
+from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker, OutageGuard
 from triage.pipeline.ownership import Ownership
 from triage.pipeline.reading import read_document
 from triage.pipeline.reuse import ContentCache, input_key
@@ -150,7 +150,7 @@ class ClassifyHandler:
         self._store_down: str | None = None
         self._last_transient: tuple[str, str] | None = None  # (error_class, error) of the latest
         self._retry_after: float | None = None  # the longest bounded Retry-After the model sent
-        self._retried: dict[uuid.UUID, int] = {}  # RetryLater handed out by this try: id -> attempt
+        self._outages = OutageGuard()
         self._pool = ThreadPoolExecutor(settings.concurrency, "triage-classify") if settings.concurrency > 1 else None
 
     @property
@@ -197,11 +197,7 @@ class ClassifyHandler:
             if self.cache is not None:
                 self.cache.learn([jobs[i] for i in wave], done)
         outcomes = [by_index[i] for i in range(len(jobs))]
-        if self.outage() is None:
-            self._retried.update((o.job_id, o.attempt) for o in outcomes if isinstance(o, RetryLater))
-            return outcomes
-        # The circuit opened during this batch: its failed calls were the outage's, not the jobs'.
-        return [self.park(o.job_id, o.attempt) if isinstance(o, RetryLater | Release) else o for o in outcomes]
+        return self._outages.settle(outcomes, self.outage() is not None, self.park)
 
     def _in_pool(self, one: Callable[[int], Outcome], wave: Sequence[int]) -> list[Outcome]:
         """``one`` over ``wave`` on the pool, each call in a copy of this thread's context: the
@@ -256,9 +252,7 @@ class ClassifyHandler:
             )
         else:
             return None
-        # The transient failures of this try's earlier batches are what opened the circuit:
-        # the outage's, not the jobs'. The step gives those attempts back as it parks the jobs.
-        stop.give_back = dict(self._retried)
+        stop.give_back = self._outages.give_back()
         return stop
 
     def _failed(self, job: ClaimedJob, exc: ClassifierError, started: float) -> Outcome:

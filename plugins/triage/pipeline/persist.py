@@ -22,12 +22,12 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from triage.jobs.label_actions import superseded
-from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, Park, Release, RetryLater
+from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, Park, RetryLater
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
 from triage.observability import log_job
 from triage.pipeline.actions import ActionFailed
-from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker
+from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker, OutageGuard
 from triage.pipeline.ownership import Ownership
 from triage.pipeline.steps import CircuitOpen, StepError
 
@@ -59,18 +59,15 @@ class PersistHandler:
         self.store, self.action = store, action
         self.breaker = breaker or CircuitBreaker(min_jobs=BREAKER_MIN_JOBS)
         self._last_failure: tuple[str, str] | None = None  # (error_class, error) of the latest
-        self._retried: dict[uuid.UUID, int] = {}  # RetryLater handed out by this try: id -> attempt
+        self._outages = OutageGuard()
 
     def handle(self, jobs: Sequence[ClaimedJob], ownership: Ownership | None = None) -> list[Outcome]:
         if self.breaker.is_open:
             return [self._park(job.id, job.attempt) for job in jobs]
         self.breaker.claimed(job.id for job in jobs)
         outcomes = self._outcomes(jobs, ownership)
-        if not self.breaker.is_open:
-            self._retried.update((o.job_id, o.attempt) for o in outcomes if isinstance(o, RetryLater))
-            return outcomes
-        # The provider went down during this batch: its failed actions were the outage's.
-        return [self._park(o.job_id, o.attempt) if isinstance(o, RetryLater | Release) else o for o in outcomes]
+        # The provider may have gone down during this batch: its failed actions were the outage's.
+        return self._outages.settle(outcomes, self.breaker.is_open, self._park)
 
     def _outcomes(self, jobs: Sequence[ClaimedJob], ownership: Ownership | None) -> list[Outcome]:
         labels = self.store.accepted_labels([j.id for j in jobs])
@@ -135,7 +132,5 @@ class PersistHandler:
             error_class=error_class,
             error=error,
         )
-        # This try's earlier failed actions are what opened the circuit: the outage's, not the
-        # jobs'. The step gives those attempts back as it parks the jobs.
-        stop.give_back = dict(self._retried)
+        stop.give_back = self._outages.give_back()
         return stop

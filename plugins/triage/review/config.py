@@ -11,7 +11,6 @@ ids, and is a dry run unless ``dry_run`` is unticked.
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -129,15 +128,3 @@ def form_label_names() -> list[str]:
         return [str(item["name"]) for item in data["labels"]]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return []
-
-
-REVIEW_DEFAULT_ARGS: dict[str, Any] = {
-    "owner": "triage",
-    # One retry, for a database that was briefly away: safe, a decision applied twice changes
-    # nothing. Refusals fail with AirflowFailException and are never retried.
-    "retries": 1,
-    "retry_delay": timedelta(seconds=30),
-    "retry_exponential_backoff": 2.0,
-    "max_retry_delay": timedelta(minutes=5),
-}
-"""The default_args of both review DAGs."""
