@@ -65,7 +65,7 @@ def test_classify_documents_is_scheduled_with_real_intervals(dagbag) -> None:  #
     assert dag.catchup is False
     assert dag.max_active_runs >= 1
     assert {"triage"} <= set(dag.tags)
-    order = ["retrieve", "size_classify", "classify", "persist", "publish_events", "alert"]
+    order = ["retrieve", "model_batches", "size_classify", "classify", "persist", "publish_events", "alert"]
     assert [t.task_id for t in dag.topological_sort()] == order
 
 
@@ -127,7 +127,7 @@ def test_classify_is_mapped_over_as_many_instances_as_the_batch_needs(dagbag) ->
     assert isinstance(size, SizeClassifyOperator)
     (upstream,) = task.expand_input.value["worker"].iter_references()
     assert upstream[0] is size
-    assert size.upstream_task_ids == {"retrieve"}
+    assert size.upstream_task_ids == {"model_batches"}  # after retrieve (batch mode waits there)
     assert task.retries >= 1
     from triage.operators import tasks as module  # the factory both classifying DAGs build from
 
@@ -327,6 +327,7 @@ def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-
         pytest.param("max_attempts", 0, id="no-attempts"),
         pytest.param("drill", {"transient_error_rate": 2}, id="drill-rate-above-one"),
         pytest.param("drill", {"surprise": 1}, id="drill-unknown-key"),
+        pytest.param("model_mode", "fast", id="unknown-model-mode"),
     ],
 )
 def test_the_form_refuses_invalid_input(dagbag, name: str, value: object) -> None:  # type: ignore[no-untyped-def]
@@ -379,7 +380,7 @@ def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagba
     assert intake.is_paused_upon_creation is False
     assert intake.catchup is False
     assert not intake.deadline
-    assert {t.task_id for t in intake.tasks} == {t.task_id for t in daily.tasks} - {"retrieve"}
+    assert {t.task_id for t in intake.tasks} == {t.task_id for t in daily.tasks} - {"retrieve", "model_batches"}
     for task in intake.tasks:
         twin = daily.get_task(task.task_id)
         assert type(task) is type(twin), task.task_id
@@ -393,3 +394,24 @@ def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagba
     assert {k: classify.partial_kwargs[k] for k in same} == {k: twin.partial_kwargs[k] for k in same}
     assert intake.get_task("alert").is_teardown
     assert intake.params["classifier"] == "keyword"  # $TRIAGE_INTAKE_CLASSIFIER unset
+
+
+def test_batch_mode_waits_between_retrieve_and_size_classify_in_classify_documents_only(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """``model_batches`` (batch mode's submit, deferred wait and collect) runs after every
+    retrieve shard and before the classify tasks are sized, so that they size themselves on
+    what the provider answered; classify_intake has neither the task nor the mode."""
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from triage.operators.model_batches import SubmitModelBatchesOperator
+
+    daily, intake = dagbag.dags["classify_documents"], dagbag.dags["classify_intake"]
+    submit = daily.get_task("model_batches")
+    assert isinstance(submit, SubmitModelBatchesOperator)
+    assert submit.upstream_task_ids == {"retrieve"}
+    assert submit.downstream_task_ids == {"size_classify", "alert"}
+    assert daily.get_task("size_classify").upstream_task_ids == {"model_batches"}
+    assert daily.params["model_mode"] == "interactive"
+    assert "model_batches" not in intake.task_ids
+    assert intake.params["model_mode"] == "interactive"
+    with pytest.raises(ParamValidationError):
+        intake.params.get_param("model_mode").resolve("batch")

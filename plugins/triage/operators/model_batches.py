@@ -1,7 +1,9 @@
 """Batch mode's Airflow side: submit a run's classify jobs to the provider's batch interface, wait
 for the batches in the triggerer (no worker slot held for up to a day), collect them.
 
-:class:`SubmitModelBatchesOperator` runs before ``classify``: it submits (:func:`triage.pipeline.
+``classify_documents`` runs :class:`SubmitModelBatchesOperator` as its task ``model_batches``,
+after ``retrieve`` and before ``size_classify``; it works only in a run whose param
+``model_mode`` is ``batch`` (and returns at once otherwise). It submits (:func:`triage.pipeline.
 batch_mode.submit`), defers to :class:`ModelBatchTrigger` until no submitted batch is running,
 then collects (:func:`~triage.pipeline.batch_mode.collect`): answers per job, a lost batch's jobs
 made due. The ``classify`` task after it takes each job's batch answer instead of a call and asks
@@ -14,14 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from triage.operators.base import TriageOperator, batch_key, lease_owner
+from triage.jobs.states import Step
+from triage.operators.base import TriageOperator, batch_key, lease_owner, owner_prefix
 from triage.operators.classify_documents import _payloads
 from triage.operators.model_connection import build_run_classifier, llm_settings
 
@@ -91,12 +96,21 @@ class ModelBatchTrigger(BaseTrigger):
 
 
 class SubmitModelBatchesOperator(TriageOperator):
-    """Submit the run's ``llm`` classify jobs as provider batches, wait for them deferred, collect.
+    """Batch mode (param ``model_mode`` = ``batch``): submit the run's ``llm`` classify jobs as
+    provider batches, wait for them deferred, collect their answers. In an interactive run
+    (the default) it returns at once and touches nothing.
 
-    :param llm_conn_id: the model connection (the batch interface is at its base URL).
+    A provider that has no batch interface, or a key that may not use it (401, 403, 404), fails
+    the task without retry and gives the claimed jobs back; any other error of the interface is
+    retried by Airflow (a resubmission adopts what the provider took: never paid twice).
+
+    :param llm_conn_id: the model connection (the batch interface is at its base URL; its extra
+        ``batch_size`` and ``batch_poll_seconds`` override the two below: docs/model-calls.md).
     :param batch_size: jobs per provider batch (OpenAI takes up to 50,000 requests and 200 MB).
     :param poll_seconds: how often the triggerer asks the provider.
     """
+
+    ledger_step = Step.CLASSIFY  # it claims the step's jobs to submit them
 
     template_fields = ("payload_base",)
 
@@ -113,13 +127,29 @@ class SubmitModelBatchesOperator(TriageOperator):
         self.payload_base, self.llm_conn_id = payload_base, llm_conn_id
         self.batch_size, self.poll_seconds = batch_size, poll_seconds
 
+    def _setting(self, key: str, default: float) -> float:
+        """A positive number of the connection's extra, else ``default``; anything else fails the task."""
+        value = (BaseHook.get_connection(self.llm_conn_id).extra_dejson or {}).get(key)
+        if value in (None, ""):
+            return default
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = 0.0
+        if number <= 0:
+            raise AirflowFailException(
+                f"the {self.llm_conn_id} connection's extra {key} is {value!r}: a positive number"
+            )
+        return number
+
     def _client(self, context: Context) -> BatchClient:
         from triage.classifiers.batch_api import BatchClient
         from triage.classifiers.llm import OpenAICompatibleClassifier
 
         classifier = build_run_classifier(self.run_config(context), self.llm_conn_id)
-        if not isinstance(classifier, OpenAICompatibleClassifier):
-            raise ValueError("batch mode needs the llm classifier without drill faults")
+        if not isinstance(classifier, OpenAICompatibleClassifier):  # the run config refuses it first
+            classifier.close()
+            raise AirflowFailException("model_mode batch needs the llm classifier without drill faults")
         settings = llm_settings(self.llm_conn_id)
         return BatchClient(classifier, settings["base_url"], settings["api_key"])
 
@@ -127,21 +157,28 @@ class SubmitModelBatchesOperator(TriageOperator):
         from triage.jobs.batches import BatchLedger
         from triage.pipeline.batch_mode import submit
 
-        if self.run_config(context).classifier != "llm":
-            return {"submitted": 0}
+        config = self.run_config(context)
+        if config.model_mode != "batch":
+            return {"model_mode": config.model_mode}
+        key, owner = batch_key(context), lease_owner(context)
         client = self._client(context)
         try:
-            keys = submit(
-                self.store,
-                BatchLedger(self.store.engine),
-                client,
-                _payloads(self.payload_base),
-                batch_key=batch_key(context),
-                owner=lease_owner(context),
-                limit=self.batch_size,
-                lease_seconds=self.run_config(context).lease_seconds,
+            # A try that died while it held a claim: its jobs come back before this one claims.
+            self.store.release_expired_leases(
+                earlier_tries_of=owner_prefix(context), owner=owner, batch_key=key, actor=owner
             )
-            self.log.info("submitted %d provider batches", len(keys))
+            with _batch_interface_errors():
+                keys = submit(
+                    self.store,
+                    BatchLedger(self.store.engine),
+                    client,
+                    _payloads(self.payload_base),
+                    batch_key=key,
+                    owner=owner,
+                    limit=int(self._setting("batch_size", self.batch_size)),
+                    lease_seconds=config.lease_seconds,
+                )
+            self.log.info("batch=%s submitted %d provider batches", key, len(keys))
             return self._collect_or_wait(context, client)
         finally:
             client.classifier.close()
@@ -161,14 +198,45 @@ class SubmitModelBatchesOperator(TriageOperator):
         from triage.jobs.batches import BatchLedger
         from triage.pipeline.batch_mode import BATCH_WINDOW_SECONDS, collect
 
-        ledger = BatchLedger(self.store.engine)
-        result = collect(ledger, client, batch_key=batch_key(context), actor=lease_owner(context))
-        running = [s.provider_batch_id for s in ledger.open_batches(batch_key(context)) if s.provider_batch_id]
+        ledger, key = BatchLedger(self.store.engine), batch_key(context)
+        with _batch_interface_errors():
+            result = collect(ledger, client, batch_key=key, actor=lease_owner(context))
+        running = [s.provider_batch_id for s in ledger.open_batches(key) if s.provider_batch_id]
         if running:
+            self.log.info("batch=%s waiting in the triggerer for %d provider batches", key, len(running))
             deadline = time.time() + BATCH_WINDOW_SECONDS
             self.defer(
-                trigger=ModelBatchTrigger(running, self.llm_conn_id, self.poll_seconds, deadline),
+                trigger=ModelBatchTrigger(
+                    running, self.llm_conn_id, self._setting("batch_poll_seconds", self.poll_seconds), deadline
+                ),
                 method_name="execute_complete",
                 timeout=timedelta(seconds=BATCH_WINDOW_SECONDS),
             )
+        self.log.info(
+            "batch=%s provider batches collected=%d lost=%d answers=%d jobs due=%d",
+            key,
+            result.collected,
+            result.lost,
+            result.answers,
+            result.due,
+        )
         return {"collected": result.collected, "lost": result.lost, "answers": result.answers, "due": result.due}
+
+
+@contextmanager
+def _batch_interface_errors() -> Iterator[None]:
+    """The batch interface's errors as Airflow's: refused (no interface, a key that may not use
+    it) fails without retry; anything else is retried."""
+    from triage.classifiers.base import ClassifierError
+
+    try:
+        yield
+    except ClassifierError as exc:
+        if exc.transient:
+            raise AirflowException(
+                f"{exc}; Airflow's retry submits or collects again (adopting what it took)"
+            ) from None
+        raise AirflowFailException(
+            f"{exc}: the triage_llm connection's provider has no batch interface there, or its key may not use "
+            "it; run with model_mode interactive, or fix the connection and clear this task"
+        ) from None

@@ -20,6 +20,7 @@ from triage.operators.classify_documents import (
     PersistLabelsOperator,
     PublishEventsOperator,
 )
+from triage.operators.model_batches import SubmitModelBatchesOperator
 from triage.operators.retry import OUTAGE_RETRY_POLICY
 from triage.operators.sizing import SizeClassifyOperator
 
@@ -69,12 +70,17 @@ DEFAULT_ARGS: dict[str, Any] = {
 a task's unfinished jobs to review when Airflow gives up (copy it: ``dict(DEFAULT_ARGS)``)."""
 
 
-def classification_tasks(upstream: Any = None, *, batch: str | None = None) -> dict[str, Any]:
+def classification_tasks(
+    upstream: Any = None, *, batch: str | None = None, model_batches: bool = False
+) -> dict[str, Any]:
     """size_classify → classify (mapped over as many instances as the batch's open jobs need:
     :mod:`triage.operators.sizing`) → persist → publish_events after ``upstream`` (if any), and
     ``alert``, a teardown downstream of every one of them; returns the tasks by id.
 
     :param batch: the batch every task works on (None: the run's data interval).
+    :param model_batches: put ``model_batches`` first (:mod:`triage.operators.model_batches`):
+        a run with param ``model_mode`` = ``batch`` sends its jobs to the provider's batch
+        interface there and waits, deferred; an interactive run passes through it at once.
     """
     size = SizeClassifyOperator(
         task_id="size_classify",
@@ -98,9 +104,15 @@ def classification_tasks(upstream: Any = None, *, batch: str | None = None) -> d
     alert = RunAlertsOperator(task_id="alert", batch=batch).as_teardown()
 
     steps = [size, classify, persist, publish]
+    tasks = {"size_classify": size, "classify": classify, "persist": persist, "publish_events": publish, "alert": alert}
+    if model_batches:
+        submit = SubmitModelBatchesOperator(task_id="model_batches", batch=batch)
+        submit >> size
+        steps.insert(0, submit)
+        tasks["model_batches"] = submit
     if upstream is not None:
-        upstream >> size
+        upstream >> steps[0]
         steps.insert(0, upstream)
     size >> classify >> persist >> publish
     steps >> alert
-    return {"size_classify": size, "classify": classify, "persist": persist, "publish_events": publish, "alert": alert}
+    return tasks

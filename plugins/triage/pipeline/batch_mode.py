@@ -30,7 +30,7 @@ from triage.classifiers.base import ModelOutput
 from triage.classifiers.batch_api import BatchClient
 from triage.contracts.documents import DocumentPayload
 from triage.jobs.batches import BatchLedger, Submission
-from triage.jobs.models import ClaimedJob, Outcome, Park
+from triage.jobs.models import ClaimedJob, Outcome, Park, Release
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
@@ -88,9 +88,15 @@ def submit(
                 outcomes.append(document)
         if submitted:
             key, row = _open(ledger, batch_key, version, [(job.id, job.attempt) for job, _ in submitted])
-            provider_id = row.provider_batch_id or client.submit(
-                ((f"{job.id}:{job.attempt}", text) for job, text in submitted), key
-            )
+            try:
+                provider_id = row.provider_batch_id or client.submit(
+                    ((f"{job.id}:{job.attempt}", text) for job, text in submitted), key
+                )
+            except BaseException:
+                # The provider did not take them (down, refused): the claim is given back, no
+                # attempt spent, and what was already decided (unreadable payloads) recorded.
+                store.record(claim, [*outcomes, *(Release(job.id, job.attempt) for job, _ in submitted)])
+                raise
             ledger.mark_running(key, provider_id)
             outcomes += [Park(job.id, job.attempt, "batch", BATCH_WINDOW_SECONDS) for job, _ in submitted]
             keys.append(key)
