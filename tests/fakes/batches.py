@@ -68,6 +68,8 @@ class FakeBatches:
         """What a batch becomes once its polls run out: ``completed``, or a loss as :meth:`lose`
         takes it (``("failed", 0)``, ``("expired", keep)``, ``("gone", 0)``): a provider that loses
         batches a test cannot reach in time (another process submits and polls them)."""
+        self.refuse: int | None = None
+        """An HTTP status every request of the batch interface gets (a provider without one: 404)."""
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, _Batch] = {}
         self.created = 0
@@ -91,6 +93,8 @@ class FakeBatches:
     # -- HTTP ---------------------------------------------------------------------------------
 
     def post(self, path: str, content_type: str, raw: bytes) -> tuple[int, Any]:
+        if self.refuse is not None:
+            return self.refuse, _error("refused")
         if path == "/v1/files":
             return self._upload(content_type, raw)
         if path == "/v1/batches":
@@ -106,6 +110,8 @@ class FakeBatches:
         return 404, _error("no such path")
 
     def get(self, path: str) -> tuple[int, Any]:
+        if self.refuse is not None:
+            return self.refuse, _error("refused")
         parts = path.split("?")[0].strip("/").split("/")
         with self._lock:
             if parts == ["v1", "batches"]:

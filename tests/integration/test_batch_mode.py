@@ -160,3 +160,28 @@ def test_the_same_jobs_submitted_after_their_batch_finished_make_a_new_batch(
     assert server.batches.created == 2
     assert [s.key for s in ledger.open_batches(BATCH)] == [second]
     client.close()
+
+
+@pytest.mark.parametrize(("status", "transient"), [(404, False), (401, False), (503, True)])
+def test_a_submission_the_provider_does_not_take_gives_the_claim_back(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, status: int, transient: bool
+) -> None:
+    """No batch interface there (404), a key that may not use it (401): permanent; a 503:
+    transient. Either way the claimed jobs are queued again with no attempt spent (not left
+    running under the claim's lease), and a later submission of them goes through."""
+    from triage.classifiers.base import ClassifierError
+
+    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    register(store, payloads, client.classifier.version, ["a", "b", "c"])
+    server.batches.refuse = status
+    with pytest.raises(ClassifierError) as caught:
+        submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit")
+    assert caught.value.transient is transient
+    assert caught.value.error_class == ("batch_api_error" if transient else "batch_interface_unavailable")
+    assert {(j.status, j.attempt, j.lease_owner) for j in jobs(store)} == {("queued", 0, None)}
+    server.batches.refuse = None
+    [key] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit-again")
+    assert server.batches.created == 1
+    assert {(j.status, j.status_reason) for j in jobs(store)} == {("waiting", "outage:batch")}
+    assert [s.key for s in ledger.open_batches(BATCH)] == [key]
+    client.close()
