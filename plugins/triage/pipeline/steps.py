@@ -163,7 +163,9 @@ def run_step(
     """Work through the step's claimable jobs of ``batch_key``.
 
     Recording batch N (database work) overlaps with handling batch N+1 (Python work): one
-    background writer, so at most two leases are out at once and outcomes are written in order.
+    background writer, so at most two leases are out at once and outcomes are written in order;
+    with ``settings.claim_ahead`` batch N+2 is claimed meanwhile too, after N is recorded (three
+    leases, each heartbeated: :mod:`triage.pipeline.claim_ahead`).
     Each batch is summarised once into ``metrics`` (see :mod:`triage.observability`), and every
     job that did not simply succeed gets one log line with its ``correlation_id``.
 
