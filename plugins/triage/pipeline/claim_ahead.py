@@ -78,17 +78,19 @@ class ClaimAhead:
         return Held(claim, claimed_at, ownership, heartbeat)
 
     def take(self) -> Held | None:
-        """The claim taken ahead (its heartbeat running), or None if none was started."""
-        if self._next is None:
-            return None
-        held, self._next = self._next.result(), None
-        return held
+        """The claim taken ahead (its heartbeat running), or None if none was started; the
+        claim's own error, if it failed."""
+        future, self._next = self._next, None
+        return None if future is None else future.result()
 
     def cancel(self) -> None:
-        """Give back the claim taken ahead, if any (waiting for it to be taken first)."""
-        held = self.take()
-        if held is not None:
-            held.release()
+        """Give back the claim taken ahead, if any (waiting for it to be taken first). A claim
+        that failed holds nothing (its transaction rolled back): the step's own error is the one
+        that counts."""
+        future, self._next = self._next, None
+        if future is None or future.exception() is not None:
+            return
+        future.result().release()
 
     def close(self) -> None:
         try:
