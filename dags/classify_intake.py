@@ -37,7 +37,7 @@ schemas = param_schemas()
 intake_params = {
     **schemas,
     "classifier": {**schemas["classifier"], "default": settings.intake_classifier()},
-    # Intake answers within seconds: no provider batch (no model_batches task here either).
+    # Intake answers within seconds: no provider batch (its size_classify never waits for one).
     "model_mode": {
         **schemas["model_mode"],
         "enum": ["interactive"],

@@ -3,7 +3,7 @@
 under ``make up``, whose ``airflow standalone`` runs a triggerer) and a run triggered through the
 REST API with the same conf (what the UI's trigger form posts).
 
-Each run's ``model_batches`` submits its day to the fake server's batch interface, defers, and
+Each run's ``size_classify`` submits its day to the fake server's batch interface, defers, and
 the triggerer (not a worker) polls the provider until the batch is done; the scheduler then
 resumes the task on a worker, which collects, and ``classify`` completes every job from the
 batch's answers: no interactive call."""
@@ -66,13 +66,13 @@ def test_a_batch_mode_backfill_and_a_triggered_run_wait_in_the_triggerer(deploym
                 "/api/v2/dags/classify_documents/dagRuns",
                 {"dag_run_id": "triggered", "logical_date": "2026-11-10T00:00:00Z", "conf": CONF},
             )
-            seen = wait_for_task_state(af.env, "triggered", "model_batches", "deferred", timeout=300)
+            seen = wait_for_task_state(af.env, "triggered", "size_classify", "deferred", timeout=300)
             backfill = wait_for_runs(af.env, "classify_documents", 2, ("success",), timeout=600, run_type="backfill")
             triggered = wait_for_runs(af.env, "classify_documents", 1, ("success",), timeout=300, run_type="manual")
             states = task_states(af.env, "classify_documents", "triggered")
     assert "deferred" in seen  # the wait ran in the triggerer, no worker slot held
     assert [r["state"] for r in backfill + triggered] == ["success"] * 3
-    assert states["model_batches"] == "success", states
+    assert states["size_classify"] == "success", states
     assert model.batches.created == 3  # one provider batch a run
     assert model.request_count == 0  # no interactive call
     # The llm jobs: unpausing the DAG also lets the scheduler start its latest scheduled run, with

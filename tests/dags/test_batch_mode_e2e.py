@@ -3,7 +3,7 @@
 loopback (real HTTP, another process than the run's) and a real job database.
 
 ``dags test`` runs a deferred task's trigger in line (Airflow's ``dag.test()``), as a triggerer
-would: ``model_batches`` submits, defers to ``ModelBatchTrigger`` (which polls the fake until the
+would: ``size_classify`` submits, defers to ``ModelBatchTrigger`` (which polls the fake until the
 batch is no longer running), resumes and collects; ``classify`` then takes the answers. A
 scheduler with a triggerer runs the same in ``test_batch_mode_backfill.py``.
 """

@@ -65,7 +65,7 @@ def test_classify_documents_is_scheduled_with_real_intervals(dagbag) -> None:  #
     assert dag.catchup is False
     assert dag.max_active_runs >= 1
     assert {"triage"} <= set(dag.tags)
-    order = ["retrieve", "model_batches", "size_classify", "classify", "persist", "publish_events", "alert"]
+    order = ["retrieve", "size_classify", "classify", "persist", "publish_events", "alert"]
     assert [t.task_id for t in dag.topological_sort()] == order
 
 
@@ -127,7 +127,7 @@ def test_classify_is_mapped_over_as_many_instances_as_the_batch_needs(dagbag) ->
     assert isinstance(size, SizeClassifyOperator)
     (upstream,) = task.expand_input.value["worker"].iter_references()
     assert upstream[0] is size
-    assert size.upstream_task_ids == {"model_batches"}  # after retrieve (batch mode waits there)
+    assert size.upstream_task_ids == {"retrieve"}
     assert task.retries >= 1
     from triage.operators import tasks as module  # the factory both classifying DAGs build from
 
@@ -380,7 +380,7 @@ def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagba
     assert intake.is_paused_upon_creation is False
     assert intake.catchup is False
     assert not intake.deadline
-    assert {t.task_id for t in intake.tasks} == {t.task_id for t in daily.tasks} - {"retrieve", "model_batches"}
+    assert {t.task_id for t in intake.tasks} == {t.task_id for t in daily.tasks} - {"retrieve"}
     for task in intake.tasks:
         twin = daily.get_task(task.task_id)
         assert type(task) is type(twin), task.task_id
@@ -396,22 +396,20 @@ def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagba
     assert intake.params["classifier"] == "keyword"  # $TRIAGE_INTAKE_CLASSIFIER unset
 
 
-def test_batch_mode_waits_between_retrieve_and_size_classify_in_classify_documents_only(dagbag) -> None:  # type: ignore[no-untyped-def]
-    """``model_batches`` (batch mode's submit, deferred wait and collect) runs after every
-    retrieve shard and before the classify tasks are sized, so that they size themselves on
-    what the provider answered; classify_intake has neither the task nor the mode."""
+def test_batch_mode_waits_in_size_classify_of_classify_documents_only(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """Batch mode's submit, deferred wait and collect run in ``size_classify`` (no task, no
+    stage of its own: an interactive run is scheduled as before), after every retrieve shard and
+    before classify is sized on what the provider answered; classify_intake has no batch mode."""
     from airflow.sdk.definitions.param import ParamValidationError
 
-    from triage.operators.model_batches import SubmitModelBatchesOperator
+    from triage.operators.model_batches import ModelBatches
 
     daily, intake = dagbag.dags["classify_documents"], dagbag.dags["classify_intake"]
-    submit = daily.get_task("model_batches")
-    assert isinstance(submit, SubmitModelBatchesOperator)
-    assert submit.upstream_task_ids == {"retrieve"}
-    assert submit.downstream_task_ids == {"size_classify", "alert"}
-    assert daily.get_task("size_classify").upstream_task_ids == {"model_batches"}
+    size = daily.get_task("size_classify")
+    assert isinstance(size, ModelBatches)
+    assert size.model_batches is True
+    assert intake.get_task("size_classify").model_batches is False
     assert daily.params["model_mode"] == "interactive"
-    assert "model_batches" not in intake.task_ids
     assert intake.params["model_mode"] == "interactive"
     with pytest.raises(ParamValidationError):
         intake.params.get_param("model_mode").resolve("batch")

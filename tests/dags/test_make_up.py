@@ -129,7 +129,7 @@ def first_reconcile_run(up: Up) -> dict[str, Any]:
 
 
 def test_make_ups_airflow_runs_a_triggerer_for_batch_mode(up: Up) -> None:
-    """Batch mode's ``model_batches`` waits deferred and resumes only through a triggerer
+    """Batch mode's wait (``size_classify`` deferred) and resumes only through a triggerer
     (docs/model-calls.md): ``airflow standalone`` runs one, and Airflow's health says it is alive."""
     import time
 

@@ -1,15 +1,16 @@
 """Batch mode's Airflow side: submit a run's classify jobs to the provider's batch interface, wait
 for the batches in the triggerer (no worker slot held for up to a day), collect them.
 
-``classify_documents`` runs :class:`SubmitModelBatchesOperator` as its task ``model_batches``,
-after ``retrieve`` and before ``size_classify``; it works only in a run whose param
-``model_mode`` is ``batch`` (and returns at once otherwise). It submits (:func:`triage.pipeline.
-batch_mode.submit`), defers to :class:`ModelBatchTrigger` until no submitted batch is running,
-then collects (:func:`~triage.pipeline.batch_mode.collect`): answers per job, a lost batch's jobs
-made due. The ``classify`` task after it takes each job's batch answer instead of a call and asks
-the rest interactively. A try that dies after submitting is safe to retry: a submission is named
-by its jobs and adopted, never paid twice; jobs nobody collects come back to the queue by
-themselves after the completion window.
+``classify_documents``' ``size_classify`` task does it (:class:`ModelBatches`, mixed into
+:class:`~triage.operators.sizing.SizeClassifyOperator`) in a run whose param ``model_mode`` is
+``batch``, before it sizes ``classify`` on what is then due; an interactive run (the default)
+goes straight to the sizing, so batch mode costs it no task and no stage. It submits
+(:func:`triage.pipeline.batch_mode.submit`), defers to :class:`ModelBatchTrigger` until no
+submitted batch is running, then collects (:func:`~triage.pipeline.batch_mode.collect`):
+answers per job, a lost batch's jobs made due. The ``classify`` task after it takes each job's
+batch answer instead of a call and asks the rest interactively. A try that dies after
+submitting is safe to retry: a submission is named by its jobs and adopted, never paid twice;
+jobs nobody collects come back to the queue by themselves after the completion window.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from triage.jobs.states import Step
-from triage.operators.base import TriageOperator, batch_key, lease_owner, owner_prefix
+from triage.operators.base import batch_key, lease_owner, owner_prefix
 from triage.operators.classify_documents import _payloads
 from triage.operators.model_connection import build_run_classifier, llm_settings
 
@@ -34,8 +34,10 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from triage.classifiers.batch_api import BatchClient
+    from triage.contracts.run_config import ClassifyRunConfig
+    from triage.jobs.store import JobStore
 
-__all__ = ["ModelBatchTrigger", "SubmitModelBatchesOperator"]
+__all__ = ["ModelBatchTrigger", "ModelBatches"]
 
 
 class ModelBatchTrigger(BaseTrigger):
@@ -95,37 +97,46 @@ class ModelBatchTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_seconds)
 
 
-class SubmitModelBatchesOperator(TriageOperator):
-    """Batch mode (param ``model_mode`` = ``batch``): submit the run's ``llm`` classify jobs as
-    provider batches, wait for them deferred, collect their answers. In an interactive run
-    (the default) it returns at once and touches nothing.
+class ModelBatches:
+    """Batch mode's part of an operator (``size_classify``'s: :class:`~triage.operators.sizing.
+    SizeClassifyOperator`): submit the run's ``llm`` classify jobs as provider batches, wait for
+    them deferred, collect their answers, then :meth:`after_model_batches`. In an interactive run
+    (the default) :meth:`wait_for_model_batches` returns at once and touches nothing.
 
     A provider that has no batch interface, or a key that may not use it (401, 403, 404), fails
     the task without retry and gives the claimed jobs back; any other error of the interface is
-    retried by Airflow (a resubmission adopts what the provider took: never paid twice).
-
-    :param llm_conn_id: the model connection (the batch interface is at its base URL; its extra
-        ``batch_size`` and ``batch_poll_seconds`` override the two below: docs/model-calls.md).
-    :param batch_size: jobs per provider batch (OpenAI takes up to 50,000 requests and 200 MB).
-    :param poll_seconds: how often the triggerer asks the provider.
+    retried by Airflow (a resubmission adopts what the provider took: never paid twice). The
+    connection's extra ``batch_size`` and ``batch_poll_seconds`` override the two class
+    defaults below (docs/model-calls.md).
     """
 
-    ledger_step = Step.CLASSIFY  # it claims the step's jobs to submit them
+    llm_conn_id: str = "triage_llm"
+    payload_base: str | None = None
+    model_batch_size: int = 10_000
+    """Jobs per provider batch (OpenAI takes up to 50,000 requests and 200 MB)."""
+    poll_seconds: float = 60.0
+    """How often the triggerer asks the provider."""
 
-    template_fields = ("payload_base",)
+    if TYPE_CHECKING:  # what the operator this is mixed into (a TriageOperator) provides
 
-    def __init__(
-        self,
-        *,
-        payload_base: str | None = None,
-        llm_conn_id: str = "triage_llm",
-        batch_size: int = 10_000,
-        poll_seconds: float = 60.0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.payload_base, self.llm_conn_id = payload_base, llm_conn_id
-        self.batch_size, self.poll_seconds = batch_size, poll_seconds
+        @property
+        def store(self) -> JobStore: ...
+        @property
+        def log(self) -> Any: ...
+        def run_config(self, context: Context) -> ClassifyRunConfig: ...
+        def defer(
+            self,
+            *,
+            trigger: BaseTrigger,
+            method_name: str,
+            kwargs: dict[str, Any] | None = None,
+            timeout: timedelta | int | float | None = None,
+        ) -> NoReturn: ...
+        def dispose(self) -> None: ...
+
+    def after_model_batches(self, context: Context) -> Any:
+        """The operator's own work once no batch of the run is running."""
+        raise NotImplementedError
 
     def _setting(self, key: str, default: float) -> float:
         """A positive number of the connection's extra, else ``default``; anything else fails the task."""
@@ -153,13 +164,14 @@ class SubmitModelBatchesOperator(TriageOperator):
         settings = llm_settings(self.llm_conn_id)
         return BatchClient(classifier, settings["base_url"], settings["api_key"])
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def wait_for_model_batches(self, context: Context) -> None:
+        """In batch mode: submit, and defer while a batch runs (resumed in :meth:`execute_complete`)."""
         from triage.jobs.batches import BatchLedger
         from triage.pipeline.batch_mode import submit
 
         config = self.run_config(context)
         if config.model_mode != "batch":
-            return {"model_mode": config.model_mode}
+            return
         key, owner = batch_key(context), lease_owner(context)
         client = self._client(context)
         try:
@@ -175,26 +187,27 @@ class SubmitModelBatchesOperator(TriageOperator):
                     _payloads(self.payload_base),
                     batch_key=key,
                     owner=owner,
-                    limit=int(self._setting("batch_size", self.batch_size)),
+                    limit=int(self._setting("batch_size", self.model_batch_size)),
                     lease_seconds=config.lease_seconds,
                 )
             self.log.info("batch=%s submitted %d provider batches", key, len(keys))
-            return self._collect_or_wait(context, client)
+            self._collect_or_wait(context, client)
         finally:
             client.classifier.close()
             client.close()
             self.dispose()
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         client = self._client(context)
         try:
-            return self._collect_or_wait(context, client)
+            self._collect_or_wait(context, client)
         finally:
             client.classifier.close()
             client.close()
             self.dispose()
+        return self.after_model_batches(context)
 
-    def _collect_or_wait(self, context: Context, client: BatchClient) -> dict[str, Any]:
+    def _collect_or_wait(self, context: Context, client: BatchClient) -> None:
         from triage.jobs.batches import BatchLedger
         from triage.pipeline.batch_mode import BATCH_WINDOW_SECONDS, collect
 
@@ -220,7 +233,6 @@ class SubmitModelBatchesOperator(TriageOperator):
             result.answers,
             result.due,
         )
-        return {"collected": result.collected, "lost": result.lost, "answers": result.answers, "due": result.due}
 
 
 @contextmanager

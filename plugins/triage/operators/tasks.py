@@ -20,7 +20,6 @@ from triage.operators.classify_documents import (
     PersistLabelsOperator,
     PublishEventsOperator,
 )
-from triage.operators.model_batches import SubmitModelBatchesOperator
 from triage.operators.retry import OUTAGE_RETRY_POLICY
 from triage.operators.sizing import SizeClassifyOperator
 
@@ -78,14 +77,15 @@ def classification_tasks(
     ``alert``, a teardown downstream of every one of them; returns the tasks by id.
 
     :param batch: the batch every task works on (None: the run's data interval).
-    :param model_batches: put ``model_batches`` first (:mod:`triage.operators.model_batches`):
-        a run with param ``model_mode`` = ``batch`` sends its jobs to the provider's batch
-        interface there and waits, deferred; an interactive run passes through it at once.
+    :param model_batches: a run with param ``model_mode`` = ``batch`` sends its jobs to the
+        provider's batch interface in ``size_classify`` and waits there, deferred, before sizing
+        (:mod:`triage.operators.model_batches`); an interactive run only sizes, as without.
     """
     size = SizeClassifyOperator(
         task_id="size_classify",
         jobs_per_worker=CLASSIFY_JOBS_PER_WORKER,
         max_workers=CLASSIFY_MAX_WORKERS,
+        model_batches=model_batches,
         batch=batch,
     )
     classify = ClassifyDocumentsOperator.partial(
@@ -104,15 +104,9 @@ def classification_tasks(
     alert = RunAlertsOperator(task_id="alert", batch=batch).as_teardown()
 
     steps = [size, classify, persist, publish]
-    tasks = {"size_classify": size, "classify": classify, "persist": persist, "publish_events": publish, "alert": alert}
-    if model_batches:
-        submit = SubmitModelBatchesOperator(task_id="model_batches", batch=batch)
-        submit >> size
-        steps.insert(0, submit)
-        tasks["model_batches"] = submit
     if upstream is not None:
-        upstream >> steps[0]
+        upstream >> size
         steps.insert(0, upstream)
     size >> classify >> persist >> publish
     steps >> alert
-    return tasks
+    return {"size_classify": size, "classify": classify, "persist": persist, "publish_events": publish, "alert": alert}
