@@ -38,6 +38,7 @@ RETRIEVE_SHARDS = CLASSIFY_WORKERS = 2  # dags/classify_documents.py maps retrie
 LLM_N = 2_000
 LLM_CONCURRENCY = 32
 LLM_LATENCY_MS = 200.0
+CLAIM_AHEAD = True
 CACHE_N = 10_000
 CACHE_REPEATS = 0.2
 DAY = datetime(2026, 11, 1, tzinfo=UTC)
@@ -272,7 +273,9 @@ def bench_llm(budget: bool = False) -> list[Figure]:
                 handler,
                 batch_key="llm",
                 settings=RunSettings(
-                    owner=f"bench-{uuid.uuid4().hex[:6]}", batch_size=claim_size(500, LLM_CONCURRENCY)
+                    owner=f"bench-{uuid.uuid4().hex[:6]}",
+                    batch_size=claim_size(500, LLM_CONCURRENCY),
+                    claim_ahead=CLAIM_AHEAD,  # as the classify operator runs the llm classifier
                 ),
             )
         finally:

@@ -1,5 +1,12 @@
 """classify_documents: retrieve → classify → persist → publish events, one data interval a run.
 
+With the param ``model_mode`` = ``batch`` (``classifier`` = ``llm``; for large backfills, e.g.
+``./airflow.sh backfill create ... --dag-run-conf '{"classifier": "llm", "model_mode": "batch"}'``),
+``size_classify`` first sends the run's documents to the provider's batch interface (about half
+the price, answers within 24 h) and waits deferred in the triggerer, then ``classify`` takes
+each answer instead of a call (and asks interactively what the batch did not answer). An
+interactive run (the default) has no such wait. See docs/model-calls.md.
+
 Scheduled daily with real data intervals (a run covers [00:00, 24:00) UTC of its day), catchup
 off, backfillable from the CLI; paused when Airflow first sees it (unpause it once the params'
 defaults, or the source you trigger it with, are what you want every day). Trigger it from the UI with the typed params form. Per-document
@@ -66,5 +73,6 @@ with DAG(
     retrieve = RetrieveDocumentsOperator.partial(task_id="retrieve", shards=RETRIEVE_SHARDS).expand(
         shard=list(range(RETRIEVE_SHARDS))
     )
-    # classify → persist → publish_events, and the alert teardown: shared with classify_intake.
-    classification_tasks(retrieve)
+    # size_classify (waiting for the provider's batches in batch mode) → classify → persist →
+    # publish_events, and the alert teardown: shared with classify_intake (no batch mode there).
+    classification_tasks(retrieve, model_batches=True)

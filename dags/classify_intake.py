@@ -17,6 +17,7 @@ Unpaused when Airflow first sees it, like ``reconcile_jobs``: documents posted t
 meant to be classified without anyone unpausing a DAG. Its params are ``classify_documents``'
 (the retrieval ones unused), with the classifier of ``$TRIAGE_INTAKE_CLASSIFIER`` (``keyword``
 unless set), the one intake registers its jobs for; a run of another classifier claims none of them.
+Its ``model_mode`` is ``interactive`` only: batch mode is for backfills of ``classify_documents``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ from triage.operators.tasks import DEFAULT_ARGS, classification_tasks
 INTAKE = Asset(name=INTAKE_ASSET_NAME, uri=INTAKE_ASSET_URI)
 
 schemas = param_schemas()
-intake_params = {**schemas, "classifier": {**schemas["classifier"], "default": settings.intake_classifier()}}
+intake_params = {
+    **schemas,
+    "classifier": {**schemas["classifier"], "default": settings.intake_classifier()},
+    # Intake answers within seconds: no provider batch (its size_classify never waits for one).
+    "model_mode": {
+        **schemas["model_mode"],
+        "enum": ["interactive"],
+        "description": "classify_intake asks the model interactively (seconds, not the batch interface's hours).",
+    },
+}
 
 with DAG(
     dag_id="classify_intake",

@@ -206,8 +206,10 @@ def running_airflow(
     *,
     wait_for_dags: Collection[str] = (),
     api_port: int | None = None,
+    triggerer: bool = False,
 ) -> Iterator[RunningAirflow]:
-    """Run ``airflow api-server``, ``scheduler`` and ``dag-processor`` for a test.
+    """Run ``airflow api-server``, ``scheduler`` and ``dag-processor`` for a test (and
+    ``triggerer`` with ``triggerer=True``: a deferred task resumes only through one).
 
     Returns once the API server reports the metadata DB, the scheduler and the DAG processor
     healthy and every DAG of ``wait_for_dags`` is parsed; raises :class:`HarnessError` (with the
@@ -232,19 +234,19 @@ def running_airflow(
     log_dir = home / "harness-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
 
-    components = ["api-server", "scheduler", "dag-processor"]
+    components = ["api-server", "scheduler", "dag-processor", *(["triggerer"] if triggerer else [])]
     airflow = RunningAirflow(env=run_env, base_url=base_url, processes=Processes(log_dir))
     try:
         for name in components:
             airflow.processes.start(name, [*AIRFLOW, name], run_env)
-        _wait_ready(airflow, wait_for_dags, timeout)
+        _wait_ready(airflow, wait_for_dags, timeout, triggerer=triggerer)
         yield airflow
     finally:
         airflow.processes.stop(components, timeout=20)
 
 
-def _wait_ready(airflow: RunningAirflow, dag_ids: Collection[str], timeout: float) -> None:
-    wanted = ["metadatabase", "scheduler", "dag_processor"]
+def _wait_ready(airflow: RunningAirflow, dag_ids: Collection[str], timeout: float, *, triggerer: bool = False) -> None:
+    wanted = ["metadatabase", "scheduler", "dag_processor", *(["triggerer"] if triggerer else [])]
     deadline = time.monotonic() + timeout
     pending = set(dag_ids)
     while True:

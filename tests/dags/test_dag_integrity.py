@@ -327,6 +327,7 @@ def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-
         pytest.param("max_attempts", 0, id="no-attempts"),
         pytest.param("drill", {"transient_error_rate": 2}, id="drill-rate-above-one"),
         pytest.param("drill", {"surprise": 1}, id="drill-unknown-key"),
+        pytest.param("model_mode", "fast", id="unknown-model-mode"),
     ],
 )
 def test_the_form_refuses_invalid_input(dagbag, name: str, value: object) -> None:  # type: ignore[no-untyped-def]
@@ -393,3 +394,22 @@ def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagba
     assert {k: classify.partial_kwargs[k] for k in same} == {k: twin.partial_kwargs[k] for k in same}
     assert intake.get_task("alert").is_teardown
     assert intake.params["classifier"] == "keyword"  # $TRIAGE_INTAKE_CLASSIFIER unset
+
+
+def test_batch_mode_waits_in_size_classify_of_classify_documents_only(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """Batch mode's submit, deferred wait and collect run in ``size_classify`` (no task, no
+    stage of its own: an interactive run is scheduled as before), after every retrieve shard and
+    before classify is sized on what the provider answered; classify_intake has no batch mode."""
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from triage.operators.model_batches import ModelBatches
+
+    daily, intake = dagbag.dags["classify_documents"], dagbag.dags["classify_intake"]
+    size = daily.get_task("size_classify")
+    assert isinstance(size, ModelBatches)
+    assert size.model_batches is True
+    assert intake.get_task("size_classify").model_batches is False
+    assert daily.params["model_mode"] == "interactive"
+    assert intake.params["model_mode"] == "interactive"
+    with pytest.raises(ParamValidationError):
+        intake.params.get_param("model_mode").resolve("batch")

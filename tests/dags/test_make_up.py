@@ -128,6 +128,22 @@ def first_reconcile_run(up: Up) -> dict[str, Any]:
             pytest.fail(f"{exc}\n{_tail(Path(up.env['TRIAGE_HOME']) / 'logs' / 'standalone.log')}")
 
 
+def test_make_ups_airflow_runs_a_triggerer_for_batch_mode(up: Up) -> None:
+    """Batch mode's wait (``size_classify`` deferred) and resumes only through a triggerer
+    (docs/model-calls.md): ``airflow standalone`` runs one, and Airflow's health says it is alive."""
+    import time
+
+    from triage_tools.local import health
+
+    deadline, doc = time.monotonic() + 120, None
+    while time.monotonic() < deadline:
+        doc = health(up.base_url, timeout=10)
+        if ((doc or {}).get("triggerer") or {}).get("status") == "healthy":
+            break
+        time.sleep(2)
+    assert ((doc or {}).get("triggerer") or {}).get("status") == "healthy", doc
+
+
 def test_dags_list_shows_the_backstop_unpaused_and_the_daily_classification_paused(up: Up) -> None:
     listed = subprocess.run(
         [str(ROOT / "airflow.sh"), "dags", "list", "-o", "json"],

@@ -64,6 +64,12 @@ class FakeBatches:
 
     def __init__(self, server: FakeOpenAIServer, polls_until_done: int = 1) -> None:
         self.server, self.polls_until_done = server, polls_until_done
+        self.finish_as: tuple[str, int] = ("completed", 0)
+        """What a batch becomes once its polls run out: ``completed``, or a loss as :meth:`lose`
+        takes it (``("failed", 0)``, ``("expired", keep)``, ``("gone", 0)``): a provider that loses
+        batches a test cannot reach in time (another process submits and polls them)."""
+        self.refuse: int | None = None
+        """An HTTP status every request of the batch interface gets (a provider without one: 404)."""
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, _Batch] = {}
         self.created = 0
@@ -74,16 +80,21 @@ class FakeBatches:
         """The provider loses the batch: ``expired`` (the first ``keep`` results kept),
         ``failed``, ``cancelled``, or ``gone`` (404 from now on)."""
         with self._lock:
-            if status == "gone":
-                del self.batches[batch_id]
-                return
-            batch = self.batches[batch_id]
-            batch.status, batch.keep, batch.polls_left = status, keep if status == "expired" else 0, 0
-            self._finish(batch)
+            self._lose(batch_id, status, keep)
+
+    def _lose(self, batch_id: str, status: str, keep: int) -> None:
+        if status == "gone":
+            del self.batches[batch_id]
+            return
+        batch = self.batches[batch_id]
+        batch.status, batch.keep, batch.polls_left = status, keep if status == "expired" else 0, 0
+        self._finish(batch)
 
     # -- HTTP ---------------------------------------------------------------------------------
 
     def post(self, path: str, content_type: str, raw: bytes) -> tuple[int, Any]:
+        if self.refuse is not None:
+            return self.refuse, _error("refused")
         if path == "/v1/files":
             return self._upload(content_type, raw)
         if path == "/v1/batches":
@@ -99,6 +110,8 @@ class FakeBatches:
         return 404, _error("no such path")
 
     def get(self, path: str) -> tuple[int, Any]:
+        if self.refuse is not None:
+            return self.refuse, _error("refused")
         parts = path.split("?")[0].strip("/").split("/")
         with self._lock:
             if parts == ["v1", "batches"]:
@@ -109,7 +122,11 @@ class FakeBatches:
                 if batch is None:
                     return 404, _error("batch not found")
                 if batch.status == "in_progress":
-                    if batch.polls_left <= 0:
+                    if batch.polls_left <= 0 and self.finish_as[0] != "completed":
+                        self._lose(batch.id, *self.finish_as)
+                        if batch.id not in self.batches:
+                            return 404, _error("batch not found")
+                    elif batch.polls_left <= 0:
                         batch.status = "completed"
                         self._finish(batch)
                     batch.polls_left -= 1

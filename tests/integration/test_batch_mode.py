@@ -4,6 +4,7 @@ results), a lost batch sends its jobs back to be asked, and a resubmission adopt
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -138,10 +139,13 @@ def test_a_resubmission_after_a_crash_adopts_the_batch_the_provider_accepted(
     # recorded the provider's id or parked the jobs (their lease then ran out: queued again).
     ledger.open_submission(key, BATCH, client.classifier.version, [(i, 1) for i in ids])
     accepted = client.submit([(f"{i}:1", "x") for i in ids], key)
-    [again] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit-2")
-    assert again == key
+    # The jobs are in a submission still open: they wait for it, and are not submitted again.
+    assert submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit-2") == []
+    assert {(j.status, j.status_reason) for j in jobs(store)} == {("waiting", "outage:batch")}
+    assert collect(ledger, client, batch_key=BATCH, actor="collect").running == 1  # found by its name
     assert server.batches.created == 1  # adopted, not paid twice
     assert [s.provider_batch_id for s in ledger.open_batches(BATCH)] == [accepted]
+    assert [s.key for s in ledger.open_batches(BATCH)] == [key]
     client.close()
 
 
@@ -159,4 +163,64 @@ def test_the_same_jobs_submitted_after_their_batch_finished_make_a_new_batch(
     assert second == f"{first}.1" == f"{submission_key(BATCH, ids)}.1"
     assert server.batches.created == 2
     assert [s.key for s in ledger.open_batches(BATCH)] == [second]
+    client.close()
+
+
+@pytest.mark.parametrize(("status", "transient"), [(404, False), (401, False), (503, True)])
+def test_a_submission_the_provider_does_not_take_gives_the_claim_back(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, status: int, transient: bool
+) -> None:
+    """No batch interface there (404), a key that may not use it (401): permanent; a 503:
+    transient. Either way the claimed jobs are queued again with no attempt spent (not left
+    running under the claim's lease), and a later submission of them goes through."""
+    from triage.classifiers.base import ClassifierError
+
+    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    register(store, payloads, client.classifier.version, ["a", "b", "c"])
+    server.batches.refuse = status
+    with pytest.raises(ClassifierError) as caught:
+        submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit")
+    assert caught.value.transient is transient
+    assert caught.value.error_class == ("batch_api_error" if transient else "batch_interface_unavailable")
+    assert {(j.status, j.attempt, j.lease_owner) for j in jobs(store)} == {("queued", 0, None)}
+    server.batches.refuse = None
+    [key] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit-again")
+    assert server.batches.created == 1
+    assert {(j.status, j.status_reason) for j in jobs(store)} == {("waiting", "outage:batch")}
+    assert [s.key for s in ledger.open_batches(BATCH)] == [key]
+    client.close()
+
+
+def test_a_batch_adopted_after_the_first_lease_ran_out_answers_the_next_attempt(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
+    """A submitter died after the provider took its batch and before it parked the jobs; their
+    lease ran out (that attempt counted) and the next submission adopts the batch at the next
+    attempt. Its answers, asked at the first attempt, still answer the jobs: no call paid twice."""
+    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ids = register(store, payloads, client.classifier.version, ["a", "b"])
+    claim = store.claim(
+        batch_key=BATCH,
+        step="classify",
+        limit=10,
+        lease_seconds=0.1,
+        owner="dead",
+        classifier_version=client.classifier.version,
+    )
+    key = submission_key(BATCH, ids)
+    ledger.open_submission(key, BATCH, client.classifier.version, [(j.id, j.attempt) for j in claim.jobs])
+    client.submit([(f"{j.id}:{j.attempt}", "x") for j in claim.jobs], key)  # accepted; then the worker died
+    time.sleep(0.2)
+    assert store.release_expired_leases(batch_key=BATCH).retrying == 2  # attempt 1 spent
+    while submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit-2") == [] and any(
+        j.status == "retryable_failed" for j in jobs(store)
+    ):
+        time.sleep(0.2)  # claimed as their retry's backoff passes; parked on the open batch again
+    assert {(j.status, j.status_reason) for j in jobs(store)} == {("waiting", "outage:batch")}
+    assert server.batches.created == 1  # not submitted again
+    collect(ledger, client, batch_key=BATCH, actor="collect")  # found by its name, still running
+    assert collect(ledger, client, batch_key=BATCH, actor="collect").answers == 2
+    classify(store, server, payloads, ledger)
+    assert server.request_count == 0  # the batch's answers, taken at attempt 2
+    assert [(j.status, j.attempt) for j in jobs(store)] == [("completed", 2)] * 2
     client.close()

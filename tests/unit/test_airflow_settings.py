@@ -93,6 +93,8 @@ def test_project_file_has_an_openai_compatible_model(project: AirflowSettings) -
         "tokens_per_minute": "",
         "budget_burst_seconds": 1,
         "budget_max_wait_seconds": 60,
+        "batch_size": 10000,
+        "batch_poll_seconds": 60,
     }
 
 

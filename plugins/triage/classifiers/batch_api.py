@@ -29,7 +29,13 @@ from typing import Final, Literal
 
 import httpx
 
-from triage.classifiers.base import ClassifierError, ClassifyRequest, ModelOutput, TransientClassifierError
+from triage.classifiers.base import (
+    ClassifierError,
+    ClassifyRequest,
+    ModelOutput,
+    PermanentClassifierError,
+    TransientClassifierError,
+)
 from triage.classifiers.llm import OpenAICompatibleClassifier
 
 __all__ = ["BatchClient", "BatchState", "LineResult"]
@@ -37,6 +43,7 @@ __all__ = ["BatchClient", "BatchState", "LineResult"]
 RUNNING: Final = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
 DONE: Final = frozenset({"completed", "expired"})
 ENDPOINT: Final = "/v1/chat/completions"
+REFUSED: Final = frozenset({401, 403, 404, 405})
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +125,10 @@ class BatchClient:
         found: dict[str, LineResult] = {}
         for file_id in (state.error_file_id, state.output_file_id):  # an output line wins over an error line
             if file_id:
-                for line in self._check(self._client.get(f"files/{file_id}/content")).content.splitlines():
+                response = self._client.get(f"files/{file_id}/content")
+                if response.status_code == 404:  # the provider lost the file: its requests are lost
+                    continue
+                for line in self._check(response).content.splitlines():
                     if line.strip():
                         result = self._line(json.loads(line))
                         found[result.custom_id] = result
@@ -143,6 +153,14 @@ class BatchClient:
 
     @staticmethod
     def _check(response: httpx.Response) -> httpx.Response:
+        """The response, unless it is an error: 401, 403, 404 and 405 say the provider has no batch
+        interface there, or the key may not use it (permanent: retrying cannot help); any other
+        error is transient."""
+        if response.status_code in REFUSED:
+            raise PermanentClassifierError(
+                "batch_interface_unavailable",
+                f"batch interface: HTTP {response.status_code} at {response.request.url.path}",
+            )
         if response.status_code >= 400:
             raise TransientClassifierError("batch_api_error", f"batch interface: HTTP {response.status_code}")
         return response

@@ -38,7 +38,10 @@ class DagParams(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise cls.invalid(f"invalid {cls.dag_id} params: {problems(exc, 'params')}") from None
+            # A model validator's own typed refusal (a subclass of ``invalid``) keeps its type.
+            typed = [e["ctx"]["error"] for e in exc.errors() if isinstance(e.get("ctx", {}).get("error"), cls.invalid)]
+            kind = type(typed[0]) if typed else cls.invalid
+            raise kind(f"invalid {cls.dag_id} params: {problems(exc, 'params')}") from None
 
     @classmethod
     def param_schemas(cls) -> dict[str, dict[str, Any]]:

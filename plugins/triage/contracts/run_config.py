@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from triage.contracts.drill import DrillSettings
 from triage.contracts.params import DagParams, InvalidParams
@@ -30,6 +30,11 @@ class DrillNotAllowed(RunNotAllowed):
 
 class InboxNotAllowed(RunNotAllowed):
     """The run's inbox is not inside one of the deployment's inbox roots."""
+
+
+class ModelModeRefused(InvalidRunConfig):
+    """The run asks for batch mode with something batch mode cannot do (the keyword classifier,
+    a failure drill): refused when the run starts, since every retry would get the same params."""
 
 
 class ClassifyRunConfig(DagParams):
@@ -64,6 +69,15 @@ class ClassifyRunConfig(DagParams):
         default="keyword",
         title="Classifier",
         description="keyword: the taxonomy's keywords; llm: an OpenAI-compatible model through the triage_llm connection.",
+        json_schema_extra={"section": "Classification"},
+    )
+    model_mode: Literal["interactive", "batch"] = Field(
+        default="interactive",
+        title="Model mode",
+        description="How the llm classifier asks the model: interactive (one call per document, answers in "
+        "minutes) or batch (the provider's /v1/batches: about half the price, answers within 24 hours, the run "
+        "waiting deferred in the triggerer meanwhile; for large backfills). Batch needs classifier = llm and no "
+        "failure drill.",
         json_schema_extra={"section": "Classification"},
     )
     confidence_threshold: float = Field(
@@ -107,6 +121,23 @@ class ClassifyRunConfig(DagParams):
         "allows it (TRIAGE_ALLOW_DRILL=1: make run, make chaos); elsewhere the run fails at once.",
         json_schema_extra={"section": "Failure drill"},
     )
+
+    @model_validator(mode="after")
+    def _batch_mode_asks_the_model(self) -> ClassifyRunConfig:
+        if self.model_mode != "batch":
+            return self
+        if self.classifier != "llm":
+            raise ModelModeRefused(
+                f"model_mode batch sends documents to the provider's batch interface, which only the llm classifier "
+                f"has; this run asks for classifier {self.classifier}: set classifier to llm, or model_mode to "
+                "interactive"
+            )
+        if self.drill.requested:
+            raise ModelModeRefused(
+                "model_mode batch cannot inject drill faults (the provider answers the batch, not Triage's "
+                "classifier): set every drill rate to 0, or model_mode to interactive"
+            )
+        return self
 
 
 def check_drill(config: ClassifyRunConfig, *, allowed: bool) -> None:

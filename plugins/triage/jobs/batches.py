@@ -119,17 +119,24 @@ class BatchLedger(Ledger):
             ).all()
         return len(due)
 
-    def answers(self, claimed: Iterable[tuple[uuid.UUID, int]]) -> dict[uuid.UUID, Any]:
-        """The batch answers (rows) of the claimed jobs at their attempts (a failed request: none)."""
-        keys = list(claimed)
-        if not keys:
+    def answers(self, claimed: Iterable[tuple[uuid.UUID, int, int]]) -> dict[uuid.UUID, Any]:
+        """The batch answer (row) of each claimed job ``(id, attempt, attempt_base)``: the latest
+        one asked within its current attempt budget, ``attempt_base < asked <= attempt`` (a failed
+        request: none). Not only at the claim's own attempt: a submission adopted after the jobs'
+        first lease ran out (that attempt counted, the next one claimed) is answered at the attempt
+        it was submitted at, and is not paid for again; a reviewer's requeue starts a new budget,
+        so the model is asked afresh."""
+        budgets = {job_id: (attempt, base) for job_id, attempt, base in claimed}
+        if not budgets:
             return {}
         a = model_batch_answers
         with self.engine.connect() as conn:
             rows = conn.execute(
-                sa.select(a).where(
-                    sa.tuple_(a.c.job_id, a.c.attempt).in_(keys),
-                    a.c.error_class.is_(None),
-                )
+                sa.select(a).where(a.c.job_id.in_(list(budgets)), a.c.error_class.is_(None)).order_by(a.c.attempt)
             ).all()
-        return {r.job_id: r for r in rows}
+        found: dict[uuid.UUID, Any] = {}
+        for row in rows:  # by attempt: the latest within the budget wins
+            attempt, base = budgets[row.job_id]
+            if base < row.attempt <= attempt:
+                found[row.job_id] = row
+        return found

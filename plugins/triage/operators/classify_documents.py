@@ -244,6 +244,8 @@ class ClassifyDocumentsOperator(TriageOperator):
             lease_seconds=config.lease_seconds,
             retry_soon_seconds=self.retry_soon_seconds,
             earlier_tries_of=owner_prefix(context),
+            # Model calls wait on the provider: the next claim is taken while they run.
+            claim_ahead=config.classifier == "llm",
         )
         try:
             report = run_step(

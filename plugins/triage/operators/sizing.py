@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from triage.jobs.states import Step
 from triage.operators.base import TriageOperator, batch_key, variable
+from triage.operators.model_batches import ModelBatches
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -50,9 +51,12 @@ def _setting(name: str, default: int) -> int:
     return number
 
 
-class SizeClassifyOperator(TriageOperator):
+class SizeClassifyOperator(ModelBatches, TriageOperator):
     """Count the batch's open jobs at the classify step and return the map indexes of
-    ``classify`` (:func:`classify_workers`).
+    ``classify`` (:func:`classify_workers`). With ``model_batches`` and a run in batch mode
+    (param ``model_mode`` = ``batch``), first send the jobs to the provider's batch interface
+    and wait for its answers, deferred (:class:`~triage.operators.model_batches.ModelBatches`):
+    ``classify`` is then sized on what is due.
 
     :param jobs_per_worker: jobs one ``classify`` instance is given, by classifier (a model
         call takes far longer than a keyword match); Variable ``triage_classify_jobs_per_worker``
@@ -60,15 +64,27 @@ class SizeClassifyOperator(TriageOperator):
     :param max_workers: at most this many instances (the ``llm_api`` pool runs at most its
         slots / each instance's slots at once: more would only queue); Variable
         ``triage_classify_max_workers`` overrides it.
+    :param model_batches: a run in batch mode waits here for the provider's batches
+        (``classify_documents``; ``classify_intake`` is interactive only).
     """
 
-    ledger_step = None  # reads the batch: holds no job
+    # Reads the batch. In batch mode it holds a claim only while submitting it, and gives it back
+    # if that fails; the jobs it parked on a batch are no failed task's to send to review.
+    ledger_step = None
 
-    def __init__(self, *, jobs_per_worker: Mapping[str, int], max_workers: int, **kwargs: Any) -> None:
+    def __init__(
+        self, *, jobs_per_worker: Mapping[str, int], max_workers: int, model_batches: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.jobs_per_worker, self.max_workers = dict(jobs_per_worker), max_workers
+        self.model_batches = model_batches
 
     def execute(self, context: Context) -> list[int]:
+        if self.model_batches:
+            self.wait_for_model_batches(context)  # batch mode: may defer (resumed in execute_complete)
+        return self.after_model_batches(context)
+
+    def after_model_batches(self, context: Context) -> list[int]:
         config = self.run_config(context)
         key = batch_key(context)
         per_worker = _setting(JOBS_PER_WORKER_VARIABLE, self.jobs_per_worker[config.classifier])

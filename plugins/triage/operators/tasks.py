@@ -62,17 +62,23 @@ DEFAULT_ARGS = default_args(retries=3, max_retry_delay=timedelta(minutes=15), on
 a task's unfinished jobs to review when Airflow gives up (copy it: ``dict(DEFAULT_ARGS)``)."""
 
 
-def classification_tasks(upstream: Any = None, *, batch: str | None = None) -> dict[str, Any]:
+def classification_tasks(
+    upstream: Any = None, *, batch: str | None = None, model_batches: bool = False
+) -> dict[str, Any]:
     """size_classify → classify (mapped over as many instances as the batch's open jobs need:
     :mod:`triage.operators.sizing`) → persist → publish_events after ``upstream`` (if any), and
     ``alert``, a teardown downstream of every one of them; returns the tasks by id.
 
     :param batch: the batch every task works on (None: the run's data interval).
+    :param model_batches: a run with param ``model_mode`` = ``batch`` sends its jobs to the
+        provider's batch interface in ``size_classify`` and waits there, deferred, before sizing
+        (:mod:`triage.operators.model_batches`); an interactive run only sizes, as without.
     """
     size = SizeClassifyOperator(
         task_id="size_classify",
         jobs_per_worker=CLASSIFY_JOBS_PER_WORKER,
         max_workers=CLASSIFY_MAX_WORKERS,
+        model_batches=model_batches,
         batch=batch,
     )
     classify = ClassifyDocumentsOperator.partial(

@@ -1,7 +1,8 @@
 """Batch mode for backfills: a run's classify jobs go to the provider's batch interface (half the
 price, answers within 24 h) instead of one interactive call each, with the ledger's guarantees.
 
-1. :func:`submit` claims the run's jobs a claim at a time, reads their payloads (a payload that
+1. :func:`submit` claims the run's jobs a claim at a time, parks again those of a submission still
+   open, reads the others' payloads (a payload that
    fails to read fails its job as the classify step would), writes the submission's row, submits
    the claim's requests as one provider batch named by the row's key (a resubmission adopts the
    provider's batch), and parks the submitted jobs (``waiting``, ``outage:batch``, the attempt
@@ -14,8 +15,9 @@ price, answers within 24 h) instead of one interactive call each, with the ledge
    answer (:func:`given_answers`) instead of calling the model; a job whose request failed inside
    the batch, or that the batch never reached or lost, is asked interactively like any other.
 
-A job's answer is taken only for the attempt it was submitted at; it is recorded as the model's
-own answer (its tokens, no cost figure: the batch's price is the provider's).
+A job's answer is taken within the attempt budget it was submitted in (:meth:`BatchLedger.answers`:
+a reviewer's requeue asks afresh); it is recorded as the model's own answer (its tokens, no cost
+figure: the batch's price is the provider's).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from triage.classifiers.base import ModelOutput
 from triage.classifiers.batch_api import BatchClient
 from triage.contracts.documents import DocumentPayload
 from triage.jobs.batches import BatchLedger, Submission
-from triage.jobs.models import ClaimedJob, Outcome, Park
+from triage.jobs.models import ClaimedJob, Outcome, Park, Release
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
@@ -66,6 +68,7 @@ def submit(
     """Submit the run's claimable classify jobs, ``limit`` to a batch; the submissions' keys."""
     version = client.classifier.version
     keys: list[str] = []
+    _settle_unaccepted(ledger, client, batch_key, owner)
     while True:
         claim = store.claim(
             batch_key=batch_key,
@@ -78,9 +81,16 @@ def submit(
         if not claim.jobs:
             return keys
         contents = payloads.get_many([(job.payload_ref, job.content_sha256) for job in claim.jobs])
-        outcomes: list[Outcome] = []
+        # Jobs of a submission still open (a try that died after the provider took them, whose
+        # lease then ran out) wait for it again: never in a second batch, never paid twice.
+        pending = {job_id for open_batch in ledger.open_batches(batch_key) for job_id, _ in open_batch.jobs}
+        outcomes: list[Outcome] = [
+            Park(job.id, job.attempt, "batch", BATCH_WINDOW_SECONDS) for job in claim.jobs if job.id in pending
+        ]
         submitted: list[tuple[ClaimedJob, str]] = []
         for job, content in zip(claim.jobs, contents, strict=True):
+            if job.id in pending:
+                continue
             document = read_document(job, content)
             if isinstance(document, DocumentPayload):
                 submitted.append((job, document.text))
@@ -88,9 +98,15 @@ def submit(
                 outcomes.append(document)
         if submitted:
             key, row = _open(ledger, batch_key, version, [(job.id, job.attempt) for job, _ in submitted])
-            provider_id = row.provider_batch_id or client.submit(
-                ((f"{job.id}:{job.attempt}", text) for job, text in submitted), key
-            )
+            try:
+                provider_id = row.provider_batch_id or client.submit(
+                    ((f"{job.id}:{job.attempt}", text) for job, text in submitted), key
+                )
+            except BaseException:
+                # The provider did not take them (down, refused): the claim is given back, no
+                # attempt spent, and what was already decided (unreadable payloads) recorded.
+                store.record(claim, [*outcomes, *(Release(job.id, job.attempt) for job, _ in submitted)])
+                raise
             ledger.mark_running(key, provider_id)
             outcomes += [Park(job.id, job.attempt, "batch", BATCH_WINDOW_SECONDS) for job, _ in submitted]
             keys.append(key)
@@ -98,6 +114,23 @@ def submit(
                 "batch=%s submitted %d jobs as provider batch %s (%s)", batch_key, len(submitted), provider_id, key
             )
         store.record(claim, outcomes)
+
+
+def _settle_unaccepted(ledger: BatchLedger, client: BatchClient, batch_key: str, actor: str) -> int:
+    """The run's submissions whose provider id was never recorded (a try that failed or died
+    around the provider's answer): adopted if the provider has a batch of that name, else
+    ``lost`` (the provider never took it: its jobs may be submitted again); how many were lost."""
+    lost = 0
+    for submission in ledger.open_batches(batch_key):
+        if submission.provider_batch_id is not None:
+            continue
+        found = client.find(submission.key)
+        if found is not None:
+            ledger.mark_running(submission.key, found)
+        else:
+            ledger.finish(submission.key, "lost", [], actor)
+            lost += 1
+    return lost
 
 
 def _open(
@@ -125,16 +158,9 @@ class Collected:
 
 def collect(ledger: BatchLedger, client: BatchClient, *, batch_key: str, actor: str) -> Collected:
     """Ask the provider about the run's open submissions; record what is done or lost."""
-    running = collected = lost = answers = due = 0
+    running = collected = answers = due = 0
+    lost = _settle_unaccepted(ledger, client, batch_key, actor)  # the provider never accepted it (or we never heard)
     for submission in ledger.open_batches(batch_key):
-        if submission.provider_batch_id is None:  # the provider never accepted it (or we never heard)
-            found = client.find(submission.key)
-            if found is None:
-                due += ledger.finish(submission.key, "lost", [], actor)
-                lost += 1
-                continue
-            ledger.mark_running(submission.key, found)
-            submission = ledger.open_submission(submission.key, batch_key, submission.classifier_version, [])
         state = client.state(submission.provider_batch_id or "")
         if state.phase == "running":
             running += 1
@@ -174,7 +200,7 @@ def given_answers(ledger: BatchLedger) -> Callable[[Sequence[ClaimedJob]], Mappi
     """The classify handler's ``given``: a claim's batch answers at the jobs' attempts."""
 
     def given(jobs: Sequence[ClaimedJob]) -> Mapping[uuid.UUID, ModelOutput]:
-        rows = ledger.answers((job.id, job.attempt) for job in jobs)
+        rows = ledger.answers((job.id, job.attempt, job.attempt_base) for job in jobs)
         return {
             job_id: ModelOutput(
                 r.label,

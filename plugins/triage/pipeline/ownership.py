@@ -256,8 +256,15 @@ class Heartbeat:
                 log.warning("heartbeat failed for lease %s: %s", own.claim.token, exc.__class__.__name__)
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        if self._thread.ident is None:  # a claim taken ahead is entered once more to be handled
+            self._thread.start()
         return self
+
+    def stop(self) -> None:
+        """Stop extending the lease without closing the claim (its holder gives it back); a
+        drain the thread already began is let finish."""
+        self._stop.set()
+        self._thread.join()
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         own = self.ownership

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from triage.jobs.models import ClaimedJob, Outcome, Recorded, Release
+from triage.jobs.models import Claim, ClaimedJob, Outcome, Recorded, Release
 from triage.jobs.states import Step
 from triage.jobs.store import JobStore
 from triage.observability import (
@@ -31,6 +31,7 @@ from triage.observability import (
     observe_exhausted,
     observe_states,
 )
+from triage.pipeline.claim_ahead import ClaimAhead
 from triage.pipeline.ownership import Drain, Heartbeat, Ownership
 from triage.tracing import annotate_current_span, batch_span
 
@@ -112,6 +113,9 @@ class RunSettings:
     progress_every_seconds: float = 10.0
     earlier_tries_of: str | None = None
     """The owner prefix of this task instance: leases its earlier (dead) tries hold are taken back."""
+    claim_ahead: bool = False
+    """Take the next claim while a full one is handled (:mod:`triage.pipeline.claim_ahead`): for
+    a step whose claims wait on a remote service (model calls), not a CPU-bound one."""
 
 
 @dataclass
@@ -159,7 +163,9 @@ def run_step(
     """Work through the step's claimable jobs of ``batch_key``.
 
     Recording batch N (database work) overlaps with handling batch N+1 (Python work): one
-    background writer, so at most two leases are out at once and outcomes are written in order.
+    background writer, so at most two leases are out at once and outcomes are written in order;
+    with ``settings.claim_ahead`` batch N+2 is claimed meanwhile too, after N is recorded (three
+    leases, each heartbeated: :mod:`triage.pipeline.claim_ahead`).
     Each batch is summarised once into ``metrics`` (see :mod:`triage.observability`), and every
     job that did not simply succeed gets one log line with its ``correlation_id``.
 
@@ -193,6 +199,18 @@ def run_step(
     writer = ThreadPoolExecutor(1, "triage-record")
     pending: Future[Recorded] | None = None
 
+    def take() -> Claim:
+        return store.claim(
+            batch_key=batch_key,
+            step=handler.step,
+            limit=settings.batch_size,
+            lease_seconds=settings.lease_seconds,
+            owner=settings.owner,
+            classifier_version=version,
+        )
+
+    ahead = ClaimAhead(store, take, settings.lease_seconds, drain) if settings.claim_ahead else None
+
     def settle() -> bool:
         """Wait for the batch being written; True if there was one."""
         nonlocal pending
@@ -208,15 +226,9 @@ def run_step(
             if drain.requested:
                 settle()
                 raise Drained(f"step {handler.step} of {batch_key} drained on request after {report.claimed} jobs")
-            claimed_at = time.monotonic()
-            claim = store.claim(
-                batch_key=batch_key,
-                step=handler.step,
-                limit=settings.batch_size,
-                lease_seconds=settings.lease_seconds,
-                owner=settings.owner,
-                classifier_version=version,
-            )
+            held = ahead.take() if ahead is not None else None
+            claimed_at = held.claimed_at if held is not None else time.monotonic()
+            claim = held.claim if held is not None else take()
             if not claim.jobs:
                 if settle():
                     continue  # the batch just written may have released or requeued jobs
@@ -234,8 +246,14 @@ def run_step(
                 continue
             report.claimed += len(claim.jobs)
             handle_began = time.perf_counter()
-            ownership = Ownership(store, claim, settings.lease_seconds, drain, claimed_at + settings.lease_seconds)
-            with Heartbeat(ownership), batch_span(handler.step, batch_key, claim.jobs):
+            if held is not None and held.ownership is not None and held.heartbeat is not None:
+                ownership, heartbeat = held.ownership, held.heartbeat
+            else:
+                ownership = Ownership(store, claim, settings.lease_seconds, drain, claimed_at + settings.lease_seconds)
+                heartbeat = Heartbeat(ownership)
+            with heartbeat, batch_span(handler.step, batch_key, claim.jobs):
+                if ahead is not None and len(claim.jobs) >= settings.batch_size:
+                    ahead.start(after=pending)  # a full claim: more is likely waiting
                 outcomes = handler.handle(claim.jobs, ownership)
             handled = time.perf_counter() - handle_began
             settle()
@@ -269,6 +287,8 @@ def run_step(
             stop = handler.stop_reason()
             if stop is not None:
                 settle()
+                if ahead is not None:
+                    ahead.cancel()  # given back first, so that an outage parks them with the rest
                 if isinstance(stop, CircuitOpen):
                     stop.parked = _park_rest(store, handler.step, batch_key, settings.owner, version, stop)
                 raise stop
@@ -278,6 +298,8 @@ def run_step(
         exc.report = report  # type: ignore[attr-defined]
         raise
     finally:
+        if ahead is not None:  # a claim taken ahead and not handled (a drain, a lost lease, an error)
+            ahead.close()
         if pending is not None:  # an error elsewhere: still let the written batch land or fail
             pending.exception()
         writer.shutdown(wait=True)
