@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from triage import settings
-from triage.contracts.documents import DocumentPayload
 from triage.contracts.intake import INTAKE_ASSET_NAME, INTAKE_ASSET_URI, IntakeDocument
 from triage.jobs.intake import Accepted
 from triage.jobs.states import JobStatus, Step
@@ -123,6 +122,15 @@ class IntakeService:
                 self._version = (now, intake_classifier_version())
             return self._version[1]
 
+    def queue_full_known(self) -> bool | None:
+        """:meth:`queue_full` from a depth measured less than :data:`DEPTH_TTL_SECONDS` ago,
+        without touching the database; None when it must be measured again."""
+        with self._lock:
+            known = self._depth
+        if known is None or time.monotonic() - known[0] > DEPTH_TTL_SECONDS:
+            return None
+        return known[1] >= self.max_queued
+
     def queue_full(self) -> bool:
         """Whether the intake queue holds its bound: counted up to it (one bounded index scan) at
         most every :data:`DEPTH_TTL_SECONDS`, plus what this process accepted since."""
@@ -140,7 +148,7 @@ class IntakeService:
             if self._depth is not None:
                 self._depth = (self._depth[0], self._depth[1] + new)
 
-    def accept(self, documents: Sequence[tuple[IntakeDocument, DocumentPayload]], caller: str) -> list[Accepted]:
+    def accept(self, documents: Sequence[tuple[IntakeDocument, bytes]], caller: str) -> list[Accepted]:
         """Payloads stored, jobs committed, Airflow told; one :class:`Accepted` per document.
 
         :raises NotAnnounced: the jobs are committed but Airflow was not told; posting again
