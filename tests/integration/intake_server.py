@@ -26,7 +26,7 @@ from fastapi import FastAPI
 from triage.jobs.intake import Accepted
 from triage.jobs.store import JobStore
 from triage.web.intake_service import IntakeService
-from triage.web.service import TriageService
+from triage.web.service import POOL_SIZE, TriageService
 
 ROOT_PATH = "/triage"
 VERSION = "keyword-test-v1"
@@ -100,7 +100,7 @@ def main() -> None:
     airflow_app.init_auth_manager()
     url = configured_url()
     assert url is not None, "TRIAGE_DATABASE_URL is not set"
-    store = JobStore(create_engine(url, pool_size=5))  # the API server's (TriageService.store)
+    store = JobStore(create_engine(url, pool_size=POOL_SIZE))  # the API server's (TriageService.store)
 
     def announce(n: int) -> bool:
         with Path(args.announced).open("a") as f:
