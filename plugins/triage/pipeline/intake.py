@@ -69,7 +69,9 @@ def accept_documents(
         found = by_key[job.idempotency_key]
         answers.append(found if job.idempotency_key not in seen else _again(found))
         seen.add(job.idempotency_key)
-    log.info(
+    # Debug, not info: Airflow's API server logs every request already (its access log), and a
+    # line per request at info cost 7% of intake's API-server CPU (measured, docs/performance.md).
+    log.debug(
         "intake accepted=%d new=%d existing=%d",
         len(answers),
         sum(a.new for a in answers),
