@@ -13,7 +13,9 @@ the asset event of a real API server is a row in Airflow's metadata database, no
 is Airflow's access log middleware). Beside it, in the same run, on a database of its own: the
 same rows by a bare ``INSERT`` into a copy of ``triage.jobs`` without its triggers (as
 ``bench/ledger.py``'s baseline: one statement per 100 rows, as many connections as clients, no
-payload, no event log, no outbox, no answer). Reported: documents per second of each, their ratio
+payload, no event log, no outbox, no answer). Each side posts or inserts half of the documents
+twice, in the order intake, bare, bare, intake, so that a load drifting during the run weighs
+on both alike. Reported: documents per second of each, their ratio
 (goal >= 0.3), the acknowledgement latency of a request (p50, p99), and (on the embedded server,
 whose CPU is the benchmark's alone) documents per CPU-second of each, which a loaded machine
 disturbs less.
@@ -192,12 +194,19 @@ def run() -> list[Figure]:
         json.dumps({"documents": [_doc(i, run_id) for i in range(b, min(b + BATCH, n))]}).encode()
         for b in range(0, n, BATCH)
     ]
+    half = len(bodies) // 2
+    n_first = sum(len(json.loads(b)["documents"]) for b in bodies[:half])
     with (
         tempfile.TemporaryDirectory() as tmp,
         scratch_database(migrate=False) as airflow_db,
         _auth(Path(tmp), airflow_db.airflow_metadata_url()) as env,
         scratch_database() as url,
+        scratch_database() as bare_url,
     ):
+        with psycopg.connect(bare_url.libpq(), autocommit=True) as conn:  # the ledger's table without its triggers
+            conn.execute("CREATE SCHEMA plain")
+            conn.execute("CREATE TABLE plain.jobs (LIKE triage.jobs INCLUDING ALL)")
+        _bare_insert(bare_url.libpq(), "warm", 4 * BATCH, 1)
         port = free_port()
         server = subprocess.Popen(
             [
@@ -216,9 +225,23 @@ def run() -> list[Figure]:
             import psutil
 
             served = psutil.Process(server.pid)
-            before, pg_before = _tree_cpu(served), server_cpu_seconds()
-            wall, latencies = _post_all(endpoint, env["BENCH_TOKEN"], bodies, n_clients)
-            server_cpu, pg_after = _tree_cpu(served) - before, server_cpu_seconds()
+            wall = bare = server_cpu = pg_intake = pg_bare = 0.0
+            latencies: list[float] = []
+            # Intake, bare, bare, intake: a load that drifts during the run (the machine is
+            # shared) weighs on both sides alike, not on whichever ran second.
+            for side, part in (("intake", 0), ("bare", 0), ("bare", 1), ("intake", 1)):
+                pg_before, cpu_before = server_cpu_seconds(), _tree_cpu(served)
+                if side == "intake":
+                    took, answered = _post_all(
+                        endpoint, env["BENCH_TOKEN"], bodies[half:] if part else bodies[:half], n_clients
+                    )
+                    wall, server_cpu = wall + took, server_cpu + _tree_cpu(served) - cpu_before
+                    latencies += answered
+                    pg_intake += (server_cpu_seconds() or 0) - (pg_before or 0)
+                else:
+                    size = n - n_first if part else n_first
+                    bare += _bare_insert(bare_url.libpq(), f"{run_id}{part}", size, n_clients)
+                    pg_bare += (server_cpu_seconds() or 0) - (pg_before or 0)
         finally:
             server.terminate()
             server.wait(30)
@@ -226,14 +249,6 @@ def run() -> list[Figure]:
             registered = conn.execute("SELECT count(*) FROM triage.jobs WHERE source = 'bench'").fetchone()
         if registered != (n + BATCH,):  # every document once: the warm-up batch, then the run's
             raise RuntimeError(f"{registered} jobs registered, not {n + BATCH}")
-    with scratch_database() as url:
-        with psycopg.connect(url.libpq(), autocommit=True) as conn:  # the ledger's table without its triggers
-            conn.execute("CREATE SCHEMA plain")
-            conn.execute("CREATE TABLE plain.jobs (LIKE triage.jobs INCLUDING ALL)")
-        _bare_insert(url.libpq(), "warm", 4 * BATCH, 1)
-        pg_bare_before = server_cpu_seconds()
-        bare = _bare_insert(url.libpq(), run_id, n, n_clients)
-        pg_bare_after = server_cpu_seconds()
     latencies.sort()
     p50 = statistics.median(latencies) * 1000
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
@@ -266,9 +281,8 @@ def run() -> list[Figure]:
             details=details,
         ),
     ]
-    if None not in (pg_before, pg_after, pg_bare_before, pg_bare_after):  # the embedded server: its CPU is ours
-        intake_cpu = server_cpu + (pg_after or 0) - (pg_before or 0)
-        bare_cpu = (pg_bare_after or 0) - (pg_bare_before or 0)
+    if server_cpu_seconds() is not None:  # the embedded server: its CPU is ours
+        intake_cpu, bare_cpu = server_cpu + pg_intake, pg_bare
         figures.append(
             Figure(
                 "intake docs per CPU-second (API server + PG)",
