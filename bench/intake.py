@@ -3,16 +3,22 @@
 ``python -m bench intake`` (``BENCH_INTAKE_DOCS`` documents, default 20,000): concurrent clients
 (``BENCH_INTAKE_CLIENTS``, default 8) post batches of 100 documents on loopback to the Triage app
 served by uvicorn in a process of its own (``tests/integration/intake_server.py``: the app as
-Airflow's API server mounts it, Airflow's SimpleAuthManager checking a JWT on every request).
-Each request is authenticated, read, validated per document, its payloads stored as one pack,
-its jobs and outbox events registered in one transaction and read back, then announced (a line
-in a file here: the asset event of a real API server is a row in Airflow's metadata database,
-not measured). Beside it, in the same run, on a database of its own: the same rows by a bare
-``INSERT`` into a copy of ``triage.jobs`` without its triggers (as ``bench/ledger.py``'s
-baseline: one statement per 100 rows, as many connections as clients, no payload, no event log,
-no outbox, no read-back). Reported: documents per second of each, their ratio (goal >= 0.3), the
-acknowledgement latency of a request (p50, p99), and (on the embedded server, whose CPU is the
-benchmark's alone) documents per CPU-second of each, which a loaded machine disturbs less.
+Airflow's API server mounts it, Airflow's SimpleAuthManager checking a JWT on every request, and
+its revoked-token table in a PostgreSQL metadata database as ``make up``'s;
+``BENCH_INTAKE_WORKERS`` server processes, default 1 as Airflow's ``[api] workers``). Each
+request is authenticated, read and validated (one pass over a valid body; per document
+otherwise), its payloads stored as one fsynced pack, its jobs and outbox events registered and
+answered by one statement that is its own transaction, then announced (a line in a file here:
+the asset event of a real API server is a row in Airflow's metadata database, not measured; nor
+is Airflow's access log middleware). Beside it, in the same run, on a database of its own: the
+same rows by a bare ``INSERT`` into a copy of ``triage.jobs`` without its triggers (as
+``bench/ledger.py``'s baseline: one statement per 100 rows, as many connections as clients, no
+payload, no event log, no outbox, no answer). Each side posts or inserts half of the documents
+twice, in the order intake, bare, bare, intake, so that a load drifting during the run weighs
+on both alike. Reported: documents per second of each, their ratio
+(goal >= 0.3), the acknowledgement latency of a request (p50, p99), and (on the embedded server,
+whose CPU is the benchmark's alone) documents per CPU-second of each, which a loaded machine
+disturbs less.
 """
 
 from __future__ import annotations
@@ -49,6 +55,21 @@ def clients() -> int:
     return int(os.environ.get("BENCH_INTAKE_CLIENTS", "8"))
 
 
+def workers() -> int:
+    return int(os.environ.get("BENCH_INTAKE_WORKERS", "1"))
+
+
+def _tree_cpu(process: Any) -> float:
+    """CPU seconds of a server process and its live children (uvicorn's worker processes)."""
+    total = 0.0
+    for proc in (process, *process.children(recursive=True)):
+        try:
+            total += sum(proc.cpu_times()[:2])
+        except Exception:  # noqa: BLE001 - a process that exited meanwhile
+            continue
+    return total
+
+
 def _doc(i: int, run: str) -> dict[str, Any]:
     return {
         "source": "bench",
@@ -61,16 +82,18 @@ def _doc(i: int, run: str) -> dict[str, Any]:
 
 
 @contextmanager
-def _auth(home: Path) -> Iterator[dict[str, str]]:
+def _auth(home: Path, metadata: str) -> Iterator[dict[str, str]]:
     """Airflow's SimpleAuthManager as the API server runs it (an environment for the server
-    process), and a JWT of a user who may trigger classify_intake."""
+    process), and a JWT of a user who may trigger classify_intake. ``metadata`` is Airflow's
+    metadata database (a PostgreSQL one, as ``make up``'s): every request's token is checked
+    against its ``revoked_token`` table."""
     env = {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "bench:user",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__API_AUTH__JWT_SECRET": "bench-jwt-secret-" + uuid.uuid4().hex + uuid.uuid4().hex,
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata,
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -165,16 +188,31 @@ def _bare_insert(url: str, run: str, n: int, n_clients: int) -> float:
 
 
 def run() -> list[Figure]:
-    n, n_clients = documents(), clients()
+    n, n_clients, n_workers = documents(), clients(), workers()
     run_id = uuid.uuid4().hex[:6]
     bodies = [
         json.dumps({"documents": [_doc(i, run_id) for i in range(b, min(b + BATCH, n))]}).encode()
         for b in range(0, n, BATCH)
     ]
-    with tempfile.TemporaryDirectory() as tmp, _auth(Path(tmp)) as env, scratch_database() as url:
+    half = len(bodies) // 2
+    n_first = sum(len(json.loads(b)["documents"]) for b in bodies[:half])
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        scratch_database(migrate=False) as airflow_db,
+        _auth(Path(tmp), airflow_db.airflow_metadata_url()) as env,
+        scratch_database() as url,
+        scratch_database() as bare_url,
+    ):
+        with psycopg.connect(bare_url.libpq(), autocommit=True) as conn:  # the ledger's table without its triggers
+            conn.execute("CREATE SCHEMA plain")
+            conn.execute("CREATE TABLE plain.jobs (LIKE triage.jobs INCLUDING ALL)")
+        _bare_insert(bare_url.libpq(), "warm", 4 * BATCH, 1)
         port = free_port()
         server = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.intake_server", str(port), f"{tmp}/payloads", f"{tmp}/told"],
+            [
+                *(sys.executable, "-m", "tests.integration.intake_server"),
+                *(str(port), f"{tmp}/payloads", f"{tmp}/told", "--workers", str(n_workers)),
+            ],
             env={**os.environ, **env, "TRIAGE_DATABASE_URL": url.libpq(), "TRIAGE_INTAKE_MAX_QUEUED": str(10 * n)},
             cwd=ROOT,
         )
@@ -182,13 +220,28 @@ def run() -> list[Figure]:
             wait_listening(port)
             endpoint = f"http://127.0.0.1:{port}/triage/api/documents"
             warm = json.dumps({"documents": [_doc(i, "warm") for i in range(BATCH)]}).encode()
-            _post_all(endpoint, env["BENCH_TOKEN"], [warm] * 4, 1)  # plans, caches, the first pack folder
+            # plans, caches, the first pack folder, in every worker
+            _post_all(endpoint, env["BENCH_TOKEN"], [warm] * 4 * n_workers, n_workers)
             import psutil
 
             served = psutil.Process(server.pid)
-            before, pg_before = sum(served.cpu_times()[:2]), server_cpu_seconds()
-            wall, latencies = _post_all(endpoint, env["BENCH_TOKEN"], bodies, n_clients)
-            server_cpu, pg_after = sum(served.cpu_times()[:2]) - before, server_cpu_seconds()
+            wall = bare = server_cpu = pg_intake = pg_bare = 0.0
+            latencies: list[float] = []
+            # Intake, bare, bare, intake: a load that drifts during the run (the machine is
+            # shared) weighs on both sides alike, not on whichever ran second.
+            for side, part in (("intake", 0), ("bare", 0), ("bare", 1), ("intake", 1)):
+                pg_before, cpu_before = server_cpu_seconds(), _tree_cpu(served)
+                if side == "intake":
+                    took, answered = _post_all(
+                        endpoint, env["BENCH_TOKEN"], bodies[half:] if part else bodies[:half], n_clients
+                    )
+                    wall, server_cpu = wall + took, server_cpu + _tree_cpu(served) - cpu_before
+                    latencies += answered
+                    pg_intake += (server_cpu_seconds() or 0) - (pg_before or 0)
+                else:
+                    size = n - n_first if part else n_first
+                    bare += _bare_insert(bare_url.libpq(), f"{run_id}{part}", size, n_clients)
+                    pg_bare += (server_cpu_seconds() or 0) - (pg_before or 0)
         finally:
             server.terminate()
             server.wait(30)
@@ -196,14 +249,6 @@ def run() -> list[Figure]:
             registered = conn.execute("SELECT count(*) FROM triage.jobs WHERE source = 'bench'").fetchone()
         if registered != (n + BATCH,):  # every document once: the warm-up batch, then the run's
             raise RuntimeError(f"{registered} jobs registered, not {n + BATCH}")
-    with scratch_database() as url:
-        with psycopg.connect(url.libpq(), autocommit=True) as conn:  # the ledger's table without its triggers
-            conn.execute("CREATE SCHEMA plain")
-            conn.execute("CREATE TABLE plain.jobs (LIKE triage.jobs INCLUDING ALL)")
-        _bare_insert(url.libpq(), "warm", 4 * BATCH, 1)
-        pg_bare_before = server_cpu_seconds()
-        bare = _bare_insert(url.libpq(), run_id, n, n_clients)
-        pg_bare_after = server_cpu_seconds()
     latencies.sort()
     p50 = statistics.median(latencies) * 1000
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
@@ -212,7 +257,8 @@ def run() -> list[Figure]:
         "batch": BATCH,
         "clients": n_clients,
         "requests": len(bodies),
-        "server_cpu_seconds": round(server_cpu, 2),  # the API server process (one, as Airflow's default)
+        "server_workers": n_workers,
+        "server_cpu_seconds": round(server_cpu, 2),  # the API server's processes
         "server_cpu_share": round(server_cpu / wall, 2),
     }
     figures = [
@@ -235,9 +281,8 @@ def run() -> list[Figure]:
             details=details,
         ),
     ]
-    if None not in (pg_before, pg_after, pg_bare_before, pg_bare_after):  # the embedded server: its CPU is ours
-        intake_cpu = server_cpu + (pg_after or 0) - (pg_before or 0)
-        bare_cpu = (pg_bare_after or 0) - (pg_bare_before or 0)
+    if server_cpu_seconds() is not None:  # the embedded server: its CPU is ours
+        intake_cpu, bare_cpu = server_cpu + pg_intake, pg_bare
         figures.append(
             Figure(
                 "intake docs per CPU-second (API server + PG)",

@@ -2,7 +2,7 @@
 HTTP by uvicorn: in a thread of the test (:class:`ThreadServer`) or as a process of its own, the
 one the kill test SIGKILLs between the commit and the answer.
 
-    python -m tests.integration.intake_server PORT PAYLOADS ANNOUNCED [--die-after-commit]
+    python -m tests.integration.intake_server PORT PAYLOADS ANNOUNCED [--die-after-commit] [--workers N]
     (TRIAGE_DATABASE_URL set; Airflow's auth configured in the environment)
 
 ``ANNOUNCED`` is a file that gets one line per announcement (the asset event's stand-in).
@@ -26,7 +26,7 @@ from fastapi import FastAPI
 from triage.jobs.intake import Accepted
 from triage.jobs.store import JobStore
 from triage.web.intake_service import IntakeService
-from triage.web.service import TriageService
+from triage.web.service import POOL_SIZE, TriageService
 
 ROOT_PATH = "/triage"
 VERSION = "keyword-test-v1"
@@ -85,14 +85,9 @@ def wait_listening(port: int, timeout: float = 60.0) -> None:
     raise TimeoutError(f"nothing listens on {port}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("port", type=int)
-    parser.add_argument("payloads")
-    parser.add_argument("announced")
-    parser.add_argument("--die-after-commit", action="store_true")
-    args = parser.parse_args()
-
+def served_app() -> FastAPI:
+    """The app one server process serves, from the environment :func:`main` sets (each worker
+    process of ``--workers N`` builds its own, as each of Airflow's API server workers does)."""
     from airflow.api_fastapi import app as airflow_app
 
     from triage.database import configured_url, create_engine
@@ -100,18 +95,45 @@ def main() -> None:
     airflow_app.init_auth_manager()
     url = configured_url()
     assert url is not None, "TRIAGE_DATABASE_URL is not set"
-    store = JobStore(create_engine(url, pool_size=5))  # the API server's (TriageService.store)
+    store = JobStore(create_engine(url, pool_size=POOL_SIZE))  # the API server's (TriageService.store)
+    announced = os.environ["INTAKE_SERVER_ANNOUNCED"]
 
     def announce(n: int) -> bool:
-        with Path(args.announced).open("a") as f:
+        with Path(announced).open("a") as f:
             f.write(f"{n}\n")
         return True
 
     def die(accepted: Sequence[Accepted]) -> None:
         os.kill(os.getpid(), signal.SIGKILL)  # committed; the answer never leaves
 
-    app = root_app(store, args.payloads, announce, die if args.die_after_commit else None)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="off")
+    dies = os.environ.get("INTAKE_SERVER_DIE_AFTER_COMMIT") == "1"
+    return root_app(store, os.environ["INTAKE_SERVER_PAYLOADS"], announce, die if dies else None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port", type=int)
+    parser.add_argument("payloads")
+    parser.add_argument("announced")
+    parser.add_argument("--die-after-commit", action="store_true")
+    parser.add_argument("--workers", type=int, default=1, help="server processes, as `airflow api-server --workers`")
+    args = parser.parse_args()
+    os.environ["INTAKE_SERVER_PAYLOADS"] = args.payloads
+    os.environ["INTAKE_SERVER_ANNOUNCED"] = args.announced
+    os.environ["INTAKE_SERVER_DIE_AFTER_COMMIT"] = "1" if args.die_after_commit else "0"
+    if args.workers == 1:
+        app: Any = served_app()
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="off")
+    else:  # uvicorn's multiprocess mode, as Airflow runs it: each worker imports the app itself
+        uvicorn.run(
+            "tests.integration.intake_server:served_app",
+            factory=True,
+            workers=args.workers,
+            host="127.0.0.1",
+            port=args.port,
+            log_level="warning",
+            lifespan="off",
+        )
 
 
 if __name__ == "__main__":

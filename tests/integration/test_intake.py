@@ -443,3 +443,75 @@ def test_two_clients_racing_with_the_same_document_get_one_job(
     assert codes.count(200) == 15
     assert len({a.json()["job_id"] for a in answers}) == 1
     assert len(ledger(store)["jobs"]) == 1
+
+
+# -- the set-based registration ---------------------------------------------------------------------
+
+
+def test_a_batch_mixing_valid_invalid_repeated_and_known_documents_answers_each_one(
+    server: ThreadServer, store: JobStore, poster: dict[str, str]
+) -> None:
+    """One statement registers the batch's new documents and answers the known ones with their
+    jobs; the invalid one registers nothing; every document is answered at its own index."""
+    known = post(server, doc("X-1"), poster).json()["job_id"]
+    body = {"documents": [doc("X-1"), doc("X-2"), doc("X-bad", body=None), doc("X-2"), doc("X-3")]}
+    response = post(server, body, poster)
+    assert response.status_code == 422  # one invalid: the valid ones registered all the same
+    entries = response.json()["documents"]
+    assert [(e["index"], e["external_id"], e["status"]) for e in entries] == [
+        (0, "X-1", "existing"),
+        (1, "X-2", "accepted"),
+        (2, "X-bad", "invalid"),
+        (3, "X-2", "existing"),
+        (4, "X-3", "accepted"),
+    ]
+    assert entries[0]["job_id"] == known
+    assert entries[1]["job_id"] == entries[3]["job_id"]
+    rows = ledger(store)
+    assert [r.external_id for r in rows["jobs"]] == ["X-1", "X-2", "X-3"]
+    ids = {r.external_id: str(r.id) for r in rows["jobs"]}
+    assert (entries[1]["job_id"], entries[4]["job_id"]) == (ids["X-2"], ids["X-3"])
+    assert {r.correlation_id for r in rows["jobs"] if r.external_id == "X-3"} == {ids["X-3"]}  # minted: its id
+    assert sorted(str(e.job_id) for e in rows["events"]) == sorted(ids.values())  # one job.registered each
+    with store.engine.connect() as conn:
+        logged = conn.execute(sa.text("SELECT job_id::text, to_status, actor FROM triage.job_events")).all()
+        assert sorted(logged) == sorted((i, "queued", "intake:editor") for i in ids.values())
+        # the actor was set for the statement's own transaction only, on the pool's connections
+        assert conn.exec_driver_sql("SELECT current_setting('triage.actor', true)").scalar() in ("", None)
+
+
+def test_the_same_batch_posted_at_once_by_many_clients_registers_each_document_once(
+    server: ThreadServer, store: JobStore, poster: dict[str, str]
+) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"documents": [doc(f"D-{i}") for i in range(50)]}
+    start = threading.Barrier(6)
+
+    def one(_i: int) -> httpx.Response:
+        start.wait()
+        return post(server, body, poster)
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(one, range(6)))
+    assert {a.status_code for a in answers} <= {200, 202}
+    by_doc: dict[str, set[str]] = {}
+    accepted: dict[str, int] = {}
+    for answer in answers:
+        for entry in answer.json()["documents"]:
+            by_doc.setdefault(entry["external_id"], set()).add(entry["job_id"])
+            accepted[entry["external_id"]] = accepted.get(entry["external_id"], 0) + (entry["status"] == "accepted")
+    assert all(len(ids) == 1 for ids in by_doc.values())  # every client heard the same job
+    assert set(accepted.values()) == {1}  # and exactly one heard it accepted
+    rows = ledger(store)
+    assert len(rows["jobs"]) == 50
+    assert len(rows["events"]) == 50
+
+
+def test_every_answer_carries_the_security_headers(server: ThreadServer, poster: dict[str, str]) -> None:
+    for response in (post(server, doc("H-1"), poster), post(server, doc("H-2", body=None), poster)):
+        assert response.status_code in (202, 422)
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert "frame-ancestors 'self'" in response.headers["Content-Security-Policy"]
+        assert response.headers["Cache-Control"] == "no-store"

@@ -18,14 +18,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triage import settings
-from triage.contracts.documents import DocumentPayload
 from triage.contracts.intake import INTAKE_ASSET_NAME, INTAKE_ASSET_URI, IntakeDocument
 from triage.jobs.intake import Accepted
 from triage.jobs.states import JobStatus, Step
 from triage.web.service import TriageService
+
+if TYPE_CHECKING:
+    from triage.payloads import PayloadStore
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,9 @@ query a second per API server process, not one a request. The bound may be overs
 other API server processes accept within it."""
 
 VERSION_TTL_SECONDS = 60.0
-"""How long the classifier version is reused before it is worked out again (a changed
-``triage_llm`` connection or taxonomy reaches intake within this)."""
+"""How long the classifier version and the payload store are reused before they are worked out
+again (a changed ``triage_llm`` connection, taxonomy or ``triage_payload_base`` reaches intake
+within this)."""
 
 
 class NotAnnounced(Exception):
@@ -109,6 +112,7 @@ class IntakeService:
         self._max_attempts = max_attempts
         self.after_commit = after_commit
         self._depth: tuple[float, int] | None = None  # (measured at, depth) of the intake queue
+        self._payloads: tuple[float, PayloadStore] | None = None  # (made at, store)
 
     @property
     def max_queued(self) -> int:
@@ -122,6 +126,15 @@ class IntakeService:
             if self._version is None or now - self._version[0] > VERSION_TTL_SECONDS:
                 self._version = (now, intake_classifier_version())
             return self._version[1]
+
+    def queue_full_known(self) -> bool | None:
+        """:meth:`queue_full` from a depth measured less than :data:`DEPTH_TTL_SECONDS` ago,
+        without touching the database; None when it must be measured again."""
+        with self._lock:
+            known = self._depth
+        if known is None or time.monotonic() - known[0] > DEPTH_TTL_SECONDS:
+            return None
+        return known[1] >= self.max_queued
 
     def queue_full(self) -> bool:
         """Whether the intake queue holds its bound: counted up to it (one bounded index scan) at
@@ -140,27 +153,39 @@ class IntakeService:
             if self._depth is not None:
                 self._depth = (self._depth[0], self._depth[1] + new)
 
-    def accept(self, documents: Sequence[tuple[IntakeDocument, DocumentPayload]], caller: str) -> list[Accepted]:
+    def payload_store(self) -> PayloadStore:
+        """Where payloads are stored (the Triage service's base), reused for
+        :data:`VERSION_TTL_SECONDS`: the base may be an Airflow Variable, read from Airflow's
+        database, and a store resolves its base and learns its folders once."""
+        from triage.payloads import PayloadStore
+
+        with self._lock:
+            now = time.monotonic()
+            if self._payloads is None or now - self._payloads[0] > VERSION_TTL_SECONDS:
+                base = self.triage.payload_base()
+                if "://" in base:
+                    from airflow.sdk import ObjectStoragePath
+
+                    self._payloads = (now, PayloadStore(ObjectStoragePath(base)))
+                else:
+                    self._payloads = (now, PayloadStore(base))
+            return self._payloads[1]
+
+    def accept(self, documents: Sequence[tuple[IntakeDocument, bytes]], caller: str) -> list[Accepted]:
         """Payloads stored, jobs committed, Airflow told; one :class:`Accepted` per document.
 
         :raises NotAnnounced: the jobs are committed but Airflow was not told; posting again
             answers their ids and tells it again.
         """
         from triage.contracts.run_config import ClassifyRunConfig
-        from triage.payloads import PayloadStore
         from triage.pipeline.intake import IntakeSettings, accept_documents
 
-        base = self.triage.payload_base()
-        if "://" in base:
-            from airflow.sdk import ObjectStoragePath
-
-            payloads = PayloadStore(ObjectStoragePath(base))
-        else:
-            payloads = PayloadStore(base)
-        max_attempts = self._max_attempts or ClassifyRunConfig().max_attempts
+        if self._max_attempts is None:
+            self._max_attempts = ClassifyRunConfig().max_attempts
+        max_attempts = self._max_attempts
         accepted = accept_documents(
             self.triage.store,
-            payloads,
+            self.payload_store(),
             documents,
             IntakeSettings(self.classifier_version(), max_attempts),
             actor=f"intake:{caller}"[:200],
