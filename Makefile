@@ -100,11 +100,16 @@ TEST_WORKERS ?= 3
 SLOW_WORKERS ?= 2
 PYTEST_ARGS  ?=
 test: $(STAMP) test-deps
-	@status=0; \
-	echo "make test: the fast tests on $(TEST_WORKERS) workers"; \
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
-	echo "make test: the slow tests on $(SLOW_WORKERS) workers"; \
-	$(PY) -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
+	@status=0; slow_log=$$(mktemp "$${TMPDIR:-/tmp}/triage-slow-tests.XXXXXX"); \
+	echo "make test: the slow tests on $(SLOW_WORKERS) workers, in the background (their report follows the fast tests'; $$slow_log)"; \
+	TRIAGE_TEST_PORT_CLASSES=$$(($(TEST_WORKERS) + $(SLOW_WORKERS))) TRIAGE_TEST_PORT_CLASS_FIRST=$(TEST_WORKERS) \
+		$(PY) -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) >"$$slow_log" 2>&1 & slow=$$!; \
+	echo "make test: the fast tests on $(TEST_WORKERS) workers, beside them"; \
+	TRIAGE_TEST_PORT_CLASSES=$$(($(TEST_WORKERS) + $(SLOW_WORKERS))) \
+		$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
+	echo "make test: the slow tests (waiting for them to end)"; \
+	wait $$slow || status=1; \
+	cat "$$slow_log"; rm -f "$$slow_log"; \
 	if [ $$status != 0 ]; then echo "make test: FAILED (see both phases above)"; fi; \
 	exit $$status
 
