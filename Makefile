@@ -96,7 +96,9 @@ reset-secrets: $(STAMP)
 # of all (tests/conftest.py), so the longest files start first instead of running alone at the
 # end. Both phases always run and report; make test fails if either fails. The Airflow tests
 # clone one migrated metadata database (tests/dags/conftest.py) instead of migrating one per
-# module. Workers: 3 and 2 (2 cores; README: the suite is CPU-bound, and its time).
+# module. Workers: 3 and 2 (2 cores). Measured (README): the whole make test 1,517 CPU-s in a cgroup
+# (session 8, load average 10-32 from other work, 41.6 min wall there); two cores give 960 CPU-s
+# in 8 minutes, so the suite is CPU-bound: at best ~12.6 min on a quiet 2-core machine.
 TEST_WORKERS ?= 3
 SLOW_WORKERS ?= 2
 PYTEST_ARGS  ?=
