@@ -57,11 +57,16 @@ def free_port() -> int:
     """A free loopback port; under pytest-xdist, one of this worker's class: ``port // 2`` modulo
     the worker count is the worker's index (// 2: Linux hands out odd ports to ``bind(0)``). A
     port is free when asked for and taken only later, when Airflow binds it: two workers asking
-    at once could be handed the same one; ports of two classes never meet."""
+    at once could be handed the same one; ports of two classes never meet.
+
+    ``make test`` runs its two phases at once: it gives each the classes of all the workers
+    (``TRIAGE_TEST_PORT_CLASSES``) and the slow phase's workers the classes after the fast
+    phase's (``TRIAGE_TEST_PORT_CLASS_FIRST``), so no two workers of the two runs share one."""
     from triage_tools.processes import free_port as local_free_port
 
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    workers = int(os.environ.get("TRIAGE_TEST_PORT_CLASSES") or os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    index += int(os.environ.get("TRIAGE_TEST_PORT_CLASS_FIRST", "0"))
     for _ in range(1000):  # the kernel hands out ports at random: about `workers` tries
         port = local_free_port()
         if port // 2 % workers == index % workers:

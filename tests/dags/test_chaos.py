@@ -1,7 +1,10 @@
-"""The failure drill, small: what ``make chaos`` does with 20,000 documents, here with 2,000 over
-two dates, one kill after an external action, a kill under a claim when one is caught, one
-PostgreSQL restart, the model outage and the kill on the last try (their defaults: 200 and 100
-documents); the drill's own process, so its environment never leaks into the suite's.
+"""The failure drill, small: what ``make chaos`` does with 20,000 documents, here with 600 over
+two dates (plus the 1,000 of the run the scheduler makes when the DAG is unpaused), one kill
+after an external action, a kill under a claim when one is caught, one PostgreSQL restart, the
+model outage on 50 documents and the kill on the last try on 30 (their defaults: 200 and 100);
+the drill's own process, so its environment never leaks into the suite's. Every fault and every
+invariant of the full drill is there: the counts only size the batches, and every phase waits
+on Airflow (task starts, retries, the restart after PostgreSQL's), not on the documents.
 
 The outage's run is resumed by ``reconcile_jobs`` while the model is still down, every time
 (``--outage-resumes-while-down 1``), not only when a quarter hour happens to fall there: a
@@ -24,6 +27,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+DOCUMENTS, OUTAGE_DOCUMENTS, LAST_TRY_DOCUMENTS = 600, 50, 30
+"""Fewer than the 2,000 / 200 / 100 of sessions 6-7: measured, 23/23 held either way (commit
+message)."""
+
 DRILL_TIMEOUT = 1800
 """The drill's own deadline, from its start: before the test's, so its report says what it waited
 for. It takes 3-5 minutes on a quiet 2-core machine, 20 at a load average of 15-20 (two Airflow restarts)."""
@@ -41,7 +48,7 @@ def test_a_small_drill_keeps_every_invariant(server_home: Path, tmp_path: Path) 
         "-m",
         "triage_tools.drill.chaos",
         "--documents",
-        "2000",
+        str(DOCUMENTS),
         "--dates",
         "2",
         "--claim-kills",
@@ -52,6 +59,10 @@ def test_a_small_drill_keeps_every_invariant(server_home: Path, tmp_path: Path) 
         "1",
         "--outage-resumes-while-down",
         "1",
+        "--outage-documents",
+        str(OUTAGE_DOCUMENTS),
+        "--last-try-documents",
+        str(LAST_TRY_DOCUMENTS),
         "--timeout",
         str(DRILL_TIMEOUT),
         "--home",
@@ -93,7 +104,8 @@ def test_a_small_drill_keeps_every_invariant(server_home: Path, tmp_path: Path) 
     assert set(invariants.values()) == {0}
     assert report["provider"]["keys asked more than once"] > 0  # the killed action was asked again …
     assert report["provider"]["effects"] == report["states"]["completed"]  # … and took effect once
-    assert sum(report["states"].values()) >= 2000
+    # Every document of the drill's own runs has a row (the scheduler's run adds its own).
+    assert sum(report["states"].values()) >= DOCUMENTS + OUTAGE_DOCUMENTS + LAST_TRY_DOCUMENTS
     # Every reconciliation asked Airflow's REST API, as the deployment's read-only user.
     assert set(report["airflow_view"]) == {"checked"}, report["airflow_view"]
 
