@@ -5,7 +5,6 @@ seam (:class:`Runs`), as the Task SDK answers them inside Airflow (tests/dags ha
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,12 +194,14 @@ def test_the_run_that_parked_the_batch_last_is_the_one_resumed(store: JobStore) 
 def test_a_real_outage_is_planned_once_due_and_the_cleared_run_finishes_the_day(
     store: JobStore, tmp_path: Path
 ) -> None:
-    """The whole loop on the ledger: a try of RUN parks the batch on a 503 with Retry-After 1 s;
+    """The whole loop on the ledger: a try of RUN parks the batch on a 503 with Retry-After 60 s;
     reconciliation (the report, the JSON summary) plans nothing before the jobs are due and
     clears RUN once they are; the cleared run's next try, with the model back, completes every
-    job on its first attempt; the next reconciliation plans nothing."""
+    job on its first attempt; the next reconciliation plans nothing. The minute passes in the
+    ledger (the parked jobs' due time moved back), not on the clock: with Retry-After 1 s and a
+    sleep, a loaded machine reconciled "early" after the jobs were already due."""
     payloads = PayloadStore(tmp_path / "payloads")
-    switch = Switch(Reply.status_only(503, retry_after="1"))
+    switch = Switch(Reply.status_only(503, retry_after="60"))
     with FakeOpenAIServer(responder=switch) as fake:
         register(store, payloads, 30, llm(fake).version)
         with pytest.raises(CircuitOpen):
@@ -209,7 +210,14 @@ def test_a_real_outage_is_planned_once_due_and_the_cleared_run_finishes_the_day(
         early = reconcile(store, ReconcileParams(grace_seconds=0), runs=runs)
         assert planned_resumes(early.summary) == []
         assert "outage_resumes" in early.summary["totals"]["checked"]
-        time.sleep(1.1)
+        with store.engine.begin() as conn:  # a minute later
+            moved = conn.execute(
+                sa.text(
+                    "UPDATE triage.jobs SET next_attempt_at = next_attempt_at - interval '60 seconds'"
+                    " WHERE status = 'waiting'"
+                )
+            ).rowcount
+        assert moved == 30
         due = reconcile(store, ReconcileParams(grace_seconds=0), runs=runs)
         assert planned_resumes(due.summary) == [{"dag_id": DAG, "run_id": RUN, "batch_key": BATCH, "parked": 30}]
         assert "outage_resume_requested" in due.markdown
