@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import resource
@@ -70,7 +71,14 @@ def scratch_database(migrate: bool = True) -> Iterator[DatabaseUrl]:
     url = base.with_database(name)
     try:
         if migrate:
-            migrations.upgrade(url)
+            # Quietly: once a suite has imported Airflow, its logging prints every revision at
+            # info, twenty lines per scratch database between the figures.
+            alembic = logging.getLogger("alembic")
+            level, alembic.level = alembic.level, logging.WARNING
+            try:
+                migrations.upgrade(url)
+            finally:
+                alembic.setLevel(level)
         yield url
     finally:
         with psycopg.connect(base.libpq(), autocommit=True) as conn:
