@@ -80,6 +80,9 @@ def deployment(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl) -> Iterator[tup
         # scheduled day (1,000 documents of the params' defaults beside the timed run), nor the
         # scheduler start reconcile_jobs in the middle of it.
         env["AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"] = "False"
+        # An A/B of the scheduler's idle sleep (the deployment's own is 0.25 s).
+        if os.environ.get("BENCH_SCHEDULER_IDLE_SLEEP"):
+            env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = os.environ["BENCH_SCHEDULER_IDLE_SLEEP"]
         try:
             started = _triage(env, "up")
             if started.returncode != 0:
@@ -87,6 +90,30 @@ def deployment(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl) -> Iterator[tup
             yield env, env["AIRFLOW__API__BASE_URL"]
         finally:
             _triage(env, "stop", timeout=120)
+
+
+def scheduler_cpu_share(home: str, seconds: float = 10.0) -> float | None:
+    """The CPU the idle deployment's scheduler uses, in CPU-seconds a second, over ``seconds``
+    (what a shorter idle sleep costs): the processes of this ``TRIAGE_HOME`` whose command line
+    is ``airflow scheduler`` (the LocalExecutor's workers too); None when none is found."""
+
+    def cpu() -> float | None:  # the scheduler and its executor's worker processes (same command line)
+        ticks, total, found = os.sysconf("SC_CLK_TCK"), 0, False
+        for proc in Path("/proc").iterdir():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                if b"scheduler" not in argv or f"TRIAGE_HOME={home}".encode() not in (proc / "environ").read_bytes():
+                    continue
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total, found = total + int(fields[11]) + int(fields[12]), True
+        return total / ticks if found else None
+
+    before = cpu()
+    time.sleep(seconds)
+    after = cpu()
+    return None if before is None or after is None else round((after - before) / seconds, 4)
 
 
 def _client(env: Mapping[str, str], base_url: str) -> httpx.Client:
@@ -219,6 +246,7 @@ def run() -> list[Figure]:
             # first run's first task started 95 s after its trigger here), and it shows the
             # mapping follow the work (one classify task).
             warm = timed_run(api, WARM_UP_DOCUMENTS, day=DAY - timedelta(days=1))
+            idle_scheduler = scheduler_cpu_share(env["TRIAGE_HOME"])
             result = timed_run(api, n)
         events = published_events(jobs_url)
         naive = naive_seconds(jobs_url, n)
@@ -237,6 +265,8 @@ def run() -> list[Figure]:
         "stream_events_seconds": task_seconds(tasks, "stream_events"),
         "relay_after_persist_seconds": round(relay, 2),
         "naive_seconds": round(naive, 2),
+        "idle_scheduler_cpu_per_second": idle_scheduler,
+        "scheduler_idle_sleep": os.environ.get("BENCH_SCHEDULER_IDLE_SLEEP") or "deployment default",
         "command": "python -m bench realrun",
         "load_average": os.getloadavg(),
     }
