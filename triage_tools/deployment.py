@@ -117,6 +117,8 @@ def airflow_environment() -> dict[str, str]:
 # the environment of Airflow's processes
 
 STATE_FILE = "triage-prepare.json"
+SCHEDULER_IDLE_SLEEP_SECONDS = "0.25"
+"""``[scheduler] scheduler_idle_sleep_time`` of the local deployment (:func:`environment`)."""
 
 
 def _say(message: str) -> None:
@@ -144,6 +146,11 @@ def environment() -> dict[str, str]:
     if bin_dir not in path.split(os.pathsep):
         env["PATH"] = os.pathsep.join(p for p in (bin_dir, path) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # A finished task's downstream tasks are queued on the scheduler's next loop, and the
+    # scheduler sleeps this long after a loop that found nothing to do (Airflow's default 1 s):
+    # each hand-off between two stages waited half of it on average (issue #16; docs/performance.md,
+    # "Where the time of a run goes"). An exported value wins.
+    env.setdefault("AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME", SCHEDULER_IDLE_SLEEP_SECONDS)
     # The local deployment is where drills run (`make run CONF='{"drill": …}'`, `make chaos`);
     # an exported TRIAGE_ALLOW_DRILL=0 still turns them off. docker-compose leaves them off.
     env.setdefault(ENV_ALLOW_DRILL, "1")
