@@ -33,8 +33,8 @@ def ledger_view(conn: sa.Connection, params: ReconcileParams) -> dict[str, Any]:
         attempts[int(r.attempt)] = attempts.get(int(r.attempt), 0) + int(r.n)
     by_state_step = [{"status": status, "step": step, "count": n} for (status, step), n in steps.items()]
     by_state = {s.value: 0 for s in JobStatus}
-    for row in by_state_step:
-        by_state[row["status"]] += row["count"]
+    for (status, _), n in steps.items():
+        by_state[status] += n
     queue = conn.execute(Q.review_queue(), {"limit": params.review_queue_limit}).all()
     lag = conn.execute(checks.outbox_lag(), {"threshold": float(params.outbox_age_seconds)}).one()
     return {
