@@ -34,7 +34,7 @@ job_status = pg.ENUM(
 )
 
 NOW = sa.text("now()")
-ARRIVED_UNSUPPORTED = "(context ->> 'malformed_reason') = 'unsupported_schema_version'"  # a review row's
+ARRIVED_UNSUPPORTED = "(context ->> 'malformed_reason') = 'unsupported_schema_version'"  # routed on arrival (0020)
 
 jobs = sa.Table(
     "jobs",

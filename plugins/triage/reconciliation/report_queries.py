@@ -38,7 +38,7 @@ def reported() -> ColumnElement[bool]:
 def counts_by_state_step_and_attempt() -> sa.Select[Any]:
     """Jobs by state, step and attempt: the open ones, and those finished in the window
     (:func:`reported`). One pass serves both the counts by state and step and the attempts
-    histogram (each read the window's jobs from the heap: two passes were a fifth of a run)."""
+    histogram, which read the same rows of the heap twice before."""
     return (
         sa.select(jobs.c.status, jobs.c.step, jobs.c.attempt, sa.func.count().label("n"))
         .where(reported())
