@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from bench import footprint, growth, intake, ledger, migration, pipeline, realrun, relay, review_queue
+from bench import footprint, growth, guarantees, intake, ledger, migration, pipeline, realrun, relay, review_queue
 from bench.common import write_results
 
 SUITES = {
@@ -17,7 +17,7 @@ SUITES = {
     "realrun": realrun.run,
     "relay": relay.run,
 }
-OPT_IN = {"footprint": footprint.run, "growth": growth.run, "migration": migration.run}
+OPT_IN = {"footprint": footprint.run, "growth": growth.run, "migration": migration.run, "guarantees": guarantees.run}
 """Longer than the quick `make bench` (minutes to an hour): run only when named (`make bench-growth`)."""
 
 

@@ -250,3 +250,42 @@ def test_chromium_renders_the_page_with_its_charts(outcome: RunOutcome, tmp_path
     assert "invalid_json" in text
     rendered: Any = re.findall(r"<rect[^>]*width=\"([0-9.]+)\"", dom)
     assert any(float(w) > 50 for w in rendered)  # bars have a length, the charts are drawn
+
+
+@pytest.mark.parametrize(
+    ("question", "indexes"),
+    [
+        ("schema_mismatches", {"job_events_unsupported_idx", "manual_review_unsupported_idx"}),
+        ("rejected_outputs", {"classifications_rejected_idx"}),
+    ],
+)
+def test_the_reports_rare_rows_are_read_through_their_partial_indexes(
+    store: JobStore, question: str, indexes: set[str]
+) -> None:
+    """Issue #16, item 3: every 15 minutes, at any size, the report reads only the rows these
+    questions ask for (migration 0020), never every retained transition, every review row ever
+    written or every classification of the window. With sequential scans off, a predicate that
+    no longer matches its partial index shows as a sequential scan of the table."""
+    from triage.reconciliation import report_queries
+
+    craft(store)
+    statement = getattr(report_queries, question)()
+    compiled = statement.compile(dialect=store.engine.dialect)
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("SET enable_seqscan = off")
+        plan = "\n".join(
+            r[0]
+            for r in conn.exec_driver_sql(
+                "EXPLAIN " + str(compiled), compiled.construct_params({"window": 3600.0})
+            ).all()
+        )
+        parents = dict(  # the day partitions' copies of an index on job_events, by their parent's name
+            conn.exec_driver_sql(
+                "SELECT c.relname, p.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                " JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = ANY(%(names)s)",
+                {"names": sorted(indexes)},
+            ).all()
+        )
+    used = {parents.get(n, n) for n in re.findall(r"(?:using|Index Scan on) (\w+)", plan)}
+    assert indexes <= used, plan
+    assert not re.search(r"Seq Scan on (job_events|manual_review|classifications)", plan), plan

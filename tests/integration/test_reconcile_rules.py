@@ -401,3 +401,27 @@ def test_a_second_run_repairs_nothing(store: JobStore) -> None:
     assert second.summary["repairs"] == []
     assert ledger_snapshot(store) == before
     assert q(store, "SELECT count(*) FROM triage.reconciliation_runs WHERE finished_at IS NOT NULL") == 2
+
+
+@pytest.mark.parametrize("check", ["completed_without_label", "label_without_completed_job"])
+def test_the_label_checks_probe_per_row_and_never_hash_the_history(store: JobStore, check: str) -> None:
+    """Issue #16, item 3: each label check probes the other table by its key for each row of the
+    last day. Written as a plain NOT EXISTS, the planner turns it into an anti-join, and once a
+    day's labels outnumber a few thousand it hashed the whole other table: at 1M jobs a parallel
+    scan of every completed job ever (1.2 s), every 15 minutes. The plan must keep the probe a
+    subplan (OFFSET 0), whatever the statistics say."""
+    from triage.jobs import checks
+
+    jobs = new_jobs(3)
+    store.register(jobs, batch_key="b", step="classify", max_attempts=3)
+    claim = store.claim(batch_key="b", step="classify", limit=3, lease_seconds=60, owner="w")
+    store.record(claim, [Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "v1")) for j in claim.jobs])
+    statement = getattr(checks, check)()
+    compiled = statement.compile(dialect=store.engine.dialect)
+    with store.engine.connect() as conn:
+        plan = "\n".join(
+            r[0]
+            for r in conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.construct_params({"grace": 0})).all()
+        )
+    assert "Anti Join" not in plan, plan
+    assert "SubPlan" in plan, plan

@@ -188,7 +188,10 @@ LEDGER_TABLES = frozenset(
 )
 WRITES_EXEMPT = {
     ROOT / "plugins" / "triage" / "migrations": "the schema itself: its DDL, and the trigger that writes job_events",
-    ROOT / "bench" / "simulation": "the benchmarks' simulated past: bulk loads as the owner, triggers aside",
+    ROOT / "bench" / "simulation": (
+        "the benchmarks' simulated past (bulk loads as the owner, triggers aside), and the ledger"
+        " stripped of a guarantee for bench.guarantees' A/B (a scratch database only)"
+    ),
 }
 SQL_WRITE = re.compile(
     r"\b(?:UPDATE|INSERT\s+INTO|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?|MERGE\s+INTO)\s+(?:ONLY\s+)?"

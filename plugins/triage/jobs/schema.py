@@ -34,6 +34,7 @@ job_status = pg.ENUM(
 )
 
 NOW = sa.text("now()")
+ARRIVED_UNSUPPORTED = "(context ->> 'malformed_reason') = 'unsupported_schema_version'"  # routed on arrival (0020)
 
 jobs = sa.Table(
     "jobs",
@@ -126,18 +127,15 @@ jobs = sa.Table(
         "updated_at",
         postgresql_where=sa.text("status IN ('completed', 'terminal_failed')"),
     ),
-    # Autovacuum at 2 % (migration 0015): dead versions reclaimed early. No fillfactor: no
-    # transition can be a HOT update (status is indexed). Storage options are not metadata.
+    # Autovacuum at 2 % (0015), no fillfactor: no transition can be HOT (status is indexed); not metadata.
 )
 
 job_events = sa.Table(
     "job_events",
     metadata,
-    # From one sequence. No primary key: the table is partitioned by day of ``at`` (whose key
-    # would have to include it) and no query reads an event by id (migration 0015).
+    # From one sequence. No primary key: partitioned by day of ``at`` (its key would need it), never read by id.
     sa.Column("id", sa.BigInteger, nullable=False, server_default=sa.text("nextval('triage.job_events_id_seq')")),
-    # No foreign key: rows come only from the jobs trigger, and jobs are never deleted; a
-    # row-level FK check would double the cost of every transition.
+    # No foreign key: rows come only from the jobs trigger and jobs are never deleted (a check doubles a move).
     sa.Column("job_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("from_status", job_status),  # NULL: the job was created
     sa.Column("to_status", job_status, nullable=False),
@@ -147,6 +145,7 @@ job_events = sa.Table(
     sa.Column("reason", sa.Text),
     sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
     sa.Index("job_events_job_id_id_idx", "job_id", "id"),
+    sa.Index("job_events_unsupported_idx", "job_id", postgresql_where=sa.text("reason = 'unsupported_schema_version'")),
     postgresql_partition_by="RANGE (at)",  # one partition per UTC day; retention drops whole days
 )
 
@@ -196,6 +195,7 @@ classifications = sa.Table(
         "output_mode IS NULL OR output_mode IN ('json_schema', 'json_object')", name="output_mode_known"
     ),
     sa.CheckConstraint("(reused_job_id IS NULL) = (reused_attempt IS NULL)", name="reused_whole"),
+    sa.Index("classifications_rejected_idx", "created_at", postgresql_where=sa.text("outcome = 'rejected'")),  # 0020
     # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted and
     # doubtful answers of the model itself, by input and classifier version, oldest first (0016).
     sa.Index(
@@ -262,6 +262,8 @@ manual_review = sa.Table(
     ),
     # Serves the content cache's refusal to answer for content a reviewer labelled (0013).
     sa.Index("manual_review_labelled_idx", "job_id", postgresql_where=sa.text("resolution = 'labelled'")),
+    # Serves the report's schema mismatches found on arrival (0020): empty on a healthy ledger.
+    sa.Index("manual_review_unsupported_idx", "job_id", postgresql_where=sa.text(ARRIVED_UNSUPPORTED)),
 )
 
 outbox = sa.Table(
@@ -285,10 +287,9 @@ outbox = sa.Table(
     postgresql_partition_by="RANGE (created_at)",  # one partition per UTC day; retention drops whole days
 )
 
-# A relay's claim on a batch of unsent events while it sends them outside any transaction
-# (migration 0007): other relays leave the events alone until ``claimed_until``; marking them
-# published deletes the claim. One row per batch: a claim costs one insert, not a row update
-# per event.
+# A relay's claim on a batch of unsent events while it sends them outside any transaction (migration
+# 0007): other relays leave the events alone until ``claimed_until``; marking them published deletes
+# the claim. One row per batch: a claim costs one insert, not a row update per event.
 outbox_claims = sa.Table(
     "outbox_claims",
     metadata,
@@ -299,9 +300,8 @@ outbox_claims = sa.Table(
     comment="A relay's claim on a batch of unsent outbox events while it sends them",
 )
 
-# One row per replay by filter (migration 0008), keyed by a digest of its filter and note: the
-# same submission twice is one request, applied once. Each job it moved has a job_events row
-# whose reason is ``replayed:<replay_key>``.
+# One row per replay by filter (migration 0008), keyed by a digest of its filter and note: the same submission
+# twice is one request, applied once. Each job it moved has a job_events row of reason ``replayed:<replay_key>``.
 replay_requests = sa.Table(
     "replay_requests",
     metadata,

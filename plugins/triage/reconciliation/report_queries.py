@@ -15,7 +15,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from triage.jobs.checks import age_seconds, entered_at
 from triage.jobs.expressions import NOW, status_literal
 from triage.jobs.expressions import seconds_param as seconds
-from triage.jobs.schema import classifications, job_events, jobs, manual_review
+from triage.jobs.schema import ARRIVED_UNSUPPORTED, classifications, job_events, jobs, manual_review
 from triage.jobs.states import OPEN, TERMINAL, Step
 from triage.jobs.states import JobStatus as S
 
@@ -35,13 +35,15 @@ def reported() -> ColumnElement[bool]:
 
 
 @cache
-def counts_by_state_and_step() -> sa.Select[Any]:
-    """Jobs by state and step: the open ones, and those finished in the window (:func:`reported`)."""
+def counts_by_state_step_and_attempt() -> sa.Select[Any]:
+    """Jobs by state, step and attempt: the open ones, and those finished in the window
+    (:func:`reported`). One pass serves both the counts by state and step and the attempts
+    histogram, which read the same rows of the heap twice before."""
     return (
-        sa.select(jobs.c.status, jobs.c.step, sa.func.count().label("n"))
+        sa.select(jobs.c.status, jobs.c.step, jobs.c.attempt, sa.func.count().label("n"))
         .where(reported())
-        .group_by(jobs.c.status, jobs.c.step)
-        .order_by(jobs.c.status, jobs.c.step)
+        .group_by(jobs.c.status, jobs.c.step, jobs.c.attempt)
+        .order_by(jobs.c.status, jobs.c.step, jobs.c.attempt)
     )
 
 
@@ -90,17 +92,6 @@ def time_in_state() -> sa.Select[Any]:
 
 
 @cache
-def attempts_histogram() -> sa.Select[Any]:
-    """Attempts of the jobs :func:`reported` counts."""
-    return (
-        sa.select(jobs.c.attempt, sa.func.count().label("n"))
-        .where(reported())
-        .group_by(jobs.c.attempt)
-        .order_by(jobs.c.attempt)
-    )
-
-
-@cache
 def retry_reasons() -> Any:
     """Error classes of the window's moves into ``retryable_failed``."""
     return (
@@ -137,12 +128,16 @@ UNSUPPORTED = "unsupported_schema_version"
 @cache
 def schema_mismatches() -> sa.Select[Any]:
     """Jobs routed as ``unsupported_schema_version``: by the classify step (a transition with
-    that reason) or on arrival (a review row whose context names it), with their state now."""
+    that reason) or on arrival (a review row whose context names it), with their state now.
+
+    Both conditions are written as the partial indexes' predicates (``job_events_unsupported_idx``,
+    ``manual_review_unsupported_idx``, migration 0020), as constants, so that the planner reads
+    only those rows: every retained transition and every review row ever written, otherwise."""
     by_step = sa.select(job_events.c.job_id, sa.literal(Step.CLASSIFY.value).label("found_by")).where(
-        job_events.c.reason == UNSUPPORTED
+        job_events.c.reason == sa.literal_column(f"'{UNSUPPORTED}'")
     )
     on_arrival = sa.select(manual_review.c.job_id, sa.literal("retrieval").label("found_by")).where(
-        manual_review.c.context["malformed_reason"].astext == UNSUPPORTED
+        sa.text(ARRIVED_UNSUPPORTED)
     )
     routed = sa.union(by_step, on_arrival).subquery()
     return (
@@ -161,7 +156,8 @@ def rejected_outputs() -> Any:
             sa.func.coalesce(classifications.c.rejected_reason, "unspecified").label("reason"),
             sa.func.count().label("n"),
         )
-        .where(classifications.c.outcome == "rejected", classifications.c.created_at >= _window())
+        # The outcome as a constant: ``classifications_rejected_idx`` (0020) holds only these rows.
+        .where(classifications.c.outcome == sa.literal_column("'rejected'"), classifications.c.created_at >= _window())
         .group_by(sa.text("1"))
         .order_by(sa.desc("n"), sa.text("1"))
     )

@@ -26,13 +26,15 @@ def _f(value: Any, digits: int = 1) -> float:
 def ledger_view(conn: sa.Connection, params: ReconcileParams) -> dict[str, Any]:
     """What the ledger looks like now (after this run's repairs)."""
     window = {"window": params.report_window_hours * 3600.0}
-    by_state_step = [
-        {"status": r.status, "step": r.step, "count": int(r.n)}
-        for r in conn.execute(Q.counts_by_state_and_step(), window)
-    ]
+    steps: dict[tuple[str, str], int] = {}
+    attempts: dict[int, int] = {}
+    for r in conn.execute(Q.counts_by_state_step_and_attempt(), window):  # ordered by state, step
+        steps[r.status, r.step] = steps.get((r.status, r.step), 0) + int(r.n)
+        attempts[int(r.attempt)] = attempts.get(int(r.attempt), 0) + int(r.n)
+    by_state_step = [{"status": status, "step": step, "count": n} for (status, step), n in steps.items()]
     by_state = {s.value: 0 for s in JobStatus}
-    for row in by_state_step:
-        by_state[row["status"]] += row["count"]
+    for (status, _), n in steps.items():
+        by_state[status] += n
     queue = conn.execute(Q.review_queue(), {"limit": params.review_queue_limit}).all()
     lag = conn.execute(checks.outbox_lag(), {"threshold": float(params.outbox_age_seconds)}).one()
     return {
@@ -52,9 +54,7 @@ def ledger_view(conn: sa.Connection, params: ReconcileParams) -> dict[str, Any]:
             }
             for r in conn.execute(Q.time_in_state(), window)
         ],
-        "attempts": [
-            {"attempt": int(r.attempt), "count": int(r.n)} for r in conn.execute(Q.attempts_histogram(), window)
-        ],
+        "attempts": [{"attempt": a, "count": attempts[a]} for a in sorted(attempts)],
         "retry_reasons": [{"reason": r.reason, "count": int(r.n)} for r in conn.execute(Q.retry_reasons(), window)],
         "review_queue": {
             "total": int(queue[0].total) if queue else 0,
