@@ -104,3 +104,18 @@ def test_0006_upgrades_a_database_of_0005_with_jobs_mid_life(fresh_database: Dat
         row = conn.execute(sa.text("SELECT status::text, attempt, attempt_base, max_attempts FROM triage.jobs")).one()
     engine.dispose()
     assert tuple(row) == ("queued", 2, 2, 5)
+
+
+def test_primary_keys_and_identity_columns_equal_the_metadata(fresh_database: DatabaseUrl) -> None:
+    """What autogenerate's comparison above does not look at: each table's primary key and which
+    columns the database numbers itself (the metadata once declared classifications.id as drawn
+    from job_events' sequence with no key, while the database has its identity primary key)."""
+    migrations.upgrade(fresh_database)
+    engine = create_engine(fresh_database, poolclass=sa.NullPool)
+    inspector = sa.inspect(engine)
+    for table in metadata.sorted_tables:
+        reflected = inspector.get_pk_constraint(table.name, schema=SCHEMA)["constrained_columns"]
+        assert reflected == [c.name for c in table.primary_key.columns], table.name
+        identity = {c["name"] for c in inspector.get_columns(table.name, schema=SCHEMA) if c.get("identity")}
+        assert identity == {c.name for c in table.columns if c.identity is not None}, table.name
+    engine.dispose()

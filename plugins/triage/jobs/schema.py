@@ -160,9 +160,7 @@ job_transitions = sa.Table(
 classifications = sa.Table(
     "classifications",
     metadata,
-    # From one sequence. No primary key: the table is partitioned by day of ``at`` (whose key
-    # would have to include it) and no query reads an event by id (migration 0015).
-    sa.Column("id", sa.BigInteger, nullable=False, server_default=sa.text("nextval('triage.job_events_id_seq')")),
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),  # not partitioned
     # No foreign key on the hot path (a row-level check cost 4 µs a row, measured): rows are
     # written only by the store, in the transaction that holds the job's lease, and jobs are
     # never deleted (a trigger refuses it). Reconciliation checks the pairing.
