@@ -31,6 +31,7 @@ from triage.jobs.models import NewJob
 from triage.jobs.schema import classifications, document_labels, jobs, manual_review
 from triage.jobs.states import EventType
 from triage.jobs.states import JobStatus as S
+from triage.jobs.transitions import NEW_JOB_COLUMNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,17 +64,8 @@ class IntakeStatus:
     updated_at: datetime
 
 
-GIVEN_COLUMNS = dict(
-    id=UUID,
-    event_id=UUID,
-    idempotency_key=sa.Text,
-    source=sa.Text,
-    external_id=sa.Text,
-    content_sha256=sa.Text,
-    payload_ref=sa.Text,
-    classifier_version=sa.Text,
-    correlation_id=sa.Text,
-)
+GIVEN_COLUMNS = dict(NEW_JOB_COLUMNS, event_id=UUID)
+"""A registered job's columns (as the batch registration's) and its ``job.registered`` event's id."""
 
 
 @cache
