@@ -15,11 +15,6 @@ and Airflow retries it with exponential backoff. When Airflow gives up, the fail
 moves the unfinished jobs this run holds or moved last at the task's step to manual review
 (never another run's of the same date).
 
-``stream_events`` relays the outbox beside ``size_classify``, ``classify`` and ``persist``
-(from ``retrieve``'s end until the batch has no job a step will still move), so that a run's
-events go out as they are written; ``publish_events``, after it and ``persist``, sends the rest
-(``triage.operators.stream_events``; the relay was a third of a 100,000-document run before).
-
 ``alert`` runs last, once every other task is done, whatever their states (a teardown: it never
 decides the run's state): it counts what this run sent to review or failed terminally and
 alerts through the ``triage_alerts`` connection (a log line without it) past the thresholds. A
@@ -79,6 +74,5 @@ with DAG(
         shard=list(range(RETRIEVE_SHARDS))
     )
     # size_classify (waiting for the provider's batches in batch mode) → classify → persist →
-    # publish_events, stream_events beside them, and the alert teardown: shared with
-    # classify_intake (no batch mode there).
+    # publish_events, and the alert teardown: shared with classify_intake (no batch mode there).
     classification_tasks(retrieve, model_batches=True)
