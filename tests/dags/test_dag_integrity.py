@@ -65,13 +65,8 @@ def test_classify_documents_is_scheduled_with_real_intervals(dagbag) -> None:  #
     assert dag.catchup is False
     assert dag.max_active_runs >= 1
     assert {"triage"} <= set(dag.tags)
-    order = ["retrieve", "size_classify", "classify", "persist", "stream_events", "publish_events", "alert"]
+    order = ["retrieve", "size_classify", "classify", "persist", "publish_events", "alert"]
     assert [t.task_id for t in dag.topological_sort()] == order
-    # The stream relays beside classify and persist, from retrieve's end; publish_events after
-    # both sends what it left (issue #16, item 1).
-    stream = dag.get_task("stream_events")
-    assert stream.upstream_task_ids == {"retrieve"}
-    assert dag.get_task("publish_events").upstream_task_ids == {"persist", "stream_events"}
 
 
 def test_the_alert_task_runs_after_every_task_and_never_decides_the_run(dagbag) -> None:  # type: ignore[no-untyped-def]

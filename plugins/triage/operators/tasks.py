@@ -22,7 +22,6 @@ from triage.operators.classify_documents import (
 )
 from triage.operators.retry import OUTAGE_RETRY_POLICY, default_args
 from triage.operators.sizing import SizeClassifyOperator
-from triage.operators.stream_events import StreamEventsOperator
 
 CLASSIFY_JOBS_PER_WORKER = {"keyword": 50_000, "llm": 2_000}
 """Open jobs per ``classify`` task instance, by classifier: a 10-document day gets one, a
@@ -67,8 +66,7 @@ def classification_tasks(
     upstream: Any = None, *, batch: str | None = None, model_batches: bool = False
 ) -> dict[str, Any]:
     """size_classify → classify (mapped over as many instances as the batch's open jobs need:
-    :mod:`triage.operators.sizing`) → persist → publish_events after ``upstream`` (if any),
-    ``stream_events`` beside size_classify, classify and persist (before publish_events), and
+    :mod:`triage.operators.sizing`) → persist → publish_events after ``upstream`` (if any), and
     ``alert``, a teardown downstream of every one of them; returns the tasks by id.
 
     :param batch: the batch every task works on (None: the run's data interval).
@@ -93,26 +91,15 @@ def classification_tasks(
         batch=batch,
     ).expand(worker=size.output)
     persist = PersistLabelsOperator(task_id="persist", execution_timeout=PERSIST_TIMEOUT, batch=batch)
-    # Beside classify and persist: their events go out as they are written. publish_events
-    # after both sends what the stream left (issue #16: the relay was a third of the run).
-    stream = StreamEventsOperator(task_id="stream_events", batch=batch)
     publish = PublishEventsOperator(task_id="publish_events", batch=batch)
 
     # Downstream of every task, not only the last: it must wait for every map index of classify.
     alert = RunAlertsOperator(task_id="alert", batch=batch).as_teardown()
 
-    steps = [size, classify, persist, stream, publish]
+    steps = [size, classify, persist, publish]
     if upstream is not None:
-        upstream >> [size, stream]
+        upstream >> size
         steps.insert(0, upstream)
     size >> classify >> persist >> publish
-    stream >> publish
     steps >> alert
-    return {
-        "size_classify": size,
-        "classify": classify,
-        "persist": persist,
-        "stream_events": stream,
-        "publish_events": publish,
-        "alert": alert,
-    }
+    return {"size_classify": size, "classify": classify, "persist": persist, "publish_events": publish, "alert": alert}

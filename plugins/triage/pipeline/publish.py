@@ -15,15 +15,12 @@ import fcntl
 import json
 import logging
 import os
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 from triage.contracts.events import WorkEvent
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -187,63 +184,4 @@ def publish_all(store: JobStore, sink: EventSink, *, batch: int | None = None) -
     limit = batch if batch is not None else int(getattr(sink, "batch_size", 1000))
     sent = store.relay_all(sink.publish, limit=limit)
     log.info("published %d events", sent)
-    return sent
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    """When :func:`stream_while_worked` stops.
-
-    :param idle_seconds: stop once nothing was sent for this long while no job of the batch is
-        running (nobody is working on it: a step between two tasks, or not started).
-    :param quiet_seconds: stop once nothing was sent for this long even though jobs are running
-        (a lease that ran out and was never released counts as running until reconciliation).
-    :param poll_seconds: the pause between two passes while the batch is worked on.
-    :param max_seconds: stop after this long whatever happens.
-    """
-
-    idle_seconds: float = 3.0
-    quiet_seconds: float = 60.0
-    poll_seconds: float = 1.0
-    max_seconds: float = 4 * 3600.0
-
-
-WORKED = frozenset({JobStatus.RECEIVED, JobStatus.QUEUED, JobStatus.RUNNING})
-"""States of a batch's jobs that a step will still move (and so write events for)."""
-
-
-def stream_while_worked(
-    store: JobStore,
-    sink: EventSink,
-    batch_key: str,
-    settings: StreamSettings = StreamSettings(),
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> int:
-    """Relay the outbox (:func:`publish_all`) again and again while the batch's jobs are being
-    worked on, so that their events go out while the steps run instead of all after them;
-    returns how many were sent. Stops once the batch has no job a step will still move, and
-    after one more relay; or when nothing came for a while (:class:`StreamSettings`).
-
-    A relay like any other (claims, at least once, oldest first): it may stop at any moment and
-    the relay after the batch's last step (``publish_events``) sends what it left.
-    """
-    limit = int(getattr(sink, "batch_size", 1000))
-    sent, started = 0, clock()
-    last_sent = started
-    while clock() - started < settings.max_seconds:
-        count = store.relay_all(sink.publish, limit=limit, actor="stream_events")
-        now = clock()
-        if count:
-            sent, last_sent = sent + count, now
-        counts = store.status_counts(batch_key)
-        if not any(counts[s] for s in WORKED):
-            return sent + store.relay_all(sink.publish, limit=limit, actor="stream_events")
-        quiet = now - last_sent
-        if quiet >= settings.quiet_seconds or (not counts[JobStatus.RUNNING] and quiet >= settings.idle_seconds):
-            break
-        # A pause after every pass, not only an empty one: the steps' events gather into claims
-        # of thousands instead of one claim, mark and fsync per step transaction.
-        sleep(settings.poll_seconds)
     return sent
