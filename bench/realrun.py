@@ -227,8 +227,7 @@ def task_seconds(tasks: Mapping[str, float], task_id: str) -> float:
 
 def relay_tail(timeline: Mapping[str, list[float]]) -> float:
     """Seconds the relay adds to the run: from the end of the last task that moves jobs
-    (``persist``) to ``publish_events``' end. ``stream_events`` relays beside ``classify`` and
-    ``persist``; what it has not sent by then, and the hand-off to ``publish_events``, is here."""
+    (``persist``) to ``publish_events``' end: the hand-off and the relay of the run's events."""
     if "persist" not in timeline or "publish_events" not in timeline:
         return 0.0
     return max(0.0, timeline["publish_events"][1] - timeline["persist"][1])
@@ -269,7 +268,6 @@ def run() -> list[Figure]:
         "timeline_from_queued": result["timeline"],
         "seconds_with_no_task_running": round(between_tasks(result["timeline"]), 2),
         "publish_events_share": round(task_seconds(tasks, "publish_events") / seconds, 3),
-        "stream_events_seconds": task_seconds(tasks, "stream_events"),
         "relay_after_persist_seconds": round(relay, 2),
         "naive_seconds": round(naive, 2),
         "idle_scheduler_cpu_per_second": idle_scheduler,
@@ -305,7 +303,6 @@ def run() -> list[Figure]:
             higher_is_better=False,
             details={
                 "events": events,
-                "stream_events_seconds": task_seconds(tasks, "stream_events"),
                 "publish_events_seconds": task_seconds(tasks, "publish_events"),
             },
         ),
