@@ -16,7 +16,7 @@ CONF   ?= {}
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}'] [VERBOSE=1]  set up, migrate, run classify_documents then reconcile_jobs"
-	@echo "make test [TEST_WORKERS=3 SLOW_WORKERS=2]  the whole suite: the slow tests in parallel, the fast ones beside them"
+	@echo "make test [TEST_WORKERS=3 SLOW_WORKERS=2]  the whole suite: the fast tests in parallel, then the slow ones"
 	@echo "make test-deps                             the Debian packages tests need (chromium, redis-server): apt-get as root"
 	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
@@ -84,35 +84,31 @@ stop: $(STAMP)
 reset-secrets: $(STAMP)
 	$(BIN)/triage reset-secrets
 
-# Two phases at once, each on pytest-xdist workers: the slow tests (marked slow: they run
-# Airflow's processes and mostly wait on them) started first in the background, their report
-# printed after the fast tests'; the fast tests beside them. Every worker migrates a template
-# database of its own and clones one per test, on the one embedded server they share
-# (tests/conftest.py). --dist loadfile keeps a module's tests on one worker: they share module
-# fixtures (an Airflow deployment, a private server), made once. (loadgroup would be finer but
-# groups nothing with pytest 9.2: pytest-xdist issue 1386.) Both phases in collection order
-# (--no-loadscope-reorder; xdist's default hands out the files of most tests first): the fast
-# phase with tests/dags and tests/packaging first, the slow phase longest first, the drill first
-# of all (tests/conftest.py), so the longest files start first instead of running alone at the
-# end. Both phases always run and report; make test fails if either fails. The Airflow tests
-# clone one migrated metadata database (tests/dags/conftest.py) instead of migrating one per
-# module. Workers: 3 and 2 (2 cores). Measured (README): the whole make test 1,517 CPU-s in a cgroup
-# (session 8, load average 10-32 from other work, 41.6 min wall there); two cores give 960 CPU-s
-# in 8 minutes, so the suite is CPU-bound: at best ~12.6 min on a quiet 2-core machine.
+# Two phases, each on pytest-xdist workers: the fast tests, then the slow ones (marked slow: they
+# run Airflow's processes and mostly wait on them). Every worker migrates a template database of
+# its own and clones one per test, on the one embedded server they share (tests/conftest.py).
+# --dist loadfile keeps a module's tests on one worker: they share module fixtures (an Airflow
+# deployment, a private server), made once. (loadgroup would be finer but groups nothing with
+# pytest 9.2: pytest-xdist issue 1386.) Both phases in collection order (--no-loadscope-reorder;
+# xdist's default hands out the files of most tests first): the fast phase with tests/dags and
+# tests/packaging first, the slow phase longest first, the drill first of all (tests/conftest.py),
+# so the longest files start first instead of running alone at the end. Both
+# phases run even when the first fails. The Airflow tests clone one migrated metadata database
+# (tests/dags/conftest.py) instead of migrating one per module. Workers: 3 and 2
+# were the fastest measured here (2 cores; README); the slow tests slow each other down (the drill).
+# Both phases at once were measured too (session 8, clean clone, nothing else running): 15:34
+# wall against 15:39 one after the other, the fast phase twice as slow beside the slow one: the
+# suite is CPU-bound (1,517 CPU-s in a cgroup; two cores give 960 in 8 minutes), so the phases
+# stay apart, where timed waits in tests see less load.
 TEST_WORKERS ?= 3
 SLOW_WORKERS ?= 2
 PYTEST_ARGS  ?=
 test: $(STAMP) test-deps
-	@status=0; slow_log=$$(mktemp "$${TMPDIR:-/tmp}/triage-slow-tests.XXXXXX"); \
-	echo "make test: the slow tests on $(SLOW_WORKERS) workers, in the background (their report follows the fast tests'; $$slow_log)"; \
-	TRIAGE_TEST_PORT_CLASSES=$$(($(TEST_WORKERS) + $(SLOW_WORKERS))) TRIAGE_TEST_PORT_CLASS_FIRST=$(TEST_WORKERS) \
-		$(PY) -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) >"$$slow_log" 2>&1 & slow=$$!; \
-	echo "make test: the fast tests on $(TEST_WORKERS) workers, beside them"; \
-	TRIAGE_TEST_PORT_CLASSES=$$(($(TEST_WORKERS) + $(SLOW_WORKERS))) \
-		$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
-	echo "make test: the slow tests (waiting for them to end)"; \
-	wait $$slow || status=1; \
-	cat "$$slow_log"; rm -f "$$slow_log"; \
+	@status=0; \
+	echo "make test: the fast tests on $(TEST_WORKERS) workers"; \
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
+	echo "make test: the slow tests on $(SLOW_WORKERS) workers"; \
+	$(PY) -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
 	if [ $$status != 0 ]; then echo "make test: FAILED (see both phases above)"; fi; \
 	exit $$status
 

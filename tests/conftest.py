@@ -195,7 +195,7 @@ LONG_MODULES_FIRST = ("tests/dags/", "tests/packaging/")
 
 # The slow phase has few modules and one much longer than the rest (the drill): longest first,
 # so that the two workers end together instead of one running the drill alone at the end
-# (wall seconds of a clean-clone run before the phases ran at once and the small drill shrank;
+# (wall seconds of a clean-clone run before the small drill shrank;
 # the modules not named here come after them).
 SLOW_MODULES_LONGEST_FIRST = (
     "tests/dags/test_chaos.py",  # 470
@@ -220,8 +220,8 @@ def _slow_rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests (``@pytest.mark.slow``: Airflow processes) last, in a plain serial run too;
-    ``make test`` runs them in a phase of their own, beside the others (a pytest run of its own,
-    started first), in the order of :data:`SLOW_MODULES_LONGEST_FIRST`. Before them, the long modules of
+    ``make test`` runs them in a phase of their own after the others (a pytest run of its own),
+    in the order of :data:`SLOW_MODULES_LONGEST_FIRST`. Before them, the long modules of
     :data:`LONG_MODULES_FIRST` first."""
 
     def key(item: pytest.Item) -> tuple[bool, int]:
