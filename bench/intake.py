@@ -141,15 +141,21 @@ def _post_all(url: str, token: str, bodies: list[bytes], n_clients: int) -> tupl
                     if response.status_code not in (200, 202):
                         failures.append(f"{response.status_code} {response.text[:200]}")
 
-    threads = [threading.Thread(target=client) for _ in range(n_clients)]
+    seconds = _on_threads(client, n_clients)
+    if failures:
+        raise RuntimeError(f"{len(failures)} requests failed, e.g. {failures[0]}")
+    return seconds, latencies
+
+
+def _on_threads(client: Any, n: int) -> float:
+    """Seconds for ``n`` threads running ``client`` side by side, from the first start to the last end."""
+    threads = [threading.Thread(target=client) for _ in range(n)]
     began = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    if failures:
-        raise RuntimeError(f"{len(failures)} requests failed, e.g. {failures[0]}")
-    return time.perf_counter() - began, latencies
+    return time.perf_counter() - began
 
 
 def _bare_insert(url: str, run: str, n: int, n_clients: int) -> float:
@@ -178,13 +184,7 @@ def _bare_insert(url: str, run: str, n: int, n_clients: int) -> float:
                 params = [v for key, source, ext, sha in chunk for v in (key, source, ext, sha, key)]
                 conn.execute(sql + values, params)  # type: ignore[arg-type]
 
-    threads = [threading.Thread(target=client) for _ in range(n_clients)]
-    began = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - began
+    return _on_threads(client, n_clients)
 
 
 def run() -> list[Figure]:
