@@ -224,3 +224,33 @@ def test_a_batch_adopted_after_the_first_lease_ran_out_answers_the_next_attempt(
     assert server.request_count == 0  # the batch's answers, taken at attempt 2
     assert [(j.status, j.attempt) for j in jobs(store)] == [("completed", 2)] * 2
     client.close()
+
+
+def test_a_submission_another_run_is_writing_is_left_to_it(
+    store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
+) -> None:
+    """Two runs of one data interval (a scheduled run waiting on its batch, a run triggered for
+    the same day): the second must not settle the first's submission as lost while the first
+    holds its jobs and is still asking the provider, or the batch is paid and never read."""
+    from triage.jobs.states import Step
+
+    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ids = register(store, payloads, client.classifier.version, ["a", "b"])
+    version = client.classifier.version
+    claim = store.claim(
+        batch_key=BATCH, step=Step.CLASSIFY, limit=10, lease_seconds=600, owner="run-a", classifier_version=version
+    )
+    key = submission_key(BATCH, ids)
+    ledger.open_submission(key, BATCH, version, [(job.id, job.attempt) for job in claim.jobs])  # run a: row written
+    # Run b, meanwhile: nothing to submit (run a holds the jobs), nothing to settle, still running.
+    assert submit(store, ledger, client, payloads, batch_key=BATCH, owner="run-b") == []
+    assert [(s.key, s.status) for s in ledger.open_batches(BATCH)] == [(key, "submitting")]
+    result = collect(ledger, client, batch_key=BATCH, actor="run-b")
+    assert (result.lost, result.running) == (0, 1)
+    provider_id = client.submit([(f"{job.id}:{job.attempt}", "x") for job in claim.jobs], key)  # run a goes on
+    ledger.mark_running(key, provider_id)
+    assert [(s.key, s.status, s.provider_batch_id) for s in ledger.open_batches(BATCH)] == [
+        (key, "running", provider_id)
+    ]
+    assert server.batches.created == 1
+    client.close()

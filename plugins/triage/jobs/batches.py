@@ -89,6 +89,33 @@ class BatchLedger(Ledger):
             ).all()
         return [_submission(r) for r in rows]
 
+    def unaccepted(self, batch_key: str) -> list[Submission]:
+        """The run's submissions that never got the provider's id and that nobody is submitting:
+        none of their jobs is under a live lease. A submission whose jobs are still leased is
+        being written by a live try (of this run, or of another run of the same data interval):
+        settling it now could mark a batch lost while the provider takes it, paid and never read."""
+        live = (
+            sa.select(jobs.c.id)
+            .where(
+                jobs.c.id == sa.any_(model_batches.c.job_ids),
+                jobs.c.status == "running",
+                jobs.c.lease_expires_at > sa.func.now(),
+            )
+            .exists()
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(model_batches)
+                .where(
+                    model_batches.c.batch_key == batch_key,
+                    model_batches.c.status == "submitting",
+                    model_batches.c.provider_batch_id.is_(None),
+                    ~live,
+                )
+                .order_by(model_batches.c.submitted_at)
+            ).all()
+        return [_submission(r) for r in rows]
+
     def finish(self, key: str, status: str, answers: Iterable[dict[str, Any]], actor: str) -> int:
         """Record the batch's answers (rows of ``model_batch_answers`` without ``batch``), mark it
         ``collected`` or ``lost``, and make its parked jobs due now; how many were made due. One

@@ -119,11 +119,10 @@ def submit(
 def _settle_unaccepted(ledger: BatchLedger, client: BatchClient, batch_key: str, actor: str) -> int:
     """The run's submissions whose provider id was never recorded (a try that failed or died
     around the provider's answer): adopted if the provider has a batch of that name, else
-    ``lost`` (the provider never took it: its jobs may be submitted again); how many were lost."""
+    ``lost`` (the provider never took it: its jobs may be submitted again); how many were lost.
+    One that a live try is still submitting (its jobs leased) is left to it."""
     lost = 0
-    for submission in ledger.open_batches(batch_key):
-        if submission.provider_batch_id is not None:
-            continue
+    for submission in ledger.unaccepted(batch_key):
         found = client.find(submission.key)
         if found is not None:
             ledger.mark_running(submission.key, found)
@@ -161,7 +160,10 @@ def collect(ledger: BatchLedger, client: BatchClient, *, batch_key: str, actor: 
     running = collected = answers = due = 0
     lost = _settle_unaccepted(ledger, client, batch_key, actor)  # the provider never accepted it (or we never heard)
     for submission in ledger.open_batches(batch_key):
-        state = client.state(submission.provider_batch_id or "")
+        if submission.provider_batch_id is None:  # a live try is submitting it (left unsettled above)
+            running += 1
+            continue
+        state = client.state(submission.provider_batch_id)
         if state.phase == "running":
             running += 1
             continue
