@@ -7,7 +7,7 @@ import logging
 import sys
 
 from bench import footprint, growth, guarantees, intake, ledger, migration, pipeline, realrun, relay, review_queue
-from bench.common import write_results
+from bench.common import Figure, write_results
 
 SUITES = {
     "ledger": ledger.run,
@@ -31,15 +31,15 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown suites: {', '.join(sorted(unknown))}")
     logging.basicConfig(level=logging.WARNING)
-    figures = []
+    measured: dict[str, list[Figure]] = {}
     for name in args.suites or list(SUITES):
         print(f"== {name}", flush=True)
         for figure in {**SUITES, **OPT_IN}[name]():
             print(figure.line(), flush=True)
-            figures.append(figure)
-    path = write_results(figures, "make bench " + " ".join(sys.argv[1:]))
-    print(f"results written to {path}")
-    return 1 if any(f.ok is False for f in figures) else 0
+            measured.setdefault(name, []).append(figure)
+    path = write_results(measured, "python -m bench " + " ".join(sys.argv[1:]))
+    print(f"results written to {path} (other suites' figures kept from their last run)")
+    return 1 if any(f.ok is False for figures in measured.values() for f in figures) else 0
 
 
 if __name__ == "__main__":

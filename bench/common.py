@@ -120,13 +120,27 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
-def write_results(figures: list[Figure], command: str) -> Path:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+def write_results(suites: dict[str, list[Figure]], command: str, path: Path = RESULTS) -> Path:
+    """Write the figures of the suites just run into ``path``, each stamped with its suite, its
+    command and when it was measured, keeping the figures that an earlier run wrote for other
+    suites (``make bench`` then ``make bench-growth``: one file holds both). A suite run again
+    replaces all of its figures; a file that is not this format is started afresh."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        kept = [f for f in json.loads(path.read_text())["figures"] if f["suite"] not in suites]
+    except (OSError, ValueError, KeyError, TypeError):
+        kept = []
+    fresh = [
+        dict(asdict(f), ratio=round(f.ratio, 3), ok=f.ok, suite=suite, command=command, at=now)
+        for suite, figures in suites.items()
+        for f in figures
+    ]
     payload = {
         "command": command,
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "at": now,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "figures": [dict(asdict(f), ratio=round(f.ratio, 3), ok=f.ok) for f in figures],
+        "figures": kept + fresh,
     }
-    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
-    return RESULTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
