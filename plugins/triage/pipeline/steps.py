@@ -142,9 +142,10 @@ class StepReport:
 
 
 def claim_size(batch_size: int, concurrency: int) -> int:
-    """``batch_size`` rounded up to a multiple of ``concurrency``: a claim is handled to its end
-    before the next (its outcomes are recorded together), so a claim of 500 jobs at 32 calls in
-    flight ends with a round of 20 and 12 idle threads; 512 keeps them all busy."""
+    """``batch_size`` rounded up to a multiple of ``concurrency``: without the window across
+    claims (:mod:`triage.pipeline.claim_ahead`) a claim is handled to its end before the next, so
+    a claim of 500 jobs at 32 calls in flight ends with a round of 20 and 12 idle threads; 512
+    keeps them all busy."""
     concurrency = max(concurrency, 1)
     return -(-max(batch_size, 1) // concurrency) * concurrency
 
