@@ -30,24 +30,28 @@ from triage.pipeline.steps import CircuitOpen, Drained, RunSettings, run_step
 
 class Model:
     """The keyword classifier with ``before(n)`` run before its n-th call (n counted under a
-    lock: calls run on the handler's pool); ``most_in_flight`` is the most calls at once."""
+    lock: calls run on the handler's pool); ``most_in_flight`` is the most calls at once and
+    ``spans`` each call's job id, start and end (monotonic)."""
 
     def __init__(self, before: Callable[[int], None]) -> None:
         self.inner = build_classifier("keyword", taxonomy=Taxonomy.load())
         self.version, self.before, self.calls = self.inner.version, before, list[str]()
         self._lock, self._in_flight, self.most_in_flight = threading.Lock(), 0, 0
+        self.spans: list[tuple[str, float, float]] = []
 
     def classify(self, request: Any) -> Any:
         with self._lock:
             self.calls.append(request.job_id)
             n, self._in_flight = len(self.calls), self._in_flight + 1
             self.most_in_flight = max(self.most_in_flight, self._in_flight)
+        started = time.monotonic()
         try:
             self.before(n)
             return self.inner.classify(request)
         finally:
             with self._lock:
                 self._in_flight -= 1
+                self.spans.append((request.job_id, started, time.monotonic()))
 
     def close(self) -> None:
         self.inner.close()
@@ -90,8 +94,9 @@ def claims_per_job(store: JobStore) -> set[int]:
         )
 
 
-def running(store: JobStore) -> int:
-    return len(rows(store, "SELECT id FROM triage.jobs WHERE status = 'running'"))
+def claimed(store: JobStore) -> int:
+    """Jobs claimed so far (running, or recorded since)."""
+    return len(rows(store, "SELECT id FROM triage.jobs WHERE status <> 'queued'"))
 
 
 @pytest.fixture
@@ -120,36 +125,37 @@ def test_every_job_is_claimed_once_and_the_window_never_exceeds_the_concurrency(
     assert len(model.calls) == len(set(model.calls)) == 10
     assert claims_per_job(store) == {1}
     assert model.most_in_flight == 2
-    # The second claim was taken before the first was recorded: its calls ran beside the first's last round.
-    claimed_at = [
-        r.at for r in rows(store, "SELECT DISTINCT at FROM triage.job_events WHERE to_status = 'running' ORDER BY at")
-    ]
-    first_recorded = rows(
-        store,
-        "SELECT max(e.at) AS at FROM triage.job_events e JOIN triage.job_events c ON c.job_id = e.job_id "
-        f"AND c.to_status = 'running' AND c.at = '{claimed_at[0].isoformat()}' WHERE e.to_status = 'completed'",
-    )[0].at
-    assert len(claimed_at) == 3
-    assert claimed_at[1] < first_recorded
+    # Claims of 4, 4 and 2: a call of the second started before the first's last call ended.
+    claim_of = {
+        str(r.job_id): r.claim
+        for r in rows(
+            store,
+            "SELECT job_id, dense_rank() OVER (ORDER BY at) AS claim FROM triage.job_events WHERE to_status = 'running'",
+        )
+    }
+    assert sorted(claim_of.values()) == [1] * 4 + [2] * 4 + [3] * 2
+    first_ended = max(end for job, _, end in model.spans if claim_of[job] == 1)
+    assert min(start for job, start, _ in model.spans if claim_of[job] == 2) < first_ended
 
 
 def test_the_next_claim_waits_for_the_last_round_so_another_worker_finds_the_rest(
     store: JobStore, tmp_path: Path
 ) -> None:
     """Claims of 6 at 2 calls in flight: while the first round runs only the first claim is held;
-    the next is taken once 2 jobs (one round) are left to start (the claim taken at a claim's
-    start, session 8, held 12 from the outset)."""
+    the next is taken once 2 jobs (one round) are left to start, after the fourth call started
+    (the claim taken at a claim's start, session 8, held 12 from the outset)."""
     payloads = PayloadStore(tmp_path / "payloads")
     register(store, payloads, 18)
     held: dict[int, int] = {}
 
     def look(n: int) -> None:
-        if n in (1, 2, 3):
-            held[n] = running(store)
-        time.sleep(0.1)
+        time.sleep(0.15)
+        if n == 1:  # the first round is in flight, four jobs of the claim left to start
+            held[n] = claimed(store)
+        time.sleep(0.05)
 
     run(store, payloads, Model(look), batch_size=6)
-    assert held == {1: 6, 2: 6, 3: 6}
+    assert held == {1: 6}
     assert ledger(store) == [("completed", 1, "completed")] * 18
 
 
@@ -158,9 +164,9 @@ def test_a_handler_without_a_pool_takes_no_claim_ahead(store: JobStore, tmp_path
     payloads = PayloadStore(tmp_path / "payloads")
     register(store, payloads, 8)
     held: list[int] = []
-    model = Model(lambda n: held.append(running(store)))
+    model = Model(lambda n: held.append(claimed(store)))
     run(store, payloads, model, concurrency=1)
-    assert held == [4] * 8  # one claim of 4 held at a time (recorded together at its end)
+    assert held == [4] * 4 + [8] * 4  # the second claim taken once the first is handled
     assert ledger(store) == [("completed", 1, "completed")] * 8
 
 
