@@ -17,8 +17,15 @@ SUITES = {
     "realrun": realrun.run,
     "relay": relay.run,
 }
-OPT_IN = {"footprint": footprint.run, "growth": growth.run, "migration": migration.run, "guarantees": guarantees.run}
-"""Longer than the quick `make bench` (minutes to an hour): run only when named (`make bench-growth`)."""
+OPT_IN = {
+    "footprint": footprint.run,
+    "growth": growth.run,
+    "migration": migration.run,
+    "guarantees": guarantees.run,
+    "llm": pipeline.bench_llm,
+}
+"""Longer than the quick `make bench` (minutes to an hour), or one figure of a suite (``llm``:
+the pipeline suite's llm figure alone): run only when named (`make bench-growth`)."""
 
 
 def main() -> int:

@@ -38,9 +38,9 @@ RETRIEVE_SHARDS = CLASSIFY_WORKERS = 2  # dags/classify_documents.py maps retrie
 LLM_N = 2_000
 LLM_CONCURRENCY = 32
 LLM_LATENCY_MS = 200.0
-CLAIM_AHEAD = False
-"""As the classify operator runs the llm classifier (off since session 8: a full claim taken ahead
-kept a second classify instance from sharing the day; docs/performance.md)."""
+CLAIM_AHEAD = True
+"""As the classify operator runs the llm classifier: the window of calls across claims
+(:mod:`triage.pipeline.claim_ahead`); False for the figure without it."""
 CACHE_N = 10_000
 CACHE_REPEATS = 0.2
 DAY = datetime(2026, 11, 1, tzinfo=UTC)

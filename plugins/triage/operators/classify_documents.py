@@ -244,10 +244,9 @@ class ClassifyDocumentsOperator(TriageOperator):
             lease_seconds=config.lease_seconds,
             retry_soon_seconds=self.retry_soon_seconds,
             earlier_tries_of=owner_prefix(context),
-            # Off: a claim taken ahead is a full claim (1,000 jobs), so the first of two classify
-            # instances held a 2,000-job day before the second started and the split across
-            # Celery workers was lost (test_distributed, session 8). Small claims ahead: to do.
-            claim_ahead=False,
+            # The model calls' window across claims: the next claim is taken one round of calls
+            # before it is needed, so a second classify instance still finds its share of the day.
+            claim_ahead=config.classifier == "llm",
         )
         try:
             report = run_step(

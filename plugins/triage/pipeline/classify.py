@@ -144,7 +144,7 @@ class ClassifyHandler:
         """:param cache: the content cache (:mod:`triage.pipeline.reuse`); None: every job is asked.
         :param given: the answers a claim's jobs already have (a provider batch's, :mod:`.batch_mode`)."""
         self.classifier, self.payloads, self.settings, self.cache = classifier, payloads, settings, cache
-        self.given, self._given = given, dict[uuid.UUID, ModelOutput]()
+        self.given = given
         self.breaker = breaker or CircuitBreaker()
         self._misconfigured: str | None = None
         self._store_down: str | None = None
@@ -152,6 +152,13 @@ class ClassifyHandler:
         self._retry_after: float | None = None  # the longest bounded Retry-After the model sent
         self._outages = OutageGuard()
         self._pool = ThreadPoolExecutor(settings.concurrency, "triage-classify") if settings.concurrency > 1 else None
+
+    @property
+    def window(self) -> int:
+        """Jobs left to start in a claim when the step takes the next (one round of calls): its
+        calls queue behind these on the one pool (:mod:`triage.pipeline.claim_ahead`); 0 without
+        a pool (one call at a time: a second claim handled meanwhile would call beside it)."""
+        return self.settings.concurrency if self._pool is not None else 0
 
     @property
     def classifier_version(self) -> str:
@@ -180,13 +187,13 @@ class ClassifyHandler:
             return [self.park(job.id, job.attempt) for job in jobs]
 
         self.breaker.claimed(job.id for job in jobs)
-        self._given = dict(self.given(jobs)) if self.given is not None else {}
+        given = dict(self.given(jobs)) if self.given is not None else {}
 
         def one(index: int) -> Outcome:  # no model call once the job is not ours
             job, content = jobs[index], contents[index]
             if ownership is None:
-                return self.one(job, content)
-            return ownership.attempt(job, lambda: self.one(job, content))
+                return self.one(job, content, given)
+            return ownership.attempt(job, lambda: self.one(job, content, given))
 
         # The content cache asks one job of each content first; the others then take its answer.
         waves = self.cache.split(jobs, contents) if self.cache is not None else (range(len(jobs)),)
@@ -196,6 +203,8 @@ class ClassifyHandler:
             by_index.update(zip(wave, done, strict=True))
             if self.cache is not None:
                 self.cache.learn([jobs[i] for i in wave], done)
+        if self.cache is not None:
+            self.cache.forget(jobs)
         outcomes = [by_index[i] for i in range(len(jobs))]
         return self._outages.settle(outcomes, self.outage() is not None, self.park)
 
@@ -288,9 +297,11 @@ class ClassifyHandler:
         self.breaker.record(True)
         return RetryLater(job.id, job.attempt, "unexpected_error", type(exc).__name__)
 
-    def one(self, job: ClaimedJob, content: bytes | PayloadError) -> Outcome:
-        """The outcome of one job's attempt, given its payload (or the error reading it); never
-        raises for the job's own failures."""
+    def one(
+        self, job: ClaimedJob, content: bytes | PayloadError, given: Mapping[uuid.UUID, ModelOutput] | None = None
+    ) -> Outcome:
+        """The outcome of one job's attempt, given its payload (or the error reading it) and the
+        answers its claim already has (``given``); never raises for the job's own failures."""
         if self._misconfigured:
             return Release(job.id, job.attempt)
         if self.outage() is not None:
@@ -302,7 +313,7 @@ class ClassifyHandler:
                 self.breaker.record(True)
             return document
         key = input_key(document)
-        if (output := self._given.get(job.id)) is not None:  # answered by a provider batch: no call
+        if given and (output := given.get(job.id)) is not None:  # answered by a provider batch: no call
             return self._decided(job, output, key)
         if self.cache is not None and (answer := self.cache.answer(job)) is not None:
             reused = ModelOutput(answer.label, answer.confidence, None, 0.0, 0, 0, 0.0, output_mode=answer.output_mode)

@@ -90,6 +90,17 @@ class Ownership:
         self.closed = False
         self.given_back = 0
         self.recorded = 0
+        self.near_end = threading.Event()
+        """Set once all but :meth:`watch_end`'s number of jobs were started (or the claim ended)."""
+        self._near_end_at: int | None = None
+
+    def watch_end(self, jobs_left: int) -> threading.Event:
+        """:attr:`near_end`, set from now on once at most ``jobs_left`` jobs are still to start."""
+        with self._lock:
+            self._near_end_at = max(len(self.claim.jobs) - jobs_left, 0)
+            if len(self._states) >= self._near_end_at:
+                self.near_end.set()
+        return self.near_end
 
     @property
     def lost(self) -> bool:
@@ -121,6 +132,8 @@ class Ownership:
             ):
                 return Release(job_id, job.attempt)
             self._states[job_id] = _State.STARTED
+            if self._near_end_at is not None and len(self._states) >= self._near_end_at:
+                self.near_end.set()
         if confirm:
             try:
                 self.store.heartbeat(self.claim, self.lease_seconds, [job.id])

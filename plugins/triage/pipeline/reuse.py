@@ -19,7 +19,8 @@ A reused answer moves its job through the state machine like any other (its own 
 classification row, and label row or review row): the classification has the entry's label,
 confidence and output mode, no tokens, no cost, and ``reused_job_id``/``reused_attempt`` naming
 the answer it copied; its outcome is decided afresh at this run's threshold. Across workers handling claims at the same moment, an input may still be
-asked once per worker.
+asked once per worker, and within one worker once more by the next claim, which the step starts
+while the current claim's last round of calls runs (:mod:`triage.pipeline.claim_ahead`).
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ class ContentCache:
         self.store, self.classifier_version, self.threshold = store, classifier_version, threshold
         self.remembered: dict[str, Answer] = {}
         self.reused = 0
+        # Per job of the claims being handled (two at once in the step's window), until forgotten.
         self._keys: dict[uuid.UUID, str] = {}
-        self._eligible: frozenset[uuid.UUID] = frozenset()
+        self._eligible: set[uuid.UUID] = set()
         self._found: dict[uuid.UUID, Answer] = {}
 
     def split(self, jobs: Sequence[ClaimedJob], contents: Sequence[object]) -> tuple[list[int], list[int]]:
@@ -64,14 +66,17 @@ class ContentCache:
         handle now, indexes to handle once those are done): the second are the jobs of an input
         that a job of the first is asked for. A payload that does not read is handled now (its
         job fails as it would without the cache)."""
-        self._keys = {}
+        keys = {}
         for job, content in zip(jobs, contents, strict=True):
             if isinstance(content, bytes):
                 with contextlib.suppress(MalformedDocument):  # no key: handled now, fails as without the cache
-                    self._keys[job.id] = input_key(DocumentPayload.from_bytes(content))
-        self._eligible, self._found = self.store.reusable_answers(
-            self._keys, classifier_version=self.classifier_version, threshold=self.threshold
+                    keys[job.id] = input_key(DocumentPayload.from_bytes(content))
+        eligible, found = self.store.reusable_answers(
+            keys, classifier_version=self.classifier_version, threshold=self.threshold
         )
+        self._keys.update(keys)
+        self._eligible.update(eligible)
+        self._found.update(found)
         now: list[int] = []
         later: list[int] = []
         asked: set[str] = set()
@@ -85,6 +90,13 @@ class ContentCache:
                 asked.add(key)
                 now.append(index)
         return now, later
+
+    def forget(self, jobs: Iterable[ClaimedJob]) -> None:
+        """The claim of ``jobs`` is handled: drop its lookup (its answers stay remembered)."""
+        for job in jobs:
+            self._keys.pop(job.id, None)
+            self._eligible.discard(job.id)
+            self._found.pop(job.id, None)
 
     def answer(self, job: ClaimedJob) -> Answer | None:
         """The answer ``job`` takes instead of a model call, or None (it is asked)."""

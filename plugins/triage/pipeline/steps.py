@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -31,8 +32,8 @@ from triage.observability import (
     observe_exhausted,
     observe_states,
 )
-from triage.pipeline.claim_ahead import ClaimAhead
-from triage.pipeline.ownership import Drain, Heartbeat, Ownership
+from triage.pipeline.claim_ahead import Handling, handling_pool
+from triage.pipeline.ownership import Drain, Ownership
 from triage.tracing import annotate_current_span, batch_span
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,9 @@ class RunSettings:
     earlier_tries_of: str | None = None
     """The owner prefix of this task instance: leases its earlier (dead) tries hold are taken back."""
     claim_ahead: bool = False
-    """Take the next claim while a full one is handled (:mod:`triage.pipeline.claim_ahead`): for
-    a step whose claims wait on a remote service (model calls), not a CPU-bound one."""
+    """Take the next claim once a full one has one round of calls left to start, and handle it at
+    once (:mod:`triage.pipeline.claim_ahead`): for a handler with a ``window`` (the classify step
+    of the llm classifier, whose calls share one bounded pool), not a CPU-bound one."""
 
 
 @dataclass
@@ -140,9 +142,10 @@ class StepReport:
 
 
 def claim_size(batch_size: int, concurrency: int) -> int:
-    """``batch_size`` rounded up to a multiple of ``concurrency``: a claim is handled to its end
-    before the next (its outcomes are recorded together), so a claim of 500 jobs at 32 calls in
-    flight ends with a round of 20 and 12 idle threads; 512 keeps them all busy."""
+    """``batch_size`` rounded up to a multiple of ``concurrency``: without the window across
+    claims (:mod:`triage.pipeline.claim_ahead`) a claim is handled to its end before the next, so
+    a claim of 500 jobs at 32 calls in flight ends with a round of 20 and 12 idle threads; 512
+    keeps them all busy."""
     concurrency = max(concurrency, 1)
     return -(-max(batch_size, 1) // concurrency) * concurrency
 
@@ -163,9 +166,9 @@ def run_step(
     """Work through the step's claimable jobs of ``batch_key``.
 
     Recording batch N (database work) overlaps with handling batch N+1 (Python work): one
-    background writer, so at most two leases are out at once and outcomes are written in order;
-    with ``settings.claim_ahead`` batch N+2 is claimed meanwhile too, after N is recorded (three
-    leases, each heartbeated: :mod:`triage.pipeline.claim_ahead`).
+    background writer, so outcomes are written in order; with ``settings.claim_ahead`` and a
+    handler with a ``window``, batch N+2 is claimed and started as N+1's last round of calls
+    starts (:mod:`triage.pipeline.claim_ahead`; each claim heartbeated from the moment it exists).
     Each batch is summarised once into ``metrics`` (see :mod:`triage.observability`), and every
     job that did not simply succeed gets one log line with its ``correlation_id``.
 
@@ -198,6 +201,10 @@ def run_step(
     log.info("step=%s batch=%s starting with %d open jobs", handler.step, batch_key, total)
     writer = ThreadPoolExecutor(1, "triage-record")
     pending: Future[Recorded] | None = None
+    # The window across claims (triage.pipeline.claim_ahead): the next claim is taken once the
+    # current one has this many jobs left to start (0: no window, a claim is handled to its end).
+    window = getattr(handler, "window", 0) if settings.claim_ahead else 0
+    live: list[Handling] = []  # claims taken and not yet recorded, oldest first
 
     def take() -> Claim:
         return store.claim(
@@ -209,8 +216,6 @@ def run_step(
             classifier_version=version,
         )
 
-    ahead = ClaimAhead(store, take, settings.lease_seconds, drain) if settings.claim_ahead else None
-
     def settle() -> bool:
         """Wait for the batch being written; True if there was one."""
         nonlocal pending
@@ -221,91 +226,109 @@ def run_step(
         observe_exhausted(metrics, handler.step, recorded.exhausted)
         return True
 
-    try:
-        while True:
-            if drain.requested:
-                settle()
-                raise Drained(f"step {handler.step} of {batch_key} drained on request after {report.claimed} jobs")
-            held = ahead.take() if ahead is not None else None
-            claimed_at = held.claimed_at if held is not None else time.monotonic()
-            claim = held.claim if held is not None else take()
-            if not claim.jobs:
-                if settle():
-                    continue  # the batch just written may have released or requeued jobs
-                resumed, parked_due = resume()
-                if resumed:
-                    continue
-                due, now = store.next_due(batch_key, handler.step, version)
-                due = min((d for d in (due, parked_due) if d is not None), default=None)
-                if due is None:
-                    break
-                wait = (due - now).total_seconds()
-                if wait > settings.retry_soon_seconds:
-                    raise WorkRemains(f"retryable jobs of {batch_key} at step {handler.step} are due in {wait:.0f}s")
-                drain.sleep(max(wait, 0.05))
-                continue
+    def account(claim: Claim, outcomes: list[Outcome], handled: float) -> None:
+        report.outcomes.update(_kind(o) for o in outcomes)
+        observe_batch(metrics, handler.step, outcomes, handled)
+        log_job_outcomes(log, handler.step, claim.jobs, outcomes)
+
+    with handling_pool(2 if window else 0) as pool:
+
+        def begin(claim: Claim, claimed_at: float) -> Handling:
+            def span(jobs: Sequence[ClaimedJob]) -> AbstractContextManager[object]:
+                return batch_span(handler.step, batch_key, jobs)
+
             report.claimed += len(claim.jobs)
-            handle_began = time.perf_counter()
-            if held is not None and held.ownership is not None and held.heartbeat is not None:
-                ownership, heartbeat = held.ownership, held.heartbeat
-            else:
-                ownership = Ownership(store, claim, settings.lease_seconds, drain, claimed_at + settings.lease_seconds)
-                heartbeat = Heartbeat(ownership)
-            with heartbeat, batch_span(handler.step, batch_key, claim.jobs):
-                if ahead is not None and len(claim.jobs) >= settings.batch_size:
-                    ahead.start(after=pending)  # a full claim: more is likely waiting
-                outcomes = handler.handle(claim.jobs, ownership)
-            handled = time.perf_counter() - handle_began
-            settle()
-            if ownership.draining:
-                raise Drained(
-                    f"step {handler.step} of {batch_key} drained on request: {ownership.given_back} jobs "
-                    f"given back, {ownership.recorded} recorded"
-                )
-            if ownership.lost:
-                raise OwnershipLost(
-                    f"lease {claim.token} lost at step {handler.step} of {batch_key}: "
-                    f"{sum(isinstance(o, Release) for o in outcomes)} jobs left alone, "
-                    "nothing recorded"
-                )
-            pending = writer.submit(store.record, claim, outcomes)
-            report.outcomes.update(_kind(o) for o in outcomes)
-            observe_batch(metrics, handler.step, outcomes, handled)
-            log_job_outcomes(log, handler.step, claim.jobs, outcomes)
-            if time.perf_counter() - last_progress >= settings.progress_every_seconds:
-                last_progress = time.perf_counter()
-                elapsed = last_progress - began
-                log.info(
-                    "step=%s batch=%s progress %d/%d rate=%.0f/s outcomes=%s",
-                    handler.step,
-                    batch_key,
-                    report.claimed,
-                    total,
-                    report.claimed / elapsed,
-                    dict(report.outcomes),
-                )
-            stop = handler.stop_reason()
-            if stop is not None:
+            return Handling(store, claim, claimed_at, settings.lease_seconds, drain, handler.handle, span, pool)
+
+        try:
+            while True:
+                if drain.requested:
+                    settle()
+                    raise Drained(f"step {handler.step} of {batch_key} drained on request after {report.claimed} jobs")
+                if not live:
+                    claimed_at = time.monotonic()
+                    claim = take()
+                    if not claim.jobs:
+                        if settle():
+                            continue  # the batch just written may have released or requeued jobs
+                        resumed, parked_due = resume()
+                        if resumed:
+                            continue
+                        due, now = store.next_due(batch_key, handler.step, version)
+                        due = min((d for d in (due, parked_due) if d is not None), default=None)
+                        if due is None:
+                            break
+                        wait = (due - now).total_seconds()
+                        if wait > settings.retry_soon_seconds:
+                            raise WorkRemains(
+                                f"retryable jobs of {batch_key} at step {handler.step} are due in {wait:.0f}s"
+                            )
+                        drain.sleep(max(wait, 0.05))
+                        continue
+                    live.append(begin(claim, claimed_at))
+                current = live[0]
+                if window and len(live) == 1 and len(current.claim.jobs) >= settings.batch_size:
+                    current.near_end(window)  # a full claim: more is likely waiting
+                    if not (drain.requested or current.ownership.lost or handler.stop_reason()):
+                        claimed_at = time.monotonic()
+                        claim = take()
+                        if claim.jobs:
+                            live.append(begin(claim, claimed_at))
+                outcomes, ownership = current.result(), current.ownership
                 settle()
-                if ahead is not None:
-                    ahead.cancel()  # given back first, so that an outage parks them with the rest
-                if isinstance(stop, CircuitOpen):
-                    stop.parked = _park_rest(store, handler.step, batch_key, settings.owner, version, stop)
-                raise stop
-        settle()
-    except StepError as exc:
-        report.stopped = exc.__class__.__name__
-        exc.report = report  # type: ignore[attr-defined]
-        raise
-    finally:
-        if ahead is not None:  # a claim taken ahead and not handled (a drain, a lost lease, an error)
-            ahead.close()
-        if pending is not None:  # an error elsewhere: still let the written batch land or fail
-            pending.exception()
-        writer.shutdown(wait=True)
-        report.seconds = time.perf_counter() - began
-        log.info("%s", report.summary())
-        _observe_end(store, metrics, handler.step, batch_key)
+                if ownership.draining:
+                    raise Drained(
+                        f"step {handler.step} of {batch_key} drained on request: {ownership.given_back} jobs "
+                        f"given back, {ownership.recorded} recorded"
+                    )
+                if ownership.lost:
+                    live.remove(current)
+                    raise OwnershipLost(
+                        f"lease {current.claim.token} lost at step {handler.step} of {batch_key}: "
+                        f"{sum(isinstance(o, Release) for o in outcomes)} jobs left alone, "
+                        "nothing recorded"
+                    )
+                pending = writer.submit(store.record, current.claim, outcomes)
+                live.remove(current)
+                account(current.claim, outcomes, current.seconds)
+                if time.perf_counter() - last_progress >= settings.progress_every_seconds:
+                    last_progress = time.perf_counter()
+                    elapsed = last_progress - began
+                    log.info(
+                        "step=%s batch=%s progress %d/%d rate=%.0f/s outcomes=%s",
+                        handler.step,
+                        batch_key,
+                        report.claimed,
+                        total,
+                        report.claimed / elapsed,
+                        dict(report.outcomes),
+                    )
+                stop = handler.stop_reason()
+                if stop is not None:
+                    settle()
+                    for ahead in list(live):  # the claim taken ahead: the handler starts none of its jobs now
+                        live.remove(ahead)
+                        if (finished := ahead.finish()) is not None:
+                            account(ahead.claim, finished, ahead.seconds)
+                    if isinstance(stop, CircuitOpen):
+                        stop.parked = _park_rest(store, handler.step, batch_key, settings.owner, version, stop)
+                    raise stop
+            settle()
+        except StepError as exc:
+            report.stopped = exc.__class__.__name__
+            exc.report = report  # type: ignore[attr-defined]
+            raise
+        finally:
+            for handling in live:  # a drain, a lost lease, an error: given back, what finished recorded
+                handling.stop_starting()
+            for handling in live:
+                handling.abandon()
+            if pending is not None:  # an error elsewhere: still let the written batch land or fail
+                pending.exception()
+            writer.shutdown(wait=True)
+            report.seconds = time.perf_counter() - began
+            log.info("%s", report.summary())
+            _observe_end(store, metrics, handler.step, batch_key)
     return report
 
 
