@@ -344,7 +344,13 @@ def bench_content_cache() -> list[Figure]:
             cache = ContentCache(store, classifier.version, 0.7)
             handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.7, 8), cache=cache)
             try:
-                run_step(store, handler, batch_key=key, settings=RunSettings(owner="bench-cache", batch_size=1000))
+                run_step(
+                    store,
+                    handler,
+                    batch_key=key,
+                    # As the classify operator runs the llm classifier: the window of calls across claims.
+                    settings=RunSettings(owner="bench-cache", batch_size=claim_size(1000, 8), claim_ahead=CLAIM_AHEAD),
+                )
             finally:
                 handler.close()
             reused += cache.reused
