@@ -24,8 +24,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
-from airflow.api_fastapi.core_api.security import get_user
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
@@ -34,9 +32,10 @@ from starlette.concurrency import run_in_threadpool
 from triage import settings
 from triage.contracts.intake import INTAKE_DAG_ID, IntakeDocument, Problem, parse_documents, validate_body
 from triage.jobs.intake import Accepted
-from triage.web.access import READ, authorized
+from triage.web.access import READ
 from triage.web.intake_service import IntakeService, NotAnnounced
 from triage.web.service import TriageService
+from triage.web.token_cache import KnownCaller, TokenCache
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +44,22 @@ router = APIRouter(prefix="/api")
 TRIGGER = "POST"
 
 
-async def intake_poster(user: Annotated[BaseUser, Depends(get_user)]) -> str:
-    """The caller's name, if the auth manager lets them trigger ``classify_intake``."""
+async def intake_poster(caller: KnownCaller) -> str:
+    """The caller's name, if the auth manager lets them trigger ``classify_intake`` (Airflow's
+    verdict on a bearer token reused for a few seconds: :mod:`triage.web.token_cache`)."""
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 
-    if not authorized(user, TRIGGER, INTAKE_DAG_ID, DagAccessEntity.RUN):
+    if not caller.may(TRIGGER, INTAKE_DAG_ID, DagAccessEntity.RUN):
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"posting documents needs the right to trigger {INTAKE_DAG_ID}")
-    return str(user.get_name())
+    return str(caller.user.get_name())
 
 
-async def intake_reader(user: Annotated[BaseUser, Depends(get_user)]) -> str:
-    if not authorized(user, READ, INTAKE_DAG_ID):
+async def intake_reader(caller: KnownCaller) -> str:
+    if not caller.may(READ, INTAKE_DAG_ID):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, f"reading a document's state needs read access to {INTAKE_DAG_ID}"
         )
-    return str(user.get_name())
+    return str(caller.user.get_name())
 
 
 Poster = Annotated[str, Depends(intake_poster)]
@@ -211,7 +211,8 @@ def document_status(job_id: uuid.UUID, request: Request, caller: Reader) -> Any:
     return jsonable_encoder(found)
 
 
-def install(app: Any, service: IntakeService | None, triage: TriageService) -> None:
-    """Mount intake on the Triage app, with its service (tests give their own)."""
+def install(app: Any, service: IntakeService | None, triage: TriageService, tokens: TokenCache | None = None) -> None:
+    """Mount intake on the Triage app, with its service and token cache (tests give their own)."""
     app.state.intake = service or IntakeService(triage)
+    app.state.tokens = tokens or TokenCache()
     app.include_router(router)
