@@ -214,5 +214,5 @@ def document_status(job_id: uuid.UUID, request: Request, caller: Reader) -> Any:
 def install(app: Any, service: IntakeService | None, triage: TriageService, tokens: TokenCache | None = None) -> None:
     """Mount intake on the Triage app, with its service and token cache (tests give their own)."""
     app.state.intake = service or IntakeService(triage)
-    app.state.tokens = tokens or TokenCache()
+    app.state.tokens = TokenCache() if tokens is None else tokens  # an empty cache is falsy
     app.include_router(router)
