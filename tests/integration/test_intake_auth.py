@@ -114,35 +114,29 @@ def test_an_expired_token_is_refused_even_while_its_entry_is_fresh(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.api_fastapi.auth.tokens import JWTGenerator
 
-    # No leeway, so that Airflow itself refuses the token a second after its exp.
-    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_LEEWAY", "0")
-    validator = type(airflow_auth)._get_token_validator
-    validator.__func__.cache_clear()  # type: ignore[attr-defined]
-    try:
-        long_lived = TokenCache(ttl=3600)  # the entry stays fresh: only exp can refuse the token
-        short = str(
-            airflow_auth.generate_jwt(
-                SimpleAuthManagerUser(username="editor", role="user"), expiration_time_in_seconds=2
-            )
-        )
-        expired = str(
-            airflow_auth.generate_jwt(
-                SimpleAuthManagerUser(username="editor", role="user"), expiration_time_in_seconds=-1
-            )
-        )
-        with client_with(store, tmp_path, long_lived) as client:
-            assert post(client, expired, "E-0") == 401
-            assert not long_lived.holds(expired)
-            assert post(client, short, "E-1") == 202
-            assert long_lived.holds(short)
-            exp = jwt.decode(short, options={"verify_signature": False})["exp"]
-            time.sleep(max(0.0, exp - time.time()) + 1.1)
-            assert post(client, short, "E-2") == 401
-            assert not long_lived.holds(short)
-    finally:
-        monkeypatch.undo()
-        validator.__func__.cache_clear()  # type: ignore[attr-defined]
+    # Airflow's own validator, without its leeway: it refuses the token a second after its exp.
+    # Tokens of a lifetime of their own, signed by Airflow's generator with the validator's key.
+    validator = airflow_auth._get_token_validator()
+    monkeypatch.setattr(validator, "leeway", 0)
+    claims = airflow_auth.serialize_user(SimpleAuthManagerUser(username="editor", role="user"))
+
+    def signed(valid_for: float) -> str:
+        generator = JWTGenerator(secret_key=validator.secret_key, valid_for=valid_for, audience=validator.audience)
+        return str(generator.generate(claims))
+
+    long_lived = TokenCache(ttl=3600)  # the entry stays fresh: only exp can refuse the token
+    short, expired = signed(2), signed(-1)
+    with client_with(store, tmp_path, long_lived) as client:
+        assert post(client, expired, "E-0") == 401
+        assert not long_lived.holds(expired)
+        assert post(client, short, "E-1") == 202
+        assert long_lived.holds(short)
+        exp = jwt.decode(short, options={"verify_signature": False})["exp"]
+        time.sleep(max(0.0, exp - time.time()) + 1.1)
+        assert post(client, short, "E-2") == 401
+        assert not long_lived.holds(short)
     assert jobs(store) == 1
 
 
