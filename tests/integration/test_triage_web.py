@@ -58,12 +58,25 @@ def airflow_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         settings.configure_orm()
         RevokedToken.__table__.create(settings.engine)
         airflow_app.purge_cached_app()
+        _forget_token_keys()
         manager = airflow_app.init_auth_manager()
         yield manager
         airflow_app.purge_cached_app()
+        _forget_token_keys()
         settings.dispose_orm()
     settings.configure_vars()
     settings.configure_orm()
+
+
+def _forget_token_keys() -> None:
+    """Drop the JWT signer and validator Airflow caches per auth manager class for the life of the
+    process (as a fresh API server starts): else a module's tokens would be signed and checked with
+    the secret of whichever module set up Airflow's auth first, and a server process started with
+    this module's environment would refuse them."""
+    from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
+
+    for name in ("_get_token_signer", "_get_token_validator"):
+        BaseAuthManager.__dict__[name].__func__.cache_clear()
 
 
 def token(manager: Any, name: str, role: str) -> str:

@@ -172,6 +172,10 @@ def _hostile_before(value: str) -> str | None:
 
 
 @settings(max_examples=1000, deadline=None)
-@given(st.text(max_size=12) | st.text(st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=12))
-def test_the_id_check_s_ascii_shortcut_changes_no_answer(value: str) -> None:
+@given(
+    st.text(max_size=12)
+    | st.text(st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=12)
+    | st.text(st.sampled_from("./\\a\n"), max_size=10)  # the path check's own alphabet
+)
+def test_the_id_check_s_shortcuts_change_no_answer(value: str) -> None:
     assert hostile_id_problem(value) == _hostile_before(value)

@@ -64,6 +64,10 @@ METADATA_KEY: Final = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # character: only its path segments are left to check.
 _PLAIN_ID: Final = re.compile(r"[!-~](?:[ -~]*[!-~])?")
 
+# A leading slash or backslash, or a "." or ".." segment between them (what splitting at every
+# slash and backslash would find), in one search: a request's hot path, once per document.
+_PATH_LIKE: Final = re.compile(r"\A[/\\]|(?:\A|[/\\])\.\.?(?=[/\\]|\Z)")
+
 # Unicode categories no identifier may hold: controls (C0, C1, DEL), format characters (bidi
 # overrides that make an id read differently than it compares), surrogates, private use,
 # unassigned, and the line and paragraph separators.
@@ -77,7 +81,7 @@ def hostile_id_problem(value: str) -> str | None:
             return "external_id has leading or trailing whitespace"
         if any(unicodedata.category(c) in _HOSTILE_CATEGORIES for c in value):
             return "external_id holds a control, format or unassigned character"
-    if value.startswith(("/", "\\")) or any(part in (".", "..") for part in re.split(r"[/\\]", value)):
+    if _PATH_LIKE.search(value):
         return "external_id looks like a path (a leading slash, or a '.' or '..' segment)"
     return None
 

@@ -4,6 +4,7 @@
     app = create_app()                          # what plugins/triage_plugin.py mounts
     app = create_app(TriageService(store, payload_base=..., taxonomy_names=[...]))  # tests
     app = create_app(service, IntakeService(service, announce=..., classifier_version=...))  # tests
+    app = create_app(service, intake_service, TokenCache(clock=...))  # tests: a token cache of their own
 
 Pages are HTML rendered on the server (no script: they work inside the Airflow UI's frame and
 with scripts off), every value escaped; the API is JSON. Both answer an error in their own
@@ -24,6 +25,7 @@ from triage.web import api, intake, pages
 from triage.web.access import login_url
 from triage.web.intake_service import IntakeService
 from triage.web.service import TriageService, default_label_action
+from triage.web.token_cache import TokenCache
 
 SECURITY_HEADERS = {
     # No script at all, styles inline only, forms posted to this server only, framed only by it.
@@ -60,7 +62,9 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-def create_app(triage: TriageService | None = None, intake_service: IntakeService | None = None) -> FastAPI:
+def create_app(
+    triage: TriageService | None = None, intake_service: IntakeService | None = None, tokens: TokenCache | None = None
+) -> FastAPI:
     app = FastAPI(
         title="Triage",
         description="Triage's intake, review queue, jobs and reconciliation reports (behind Airflow's auth)",
@@ -70,7 +74,7 @@ def create_app(triage: TriageService | None = None, intake_service: IntakeServic
     )
     app.state.triage = triage or TriageService(label_action=default_label_action)
     app.include_router(api.router)
-    intake.install(app, intake_service, app.state.triage)
+    intake.install(app, intake_service, app.state.triage, tokens)
     app.include_router(pages.router)
 
     app.add_middleware(SecurityHeaders)
