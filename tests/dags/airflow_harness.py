@@ -47,6 +47,8 @@ from triage_tools.processes import ComponentExited, Processes
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = (sys.executable, "-m", "airflow")
 FINISHED = frozenset({"success", "failed"})
+TEST_PARALLELISM = 8
+"""Task slots of a test deployment's LocalExecutor: workers it forks at its first task."""
 
 
 class HarnessError(RuntimeError):
@@ -110,6 +112,9 @@ def airflow_test_env(
             # minute here (docs/performance.md). No test changes what a DAG file reads without
             # editing it, so an unchanged file is parsed once per test.
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
+            # The LocalExecutor forks `parallelism` workers at its first task (32 by default),
+            # ~0.2 CPU-s each, while no test runs more than a few tasks at once on two cores.
+            "AIRFLOW__CORE__PARALLELISM": str(TEST_PARALLELISM),
             "PYTHONPATH": os.pathsep.join(p for p in (plugins, os.environ.get("PYTHONPATH", "")) if p),
             "PYTHONUNBUFFERED": "1",
             "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
@@ -133,6 +138,40 @@ def airflow_cli(
             f"airflow {' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         )
     return result
+
+
+class AirflowCli:
+    """``airflow ARGS`` for one environment, each command forked from one process that imported
+    Airflow once (tests/dags/warm_dags_test.py, ``execution_api=False``): a cold CLI process
+    costs 3-4.5 CPU-s, ~2.5 of them importing Airflow. Each command is still Airflow's own command
+    line in a process of its own, with its exit code and output; a command whose environment
+    differs from the warm one in what Airflow reads at import runs cold (:func:`airflow_cli`)."""
+
+    def __init__(self, env: Mapping[str, str], log: Path) -> None:
+        from tests.dags.warm_dags_test import WarmDagsTest
+
+        self.env = dict(env)
+        self._warm = WarmDagsTest(self.env, log, execution_api=False)
+
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 180, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """As :func:`airflow_cli` (``env`` defaults to this one's)."""
+        result = self._warm.run(args, env if env is not None else self.env, timeout)
+        if check and result.returncode != 0:
+            raise HarnessError(
+                f"airflow {' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
+        return result
+
+    def close(self) -> None:
+        self._warm.close()
+
+    def __enter__(self) -> AirflowCli:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def json_output(stdout: str) -> Any:
