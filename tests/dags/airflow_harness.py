@@ -142,16 +142,16 @@ def airflow_cli(
 
 class AirflowCli:
     """``airflow ARGS`` for one environment, each command forked from one process that imported
-    Airflow once (tests/dags/warm_dags_test.py, ``execution_api=False``): a cold CLI process
+    Airflow once (triage_tools/warm.py, ``execution_api=False``): a cold CLI process
     costs 3-4.5 CPU-s, ~2.5 of them importing Airflow. Each command is still Airflow's own command
     line in a process of its own, with its exit code and output; a command whose environment
     differs from the warm one in what Airflow reads at import runs cold (:func:`airflow_cli`)."""
 
     def __init__(self, env: Mapping[str, str], log: Path) -> None:
-        from tests.dags.warm_dags_test import WarmDagsTest
+        from triage_tools.warm import WarmAirflow
 
         self.env = dict(env)
-        self._warm = WarmDagsTest(self.env, log, execution_api=False)
+        self._warm = WarmAirflow(self.env, log, execution_api=False)
 
     def __call__(
         self, *args: str, check: bool = True, timeout: float = 180, env: Mapping[str, str] | None = None
