@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -76,9 +77,13 @@ class WarmAirflow:
         stdout: Path | None = None,
         stderr: Path | None = None,
         append: bool = False,
+        timeout: float | None = None,
     ) -> int:
         """Start ``airflow ARGS`` in a child (one at a time); its output to the files given (None:
-        the warm process's stderr). Returns its pid; :meth:`wait` for its exit code."""
+        the warm process's stderr). Returns its pid; :meth:`wait` for its exit code.
+
+        :param timeout: seconds to wait for the warm process to take it (it may still be warming up).
+        :raises subprocess.TimeoutExpired: it did not within ``timeout``."""
         if self._pid is not None:
             raise RuntimeError("the warm Airflow runs one command at a time")
         request = {
@@ -91,7 +96,11 @@ class WarmAirflow:
         assert self._process.stdin is not None
         self._process.stdin.write(json.dumps(request) + "\n")
         self._process.stdin.flush()
-        self._pid = int(self._answer(None)["pid"])
+        answer = self._answer(timeout)
+        if not answer:
+            self.close()  # its answer would come after the next request's
+            raise subprocess.TimeoutExpired(["airflow", *args], timeout or 0)
+        self._pid = int(answer["pid"])
         return self._pid
 
     def wait(self, timeout: float | None = None) -> int | None:
@@ -111,8 +120,9 @@ class WarmAirflow:
             return subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False)
         with tempfile.TemporaryDirectory(prefix="airflow-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            pid = self.start(args, env, stdout=out, stderr=err)
-            returncode = self.wait(timeout)
+            deadline = time.monotonic() + timeout
+            pid = self.start(args, env, stdout=out, stderr=err, timeout=timeout)
+            returncode = self.wait(max(0.0, deadline - time.monotonic()))
             if returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
