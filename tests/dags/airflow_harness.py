@@ -47,8 +47,6 @@ from triage_tools.processes import ComponentExited, Processes
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = (sys.executable, "-m", "airflow")
 FINISHED = frozenset({"success", "failed"})
-TEST_PARALLELISM = 8
-"""Task slots of a test deployment's LocalExecutor: workers it forks at its first task."""
 
 
 class HarnessError(RuntimeError):
@@ -112,9 +110,6 @@ def airflow_test_env(
             # minute here (docs/performance.md). No test changes what a DAG file reads without
             # editing it, so an unchanged file is parsed once per test.
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
-            # The LocalExecutor forks `parallelism` workers at its first task (32 by default),
-            # ~0.2 CPU-s each, while no test runs more than a few tasks at once on two cores.
-            "AIRFLOW__CORE__PARALLELISM": str(TEST_PARALLELISM),
             "PYTHONPATH": os.pathsep.join(p for p in (plugins, os.environ.get("PYTHONPATH", "")) if p),
             "PYTHONUNBUFFERED": "1",
             "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
