@@ -103,6 +103,10 @@ reset-secrets: $(STAMP)
 TEST_WORKERS ?= 3
 SLOW_WORKERS ?= 2
 PYTEST_ARGS  ?=
+# Bytecode written even where PYTHONDONTWRITEBYTECODE is set (as on this machine): every pytest
+# process collects every test module, and without pytest's cache of the rewritten modules each
+# rewrites them all again (collection 9.5 -> 7 CPU-s a process, five a run; docs/performance.md).
+test test-fast: export PYTHONDONTWRITEBYTECODE =
 test: $(STAMP) test-deps
 	@status=0; \
 	echo "make test: the fast tests on $(TEST_WORKERS) workers"; \

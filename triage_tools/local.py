@@ -234,6 +234,14 @@ def json_output(stdout: str) -> Any:
     raise ValueError(f"no JSON document in the Airflow output: {stdout[-500:]!r}")
 
 
+def dags_test_args(dag_id: str, logical_date: str, conf: Mapping[str, Any] | None) -> list[str]:
+    """The arguments of ``airflow dags test`` for one run."""
+    args = ["dags", "test", dag_id, logical_date]
+    if conf:
+        args += ["-c", json.dumps(dict(conf))]
+    return args
+
+
 def start_dags_test(
     dag_id: str,
     logical_date: str,
@@ -243,9 +251,7 @@ def start_dags_test(
 ) -> subprocess.Popen[bytes]:
     """``airflow dags test`` in a child of its own; its output to ``output`` (a file) or, by
     default, to this process's. The caller waits for it."""
-    args = ["dags", "test", dag_id, logical_date]
-    if conf:
-        args += ["-c", json.dumps(dict(conf))]
+    args = dags_test_args(dag_id, logical_date, conf)
     if output is None:
         _say("airflow " + shlex.join(args))
         return subprocess.Popen([*airflow_command(), *args], env=dict(env))

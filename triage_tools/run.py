@@ -15,10 +15,9 @@ started at DATE + 1 day to cover [DATE, DATE + 1 day).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import subprocess
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
@@ -36,6 +35,7 @@ from triage_tools import local
 from triage_tools.deploy.fernet import FernetKeyMismatch
 from triage_tools.deployment import prepare
 from triage_tools.progress import Counts, Progress
+from triage_tools.warm import WarmAirflow
 
 
 def day_interval(day: date) -> tuple[datetime, datetime]:
@@ -104,13 +104,13 @@ def _ledger_counts(engine: sa.Engine, batch_key: str) -> Callable[[], Counts | N
     return counts
 
 
-def _wait(process: subprocess.Popen[bytes], progress: Progress | None) -> int:
+def _wait(airflow: WarmAirflow, progress: Progress | None) -> int:
     while True:
-        try:
-            return process.wait(timeout=TICK)
-        except subprocess.TimeoutExpired:
-            if progress is not None:
-                progress.tick()
+        code = airflow.wait(timeout=TICK)
+        if code is not None:
+            return code
+        if progress is not None:
+            progress.tick()
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m triage_tools.run") -> int:
@@ -153,13 +153,20 @@ def _run(day: date, conf: dict[str, Any], env: dict[str, str], engine: sa.Engine
 
     started = datetime.now(UTC)
     failed = []
-    with contextlib.ExitStack() as stack:
-        log = stack.enter_context(open(log_path, "ab")) if log_path is not None else None
+    # One Airflow start for both runs: each `airflow dags test` is a fork of a process that
+    # imported Airflow and built the in-process Execution API once (triage_tools.warm).
+    with WarmAirflow(env, log_path) as airflow:
         for dag_id, logical_date, run_conf in runs:
             if progress is not None:
                 progress.start(dag_id)
-            process = local.start_dags_test(dag_id, logical_date, run_conf, env, output=log)
-            if _wait(process, progress) != 0:
+            args = local.dags_test_args(dag_id, logical_date, run_conf)
+            if log_path is None:
+                print(f"triage: airflow {shlex.join(args)}", file=sys.stderr, flush=True)
+            else:
+                with open(log_path, "ab") as log:
+                    log.write(f"==> airflow {shlex.join(args)} <==\n".encode())
+            airflow.start(args, stdout=log_path, stderr=log_path, append=True)
+            if _wait(airflow, progress) != 0:
                 failed.append(dag_id)
         if progress is not None:
             progress.finish()

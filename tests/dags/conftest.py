@@ -21,7 +21,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from tests.dags.warm_dags_test import WarmDagsTest
+from triage_tools.warm import WarmAirflow
 
 if TYPE_CHECKING:
     from triage.database import DatabaseUrl
@@ -41,13 +41,13 @@ class Deployment:
     env: dict[str, str]
     jobs_url: object  # triage.database.DatabaseUrl
     home: Path
-    _warm: WarmDagsTest | None = field(default=None, repr=False)
+    _warm: WarmAirflow | None = field(default=None, repr=False)
 
     def dags_test(self, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
         """``airflow dags test ARGS`` with this deployment's environment and ``env``, its output
-        captured; forked from one warm process for the module (tests/dags/warm_dags_test.py)."""
+        captured; forked from one warm process for the module (triage_tools/warm.py)."""
         if self._warm is None:
-            self._warm = WarmDagsTest(self.env, self.home / "warm-dags-test.log")
+            self._warm = WarmAirflow(self.env, self.home / "warm-dags-test.log")
         return self._warm.run(["dags", "test", *args], {**self.env, **env}, timeout)
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dags.airflow_harness import airflow_cli, running_airflow, wait_for_runs
+from tests.dags.airflow_harness import AirflowCli, running_airflow, wait_for_runs
 from tests.dags.conftest import Deployment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,10 +16,12 @@ DOCUMENTS = 1000  # the params' default: a backfill runs with the default params
 
 @pytest.mark.slow
 def test_backfill_three_dates_through_the_scheduler(deployment: Deployment) -> None:
-    with running_airflow(deployment.env, ROOT / "dags", timeout=180, wait_for_dags=["classify_documents"]) as af:
-        airflow_cli(af.env, "dags", "unpause", "classify_documents")
+    with (
+        running_airflow(deployment.env, ROOT / "dags", timeout=180, wait_for_dags=["classify_documents"]) as af,
+        AirflowCli(af.env, deployment.home / "airflow-cli.log") as airflow_cli,  # two commands, one import
+    ):
+        airflow_cli("dags", "unpause", "classify_documents")
         airflow_cli(
-            af.env,
             "backfill",
             "create",
             "--dag-id",

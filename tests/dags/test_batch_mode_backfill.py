@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.dags.airflow_harness import HarnessError, airflow_cli, running_airflow, task_states, wait_for_runs
+from tests.dags.airflow_harness import AirflowCli, HarnessError, running_airflow, task_states, wait_for_runs
 from tests.dags.conftest import ROOT, Deployment
 from tests.fakes.openai_server import FakeOpenAIServer, fixed_label
 
@@ -45,12 +45,14 @@ def test_a_batch_mode_backfill_and_a_triggered_run_wait_in_the_triggerer(deploym
         model.batches.polls_until_done = 10  # the task's first look, then ~9 s of the triggerer's polls
         conn = {"conn_type": "http", "host": model.base_url, "extra": {"batch_poll_seconds": 1}}
         env = {**deployment.env, "AIRFLOW_CONN_TRIAGE_LLM": json.dumps(conn)}
-        with running_airflow(
-            env, ROOT / "dags", timeout=240, wait_for_dags=["classify_documents"], triggerer=True
-        ) as af:
-            airflow_cli(af.env, "dags", "unpause", "classify_documents")
+        with (
+            running_airflow(
+                env, ROOT / "dags", timeout=240, wait_for_dags=["classify_documents"], triggerer=True
+            ) as af,
+            AirflowCli(af.env, deployment.home / "airflow-cli.log") as airflow_cli,  # two commands, one import
+        ):
+            airflow_cli("dags", "unpause", "classify_documents")
             airflow_cli(
-                af.env,
                 "backfill",
                 "create",
                 "--dag-id",

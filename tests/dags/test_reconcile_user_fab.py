@@ -24,6 +24,7 @@ import pytest
 
 from tests.conftest import ServerHomes
 from tests.dags.airflow_harness import (
+    AirflowCli,
     HarnessError,
     RunningAirflow,
     airflow_cli,
@@ -49,6 +50,7 @@ class Fab:
     airflow: RunningAirflow
     admin_password: str
     jobs_url: DatabaseUrl
+    cli: AirflowCli  # `airflow ARGS` in the running deployment's environment, Airflow imported once
     # airflow_api as the workers read it, until the next provision() replaces its password
     read_connection: dict[str, Any] | None = None
 
@@ -112,8 +114,12 @@ def _fab(
         )
         port = free_port()
         provision(env, f"http://127.0.0.1:{port}")  # before any service starts, as in compose
-        with running_airflow(env, ROOT / "dags", timeout=240, api_port=port) as airflow:
-            yield Fab(airflow, admin_password, jobs_url)
+        with (
+            running_airflow(env, ROOT / "dags", timeout=240, api_port=port) as airflow,
+            # its log where test_the_password_is_in_no_output_and_no_log looks too
+            AirflowCli(airflow.env, Path(airflow.env["AIRFLOW_HOME"]) / "harness-logs" / "cli.log") as cli,
+        ):
+            yield Fab(airflow, admin_password, jobs_url, cli)
     finally:
         server_homes.remove(home)
 
@@ -128,11 +134,9 @@ def client(fab: Fab, username: str, password: str) -> httpx.Client:
 
 def connection(fab: Fab) -> dict[str, Any]:
     """The airflow_api connection as the workers read it (from the metadata DB, decrypted): one
-    ``airflow connections get`` (a start of Airflow, ~4 CPU-s) per provisioning, not per look."""
+    ``airflow connections get`` per provisioning, not per look."""
     if fab.read_connection is None:
-        listed = json_output(
-            airflow_cli(fab.airflow.env, "connections", "get", reconcile_user.CONN_ID, "-o", "json").stdout
-        )
+        listed = json_output(fab.cli("connections", "get", reconcile_user.CONN_ID, "-o", "json").stdout)
         fab.read_connection = dict(listed[0])
     return fab.read_connection
 
@@ -158,7 +162,7 @@ def test_the_connection_names_the_user_and_the_api_server(fab: Fab) -> None:
 
 
 def test_the_role_has_the_three_read_permissions_and_nothing_else(fab: Fab) -> None:
-    listed = json_output(airflow_cli(fab.airflow.env, "roles", "list", "-p", "-o", "json").stdout)
+    listed = json_output(fab.cli("roles", "list", "-p", "-o", "json").stdout)
     granted = {
         (action, row["resource"])
         for row in listed
@@ -231,8 +235,7 @@ def test_the_triage_pages_answer_as_fab_says(fab: Fab) -> None:
         passwords = {}
         for name, role in (("viewer", "Viewer"), ("editor", "User")):
             passwords[name] = secrets.token_urlsafe(16)
-            airflow_cli(
-                fab.airflow.env,
+            fab.cli(
                 "users",
                 "create",
                 "--role",
