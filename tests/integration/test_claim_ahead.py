@@ -238,3 +238,43 @@ def test_an_outage_parks_the_claim_taken_ahead_with_the_rest(store: JobStore, tm
     with pytest.raises(CircuitOpen):
         run(store, payloads, Model(down))
     assert {(status, attempt, reason) for status, attempt, reason in ledger(store)} == {("waiting", 0, "outage:model")}
+
+
+def test_a_text_asked_in_a_claims_last_round_is_not_asked_again_by_the_next_claim(
+    store: JobStore, tmp_path: Path
+) -> None:
+    """With the content cache: claims of 4 at 2 calls in flight, the fourth document's text
+    repeated by the fifth. The second claim is handled while the first one's last round (its
+    call for that text) runs, and waits for that answer instead of asking again."""
+    from datetime import UTC, datetime
+
+    from triage.contracts.documents import DocumentPayload
+    from triage.pipeline.retrieve import to_new_jobs
+    from triage.pipeline.reuse import ContentCache
+    from triage.sources.base import SourceDocument
+
+    payloads = PayloadStore(tmp_path / "payloads")
+    model = Model(lambda n: time.sleep(0.3))
+    bodies = ["invoice overdue", "refund please", "password reset", "the repeated text", "the repeated text"]
+    for i, body in enumerate([*bodies, "shipping delay", "cancel my plan", "app crashes"]):
+        payload = DocumentPayload(
+            external_id=f"d{i}", subject="Ticket", body=body, received_at=datetime(2026, 11, 1, tzinfo=UTC)
+        )
+        store.register(  # one registration each: claims take them in this order
+            to_new_jobs([SourceDocument("test", f"d{i}", payload.to_bytes())], payloads, model.version),
+            batch_key=BATCH,
+            step="classify",
+            max_attempts=3,
+        )
+    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 2), cache=ContentCache(store, model.version, 0.0))
+    try:
+        settings = RunSettings(owner="w", batch_size=4, claim_ahead=True)
+        run_step(store, handler, batch_key=BATCH, settings=settings, drain=Drain(grace_seconds=0.5))
+    finally:
+        handler.close()
+    external = {str(r.id): r.external_id for r in rows(store, "SELECT id, external_id FROM triage.jobs")}
+    assert sorted(external[j] for j in model.calls) == ["d0", "d1", "d2", "d3", "d5", "d6", "d7"]  # not d4
+    assert len(ledger(store)) == 8
+    assert {status for status, _, _ in ledger(store)} <= {"completed", "manual_review"}
+    reused = rows(store, "SELECT job_id, reused_job_id FROM triage.classifications WHERE reused_job_id IS NOT NULL")
+    assert [(external[str(r.job_id)], external[str(r.reused_job_id)]) for r in reused] == [("d4", "d3")]

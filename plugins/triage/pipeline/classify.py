@@ -198,13 +198,17 @@ class ClassifyHandler:
         # The content cache asks one job of each content first; the others then take its answer.
         waves = self.cache.split(jobs, contents) if self.cache is not None else (range(len(jobs)),)
         by_index: dict[int, Outcome] = {}
-        for wave in waves:
-            done = list(map(one, wave)) if self._pool is None else self._in_pool(one, wave)
-            by_index.update(zip(wave, done, strict=True))
+        try:
+            for n, wave in enumerate(waves):
+                if n and self.cache is not None:  # repeats: of this claim's calls, or another's
+                    self.cache.wait(jobs[i] for i in wave)
+                done = list(map(one, wave)) if self._pool is None else self._in_pool(one, wave)
+                by_index.update(zip(wave, done, strict=True))
+                if self.cache is not None:
+                    self.cache.learn([jobs[i] for i in wave], done)
+        finally:
             if self.cache is not None:
-                self.cache.learn([jobs[i] for i in wave], done)
-        if self.cache is not None:
-            self.cache.forget(jobs)
+                self.cache.forget(jobs)
         outcomes = [by_index[i] for i in range(len(jobs))]
         return self._outages.settle(outcomes, self.outage() is not None, self.park)
 

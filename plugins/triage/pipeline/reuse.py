@@ -18,15 +18,18 @@ answer remembered from a claim whose recording failed is never used, since the s
 A reused answer moves its job through the state machine like any other (its own events,
 classification row, and label row or review row): the classification has the entry's label,
 confidence and output mode, no tokens, no cost, and ``reused_job_id``/``reused_attempt`` naming
-the answer it copied; its outcome is decided afresh at this run's threshold. Across workers handling claims at the same moment, an input may still be
-asked once per worker, and within one worker once more by the next claim, which the step starts
-while the current claim's last round of calls runs (:mod:`triage.pipeline.claim_ahead`).
+the answer it copied; its outcome is decided afresh at this run's threshold. The claim the step handles beside the current one's last round
+(:mod:`triage.pipeline.claim_ahead`) waits for the answers that round is asking for, instead of
+asking again (:meth:`ContentCache.wait`). Across workers handling claims at the same moment, an
+input may still be asked once per worker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 
@@ -39,6 +42,9 @@ __all__ = ["ContentCache", "input_key"]
 
 REMEMBERED = 100_000
 """Answers of this try kept in memory at most (about 30 MB); then forgotten, oldest first."""
+WAIT_SECONDS = 120.0
+"""How long a claim's repeats wait for another claim's call for their input, at most; then they
+are asked themselves."""
 
 
 def input_key(document: DocumentPayload) -> str:
@@ -60,6 +66,12 @@ class ContentCache:
         self._keys: dict[uuid.UUID, str] = {}
         self._eligible: set[uuid.UUID] = set()
         self._found: dict[uuid.UUID, Answer] = {}
+        # The inputs a claim is asking for now (the job asked, set once it is learned or given
+        # up), and the repeats of another claim that wait for one: the claim handled beside the
+        # current one (the step's window) takes the answer instead of asking again.
+        self._lock = threading.Lock()
+        self._asking: dict[str, tuple[uuid.UUID, threading.Event]] = {}
+        self._waits: dict[uuid.UUID, threading.Event] = {}
 
     def split(self, jobs: Sequence[ClaimedJob], contents: Sequence[object]) -> tuple[list[int], list[int]]:
         """Look the claim up, given its payloads (bytes, or the error reading one); (indexes to
@@ -80,20 +92,50 @@ class ContentCache:
         now: list[int] = []
         later: list[int] = []
         asked: set[str] = set()
-        for index, job in enumerate(jobs):
-            key = self._keys.get(job.id)
-            if key is None or job.id not in self._eligible or self.answer(job) is not None:
-                now.append(index)
-            elif key in asked:
-                later.append(index)
-            else:
-                asked.add(key)
-                now.append(index)
+        with self._lock:
+            for index, job in enumerate(jobs):
+                key = self._keys.get(job.id)
+                if key is None or job.id not in self._eligible or self.answer(job) is not None:
+                    now.append(index)
+                elif key in asked:
+                    later.append(index)
+                elif key in self._asking:  # another claim of this try asks for it now
+                    self._waits[job.id] = self._asking[key][1]
+                    later.append(index)
+                else:
+                    asked.add(key)
+                    self._asking[key] = (job.id, threading.Event())
+                    now.append(index)
         return now, later
 
-    def forget(self, jobs: Iterable[ClaimedJob]) -> None:
-        """The claim of ``jobs`` is handled: drop its lookup (its answers stay remembered)."""
+    def wait(self, jobs: Iterable[ClaimedJob]) -> None:
+        """Before a claim's repeats are handled: wait, :data:`WAIT_SECONDS` at most in all, for
+        the other claims' calls they repeat (their answers are then remembered)."""
+        deadline = time.monotonic() + WAIT_SECONDS
         for job in jobs:
+            with self._lock:
+                event = self._waits.pop(job.id, None)
+            if event is not None:
+                event.wait(max(0.0, deadline - time.monotonic()))
+
+    def _done_asking(self, jobs: Iterable[ClaimedJob]) -> None:
+        """The inputs these jobs were asked for are answered (or never will be): wake their waiters."""
+        with self._lock:
+            for job in jobs:
+                key = self._keys.get(job.id)
+                entry = self._asking.get(key) if key is not None else None
+                if entry is not None and entry[0] == job.id:
+                    del self._asking[key]  # type: ignore[arg-type]
+                    entry[1].set()
+
+    def forget(self, jobs: Iterable[ClaimedJob]) -> None:
+        """The claim of ``jobs`` is handled, or gave up: wake what waits on it, drop its lookup
+        (its answers stay remembered)."""
+        jobs = list(jobs)
+        self._done_asking(jobs)
+        with self._lock:
+            for job in jobs:
+                self._waits.pop(job.id, None)
             self._keys.pop(job.id, None)
             self._eligible.discard(job.id)
             self._found.pop(job.id, None)
@@ -107,6 +149,7 @@ class ContentCache:
     def learn(self, jobs: Iterable[ClaimedJob], outcomes: Iterable[Outcome]) -> None:
         """Remember the model's answers among ``outcomes`` (an accepted one replaces a doubtful
         one, as in the ledger's choice of entry) and count the reused ones."""
+        jobs = list(jobs)
         for job, outcome in zip(jobs, outcomes, strict=True):
             record = outcome.classification if isinstance(outcome, Complete | Advance | SendToReview) else None
             if record is None or record.outcome not in ("accepted", "inconclusive"):
@@ -124,3 +167,4 @@ class ContentCache:
                 del self.remembered[next(iter(self.remembered))]
             confidence = record.confidence if record.confidence is not None else 0.0
             self.remembered[key] = Answer(job.id, job.attempt, record.label, confidence, record.output_mode)
+        self._done_asking(jobs)
