@@ -81,13 +81,7 @@ class BatchLedger(Ledger):
 
     def open_batches(self, batch_key: str) -> list[Submission]:
         """The run's submissions still running (or never accepted by the provider)."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(model_batches)
-                .where(model_batches.c.batch_key == batch_key, model_batches.c.status.in_(("submitting", "running")))
-                .order_by(model_batches.c.submitted_at)
-            ).all()
-        return [_submission(r) for r in rows]
+        return self._submissions(batch_key, model_batches.c.status.in_(("submitting", "running")))
 
     def unaccepted(self, batch_key: str) -> list[Submission]:
         """The run's submissions that never got the provider's id and that nobody is submitting:
@@ -103,15 +97,16 @@ class BatchLedger(Ledger):
             )
             .exists()
         )
+        return self._submissions(
+            batch_key, model_batches.c.status == "submitting", model_batches.c.provider_batch_id.is_(None), ~live
+        )
+
+    def _submissions(self, batch_key: str, *where: Any) -> list[Submission]:
+        """The run's submissions that match ``where``, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(model_batches)
-                .where(
-                    model_batches.c.batch_key == batch_key,
-                    model_batches.c.status == "submitting",
-                    model_batches.c.provider_batch_id.is_(None),
-                    ~live,
-                )
+                .where(model_batches.c.batch_key == batch_key, *where)
                 .order_by(model_batches.c.submitted_at)
             ).all()
         return [_submission(r) for r in rows]

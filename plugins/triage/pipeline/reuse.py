@@ -122,10 +122,10 @@ class ContentCache:
         """The inputs these jobs were asked for are answered (or never will be): wake their waiters."""
         with self._lock:
             for job in jobs:
-                key = self._keys.get(job.id)
-                entry = self._asking.get(key) if key is not None else None
+                key = self._keys.get(job.id, "")
+                entry = self._asking.get(key)
                 if entry is not None and entry[0] == job.id:
-                    del self._asking[key]  # type: ignore[arg-type]
+                    del self._asking[key]
                     entry[1].set()
 
     def forget(self, jobs: Iterable[ClaimedJob]) -> None:
