@@ -125,6 +125,9 @@ SMOKE_TESTS   ?= tests/unit tests/integration/test_embedded.py tests/integration
 SMOKE_LOG     := $(TRIAGE_HOME)/logs/test-smoke-$(SMOKE_VERSION).log
 # Ports the tests ask for and bind later are drawn per worker class (tests/dags/airflow_harness.py):
 # the slow phase's two workers take classes 0-1, the smoke's 2-3.
+# make runs a recipe line that names $$(MAKE) even under -n (to recurse), and the whole of
+# `test` is one line: `make -n test` (tests/integration/test_readme.py) would run the suite.
+SUB_MAKE      := $(MAKE) --no-print-directory
 PORT_CLASSES  := TRIAGE_TEST_PORT_CLASSES=$$(($(SLOW_WORKERS) + $(SMOKE_WORKERS)))
 # Bytecode written even where PYTHONDONTWRITEBYTECODE is set (as on this machine): every pytest
 # process collects every test module, and without pytest's cache of the rewritten modules each
@@ -138,7 +141,7 @@ test: $(STAMP) test-deps
 	if [ "$(SMOKE)" != 0 ]; then \
 		mkdir -p $(dir $(SMOKE_LOG)); \
 		echo "make test: the CPython $(SMOKE_VERSION) smoke beside the slow tests (its output: $(SMOKE_LOG), shown at the end)"; \
-		$(MAKE) --no-print-directory test-smoke TRIAGE_TEST_PORT_CLASS_FIRST=$(SLOW_WORKERS) $(PORT_CLASSES) >$(SMOKE_LOG) 2>&1 & smoke=$$!; \
+		$(SUB_MAKE) test-smoke TRIAGE_TEST_PORT_CLASS_FIRST=$(SLOW_WORKERS) $(PORT_CLASSES) >$(SMOKE_LOG) 2>&1 & smoke=$$!; \
 	fi; \
 	echo "make test: the slow tests on $(SLOW_WORKERS) workers"; \
 	$(PORT_CLASSES) $(PY) -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
@@ -162,7 +165,7 @@ test-smoke: $(STAMP)
 		echo "make test-smoke: no CPython $(SMOKE_VERSION) here: the smoke phase is left out (SMOKE_PYTHON=... names one)"; exit 0; \
 	fi; \
 	echo "make test-smoke: $$python, virtualenv $(SMOKE_VENV)"; \
-	$(MAKE) --no-print-directory VENV=$(SMOKE_VENV) PYTHON="$$python" smoke-tests
+	$(SUB_MAKE) VENV=$(SMOKE_VENV) PYTHON="$$python" smoke-tests
 
 test-fast: $(STAMP) test-deps
 	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)

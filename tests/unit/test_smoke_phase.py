@@ -40,7 +40,8 @@ def test_the_smoke_names_fast_tests_that_exist() -> None:
     """A path that does not exist would fail the phase on every machine; a slow module would run
     its Airflow deployment twice in one make test."""
     paths = smoke_tests()
-    assert "tests/unit" in paths and "tests/dags/test_classify_documents_e2e.py" in paths
+    assert "tests/unit" in paths
+    assert "tests/dags/test_classify_documents_e2e.py" in paths
     for path in paths:
         assert (ROOT / path).exists(), path
         modules = [ROOT / path] if path.endswith(".py") else sorted((ROOT / path).rglob("test_*.py"))
@@ -65,3 +66,17 @@ def test_without_a_python_3_13_ci_fails() -> None:
     done = make("test-smoke", env=without_python_3_13(CI="true"))
     assert done.returncode != 0
     assert "FAILED: no CPython 3.13 here" in done.stdout
+
+
+def test_make_n_test_runs_nothing() -> None:
+    """make runs a recipe line that names ``$(MAKE)`` even under ``-n``; ``test`` is one line, so
+    ``make -n test`` (the README's check runs it) started the whole suite again, inside itself."""
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("test", "test-smoke"):  # first: the make -n below would run a broken one
+        recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, re.M)
+        assert recipe is not None, target
+        assert not re.search(r"\$[({]MAKE[)}]", recipe.group(1)), target
+    done = make("-n", "test", "test-smoke", env={**os.environ, "SMOKE_PYTHON": "/bin/false"})
+    assert done.returncode == 0, done.stderr
+    assert "pytest -m slow" in done.stdout
+    assert "smoke-tests" in done.stdout
