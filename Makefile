@@ -170,9 +170,10 @@ test-smoke: $(STAMP)
 test-fast: $(STAMP) test-deps
 	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-# Run by test-smoke with VENV=$(SMOKE_VENV): $(PY) and the PATH are that virtualenv's.
+# Run by test-smoke with VENV=$(SMOKE_VENV): $(PY) and the PATH are that virtualenv's. The tests
+# do not inherit this sub-make's MAKEFLAGS: a test's own `make -n run` would print the smoke's VENV.
 smoke-tests: $(STAMP)
-	$(PY) -m pytest -n $(SMOKE_WORKERS) --dist loadfile $(PYTEST_ARGS) $(SMOKE_TESTS)
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(PY) -m pytest -n $(SMOKE_WORKERS) --dist loadfile $(PYTEST_ARGS) $(SMOKE_TESTS)
 
 bench: $(STAMP)
 	$(PY) -m bench
