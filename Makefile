@@ -17,6 +17,7 @@ CONF   ?= {}
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}'] [VERBOSE=1]  set up, migrate, run classify_documents then reconcile_jobs"
 	@echo "make test [TEST_WORKERS=3 SLOW_WORKERS=2]  the whole suite: the fast tests in parallel, then the slow ones"
+	@echo "          [SMOKE=0 SMOKE_PYTHON=...]       beside the slow ones, a smoke subset on CPython 3.13 (make test-smoke alone)"
 	@echo "make test-deps                             the Debian packages tests need (chromium, redis-server): apt-get as root"
 	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
