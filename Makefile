@@ -110,7 +110,8 @@ PYTEST_ARGS  ?=
 # installing and running on 3.13 too, not only on .venv's Python: the embedded PostgreSQL's
 # package, the migrations and the ledger, the pipeline, the plugin's pages, Airflow parsing the
 # DAGs and a real `dags test` run. Beside the slow phase, whose two workers leave ~0.4 of a core
-# idle (they wait on Airflow), it adds ~1 minute instead of ~3.5 (venv 1.5 min, tests 1.7 min).
+# idle (they wait on Airflow), it made that phase 0.2-0.6 min longer, where alone it takes ~3.5
+# (venv 1.5 min, tests 1.7 min; docs/performance.md, session 10).
 # SMOKE_PYTHON is the interpreter (default: pyenv's or PATH's python3.13, found as `make lock`
 # finds it); SMOKE=0 leaves the phase out; none found: the phase says so and passes, except
 # under CI=true. Left out when .venv is 3.13 itself: the whole suite ran there.
@@ -124,11 +125,11 @@ SMOKE_TESTS   ?= tests/unit tests/integration/test_embedded.py tests/integration
 	tests/integration/test_intake_ledger.py tests/dags/test_dag_integrity.py \
 	tests/dags/test_classify_documents_e2e.py
 SMOKE_LOG     := $(TRIAGE_HOME)/logs/test-smoke-$(SMOKE_VERSION).log
-# Ports the tests ask for and bind later are drawn per worker class (tests/dags/airflow_harness.py):
-# the slow phase's two workers take classes 0-1, the smoke's 2-3.
 # make runs a recipe line that names $$(MAKE) even under -n (to recurse), and the whole of
 # `test` is one line: `make -n test` (tests/integration/test_readme.py) would run the suite.
 SUB_MAKE      := $(MAKE) --no-print-directory
+# Ports the tests ask for and bind later are drawn per worker class (tests/dags/airflow_harness.py):
+# the slow phase's two workers take classes 0-1, the smoke's 2-3.
 PORT_CLASSES  := TRIAGE_TEST_PORT_CLASSES=$$(($(SLOW_WORKERS) + $(SMOKE_WORKERS)))
 # Bytecode written even where PYTHONDONTWRITEBYTECODE is set (as on this machine): every pytest
 # process collects every test module, and without pytest's cache of the rewritten modules each
