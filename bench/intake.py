@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -87,10 +88,15 @@ def _auth(home: Path, metadata: str) -> Iterator[dict[str, str]]:
     process), and a JWT of a user who may trigger classify_intake. ``metadata`` is Airflow's
     metadata database (a PostgreSQL one, as ``make up``'s): every request's token is checked
     against its ``revoked_token`` table."""
+    # The user's password, written before Airflow looks: SimpleAuthManager prints a password it
+    # generates ("Password for user 'bench': ..."), and a bench's output holds no credentials.
+    passwords = home / "simple_auth_manager_passwords.json"
+    passwords.write_text(json.dumps({"bench": secrets.token_urlsafe(24)}))
     env = {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "bench:user",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__API_AUTH__JWT_SECRET": "bench-jwt-secret-" + uuid.uuid4().hex + uuid.uuid4().hex,
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata,
