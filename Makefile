@@ -159,7 +159,7 @@ test: $(STAMP) test-deps
 test-smoke: $(STAMP)
 	@python="$(SMOKE_PYTHON)"; \
 	if [ -z "$$python" ]; then python=$$($(PY) -c 'from triage_tools.lock import interpreter; print(interpreter("$(SMOKE_VERSION)") or "")'); fi; \
-	if $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != tuple(map(int, "$(SMOKE_VERSION)".split("."))))'; then \
+	if $(PY) -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(SMOKE_VERSION)")'; then \
 		echo "make test-smoke: $(VENV) is CPython $(SMOKE_VERSION) already: nothing to add"; exit 0; \
 	fi; \
 	if [ -z "$$python" ]; then \

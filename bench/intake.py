@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import psycopg
 
 from bench.common import Figure, scratch_database, server_cpu_seconds
 from tests.integration.intake_server import free_port, wait_listening
+from triage_tools.deploy.reconcile_user import PASSWORDS_FILE_ENV, ensure_password
 
 BATCH = 100
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,12 +91,12 @@ def _auth(home: Path, metadata: str) -> Iterator[dict[str, str]]:
     # The user's password, written before Airflow looks: SimpleAuthManager prints a password it
     # generates ("Password for user 'bench': ..."), and a bench's output holds no credentials.
     passwords = home / "simple_auth_manager_passwords.json"
-    passwords.write_text(json.dumps({"bench": secrets.token_urlsafe(24)}))
+    ensure_password(passwords, "bench")
     env = {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "bench:user",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        PASSWORDS_FILE_ENV: str(passwords),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__API_AUTH__JWT_SECRET": "bench-jwt-secret-" + uuid.uuid4().hex + uuid.uuid4().hex,
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata,

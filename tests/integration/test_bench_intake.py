@@ -4,6 +4,7 @@ PostgreSQL metadata database, in a process of its own (it configures Airflow's O
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ def test_the_bench_prints_no_password(fresh_database: DatabaseUrl, tmp_path: Pat
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path), fresh_database.airflow_metadata_url()],
         cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "plugins"), str(ROOT)))},
         capture_output=True,
         text=True,
         timeout=300,

@@ -98,15 +98,16 @@ def users_with_reconcile(users: str) -> str:
     return ",".join([*entries, f"{USERNAME}:{SIMPLE_ROLE}"])
 
 
-def ensure_password(path: Path) -> str:
-    """The reconcile user's password in SimpleAuthManager's file, generated on first use.
+def ensure_password(path: Path, username: str = USERNAME) -> str:
+    """``username``'s password (the reconcile user's by default) in SimpleAuthManager's file,
+    generated on first use: SimpleAuthManager then finds it and prints nothing.
 
     Written under the exclusive ``flock`` SimpleAuthManager takes on that file, in place (its
     other entries kept), and the file is made 0600 (it holds every user's password in clear)."""
     with contextlib.suppress(OSError, ValueError):
         known = json.loads(path.read_text(encoding="utf-8") or "{}")
-        if isinstance(known, dict) and known.get(USERNAME):
-            return str(known[USERNAME])
+        if isinstance(known, dict) and known.get(username):
+            return str(known[username])
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     with os.fdopen(fd, "r+", encoding="utf-8") as file:
@@ -115,14 +116,14 @@ def ensure_password(path: Path) -> str:
             passwords = json.loads(file.read().strip() or "{}")
             if not isinstance(passwords, dict):
                 raise ValueError(f"{path} does not hold a JSON object")
-            if not passwords.get(USERNAME):
-                passwords[USERNAME] = secrets.token_urlsafe(24)
+            if not passwords.get(username):
+                passwords[username] = secrets.token_urlsafe(24)
                 file.seek(0)
                 file.truncate()
                 file.write(json.dumps(passwords) + "\n")
                 file.flush()
             os.fchmod(fd, 0o600)
-            return str(passwords[USERNAME])
+            return str(passwords[username])
         finally:
             fcntl.flock(file, fcntl.LOCK_UN)
 
