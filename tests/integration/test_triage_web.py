@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.documents import canonical_json_bytes
@@ -57,6 +58,7 @@ def airflow_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         settings.configure_vars()
         settings.configure_orm()
         RevokedToken.__table__.create(settings.engine)
+        parsed_dags(settings.engine, PARSED_DAGS)
         airflow_app.purge_cached_app()
         _forget_token_keys()
         manager = airflow_app.init_auth_manager()
@@ -66,6 +68,28 @@ def airflow_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         settings.dispose_orm()
     settings.configure_vars()
     settings.configure_orm()
+
+
+PARSED_DAGS = ("review_jobs", "reconcile_jobs", "classify_intake")
+"""The DAGs whose rights the app asks about, as Airflow knows them once its DAG processor parsed them."""
+
+
+def parsed_dags(engine: Any, dag_ids: Sequence[str]) -> None:
+    """Airflow's ``dag`` table (its own model) in the module's metadata database, holding
+    ``dag_ids`` as parsed (not stale): a refusal about a DAG Airflow does not know yet is a 503
+    (``triage.web.access.refusal``)."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+
+    DagBundleModel.__table__.create(engine, checkfirst=True)
+    DagModel.__table__.create(engine, checkfirst=True)
+    with engine.begin() as conn:
+        conn.execute(sa.delete(DagModel.__table__))
+        if conn.execute(sa.select(sa.func.count()).select_from(DagBundleModel.__table__)).scalar_one() == 0:
+            conn.execute(sa.insert(DagBundleModel.__table__).values(name="dags-folder", active=True))
+    with Session(engine) as session, session.begin():
+        for dag_id in dag_ids:
+            session.add(DagModel(dag_id=dag_id, bundle_name="dags-folder", is_stale=False))
 
 
 def _forget_token_keys() -> None:

@@ -11,6 +11,14 @@ Airflow:
 - looking at reports: read on ``reconcile_jobs``;
 - deciding: edit (``PUT``) on ``review_jobs``, as for changing that DAG in the UI.
 
+A refusal is final only once Airflow knows the DAG it is about: an auth manager may grant rights
+per DAG (FAB's ``DAG:review_jobs`` permissions, which exist once the DAG processor has synced
+the DAG), so right after a deployment starts, before the DAG is parsed, it would refuse a caller
+it grants a minute later. While the DAG is unknown (no live row in Airflow's ``dag`` table) a
+refusal is answered 503 with ``Retry-After`` ("not known yet"), never 403, and no answer is kept
+(:func:`refusal`); the same caller is refused with 403 only when the refusal is the auth
+manager's last word.
+
 Every form post (the pages' decisions) must carry the page's form token: an HMAC, under the key
 that signs Airflow's JWTs (the same on every API server of a deployment), of the user's id and
 of the session (the ``_token`` cookie the page was rendered for), which another site cannot read
@@ -78,6 +86,32 @@ def authorized(user: BaseUser, method: str, dag_id: str, entity: Any = None) -> 
     )
 
 
+DAG_UNKNOWN_RETRY_SECONDS = 10
+"""The ``Retry-After`` of a refusal while the DAG is not parsed yet (the DAG processor's first pass)."""
+
+
+def dag_known(dag_id: str) -> bool:
+    """Whether Airflow has parsed ``dag_id``: a row in its ``dag`` table that is not stale."""
+    import sqlalchemy as sa
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return session.scalar(sa.select(DagModel.is_stale).where(DagModel.dag_id == dag_id)) is False
+
+
+def refusal(dag_id: str, message: str) -> HTTPException:
+    """The answer to a caller the auth manager refused for ``dag_id``: 403 with ``message`` once
+    Airflow knows the DAG, else 503 with ``Retry-After`` (its rights may not exist yet)."""
+    if dag_known(dag_id):
+        return HTTPException(status.HTTP_403_FORBIDDEN, message)
+    return HTTPException(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        f"Airflow has not parsed the {dag_id} DAG yet, so who may use it is not known: try again shortly",
+        headers={"Retry-After": str(DAG_UNKNOWN_RETRY_SECONDS)},
+    )
+
+
 def _form_key() -> bytes:
     """What signs Airflow's JWTs (the private key file, else ``[api_auth] jwt_secret``): every API
     server process of a deployment must share it for any login to work, so a form one process
@@ -97,7 +131,7 @@ def form_token(user: BaseUser, session: str) -> str:
 
 def _caller(request: Request, user: BaseUser, dag_id: str) -> Caller:
     if not authorized(user, READ, dag_id):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, f"you may not read the {dag_id} DAG")
+        raise refusal(dag_id, f"you may not read the {dag_id} DAG")
     session = request.cookies.get(COOKIE_NAME_JWT_TOKEN) or None
     return Caller(str(user.get_name()), authorized(user, EDIT, REVIEW_DAG), session, user)
 
@@ -134,9 +168,7 @@ def check_decider(request: Request, caller: Caller, token: str | None = None) ->
         another origin cannot send without a CORS preflight this app never grants.
     """
     if not caller.may_decide:
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN, f"you may look but not decide: deciding needs edit access to {REVIEW_DAG}"
-        )
+        raise refusal(REVIEW_DAG, f"you may look but not decide: deciding needs edit access to {REVIEW_DAG}")
     if caller.session is not None:
         _same_origin(request)
     if token is None:

@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from triage import settings
 from triage.contracts.intake import INTAKE_DAG_ID, IntakeDocument, Problem, parse_documents, validate_body
 from triage.jobs.intake import Accepted
-from triage.web.access import READ
+from triage.web.access import READ, refusal
 from triage.web.intake_bindings import BindingError, configured, roles_of
 from triage.web.intake_service import IntakeService, NotAnnounced
 from triage.web.service import TriageService
@@ -53,15 +53,13 @@ async def intake_poster(caller: KnownCaller) -> Known:
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 
     if not caller.may(TRIGGER, INTAKE_DAG_ID, DagAccessEntity.RUN):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, f"posting documents needs the right to trigger {INTAKE_DAG_ID}")
+        raise refusal(INTAKE_DAG_ID, f"posting documents needs the right to trigger {INTAKE_DAG_ID}")
     return caller
 
 
 async def intake_reader(caller: KnownCaller) -> str:
     if not caller.may(READ, INTAKE_DAG_ID):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN, f"reading a document's state needs read access to {INTAKE_DAG_ID}"
-        )
+        raise refusal(INTAKE_DAG_ID, f"reading a document's state needs read access to {INTAKE_DAG_ID}")
     return str(caller.user.get_name())
 
 
