@@ -12,9 +12,10 @@ while the intake queue holds its bound), the body (413 past the byte limit, coun
 is read: a declared ``Content-Length`` over it is refused before a byte is read), the JSON and
 the batch size (422, 413), each document (422 for the invalid ones, which register nothing),
 each valid document's source (403 for the whole request when one is not the caller's to post
-for, :mod:`triage.web.intake_bindings`), then payloads and jobs, committed, then the asset event, then the answer. A document is
-acknowledged only after its job committed: an answer lost on the way (the server killed after
-the commit) is repaired by posting again, which answers the same job id.
+for, :mod:`triage.web.intake_bindings`), then payloads and jobs, committed, then the asset
+event, then the answer. A document is acknowledged only after its job committed: an answer lost
+on the way (the server killed after the commit) is repaired by posting again, which answers the
+same job id.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ def check_sources(caller: Known, documents: Sequence[IntakeDocument]) -> None:
     user, roles = str(caller.user.get_name()), roles_of(caller.user)
     refusals = [r for source in sorted({d.source for d in documents}) if (r := bindings.refusal(source, user, roles))]
     if refusals:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "; ".join(refusals) + "; nothing was accepted")
+        more = f"; and {len(refusals) - 5} sources more" if len(refusals) > 5 else ""
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "; ".join(refusals[:5]) + more + "; nothing was accepted")
 
 
 def _entry(index: int, external_id: str, found: Accepted) -> dict[str, Any]:
