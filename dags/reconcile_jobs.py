@@ -9,12 +9,12 @@ task log, an HTML page under the reports folder, and a JSON summary in XCom and 
 ``triage.reconciliation_runs``. Tick "dry run" in the form to see findings without repairs.
 
 It also resumes work parked on a dependency outage once it is due (issue #13): ``reconcile``
-plans which failed ``classify_documents`` runs to clear (a batch whose parked jobs are all due,
-no run of it active, at most ``max_outage_resumes``; the report says why any other parked batch
-waits), ``plan_outage_resumes`` hands the plan on, and ``resume_outage_run``, mapped over it,
-clears each run through the Task SDK (``TriggerDagRunOperator`` with ``reset_dag_run``); with
-nothing to resume it is skipped. A dependency still down parks the jobs again, and the next
-resume waits for their new due time.
+plans which failed ``classify_documents`` or ``classify_intake`` runs to clear (a batch whose
+parked jobs are all due, no run of it active, at most ``max_outage_resumes``; the report says why
+any other parked batch waits), ``plan_outage_resumes`` hands the plan on, and
+``resume_outage_run``, mapped over it, clears each run through the Task SDK
+(``TriggerDagRunOperator`` with ``reset_dag_run``); with nothing to resume it is skipped. A
+dependency still down parks the jobs again, and the next resume waits for their new due time.
 
 Its tasks have no ``on_failure_callback``: the callback of ``classify_documents`` moves a batch
 to review, and a reconciliation run has no batch. A failed reconciliation changes nothing that

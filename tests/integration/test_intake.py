@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from tests.integration.intake_server import ROOT_PATH, ThreadServer, free_port, root_app, wait_listening
 from tests.integration.test_triage_web import airflow_auth, as_user  # noqa: F401 - the module's auth fixture
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite
+from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, SendToReview
 from triage.jobs.store import JobStore
 from triage.web import intake_service
 
@@ -334,13 +334,40 @@ def test_a_full_queue_answers_429_with_retry_after_until_work_is_claimed(
     assert refused.status_code == 429
     assert refused.headers["Retry-After"] == "7"
     assert [r.external_id for r in ledger(store)["jobs"]] == ["Q-1", "Q-2", "Q-3"]
-    store.claim(batch_key="intake", step="classify", limit=1, lease_seconds=60, owner="w")  # one is claimed
-    assert post(server, doc("Q-4"), poster).status_code == 429  # the depth measured before, plus Q-1..3
+    claim = store.claim(batch_key="intake", step="classify", limit=1, lease_seconds=60, owner="w")
     monkeypatch.setattr(intake_service, "DEPTH_TTL_SECONDS", 0.0)  # the measurement has expired
-    assert post(server, doc("Q-4"), poster).status_code == 202  # measured again: 2 queued
+    assert post(server, doc("Q-4"), poster).status_code == 429  # a claimed job is unfinished work all the same
+    model = ClassificationRecord("billing", 0.41, "inconclusive", "keyword-v1")
+    store.record(claim, [SendToReview(j.id, j.attempt, "inconclusive", classification=model) for j in claim.jobs])
+    assert post(server, doc("Q-4"), poster).status_code == 202  # measured again: 2 unfinished
 
 
-def test_the_queue_depth_is_read_from_the_claim_index_and_bounded(store: JobStore) -> None:
+def test_backpressure_holds_through_a_model_outage(
+    server: ThreadServer, store: JobStore, poster: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #25, finding 4: with a bound of 3, four outage cycles (post, then ``classify_intake``
+    parks what it could not classify) left 12 documents unclassified; parked (``waiting``) work
+    counts, so the second cycle is refused and 3 wait."""
+    monkeypatch.setenv("TRIAGE_INTAKE_MAX_QUEUED", "3")
+    monkeypatch.setattr(intake_service, "DEPTH_TTL_SECONDS", 0.0)
+    answers = []
+    for cycle in range(4):
+        batch = {"documents": [doc(f"O-{cycle}-{i}") for i in range(3)]}
+        answers.append(post(server, batch, poster).status_code)
+        store.park_unstarted(
+            "intake",
+            "classify",
+            dependency="model",
+            delay_seconds=300,
+            error_class="server_error",
+            error="HTTP 503",
+            actor="classify_intake/asset_triggered__x/classify/0/try1",
+        )
+    assert answers == [202, 429, 429, 429]
+    assert [r.status for r in ledger(store)["jobs"]] == ["waiting"] * 3
+
+
+def test_the_queue_depth_is_read_from_the_batch_index_and_bounded(store: JobStore) -> None:
     """Beside 300,000 queued jobs of a daily batch, the depth check of intake's 3,000 is one index
     scan of the batch's entries (never the table), which stops at its bound."""
     with store.engine.begin() as conn:
@@ -355,18 +382,18 @@ def test_the_queue_depth_is_read_from_the_claim_index_and_bounded(store: JobStor
         )
     with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE triage.jobs"))
-    assert store.queued_depth(step="classify", bound=1000) == 1000
-    assert store.queued_depth(step="classify", bound=10**7) == 3000
+    assert store.unfinished_depth(bound=1000) == 1000
+    assert store.unfinished_depth(bound=10**7) == 3000
     from tests.integration.test_plans import _explain
-    from triage.jobs.intake import queued_depth
+    from triage.jobs.intake import unfinished_depth
 
     with store.engine.connect() as conn:
         for bound in (1000, 50_000):
-            nodes = _explain(conn, queued_depth(), {"p_batch_key": "intake", "p_step": "classify", "bound": bound})
+            nodes = _explain(conn, unfinished_depth(), {"p_batch_key": "intake", "bound": bound})
             scans = [(n["Node Type"], n.get("Index Name"), n["Actual Rows"]) for n in nodes if "Scan" in n["Node Type"]]
             [(kind, index, rows)] = scans
             assert kind in ("Index Only Scan", "Index Scan"), scans
-            assert index in ("jobs_claimable_idx", "jobs_batch_key_status_idx"), scans  # both lead with the batch
+            assert index == "jobs_batch_key_status_idx", scans
             assert rows == min(bound, 3000), scans
 
 

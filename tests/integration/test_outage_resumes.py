@@ -274,3 +274,53 @@ def test_a_dependency_still_down_is_tried_less_and_less_often(store: JobStore) -
         actor=owner(RUN),
     )
     assert max(due_in(store)) <= 2  # a Retry-After is not grown
+
+
+# -- intake's batch (issue #25, finding 4) ----------------------------------------------------------
+
+INTAKE = "classify_intake"
+INTAKE_RUN = "asset_triggered__2026-12-01T09:00:00+00:00"
+
+
+def test_intake_work_parked_by_a_classify_intake_run_is_resumed_by_clearing_that_run(store: JobStore) -> None:
+    """``classify_intake`` parks the ``intake`` batch as ``classify_documents`` parks a day's; a
+    batch without a date is resumed by clearing the run that parked it (any run of the DAG takes
+    the whole batch), not reported as "run the date again"."""
+    park(store, "intake", 4, by=f"{INTAKE}/{INTAKE_RUN}/classify/1/try3")
+    result = outage_resumes(store, ReconcileParams(), Runs({(INTAKE, INTAKE_RUN): "failed"}))
+    assert decisions(result) == {"intake": "resume"}
+    assert result.conflicts == ()
+    assert resume_requests({"rules": [result.as_dict()]}) == [
+        {
+            "trigger_dag_id": INTAKE,
+            "trigger_run_id": INTAKE_RUN,
+            "logical_date": None,  # an asset-triggered run has none; the run is cleared by its id
+            "batch_key": "intake",
+            "parked": 4,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("runs", "decision", "says"),
+    [
+        pytest.param(Runs({(INTAKE, INTAKE_RUN): "running"}), "run_active", "takes them up", id="run-running"),
+        pytest.param(Runs({(INTAKE, INTAKE_RUN): "failed"}, {INTAKE}), "paused", "unpause it", id="paused"),
+        pytest.param(Runs(), "run_missing", f"trigger {INTAKE}", id="run-gone"),
+    ],
+)
+def test_parked_intake_work_says_what_to_do_when_it_cannot_be_resumed(
+    store: JobStore, runs: Runs, decision: str, says: str
+) -> None:
+    park(store, "intake", 2, by=f"{INTAKE}/{INTAKE_RUN}/classify/0/try1")
+    (finding,) = outage_resumes(store, ReconcileParams(), runs).findings
+    assert finding.data["decision"] == decision
+    assert says in finding.detail
+    assert "date" not in finding.detail
+
+
+def test_intake_work_parked_by_a_script_is_a_conflict_that_names_the_dag(store: JobStore) -> None:
+    park(store, "intake", 2, by="a-script")
+    result = outage_resumes(store, ReconcileParams(), Runs())
+    assert decisions(result) == {"intake": "not_a_run"}
+    assert f"trigger {INTAKE}" in result.findings[0].detail

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.documents import canonical_json_bytes
@@ -57,6 +58,7 @@ def airflow_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         settings.configure_vars()
         settings.configure_orm()
         RevokedToken.__table__.create(settings.engine)
+        parsed_dags(settings.engine, PARSED_DAGS)
         airflow_app.purge_cached_app()
         _forget_token_keys()
         manager = airflow_app.init_auth_manager()
@@ -66,6 +68,28 @@ def airflow_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         settings.dispose_orm()
     settings.configure_vars()
     settings.configure_orm()
+
+
+PARSED_DAGS = ("review_jobs", "reconcile_jobs", "classify_intake")
+"""The DAGs whose rights the app asks about, as Airflow knows them once its DAG processor parsed them."""
+
+
+def parsed_dags(engine: Any, dag_ids: Sequence[str]) -> None:
+    """Airflow's ``dag`` table (its own model) in the module's metadata database, holding
+    ``dag_ids`` as parsed (not stale): a refusal about a DAG Airflow does not know yet is a 503
+    (``triage.web.access.refusal``)."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+
+    DagBundleModel.__table__.create(engine, checkfirst=True)
+    DagModel.__table__.create(engine, checkfirst=True)
+    with engine.begin() as conn:
+        conn.execute(sa.delete(DagModel.__table__))
+        if conn.execute(sa.select(sa.func.count()).select_from(DagBundleModel.__table__)).scalar_one() == 0:
+            conn.execute(sa.insert(DagBundleModel.__table__).values(name="dags-folder", active=True))
+    with Session(engine) as session, session.begin():
+        for dag_id in dag_ids:
+            session.add(DagModel(dag_id=dag_id, bundle_name="dags-folder", is_stale=False))
 
 
 def _forget_token_keys() -> None:
@@ -445,3 +469,108 @@ def test_reports_render_from_the_database(
     assert trend[-1]["open_reviews"] == 3
     assert trend[-1]["unfinished"] == 0
     assert client.get("/triage/reports/trend", headers=viewer).text.count("<svg") == 2
+
+
+# -- the form token and the origin (issue #25, finding 5) ----------------------------------------------
+
+
+def _form_token(client: TestClient, job_id: uuid.UUID) -> str:
+    page = client.get(f"/triage/review/jobs/{job_id}").text
+    return page.split('name="csrf_token" value="')[1].split('"')[0]
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        pytest.param("Basic ZWRpdG9yOmVkaXRvcg==", id="basic"),
+        pytest.param("Bearer", id="bearer-without-token"),
+        pytest.param("Token whatever", id="other-scheme"),
+    ],
+)
+def test_an_authorization_header_does_not_switch_off_a_cookie_form_s_checks(
+    client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any, authorization: str
+) -> None:
+    """Airflow takes the caller from the cookie when the header is no bearer token: the request
+    is the session's, and its form token and origin are checked as for any form post."""
+    [job_id] = to_review(store, payloads, 1)
+    client.cookies.set("_token", token(airflow_auth, "editor", "user"))
+    csrf = _form_token(client, job_id)
+    before = ledger(store)
+    headers = {"Authorization": authorization}
+    assert client.post(f"/triage/review/jobs/{job_id}", data={"action": "reject"}, headers=headers).status_code == 403
+    elsewhere = {**headers, "Origin": "http://evil.test"}
+    answer = client.post(
+        f"/triage/review/jobs/{job_id}", data={"action": "reject", "csrf_token": csrf}, headers=elsewhere
+    )
+    assert answer.status_code == 403
+    api = client.post(f"/triage/api/reviews/{job_id}", json={"action": "reject"}, headers=elsewhere)
+    assert api.status_code == 403
+    assert ledger(store) == before
+    client.cookies.clear()
+
+
+def test_origin_null_is_refused(client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any) -> None:
+    [job_id] = to_review(store, payloads, 1)
+    client.cookies.set("_token", token(airflow_auth, "editor", "user"))
+    csrf = _form_token(client, job_id)
+    before = ledger(store)
+    null = {"Origin": "null"}
+    form = client.post(f"/triage/review/jobs/{job_id}", data={"action": "reject", "csrf_token": csrf}, headers=null)
+    assert form.status_code == 403
+    assert client.post(f"/triage/api/reviews/{job_id}", json={"action": "reject"}, headers=null).status_code == 403
+    assert ledger(store) == before
+    client.cookies.clear()
+
+
+def test_the_form_token_is_bound_to_the_session(
+    client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any
+) -> None:
+    import hashlib
+    import hmac
+
+    from airflow.configuration import conf
+
+    [job_id] = to_review(store, payloads, 1)
+    client.cookies.set("_token", token(airflow_auth, "editor", "user"))
+    first_session = _form_token(client, job_id)
+    client.cookies.set("_token", token(airflow_auth, "editor", "user"))  # the same user logs in again
+    second_session = _form_token(client, job_id)
+    assert first_session != second_session
+    key = conf.get("api_auth", "jwt_secret").encode()
+    of_the_user_alone = hmac.new(key, b"triage-form:editor", hashlib.sha256).hexdigest()  # the old, eternal token
+    before = ledger(store)
+    for stale in (first_session, of_the_user_alone):
+        refused = client.post(f"/triage/review/jobs/{job_id}", data={"action": "reject", "csrf_token": stale})
+        assert refused.status_code == 403
+        assert "stale" in refused.text
+    client.cookies.clear()
+    bearer = as_user(airflow_auth, "editor", "user")  # a form post without a session has no token to show
+    no_session = client.post(
+        f"/triage/review/jobs/{job_id}", data={"action": "reject", "csrf_token": second_session}, headers=bearer
+    )
+    assert no_session.status_code == 403
+    assert ledger(store) == before
+    client.cookies.set("_token", token(airflow_auth, "editor", "user"))
+    fresh = _form_token(client, job_id)
+    done = client.post(
+        f"/triage/review/jobs/{job_id}", data={"action": "reject", "csrf_token": fresh}, follow_redirects=False
+    )
+    assert done.status_code == 303
+    client.cookies.clear()
+
+
+@pytest.mark.parametrize(
+    "review_id",
+    [pytest.param(2**63, id="2^63"), pytest.param(-1, id="negative"), pytest.param(10**30, id="huge")],
+)
+def test_a_cursor_outside_the_columns_range_answers_400(client: TestClient, airflow_auth: Any, review_id: int) -> None:
+    import base64
+
+    cursor = base64.urlsafe_b64encode(f"2026-12-01T00:00:00+00:00|{review_id}".encode()).decode().rstrip("=")
+    viewer = as_user(airflow_auth, "viewer", "viewer")
+    response = client.get(f"/triage/api/reviews?cursor={cursor}", headers=viewer)
+    assert response.status_code == 400
+    assert "cursor" in response.json()["detail"]
+    assert client.get(f"/triage/review?cursor={cursor}", headers=viewer).status_code == 400
+    assert client.get(f"/triage/api/reports/{2**63}", headers=viewer).status_code == 422
+    assert client.get(f"/triage/reports/{2**63}", headers=viewer).status_code == 422

@@ -1,4 +1,4 @@
-"""Intake on the ledger: accept documents posted over HTTP, measure the queue they wait in, and
+"""Intake on the ledger: accept documents posted over HTTP, measure the work they wait behind, and
 tell a client where its document is. No Airflow imports.
 
 :class:`IntakeLedger` is part of :class:`~triage.jobs.store.JobStore` (callers ask the store).
@@ -29,7 +29,7 @@ from triage.jobs.expressions import UUID, event_ids, outbox_insert, recordset, r
 from triage.jobs.ledger import Ledger
 from triage.jobs.models import NewJob
 from triage.jobs.schema import classifications, document_labels, jobs, manual_review
-from triage.jobs.states import EventType
+from triage.jobs.states import UNFINISHED, EventType
 from triage.jobs.states import JobStatus as S
 from triage.jobs.transitions import NEW_JOB_COLUMNS
 
@@ -178,25 +178,24 @@ def jobs_by_key() -> Any:
 
 
 @cache
-def queued_depth() -> Any:
-    """How many jobs of a batch and step are queued and not yet claimed, counted up to ``:bound``
-    only (the backpressure check needs no more): one index scan of the batch's entries that stops
-    after ``bound``, whatever the table holds. ``jobs_claimable_idx`` answers it alone (its
-    predicate names the claimable states, and a queued job has no ``next_attempt_at``: the
-    ``next_attempt_only_while_retryable_or_parked`` check); the planner may take
-    ``jobs_batch_key_status_idx`` instead, as bounded (tests/integration/test_intake.py)."""
-    queued = (
+def unfinished_depth() -> Any:
+    """How many jobs of a batch are unfinished (``received``, ``queued``, ``running``,
+    ``waiting``, ``retryable_failed``: :data:`~triage.jobs.states.UNFINISHED`, whatever their
+    step), counted up to ``:bound`` only (the backpressure check needs no more). Parked work
+    counts: a model outage parks intake's jobs in ``waiting``, and a depth of queued jobs alone
+    let every outage cycle take another bound's worth (issue #25). One scan of the batch's
+    entries of ``jobs_batch_key_status_idx`` that stops after ``bound``, whatever the table holds
+    (tests/integration/test_intake.py reads the plan)."""
+    unfinished = (
         sa.select(sa.literal(1))
         .where(
             jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
-            jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
-            jobs.c.status.in_([status_literal(S.QUEUED), status_literal(S.RETRYABLE_FAILED)]),
-            jobs.c.next_attempt_at.is_(None),
+            jobs.c.status.in_([status_literal(s) for s in sorted(UNFINISHED)]),
         )
         .limit(sa.bindparam("bound", type_=sa.Integer))
         .subquery()
     )
-    return sa.select(sa.func.count()).select_from(queued)
+    return sa.select(sa.func.count()).select_from(unfinished)
 
 
 @cache
@@ -307,12 +306,10 @@ class IntakeLedger(Ledger):
             raise
         return [answered[k] for k in first]
 
-    def queued_depth(self, *, step: str, bound: int, batch_key: str = INTAKE_BATCH) -> int:
-        """Queued, unclaimed jobs of the batch and step, counted up to ``bound``."""
+    def unfinished_depth(self, *, bound: int, batch_key: str = INTAKE_BATCH) -> int:
+        """Unfinished jobs of the batch, counted up to ``bound`` (:func:`unfinished_depth`)."""
         with self.reading() as conn:
-            return int(
-                conn.execute(queued_depth(), {"p_batch_key": batch_key, "p_step": step, "bound": bound}).scalar_one()
-            )
+            return int(conn.execute(unfinished_depth(), {"p_batch_key": batch_key, "bound": bound}).scalar_one())
 
     def intake_status(self, job_id: uuid.UUID) -> IntakeStatus | None:
         with self.reading() as conn:

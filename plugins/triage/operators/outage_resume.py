@@ -1,7 +1,7 @@
 """Resuming work parked on an outage through Airflow itself (``reconcile_jobs``).
 
 The reconciliation rule :mod:`triage.reconciliation.outage_resumes` plans which failed
-``classify_documents`` runs to clear; ``plan_outage_resumes`` turns its JSON summary into one
+``classify_documents`` and ``classify_intake`` runs to clear; ``plan_outage_resumes`` turns its JSON summary into one
 set of keyword arguments per run, and :class:`ResumeOutageRunOperator`, mapped over them, clears
 each run (``TriggerDagRunOperator`` with ``reset_dag_run``). Everything goes through the Task SDK
 and the Execution API, the task's own channel to Airflow: no REST user, no extra rights, the
@@ -46,6 +46,14 @@ class TaskSdkDagRuns:
         return bool(self.ti.get_dag(dag_id).is_paused)
 
 
+def _logical_date(batch_key: str) -> str | None:
+    """The logical date of the run that owns ``batch_key``: a day's batch is a data interval, and a
+    manual run's interval ends at its logical date; a batch without one (``intake``, whose runs
+    are asset-triggered) has none, and its run is cleared by its id alone."""
+    _start, sep, end = batch_key.partition("/")
+    return end if sep else None
+
+
 def resume_requests(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The keyword arguments of :class:`ResumeOutageRunOperator`, one set per run the
     reconciliation planned to clear (its JSON summary); none in a dry run."""
@@ -55,7 +63,7 @@ def resume_requests(summary: dict[str, Any]) -> list[dict[str, Any]]:
         {
             "trigger_dag_id": plan["dag_id"],
             "trigger_run_id": plan["run_id"],
-            "logical_date": plan["batch_key"].split("/", 1)[1],  # a manual run's interval ends at it
+            "logical_date": _logical_date(plan["batch_key"]),
             "batch_key": plan["batch_key"],
             "parked": plan["parked"],
         }

@@ -1,4 +1,4 @@
-"""Work parked on an outage finishes by itself once it is due (issue #13, item 3).
+"""Work parked on an outage finishes by itself once it is due (issue #13, item 3; issue #25).
 
 A ``classify_documents`` run that stops on a dependency outage parks its batch's unfinished jobs
 (``waiting``, reason ``outage:<dependency>``, due at ``next_attempt_at``) and fails once Airflow
@@ -7,6 +7,11 @@ date's batch. This rule finds each batch whose parked jobs are all due, and plan
 run that parked them last (``reset_dag_run``: retrieval registers nothing new, claims skip what
 is done, the classify step queues the parked jobs and tries them); ``reconcile_jobs`` then
 clears each planned run through Airflow itself (:mod:`triage.operators.outage_resume`).
+
+``classify_intake`` parks the ``intake`` batch the same way, and nothing else would bring it
+back in a quiet deployment (its next run waits for the next post's asset event). Its batch has
+no date: the run that parked it is cleared by its run id alone (an asset-triggered run has no
+logical date), and any run of the DAG takes the whole batch.
 
 A batch is left alone, and the finding says why, when:
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Protocol
 
+from triage.contracts.intake import INTAKE_BATCH
 from triage.jobs import checks as Q
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 
@@ -37,7 +43,9 @@ if TYPE_CHECKING:
 
 RULE = "outage_resumes"
 RESUMABLE_DAG = "classify_documents"
-"""The DAG whose runs may be cleared: re-running one of its runs is idempotent."""
+INTAKE_DAG = "classify_intake"
+RESUMABLE_DAGS = frozenset({RESUMABLE_DAG, INTAKE_DAG})
+"""The DAGs whose runs may be cleared: re-running one of their runs is idempotent."""
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
 RESUME = "resume"
 """The decision that plans a resume; :func:`planned_resumes` reads it back from the summary."""
@@ -124,19 +132,24 @@ def _decide(
     planned: int,
 ) -> tuple[str, str]:
     """(decision, why) for one parked batch, the cheapest reasons first."""
+    again = (
+        f"trigger {INTAKE_DAG} (any run of it takes the batch)"
+        if batch.batch_key == INTAKE_BATCH
+        else ("run the date again")
+    )
     if batch.due_in_seconds > 0:
         return "not_due", f"the last is due in {float(batch.due_in_seconds):.0f} s"
     if runs is None:
         return "no_airflow", "all due; no Airflow to resume them from"
     if batch.live_leases:
         return "leased", f"all due; {batch.live_leases} jobs of the batch run under a live lease"
-    if target is None or target[0] != RESUMABLE_DAG:
-        return "not_a_run", f"parked by {parked_by}, not a {RESUMABLE_DAG} task: run the date again"
+    if target is None or target[0] not in RESUMABLE_DAGS:
+        return "not_a_run", f"parked by {parked_by}, not a task of {' or '.join(sorted(RESUMABLE_DAGS))}: {again}"
     if runs.paused(target[0]):
-        return "paused", f"all due; {target[0]} is paused: unpause it, or run the date again"
+        return "paused", f"all due; {target[0]} is paused: unpause it, or {again}"
     state = runs.state(*target)
     if state is None:
-        return "run_missing", f"run {target[1]}, which parked them, is gone from Airflow: run the date again"
+        return "run_missing", f"run {target[1]}, which parked them, is gone from Airflow: {again}"
     if state in ACTIVE_RUN_STATES:
         return "run_active", f"all due; run {target[1]} is {state} and takes them up"
     for dag_id, run_id in holders:

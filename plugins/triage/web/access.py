@@ -11,12 +11,26 @@ Airflow:
 - looking at reports: read on ``reconcile_jobs``;
 - deciding: edit (``PUT``) on ``review_jobs``, as for changing that DAG in the UI.
 
-A decision sent with the cookie (the pages' forms) must also carry the page's form token: an
-HMAC of the user's id under the key that signs Airflow's JWTs (the same on every API server of
-a deployment), which another site cannot read or make, and a request whose ``Origin`` names
-another host is refused. The cookie is ``SameSite=Lax`` already; the token also covers the
-other ports of the same host, which count as the same site. A bearer token is never sent by a
-browser on its own, so calls with one need neither.
+A refusal is final only once Airflow knows the DAG it is about: an auth manager may grant rights
+per DAG (FAB's ``DAG:review_jobs`` permissions, which exist once the DAG processor has synced
+the DAG), so right after a deployment starts, before the DAG is parsed, it would refuse a caller
+it grants a minute later. While the DAG is unknown (no live row in Airflow's ``dag`` table) a
+refusal is answered 503 with ``Retry-After`` ("not known yet"), never 403, and no answer is kept
+(:func:`refusal`); the same caller is refused with 403 only when the refusal is the auth
+manager's last word.
+
+Every form post (the pages' decisions) must carry the page's form token: an HMAC, under the key
+that signs Airflow's JWTs (the same on every API server of a deployment), of the user's id and
+of the session (the ``_token`` cookie the page was rendered for), which another site cannot read
+or make. It is good for that session only: a new login, or the session's end, makes it stale,
+and a form post without a session has no token to show. Any request that carries the session
+cookie (a form post, or a JSON call a browser could send with it) is also refused when its
+``Origin`` names another host, or is ``null`` (a sandboxed frame, a ``data:`` page). Whether a
+request is the session's does not depend on its ``Authorization`` header: Airflow takes the
+caller from the cookie whenever the header holds no bearer token. The cookie is
+``SameSite=Lax`` already; the token also covers the other ports of the same host, which count
+as the same site. A bearer-token call without the cookie (a script) needs neither: a browser
+never sends a bearer token on its own.
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 from airflow.api_fastapi.core_api.security import get_user
@@ -47,12 +62,13 @@ class Caller:
 
     name: str
     may_decide: bool
-    by_cookie: bool  # the session cookie, not a bearer token: decisions need the form token
+    session: str | None  # the session cookie's token: its requests need the origin check, its forms the form token
     user: BaseUser
 
     @property
     def csrf_token(self) -> str:
-        return form_token(self.user)
+        """The form token of this user's session ("" without one: no form post can succeed)."""
+        return form_token(self.user, self.session) if self.session else ""
 
 
 def authorized(user: BaseUser, method: str, dag_id: str, entity: Any = None) -> bool:
@@ -70,6 +86,32 @@ def authorized(user: BaseUser, method: str, dag_id: str, entity: Any = None) -> 
     )
 
 
+DAG_UNKNOWN_RETRY_SECONDS = 10
+"""The ``Retry-After`` of a refusal while the DAG is not parsed yet (the DAG processor's first pass)."""
+
+
+def dag_known(dag_id: str) -> bool:
+    """Whether Airflow has parsed ``dag_id``: a row in its ``dag`` table that is not stale."""
+    import sqlalchemy as sa
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return session.scalar(sa.select(DagModel.is_stale).where(DagModel.dag_id == dag_id)) is False
+
+
+def refusal(dag_id: str, message: str) -> HTTPException:
+    """The answer to a caller the auth manager refused for ``dag_id``: 403 with ``message`` once
+    Airflow knows the DAG, else 503 with ``Retry-After`` (its rights may not exist yet)."""
+    if dag_known(dag_id):
+        return HTTPException(status.HTTP_403_FORBIDDEN, message)
+    return HTTPException(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        f"Airflow has not parsed the {dag_id} DAG yet, so who may use it is not known: try again shortly",
+        headers={"Retry-After": str(DAG_UNKNOWN_RETRY_SECONDS)},
+    )
+
+
 def _form_key() -> bytes:
     """What signs Airflow's JWTs (the private key file, else ``[api_auth] jwt_secret``): every API
     server process of a deployment must share it for any login to work, so a form one process
@@ -80,15 +122,18 @@ def _form_key() -> bytes:
     return conf.get("api_auth", "jwt_secret", fallback="").encode()
 
 
-def form_token(user: BaseUser) -> str:
-    return hmac.new(_form_key(), f"triage-form:{user.get_id()}".encode(), hashlib.sha256).hexdigest()
+def form_token(user: BaseUser, session: str) -> str:
+    """The form token of ``user``'s ``session`` (the ``_token`` cookie's JWT, hashed: it differs
+    for every login and ends with it)."""
+    bound = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()
+    return hmac.new(_form_key(), f"triage-form:{user.get_id()}:{bound}".encode(), hashlib.sha256).hexdigest()
 
 
 def _caller(request: Request, user: BaseUser, dag_id: str) -> Caller:
     if not authorized(user, READ, dag_id):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, f"you may not read the {dag_id} DAG")
-    by_cookie = "authorization" not in request.headers
-    return Caller(str(user.get_name()), authorized(user, EDIT, REVIEW_DAG), by_cookie, user)
+        raise refusal(dag_id, f"you may not read the {dag_id} DAG")
+    session = request.cookies.get(COOKIE_NAME_JWT_TOKEN) or None
+    return Caller(str(user.get_name()), authorized(user, EDIT, REVIEW_DAG), session, user)
 
 
 async def review_reader(request: Request, user: Annotated[BaseUser, Depends(get_user)]) -> Caller:
@@ -104,26 +149,36 @@ ReportReader = Annotated[Caller, Depends(report_reader)]
 
 
 def _same_origin(request: Request) -> None:
+    """Refuse a request whose ``Origin`` is another host's, or ``null`` (an opaque origin: a
+    sandboxed frame, a ``data:`` page, a redirect across sites). None at all is a client that is
+    no browser page (the form token still holds)."""
     origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
+    if origin is None:
+        return
+    if origin.strip().lower() == "null" or urlsplit(origin).netloc != request.headers.get("host"):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "a decision must come from this server's own pages")
 
 
 def check_decider(request: Request, caller: Caller, token: str | None = None) -> None:
     """Refuse a decision the caller may not make, or one another site may have sent for them.
 
-    :param token: the form's ``csrf_token`` (the pages' form posts). The JSON API needs none: its
-        body must be ``application/json`` (FastAPI refuses any other with a 422), which a page of
+    :param token: the form's ``csrf_token``: given (``""`` when the form had none) for every form
+        post, whoever sends it; checked against the session's. The JSON API passes none: its body
+        must be ``application/json`` (FastAPI refuses any other with a 422), which a page of
         another origin cannot send without a CORS preflight this app never grants.
     """
     if not caller.may_decide:
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN, f"you may look but not decide: deciding needs edit access to {REVIEW_DAG}"
-        )
-    if not caller.by_cookie:
+        raise refusal(REVIEW_DAG, f"you may look but not decide: deciding needs edit access to {REVIEW_DAG}")
+    if caller.session is not None:
+        _same_origin(request)
+    if token is None:
         return
-    _same_origin(request)
-    if token is not None and not (token and hmac.compare_digest(token, caller.csrf_token)):
+    if caller.session is None:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            "a form post needs the session of the page it came from; scripts decide through /triage/api/reviews",
+        )
+    if not (token and hmac.compare_digest(token, caller.csrf_token)):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the form is stale or not this server's: open the page again")
 
 

@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from triage.web.access import ReportReader, ReviewReader, check_decider, describe
-from triage.web.paging import Filter, Position, encode_cursor
+from triage.web.paging import Filter, Position, RunId, encode_cursor
 from triage.web.service import Refused, TriageService
 
 router = APIRouter(prefix="/api")
@@ -109,7 +109,7 @@ def latest_report(request: Request, caller: ReportReader) -> Any:
 
 
 @router.get("/reports/{run_id}")
-def report(run_id: int, request: Request, caller: ReportReader) -> Any:
+def report(run_id: RunId, request: Request, caller: ReportReader) -> Any:
     found = service(request).report(run_id=run_id)
     if found is None:
         raise HTTPException(404, f"no finished reconciliation run {run_id}")

@@ -11,9 +11,11 @@ without a CORS preflight, which this app never grants), backpressure (429 with `
 while the intake queue holds its bound), the body (413 past the byte limit, counted while it
 is read: a declared ``Content-Length`` over it is refused before a byte is read), the JSON and
 the batch size (422, 413), each document (422 for the invalid ones, which register nothing),
-then payloads and jobs, committed, then the asset event, then the answer. A document is
-acknowledged only after its job committed: an answer lost on the way (the server killed after
-the commit) is repaired by posting again, which answers the same job id.
+each valid document's source (403 for the whole request when one is not the caller's to post
+for, :mod:`triage.web.intake_bindings`), then payloads and jobs, committed, then the asset
+event, then the answer. A document is acknowledged only after its job committed: an answer lost
+on the way (the server killed after the commit) is repaired by posting again, which answers the
+same job id.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from starlette.concurrency import run_in_threadpool
 from triage import settings
 from triage.contracts.intake import INTAKE_DAG_ID, IntakeDocument, Problem, parse_documents, validate_body
 from triage.jobs.intake import Accepted
-from triage.web.access import READ
+from triage.web.access import READ, refusal
+from triage.web.intake_bindings import BindingError, configured, roles_of
 from triage.web.intake_service import IntakeService, NotAnnounced
 from triage.web.service import TriageService
-from triage.web.token_cache import KnownCaller, TokenCache
+from triage.web.token_cache import Known, KnownCaller, TokenCache
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +48,23 @@ router = APIRouter(prefix="/api")
 TRIGGER = "POST"
 
 
-async def intake_poster(caller: KnownCaller) -> str:
-    """The caller's name, if the auth manager lets them trigger ``classify_intake`` (Airflow's
-    verdict on a bearer token reused for a few seconds: :mod:`triage.web.token_cache`)."""
+async def intake_poster(caller: KnownCaller) -> Known:
+    """The caller, if the auth manager lets them trigger ``classify_intake`` (Airflow's verdict on
+    a bearer token reused for a few seconds: :mod:`triage.web.token_cache`)."""
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 
     if not caller.may(TRIGGER, INTAKE_DAG_ID, DagAccessEntity.RUN):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, f"posting documents needs the right to trigger {INTAKE_DAG_ID}")
-    return str(caller.user.get_name())
+        raise refusal(INTAKE_DAG_ID, f"posting documents needs the right to trigger {INTAKE_DAG_ID}")
+    return caller
 
 
 async def intake_reader(caller: KnownCaller) -> str:
     if not caller.may(READ, INTAKE_DAG_ID):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN, f"reading a document's state needs read access to {INTAKE_DAG_ID}"
-        )
+        raise refusal(INTAKE_DAG_ID, f"reading a document's state needs read access to {INTAKE_DAG_ID}")
     return str(caller.user.get_name())
 
 
-Poster = Annotated[str, Depends(intake_poster)]
+Poster = Annotated[Known, Depends(intake_poster)]
 Reader = Annotated[str, Depends(intake_reader)]
 
 
@@ -131,6 +132,22 @@ def read_documents(
     return len(items), valid, problems, batch
 
 
+def check_sources(caller: Known, documents: Sequence[IntakeDocument]) -> None:
+    """Refuse the request (403, nothing registered) when any document's source is not the
+    caller's to post for (:mod:`triage.web.intake_bindings`); 503 when the bindings cannot be read."""
+    try:
+        bindings = configured()
+    except BindingError as exc:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, f"intake is misconfigured, nothing was accepted: {exc}"
+        ) from None
+    user, roles = str(caller.user.get_name()), roles_of(caller.user)
+    refusals = [r for source in sorted({d.source for d in documents}) if (r := bindings.refusal(source, user, roles))]
+    if refusals:
+        more = f"; and {len(refusals) - 5} sources more" if len(refusals) > 5 else ""
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "; ".join(refusals[:5]) + more + "; nothing was accepted")
+
+
 def _entry(index: int, external_id: str, found: Accepted) -> dict[str, Any]:
     return {
         "index": index,
@@ -187,16 +204,17 @@ async def post_documents(request: Request, caller: Poster) -> Response:
         retry_after = str(settings.intake_retry_after())
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS,
-            f"the intake queue holds {service.max_queued} documents not yet claimed; post again later",
+            f"the intake queue holds {service.max_queued} documents not yet classified; post again later",
             headers={"Retry-After": retry_after},
         )
     body = await read_body(request, settings.intake_max_body_bytes())
     count, valid, problems, batch = read_documents(body, settings.intake_max_documents())
+    check_sources(caller, [doc for _i, doc, _p in valid])
     accepted: list[Accepted] = []
     if valid:
         documents = [(doc, payload) for _i, doc, payload in valid]
         try:
-            accepted = await run_in_threadpool(service.accept, documents, caller)
+            accepted = await run_in_threadpool(service.accept, documents, str(caller.user.get_name()))
         except NotAnnounced as exc:
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from triage import settings
 from triage.contracts.intake import INTAKE_ASSET_NAME, INTAKE_ASSET_URI, IntakeDocument
 from triage.jobs.intake import Accepted
-from triage.jobs.states import JobStatus, Step
+from triage.jobs.states import JobStatus
 from triage.web.service import TriageService
 
 if TYPE_CHECKING:
@@ -137,13 +137,14 @@ class IntakeService:
         return known[1] >= self.max_queued
 
     def queue_full(self) -> bool:
-        """Whether the intake queue holds its bound: counted up to it (one bounded index scan) at
-        most every :data:`DEPTH_TTL_SECONDS`, plus what this process accepted since."""
+        """Whether the intake queue holds its bound: its unfinished jobs (parked ones included),
+        counted up to it (one bounded index scan) at most every :data:`DEPTH_TTL_SECONDS`, plus
+        what this process accepted since."""
         bound = self.max_queued
         with self._lock:
             known = self._depth
         if known is None or time.monotonic() - known[0] > DEPTH_TTL_SECONDS:
-            known = (time.monotonic(), self.triage.store.queued_depth(step=Step.CLASSIFY, bound=bound))
+            known = (time.monotonic(), self.triage.store.unfinished_depth(bound=bound))
             with self._lock:
                 self._depth = known
         return known[1] >= bound

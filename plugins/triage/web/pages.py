@@ -26,7 +26,7 @@ from markupsafe import Markup
 from triage.reconciliation import render
 from triage.reconciliation.charts import duration, line_chart
 from triage.web.access import CSRF_FIELD, REPORT_DAG, Caller, ReportReader, ReviewReader, check_decider
-from triage.web.paging import Filter, Position, encode_cursor, filter_query
+from triage.web.paging import Filter, Position, RunId, encode_cursor, filter_query
 from triage.web.service import BULK_LIMIT, Refused, TriageService
 
 router = APIRouter()
@@ -229,6 +229,6 @@ def report_of_dag_run(dag_id: str, dag_run_id: str, request: Request, caller: Re
 
 
 @router.get("/reports/{run_id}", response_class=HTMLResponse)
-def report(run_id: int, request: Request, caller: ReportReader) -> HTMLResponse:
+def report(run_id: RunId, request: Request, caller: ReportReader) -> HTMLResponse:
     found = service(request).report(run_id=run_id)
     return _report_page(request, caller, found, f"No finished reconciliation run {run_id}.")

@@ -8,11 +8,14 @@ import binascii
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Path
 
 from triage.jobs.review_queue import MAX_PAGE, Cursor, QueueFilter
 
 DEFAULT_PAGE = 50
+MAX_REVIEW_ID = 2**63 - 1
+"""The largest ``manual_review.id`` (a ``bigint``): a cursor past it is refused, never sent to
+PostgreSQL (which would fail the query)."""
 MAX_FILTER_CHARS = 500
 
 
@@ -32,7 +35,10 @@ def decode_cursor(text: str) -> Cursor:
         when = datetime.fromisoformat(at)
         if when.tzinfo is None:
             raise ValueError("no time zone")
-        return when, int(review_id)
+        number = int(review_id)
+        if not 0 <= number <= MAX_REVIEW_ID:
+            raise ValueError("outside the column's range")
+        return when, number
     except (ValueError, UnicodeDecodeError, binascii.Error):
         raise BadQuery("cursor: not a cursor this server gave (take next_cursor from the previous page)") from None
 
@@ -96,5 +102,7 @@ def queue_position(limit: str | None = None, cursor: str | None = None) -> tuple
         raise HTTPException(400, str(exc)) from None
 
 
+RunId = Annotated[int, Path(ge=0, le=MAX_REVIEW_ID, description="a reconciliation run's id (a bigint)")]
+"""A report's run id in a path: outside ``reconciliation_runs.id``'s range, 422 before any query."""
 Filter = Annotated[QueueFilter, Depends(queue_filter)]
 Position = Annotated[tuple[int, Cursor | None], Depends(queue_position)]

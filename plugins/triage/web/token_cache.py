@@ -7,8 +7,10 @@ API server's CPU and 2.4 ms during which the process serves no other request, on
 (docs/performance.md). A client of intake posts batch after batch with one token, so
 :class:`TokenCache` keeps what Airflow answered for a token for :data:`TOKEN_TTL_SECONDS`:
 
-- the user Airflow's own check resolved from the token, and the auth manager's answers for that
-  user (:meth:`Known.may`), which are worked out once per entry;
+- the user Airflow's own check resolved from the token, and the auth manager's grants for that
+  user (:meth:`Known.may`), each worked out once per entry; a refusal is never kept (asked
+  again on the next request): a right that appears (a DAG parsed, a permission synced) is
+  honoured at once, never refused from memory;
 - the key is the SHA-256 of the whole token (header, claims and signature): a token that differs
   in any byte (forged, re-signed, tampered with) is another key, and a key is stored only after
   Airflow's check accepted its token; a refused token is never stored;
@@ -58,12 +60,14 @@ class Known:
     decisions: dict[tuple[str, str, Any], bool] = field(default_factory=dict)
 
     def may(self, method: str, dag_id: str, entity: Any = None) -> bool:
-        """:func:`~triage.web.access.authorized`, asked once per entry."""
+        """:func:`~triage.web.access.authorized`: a grant asked once per entry, a refusal every time."""
         key = (method, dag_id, entity)
-        found = self.decisions.get(key)
-        if found is None:
-            found = self.decisions[key] = authorized(self.user, method, dag_id, entity)
-        return found
+        if self.decisions.get(key):
+            return True
+        granted = authorized(self.user, method, dag_id, entity)
+        if granted:
+            self.decisions[key] = True
+        return granted
 
 
 def _expiry(token: str) -> float | None:
