@@ -268,15 +268,17 @@ class TriageOperator(BaseOperator):
         written: list[str],
         done: dict[str, Any],
         *,
+        also_read: list[tuple[str, str]] | None = None,
         also_written: list[tuple[str, str]] | None = None,
     ) -> Lineage:
         """The lineage of a step over the ledger: its ``read`` and ``written`` tables, the
-        intake asset read on the intake batch, and the counts of ``done`` (what execute returns)."""
+        intake asset read on the intake batch, other datasets (``also_read``, ``also_written``:
+        a source, the label provider) and the counts of ``done`` (what execute returns)."""
         from triage.contracts.intake import INTAKE_ASSET_URI, INTAKE_BATCH
         from triage.operators import lineage
 
         key = batch_key(context)
-        inputs = lineage.ledger(self.engine.url, *read)
+        inputs = [*(also_read or []), *lineage.ledger(self.engine.url, *read)]
         if key == INTAKE_BATCH:  # classify_intake: the documents the intake asset announced
             inputs.insert(0, lineage.asset(INTAKE_ASSET_URI))
         outputs = [*lineage.ledger(self.engine.url, *written), *(also_written or [])]

@@ -160,11 +160,8 @@ class RetrieveDocumentsOperator(TriageOperator):
             "seconds": round(result.seconds, 3),
         }
         self.record_lineage(
-            lambda: lineage.Lineage(
-                inputs=[lineage.location(inbox) if inbox is not None else (lineage.ASSET_NAMESPACE, "synthetic")],
-                outputs=lineage.ledger(self.engine.url, "jobs", "job_events", "outbox"),
-                counts=lineage.counts(done),
-                batch=key,
+            lambda: self.ledger_lineage(
+                context, [], ["jobs", "job_events", "outbox"], done, also_read=[lineage.source(inbox)]
             )
         )
         return done
@@ -356,7 +353,6 @@ class PersistLabelsOperator(TriageOperator):
                 ["jobs", "classifications"],
                 ["document_labels", "jobs", "job_events", "outbox"],
                 done,
-                # The label provider, written through the label action connection.
                 also_written=[lineage.location(action.url)] if action is not None else [],
             )
         )
@@ -391,14 +387,13 @@ class PublishEventsOperator(TriageOperator):
             sink.close()
             self.dispose()
         done = {"published": sent}
-        where = getattr(sink, "url", None) or getattr(sink, "path", None)
         self.record_lineage(
             lambda: self.ledger_lineage(
                 context,
                 ["outbox"],
                 ["outbox"],
                 done,
-                also_written=[*([lineage.location(where)] if where else []), lineage.asset(DOCUMENT_LABELS.uri)],
+                also_written=[*lineage.sink(sink), lineage.asset(DOCUMENT_LABELS.uri)],
             )
         )
         return done

@@ -110,6 +110,17 @@ def location(where: str | Path) -> Dataset:
     return (f"{parts.scheme}://{authority}", parts.path or "/")
 
 
+def source(inbox: str | Path | None) -> Dataset:
+    """What retrieval read: a JSONL inbox (:func:`location`), or the synthetic source (None)."""
+    return location(inbox) if inbox is not None else (ASSET_NAMESPACE, "synthetic")
+
+
+def sink(event_sink: Any) -> list[Dataset]:
+    """Where publish_events sent events: a webhook's URL or the event log's path."""
+    where = getattr(event_sink, "url", None) or getattr(event_sink, "path", None)
+    return [location(where)] if where else []
+
+
 def asset(uri: str) -> Dataset:
     """A ``triage://NAME`` Airflow asset."""
     return (ASSET_NAMESPACE, uri.removeprefix("triage://").strip("/"))
