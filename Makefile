@@ -113,8 +113,8 @@ PYTEST_ARGS  ?=
 # DAGs and a real `dags test` run. Beside the slow phase, whose two workers leave ~0.4 of a core
 # idle (they wait on Airflow), it made that phase 0.2-0.6 min longer, where alone it takes ~3.5
 # (venv 1.5 min, tests 1.7 min; docs/performance.md, session 10).
-# SMOKE_PYTHON is the interpreter (default: pyenv's or PATH's python3.13, found as `make lock`
-# finds it); SMOKE=0 leaves the phase out; none found: the phase says so and passes, except
+# SMOKE_PYTHON is the interpreter (default: pyenv's or PATH's python3.13, found by
+# triage_tools.lock.interpreter); SMOKE=0 leaves the phase out; none found: the phase says so and passes, except
 # under CI=true. Left out when .venv is 3.13 itself: the whole suite ran there.
 SMOKE         ?= 1
 SMOKE_VERSION := 3.13
