@@ -243,19 +243,24 @@ TRIAGE_HEADER = [
 ]
 
 
-def refresh_local_lock(held: Path) -> None:
+def refresh_local_lock(held: Path, *, hold_development: bool = False) -> None:
     """constraints.txt: the development set on every supported Python, its runtime part resolved
-    under ``held`` (Airflow's and Triage's image pins, or the current lock's)."""
+    under ``held`` (Airflow's and Triage's image pins, or the current lock's); with
+    ``hold_development`` the development packages too (the current lock: nothing moves, new
+    requirements get pinned)."""
     pythons = supported_pythons()
     oldest, newer = pythons[0], pythons[1:]
     with tempfile.TemporaryDirectory() as tmp:
         runtime_pins = Path(tmp) / "runtime.txt"
         runtime = resolve(["-r", str(REQUIREMENTS), "-c", str(held)], oldest)
         write_pins(runtime_pins, [], runtime)
-        pins = resolve(["-r", str(REQUIREMENTS_DEV), "-c", str(runtime_pins)], oldest)
+        development = ["-r", str(REQUIREMENTS_DEV), "-c", str(runtime_pins)]
+        if hold_development:
+            development += ["-c", str(held)]
+        pins = resolve(development, oldest)
         for python in newer:
             write_pins(runtime_pins, [], pins)
-            extra = resolve(["-r", str(REQUIREMENTS_DEV), "-c", str(runtime_pins)], python)
+            extra = resolve(development, python)
             pins.update({name: version for name, version in extra.items() if name not in pins})
     write_pins(
         LOCAL_LOCK,
@@ -267,6 +272,11 @@ def refresh_local_lock(held: Path) -> None:
         ],
         pins,
     )
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the checkout when it lies in it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,14 +300,14 @@ def main(argv: list[str] | None = None) -> int:
                 both = Path(tmp) / "image-constraints.txt"
                 both.write_text(airflow.read_text() + "\n" + TRIAGE_CONSTRAINTS.read_text())
                 refresh_local_lock(both)
-                print(f"wrote {TRIAGE_CONSTRAINTS.relative_to(ROOT)} and {LOCAL_LOCK.relative_to(ROOT)}")
+                print(f"wrote {shown(TRIAGE_CONSTRAINTS)} and {shown(LOCAL_LOCK)}")
             else:
                 held = Path(tmp) / "held.txt"
                 shutil.copyfile(LOCAL_LOCK, held)
-                refresh_local_lock(held)
+                refresh_local_lock(held, hold_development=True)
                 print(
-                    f"wrote {LOCAL_LOCK.relative_to(ROOT)}, holding its pins (without Airflow's constraints; "
-                    f"{TRIAGE_CONSTRAINTS.relative_to(ROOT)} kept as it is)"
+                    f"wrote {shown(LOCAL_LOCK)}, holding its pins (without Airflow's constraints; "
+                    f"{shown(TRIAGE_CONSTRAINTS)} kept as it is)"
                 )
     except LockError as error:
         print(error, file=sys.stderr)

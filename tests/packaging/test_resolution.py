@@ -122,3 +122,18 @@ def test_triage_constraints_hold_only_what_airflow_leaves_unpinned(
     lock.refresh_triage_constraints(airflow)
     assert pins(written.read_text()) == {"psutil": local["psutil"], "uuid6": local["uuid6"]}
     assert written.read_text().startswith("# Triage's own pins for the image")
+
+
+def test_make_lock_without_airflows_file_holds_every_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make lock` where Airflow's constraints are out of reach (here): the lock keeps every
+    version it has and pins only what is new; Triage's image pins are left alone."""
+    lock_copy = tmp_path / "constraints.txt"
+    lock_copy.write_text(lock.LOCAL_LOCK.read_text())
+    triage_pins = tmp_path / "triage-constraints.txt"
+    triage_pins.write_text("# kept\n")
+    monkeypatch.setattr(lock, "LOCAL_LOCK", lock_copy)
+    monkeypatch.setattr(lock, "TRIAGE_CONSTRAINTS", triage_pins)
+    monkeypatch.setattr(lock, "fetch_airflow_constraints", lambda target: False)
+    assert lock.main([]) == 0
+    assert pins(lock_copy.read_text()) == pins((lock.ROOT / "constraints.txt").read_text())
+    assert triage_pins.read_text() == "# kept\n"
