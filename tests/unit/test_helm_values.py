@@ -74,13 +74,14 @@ def test_an_external_postgresql_and_the_connections_from_secrets(values: dict[st
     assert not [e["name"] for e in values["env"] if e["name"].startswith("AIRFLOW_CONN_")]
 
 
-def test_the_migration_job_runs_airflows_then_the_ledgers_then_the_pool(values: dict[str, Any]) -> None:
+def test_the_migration_job_runs_the_ledgers_then_airflows_then_the_pool(values: dict[str, Any]) -> None:
     job = values["migrateDatabaseJob"]
     assert job["enabled"] is True
     bash, flag, script = job["args"]
     assert (bash, flag) == ("bash", "-c")
     lines = [line.strip() for line in script.splitlines() if line.strip()]
-    assert lines[:3] == ["set -e", "airflow db migrate", "python -m triage migrate"]
+    # The ledger's first: Airflow's pods wait for Airflow's migrations, so they then find both done.
+    assert lines[:3] == ["set -e", "python -m triage migrate", "airflow db migrate"]
     pool = shlex.split(lines[3])
     settings = yaml.safe_load((ROOT / "airflow_settings.yaml").read_text())["airflow"]["pools"]
     (llm_api,) = [p for p in settings if p["pool_name"] == "llm_api"]
