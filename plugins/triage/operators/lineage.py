@@ -9,7 +9,7 @@ module answers. Datasets are named as OpenLineage's naming spec names them:
 
 - the ledger's tables: namespace ``postgres://HOST:PORT``, name ``DATABASE.triage.TABLE``;
 - a JSONL inbox: ``file`` and its path, or the URL's ``scheme://authority`` and its path
-  (``s3://bucket`` + ``inbox/2026``); the synthetic source: ``triage`` + ``synthetic``;
+  (``s3://bucket`` + ``/inbox/2026``); the synthetic source: ``triage`` + ``synthetic``;
 - Triage's Airflow assets (``triage://intake``, ``triage://document_labels``), which the
   provider maps to nothing (no known scheme): namespace ``triage``, name the asset's;
 - the label provider and a webhook event sink: the URL's ``scheme://host:port`` and its path;
