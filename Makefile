@@ -21,7 +21,7 @@ help:
 	@echo "make test-deps                             the Debian packages tests need (chromium, redis-server): apt-get as root"
 	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
-	@echo "make lock                                  refresh docker/airflow-constraints.txt and constraints.txt"
+	@echo "make lock                                  refresh constraints.txt (and docker/triage-constraints.txt) with uv"
 	@echo "make bench-intake                          POST-to-label latency of intake (1,000 documents over 10 s); needs make up running"
 	@echo "make schemas                               write the event schemas (include/schemas/) from the models"
 	@echo "make bench-growth [GROWTH_SIZES=100000,1000000,10000000]  cost per document as the ledger grows"
@@ -40,11 +40,12 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 
 setup: $(STAMP)
 
-# Airflow's constraints for the image (docker/airflow-constraints.txt: the official file, or a
-# stand-in that says so where it cannot be downloaded), then the local lock under them, for every
-# supported Python (triage_tools/lock.py; a few minutes: pip resolves without installing).
+# The local lock under Airflow's constraints for the image, for every supported Python, with uv's
+# resolver (triage_tools/lock.py; under a minute). AIRFLOW_CONSTRAINTS=FILE names a copy of the base
+# image's ${HOME}/constraints.txt; without it the official file is downloaded, and where that fails
+# the lock keeps its pins and adds what is new.
 lock: $(STAMP)
-	$(PY) -m triage_tools.lock
+	$(PY) -m triage_tools.lock $(if $(AIRFLOW_CONSTRAINTS),--airflow-constraints $(AIRFLOW_CONSTRAINTS))
 
 # Debian packages some tests need, which PyPI does not have: chromium (the reconciliation page in a
 # browser) and redis-server (the Celery broker of make distributed). Installed here, once, with
@@ -112,8 +113,8 @@ PYTEST_ARGS  ?=
 # DAGs and a real `dags test` run. Beside the slow phase, whose two workers leave ~0.4 of a core
 # idle (they wait on Airflow), it made that phase 0.2-0.6 min longer, where alone it takes ~3.5
 # (venv 1.5 min, tests 1.7 min; docs/performance.md, session 10).
-# SMOKE_PYTHON is the interpreter (default: pyenv's or PATH's python3.13, found as `make lock`
-# finds it); SMOKE=0 leaves the phase out; none found: the phase says so and passes, except
+# SMOKE_PYTHON is the interpreter (default: pyenv's or PATH's python3.13, found by
+# triage_tools.lock.interpreter); SMOKE=0 leaves the phase out; none found: the phase says so and passes, except
 # under CI=true. Left out when .venv is 3.13 itself: the whole suite ran there.
 SMOKE         ?= 1
 SMOKE_VERSION := 3.13

@@ -15,6 +15,9 @@ import shlex
 import sys
 from collections.abc import Sequence
 
+import argcomplete
+from rich_argparse import RawDescriptionRichHelpFormatter
+
 from triage import cli as product
 from triage_tools.embedded import EmbeddedDatabaseError
 
@@ -56,6 +59,24 @@ DEVELOPER_VERBS: dict[str, tuple[str, str]] = {
 """Handed over whole (options included) to their module; ``env`` and ``db start|stop`` are here."""
 
 
+class HelpFormatter(RawDescriptionRichHelpFormatter):
+    """Airflow's own help formatter (rich-argparse, which the ``airflow`` command uses too), keeping
+    the descriptions' line breaks and argparse's lower-case headings (``usage:``, ``options:``)."""
+
+    group_name_formatter = str
+
+
+def _richly(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser`` and every sub-command under it with :class:`HelpFormatter`: the sub-commands
+    are built by the product (:func:`triage.cli.add_commands`), which carries no rich-argparse."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _richly(sub)
+    return parser
+
+
 def _parser() -> argparse.ArgumentParser:
     top = product.parser(description=DESCRIPTION, epilog=EPILOG)
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -65,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     for verb, (_, help_line) in DEVELOPER_VERBS.items():
         commands.add_parser(verb, help=help_line, add_help=False)  # parsed by its own module
     commands.add_parser("env", help="shell exports to run Airflow on this deployment")
-    return top
+    return _richly(top)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,7 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 code = module.main(argv[1:], prog=f"triage {argv[0]}")
             return code
-        args = _parser().parse_args(argv)
+        top = _parser()
+        # Shell completion (``eval "$(register-python-argcomplete triage)"``): when the shell asks,
+        # this prints the candidates and exits; otherwise it returns at once.
+        argcomplete.autocomplete(top)
+        args = top.parse_args(argv)
         if args.command == "db" and args.db_action in ("start", "stop"):
             return _db(args.db_action)
         if args.command == "env":

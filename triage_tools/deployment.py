@@ -126,6 +126,25 @@ def _say(message: str) -> None:
     print(f"triage: {message}", file=sys.stderr, flush=True)
 
 
+DEFAULT_API_PORT = 8080
+"""Airflow's ``[api] port``; ``AIRFLOW__API__PORT`` moves the API server and every URL below."""
+
+
+def api_urls(env: Mapping[str, str]) -> dict[str, str]:
+    """Where task processes call the API server, derived from its one port
+    (``AIRFLOW__API__PORT``) or its exported base URL: Airflow's default Execution API URL names
+    ``localhost:8080`` whatever the port, so an API server moved to 8181 left every task calling
+    8080 (connection refused, tasks up_for_retry with empty logs). An exported value wins. The
+    UI's own ``[api] base_url`` stays unset unless exported, so the UI answers on any host name."""
+    port = env.get("AIRFLOW__API__PORT") or str(DEFAULT_API_PORT)
+    base = (env.get("AIRFLOW__API__BASE_URL") or f"http://localhost:{port}").rstrip("/")
+    return {
+        "AIRFLOW__API__PORT": port,
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": env.get("AIRFLOW__CORE__EXECUTION_API_SERVER_URL")
+        or f"{base}/execution/",
+    }
+
+
 def environment() -> dict[str, str]:
     """``os.environ`` plus this deployment's Airflow settings; starts the embedded PostgreSQL.
 
@@ -154,6 +173,7 @@ def environment() -> dict[str, str]:
     # The local deployment is where drills run (`make run CONF='{"drill": …}'`, `make chaos`);
     # an exported TRIAGE_ALLOW_DRILL=0 still turns them off. docker-compose leaves them off.
     env.setdefault(ENV_ALLOW_DRILL, "1")
+    env.update(api_urls(env))
     # reconcile_jobs' cross-check logs in to the API server as a viewer of its own, through the
     # airflow_api connection (triage_tools.deploy.reconcile_user).
     env.update(reconcile_user.local_settings(env))

@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+import psutil
+
 from triage_tools.deploy import fernet, reconcile_user
 from triage_tools.deployment import airflow_command, prepare, reset_secrets
 from triage_tools.processes import alive, kill_group, port_in_use
@@ -73,8 +75,8 @@ def running_pid(env: Mapping[str, str]) -> int | None:
         return None
     if not alive(pid):
         return None
-    with contextlib.suppress(OSError):  # a pid reused by something else after a reboot
-        if b"standalone" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+    with contextlib.suppress(psutil.Error):  # a pid reused by something else after a reboot
+        if "standalone" not in " ".join(psutil.Process(pid).cmdline()):
             return None
     return pid
 

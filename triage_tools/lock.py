@@ -1,27 +1,35 @@
-"""Refresh the two pin files (``make lock``): Airflow's constraints for the image, then the local lock.
+"""Refresh the pin files (``make lock``) with uv's resolver (``uv pip compile``, a development tool).
 
-1. ``docker/airflow-constraints.txt``: Airflow's official constraints for the Airflow version of
-   requirements.txt and the Python of the Dockerfile's base image, downloaded from the
-   ``constraints-X.Y.Z`` tag of apache/airflow. Where that download fails (a machine that
-   reaches package indexes only), a stand-in is resolved instead, and its header says so: what
-   pip resolves for Airflow and its providers from the packages that existed at the release.
-2. ``constraints.txt``: the local lock for ``make setup``, valid on every Python that
-   pyproject.toml supports. The runtime set is resolved under Airflow's constraints (so the
-   virtualenv runs the image's versions), the development set under those pins; for the oldest
-   supported Python first, then checked (and completed) on each newer one.
+The image installs under the constraints file that the official base image carries
+(``${HOME}/constraints.txt`` of ``apache/airflow:X-pythonY``, the one Airflow's release tooling
+made), plus ``docker/triage-constraints.txt``: Triage's own pins, only for packages that file pins
+nothing for. Both feed the local lock when Airflow's file is at hand:
 
-pip does the resolving, in dry-run mode with ``--report`` (nothing is installed), for Linux
-wheels only (``--only-binary=:all:``): the image is Debian, and the developers' machines and CI
-are Linux. tests/packaging/test_resolution.py uses the same helpers to prove both files resolve.
+1. Airflow's constraints for the Airflow of requirements.txt and the Python of the Dockerfile's
+   base image: ``--airflow-constraints FILE`` (a copy taken from the image:
+   ``docker run --rm apache/airflow:3.3.2-python3.13 cat /home/airflow/constraints.txt``), else
+   downloaded from the ``constraints-X.Y.Z`` tag of apache/airflow.
+2. ``docker/triage-constraints.txt``: what the image set resolves to, for the packages Airflow's
+   file leaves out.
+3. ``constraints.txt``: the local lock for ``make setup``, valid on every Python that
+   pyproject.toml supports: the runtime set resolved under Airflow's pins (so the virtualenv
+   runs the image's versions), the development set under those, for the oldest supported Python
+   first, then checked (and completed) on each newer one.
+
+Where Airflow's file is out of reach (a machine that reaches package indexes only), the
+Triage pin file is kept and the local lock is resolved holding its current pins: new
+requirements get pinned, pinned ones keep their versions. It says so.
+
+uv resolves for a target Python and platform without running it (``--python-version``,
+``--python-platform``), markers included, for Linux wheels only (``--only-binary :all:``): the
+image is Debian, and the developers' machines and CI are Linux. tests/packaging/test_resolution.py
+uses the same helpers to prove the files resolve.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import functools
-import importlib.util
-import json
 import os
 import re
 import shlex
@@ -38,17 +46,16 @@ DOCKERFILE = ROOT / "Dockerfile"
 REQUIREMENTS = ROOT / "requirements.txt"
 REQUIREMENTS_DEV = ROOT / "requirements-dev.txt"
 LOCAL_LOCK = ROOT / "constraints.txt"
-AIRFLOW_CONSTRAINTS = ROOT / "docker" / "airflow-constraints.txt"
+TRIAGE_CONSTRAINTS = ROOT / "docker" / "triage-constraints.txt"
+# Where the official image keeps Airflow's constraints (the Dockerfile's `-c` names it).
+IMAGE_CONSTRAINTS = "${HOME}/constraints.txt"
 OFFICIAL_URL = "https://raw.githubusercontent.com/apache/airflow/constraints-{airflow}/constraints-{python}.txt"
-# When each Airflow release was published (its upload, plus an hour for the constraints tag):
-# the stand-in takes only packages uploaded before, as the official file was made at release.
-RELEASED = {"3.3.2": "2026-09-17T09:38:26Z"}
-STAND_IN_MARK = "NOT Airflow's official constraints file."
-GLIBC_MINORS = range(17, 37)  # manylinux_2_17 (CentOS 7 era) .. 2_36 (Debian 12, the image's base)
+# manylinux_2_36: Debian 12's glibc, the oldest the official image and the developers' machines run.
+GLIBC = "manylinux_2_36"
 
 
 class LockError(RuntimeError):
-    """pip could not resolve a set, or a project file says something unexpected."""
+    """uv could not resolve a set, or a project file says something unexpected."""
 
 
 def airflow_version() -> str:
@@ -84,67 +91,39 @@ def supported_pythons() -> list[str]:
     return sorted(found, key=lambda v: tuple(map(int, v.split("."))))
 
 
-def image_pip_arguments() -> list[str]:
+def image_pip_command() -> list[str]:
+    """The argv of the Dockerfile's ``pip install`` (``RUN pip install ... && pip check``)."""
+    (run,) = [line for line in dockerfile_instructions() if line.startswith("RUN ") and "pip install" in line]
+    argv = shlex.split(run.removeprefix("RUN "))
+    end = argv.index("&&") if "&&" in argv else len(argv)
+    return argv[:end]
+
+
+def image_pip_arguments(airflow_constraints: Path) -> list[str]:
     """The requirement arguments of the Dockerfile's ``pip install``, with the files it copied
-    into the image mapped back to the repository and ``${AIRFLOW_VERSION}`` filled in."""
-    instructions = dockerfile_instructions()
-    copied: dict[str, Path] = {}
-    for line in instructions:
+    into the image mapped back to the repository, the base image's constraints file mapped to
+    ``airflow_constraints`` and ``${AIRFLOW_VERSION}`` filled in."""
+    copied: dict[str, Path] = {IMAGE_CONSTRAINTS: airflow_constraints}
+    for line in dockerfile_instructions():
         if line.upper().startswith("COPY ") and "--chown" not in line:
             *sources, target = shlex.split(line)[1:]
             for source in sources:
                 copied[target.rstrip("/") + "/" + Path(source).name] = ROOT / source
-    (pip,) = [line for line in instructions if line.startswith("RUN ") and "pip install" in line]
-    argv = shlex.split(pip.removeprefix("RUN "))
-    argv = argv[argv.index("install") + 1 :]
+    argv = image_pip_command()  # quotes removed, variables left for the image's shell
     out: list[str] = []
-    for arg in argv:
-        if arg.startswith("--") and arg not in ("-r", "-c"):
+    for arg in argv[argv.index("install") + 1 :]:
+        if arg.startswith("--"):
             continue  # --no-cache-dir and the like: not part of the requirement set
         arg = arg.replace("${AIRFLOW_VERSION}", airflow_version())
         out.append(str(copied[arg]) if arg in copied else arg)
     return out
 
 
-def platforms(arch: str = "x86_64") -> list[str]:
-    """pip's ``--platform`` takes tags literally: every manylinux tag a Debian 12 machine accepts."""
-    tags = [f"manylinux_2_{minor}_{arch}" for minor in reversed(GLIBC_MINORS)] + [f"manylinux2014_{arch}"]
-    return [arg for tag in tags for arg in ("--platform", tag)]
-
-
-# Run as ``python -c`` by this interpreter when no CPython of the target runs here: its pip, with
-# the marker environment of CPython ``sys.argv[1]`` (see resolve()). pip has no option for it; Marker.evaluate
-# looks default_environment up in its module at each call, so replacing it there reaches every
-# marker pip evaluates. The check below makes a pip release where that no longer holds fail loudly
-# instead of resolving as the host.
-MARKER_OVERRIDE = """
-import sys
-from pip._vendor.packaging import markers
-target = sys.argv.pop(1)
-host = markers.default_environment
-def default_environment():
-    return {**host(), "python_version": target, "python_full_version": target + ".0",
-            "implementation_version": target + ".0"}
-markers.default_environment = default_environment
-if not markers.Marker(f"python_version == '{target}'").evaluate():
-    sys.exit(f"triage_tools/lock.py: this pip ignores the marker override for Python {target}")
-from pip._internal.cli.main import main
-sys.argv[0] = "pip"
-sys.exit(main())
-"""
-
-
-def pip_package() -> Path:
-    spec = importlib.util.find_spec("pip")
-    if spec is None or not spec.submodule_search_locations:
-        raise LockError(f"{sys.executable} has no pip")
-    return Path(spec.submodule_search_locations[0])
-
-
 @functools.cache
 def interpreter(python: str) -> str | None:
     """A CPython ``python`` (``3.13``) that runs on this machine: this one, else a ``python3.X``
-    under pyenv's versions (by full path: pyenv's shims may refuse to run) or on PATH."""
+    under pyenv's versions (by full path: pyenv's shims may refuse to run) or on PATH. The lock
+    needs none (uv resolves for a version it does not run); make's smoke test runs one."""
     if f"{sys.version_info.major}.{sys.version_info.minor}" == python and sys.implementation.name == "cpython":
         return sys.executable
     pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
@@ -161,155 +140,178 @@ def interpreter(python: str) -> str | None:
     return None
 
 
-def resolve(
-    arguments: list[str],
-    python: str,
-    *,
-    arch: str = "x86_64",
-    uploaded_prior_to: str | None = None,
-    isolated: bool = False,
-) -> dict[str, str]:
+def uv() -> str:
+    """The uv binary of the development requirements (the ``uv`` package ships it)."""
+    try:
+        from uv import find_uv_bin
+    except ImportError as error:
+        raise LockError(f"{sys.executable} has no uv: run `make setup` (requirements-dev.txt)") from error
+    return str(find_uv_bin())
+
+
+def resolve(arguments: list[str], python: str, *, arch: str = "x86_64") -> dict[str, str]:
     """What ``pip install ARGUMENTS`` would install on CPython ``python`` (Linux ``arch``), as
-    ``{name: version}``; raises LockError with pip's explanation when the set does not resolve.
-
-    pip's ``--python-version`` and ``--platform`` choose wheel tags and check Requires-Python, but
-    pip evaluates environment markers (``pyyaml-ft; python_version == "3.13"``) against the
-    interpreter that runs it. So pip runs under a CPython of the target version when one runs on
-    this machine (interpreter()): this process's pip package, put on that interpreter's path, so
-    every Python resolves with one pip release (the pyenv interpreters' own pips are too old for
-    ``--uploaded-prior-to``, and resolvers differ between releases). Where none is found (3.14
-    here), pip runs under this interpreter with MARKER_OVERRIDE, which pip offers no option for:
-    ``python_version`` is the target's, ``python_full_version`` and ``implementation_version``
-    are ``X.Y.0``, so a marker on a patch release (``python_full_version >= "3.14.1"``) is read
-    as on 3.14.0.
-
-    Either way the other markers are this machine's, not the target's: ``platform_machine``
-    (x86_64 here, also when ``arch`` is aarch64), ``platform_release``, ``platform_version``
-    and, off Linux, ``sys_platform``, ``platform_system`` and ``os_name``."""
+    ``{name: version}`` (names normalized); raises LockError with uv's explanation when the set
+    does not resolve. ``-r FILE`` and ``-c FILE`` are read as pip reads them; any other argument
+    is a requirement. The package index alone is asked (uv reads no pip configuration)."""
+    files: list[str] = []
+    constraints: list[str] = []
+    specs: list[str] = []
+    items = iter(arguments)
+    for arg in items:
+        if arg == "-r":
+            files.append(next(items))
+        elif arg == "-c":
+            constraints += ["--constraint", next(items)]
+        else:
+            specs.append(arg)
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        options = [
-            "install",
-            "--dry-run",
-            "--quiet",
-            "--ignore-installed",
-            "--disable-pip-version-check",
-            "--only-binary=:all:",
+        if specs:
+            direct = Path(tmp) / "requirements.in"
+            direct.write_text("\n".join(specs) + "\n")
+            files.append(str(direct))
+        command = [
+            uv(),
+            "pip",
+            "compile",
+            *files,
+            *constraints,
             "--python-version",
             python,
-            *platforms(arch),
-            "--report",
-            str(report),
+            "--python-platform",
+            f"{arch}-{GLIBC}",
+            "--only-binary",
+            ":all:",
+            "--no-header",
+            "--no-annotate",
+            "--quiet",
+            "--no-config",
         ]
-        if uploaded_prior_to:
-            options += ["--uploaded-prior-to", uploaded_prior_to]
-        env = dict(os.environ)
-        if isolated:  # the package index alone: no local wheel folders or extra indexes
-            env["PIP_CONFIG_FILE"] = os.devnull
-            for key in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT"):
-                env.pop(key, None)
-        target = interpreter(python)
-        if target == sys.executable:
-            command = [sys.executable, "-m", "pip"]
-        else:  # this process's pip, alone on the path ahead of the interpreter's own
-            pip_path = Path(tmp) / "pip-only"
-            pip_path.mkdir()
-            (pip_path / "pip").symlink_to(pip_package(), target_is_directory=True)
-            env["PYTHONPATH"] = str(pip_path)
-            command = [target, "-m", "pip"] if target else [sys.executable, "-c", MARKER_OVERRIDE, python]
-        result = subprocess.run([*command, *options, *arguments], capture_output=True, text=True, env=env, timeout=900)
-        if result.returncode != 0:
-            noise = "WARNING: Location "  # local index folders that lack a package: not the point
-            said = "\n".join(line for line in result.stderr.splitlines() if not line.startswith(noise))
-            raise LockError(f"pip could not resolve {' '.join(arguments)} for Python {python} ({arch}):\n{said}")
-        installed = json.loads(report.read_text())["install"]
-    return {item["metadata"]["name"]: item["metadata"]["version"] for item in installed}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp)
+    if result.returncode != 0:
+        raise LockError(f"uv could not resolve {' '.join(arguments)} for Python {python} ({arch}):\n{result.stderr}")
+    return dict(re.findall(r"^([a-z0-9][a-z0-9._-]*)==(\S+)\s*$", result.stdout, re.M))
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    found = re.findall(r"^([A-Za-z0-9][\w.-]*)==(\S+)\s*$", path.read_text(), re.M)
+    return {normalized(name): version for name, version in found}
 
 
 def write_pins(path: Path, header: list[str], pins: dict[str, str]) -> None:
     lines = [f"# {line}" if line else "#" for line in header]
-    lines += [f"{name}=={version}" for name, version in sorted(pins.items(), key=lambda kv: kv[0].lower())]
+    lines += [f"{name}=={version}" for name, version in sorted(pins.items())]
     path.write_text("\n".join(lines) + "\n")
 
 
-def refresh_airflow_constraints() -> None:
-    airflow, python = airflow_version(), image_python()
-    url = OFFICIAL_URL.format(airflow=airflow, python=python)
-    today = dt.date.today().isoformat()
+def fetch_airflow_constraints(target: Path) -> bool:
+    """Airflow's official constraints for the image into ``target``; False when out of reach."""
+    url = OFFICIAL_URL.format(airflow=airflow_version(), python=image_python())
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
-            official = response.read().decode()
+            target.write_bytes(response.read())
     except OSError as error:
-        print(f"the official constraints are out of reach ({error}); resolving a stand-in", file=sys.stderr)
-    else:
-        AIRFLOW_CONSTRAINTS.write_text(
-            f"# Airflow's official constraints for apache-airflow=={airflow} on Python {python}, unchanged\n"
-            f"# below this header. Source: {url} (downloaded {today} by `make lock`).\n" + official
-        )
-        return
-    if airflow not in RELEASED:
-        raise LockError(f"triage_tools/lock.py: add apache-airflow {airflow}'s release time to RELEASED")
-    providers = [
-        line.split(">=")[0].split("==")[0].strip()
-        for line in REQUIREMENTS.read_text().splitlines()
-        if line.startswith("apache-airflow-providers-")
-    ]
-    airflow_spec = next(a for a in image_pip_arguments() if a.startswith("apache-airflow["))
-    pins = resolve([airflow_spec, *providers], python, uploaded_prior_to=RELEASED[airflow], isolated=True)
-    write_pins(
-        AIRFLOW_CONSTRAINTS,
-        [
-            STAND_IN_MARK,
-            f"A stand-in made by triage_tools/lock.py (`make lock`) on {today}, because the official file,",
-            f"  {url}",
-            "could not be downloaded on the machine that ran it (it reaches package indexes only).",
-            f"It pins what pip resolves for {airflow_spec} and the providers of requirements.txt",
-            *(f"  {provider}" for provider in providers),
-            f"on CPython {python}, manylinux x86_64, from the packages uploaded before",
-            f"{RELEASED[airflow]} (apache-airflow {airflow}'s release). The official file covers every",
-            "provider, made by Airflow's release tooling at that time: versions may differ.",
-            "Replace this file: run `make lock` where that URL is reachable.",
-        ],
-        pins,
-    )
+        print(f"Airflow's constraints are out of reach ({error})", file=sys.stderr)
+        return False
+    return True
 
 
-def refresh_local_lock() -> None:
+def refresh_triage_constraints(airflow_constraints: Path) -> None:
+    """docker/triage-constraints.txt: the image set's versions where Airflow pins nothing."""
+    airflow = read_pins(airflow_constraints)
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = Path(tmp) / "empty.txt"
+        empty.write_text("")
+        # The image set without our own pins: they are what this computes.
+        arguments = [
+            str(empty) if arg == str(TRIAGE_CONSTRAINTS) else arg for arg in image_pip_arguments(airflow_constraints)
+        ]
+        resolved = resolve(arguments, image_python())
+    own = {name: version for name, version in resolved.items() if name not in airflow}
+    write_pins(TRIAGE_CONSTRAINTS, TRIAGE_HEADER, own)
+
+
+TRIAGE_HEADER = [
+    "Triage's own pins for the image, only for packages that Airflow's constraints (the base",
+    "image's ${HOME}/constraints.txt) pin nothing for; the Dockerfile installs under both, so a",
+    "package pinned in both files would make pip refuse the build. Written by `make lock`",
+    "(triage_tools/lock.py) from Airflow's file; empty while Airflow pins all of requirements.txt.",
+]
+
+
+def refresh_local_lock(held: Path, *, hold_development: bool = False) -> None:
+    """constraints.txt: the development set on every supported Python, its runtime part resolved
+    under ``held`` (Airflow's and Triage's image pins, or the current lock's); with
+    ``hold_development`` the development packages too (the current lock: nothing moves, new
+    requirements get pinned)."""
     pythons = supported_pythons()
     oldest, newer = pythons[0], pythons[1:]
     with tempfile.TemporaryDirectory() as tmp:
         runtime_pins = Path(tmp) / "runtime.txt"
-        runtime = resolve(["-r", str(REQUIREMENTS), "-c", str(AIRFLOW_CONSTRAINTS)], oldest)
+        runtime = resolve(["-r", str(REQUIREMENTS), "-c", str(held)], oldest)
         write_pins(runtime_pins, [], runtime)
-        pins = resolve(["-r", str(REQUIREMENTS_DEV), "-c", str(runtime_pins)], oldest)
+        development = ["-r", str(REQUIREMENTS_DEV), "-c", str(runtime_pins)]
+        if hold_development:
+            development += ["-c", str(held)]
+        pins = resolve(development, oldest)
         for python in newer:
             write_pins(runtime_pins, [], pins)
-            extra = resolve(["-r", str(REQUIREMENTS_DEV), "-c", str(runtime_pins)], python)
+            extra = resolve(development, python)
             pins.update({name: version for name, version in extra.items() if name not in pins})
     write_pins(
         LOCAL_LOCK,
         [
             "The local lock: every package `make setup` installs (requirements-dev.txt), on CPython",
-            f"{', '.join(pythons)}. Made by `make lock` (triage_tools/lock.py): the runtime set follows",
-            "docker/airflow-constraints.txt, Airflow's pins for the image, so the virtualenv runs the",
+            f"{', '.join(pythons)}. Made by `make lock` (triage_tools/lock.py, uv's resolver): the",
+            "runtime set follows Airflow's constraints for the image, so the virtualenv runs the",
             "image's versions. tests/packaging/test_resolution.py resolves it on every Python.",
         ],
         pins,
     )
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the checkout when it lies in it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m triage_tools.lock", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--local-only", action="store_true", help="keep docker/airflow-constraints.txt as it is")
+    parser.add_argument(
+        "--airflow-constraints",
+        type=Path,
+        metavar="FILE",
+        help="Airflow's constraints for the image (a copy of the base image's ${HOME}/constraints.txt); "
+        "default: downloaded from apache/airflow's constraints tag",
+    )
     args = parser.parse_args(argv)
     try:
-        if not args.local_only:
-            refresh_airflow_constraints()
-        refresh_local_lock()
+        with tempfile.TemporaryDirectory() as tmp:
+            airflow = args.airflow_constraints
+            if airflow is None:
+                downloaded = Path(tmp) / "airflow-constraints.txt"
+                airflow = downloaded if fetch_airflow_constraints(downloaded) else None
+            if airflow is not None:
+                refresh_triage_constraints(airflow)
+                both = Path(tmp) / "image-constraints.txt"
+                both.write_text(airflow.read_text() + "\n" + TRIAGE_CONSTRAINTS.read_text())
+                refresh_local_lock(both)
+                print(f"wrote {shown(TRIAGE_CONSTRAINTS)} and {shown(LOCAL_LOCK)}")
+            else:
+                held = Path(tmp) / "held.txt"
+                shutil.copyfile(LOCAL_LOCK, held)
+                refresh_local_lock(held, hold_development=True)
+                print(
+                    f"wrote {shown(LOCAL_LOCK)}, holding its pins (without Airflow's constraints; "
+                    f"{shown(TRIAGE_CONSTRAINTS)} kept as it is)"
+                )
     except LockError as error:
         print(error, file=sys.stderr)
         return 1
-    print(f"wrote {AIRFLOW_CONSTRAINTS.relative_to(ROOT)} and {LOCAL_LOCK.relative_to(ROOT)}")
     return 0
 
 

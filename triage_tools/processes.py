@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 STOP_TIMEOUT = 30.0
 
 
@@ -41,18 +43,24 @@ def side_by_side_env(api_port: int | None = None) -> dict[str, str]:
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (our own child that exited) does not, though it still
+    answers kill(0)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    # A zombie (our own child that exited) still answers kill(0).
-    with contextlib.suppress(OSError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        if fields and fields[0] == "Z":
-            return False
-    return True
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):  # gone meanwhile, or not ours to see
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+    return members
 
 
 def port_in_use(port: int) -> bool:
@@ -148,11 +156,4 @@ def _group_alive(pid: int) -> bool:
     if alive(pid):
         return True
     # The leader is gone or a zombie: the group lives on only if another member does.
-    with contextlib.suppress(OSError):
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pid and fields[0] != "Z":
-                    return True
-        return False
-    return True
+    return bool(group_members(pid))

@@ -34,7 +34,6 @@ from tests.dags.airflow_harness import HarnessError, api_client, free_port, wait
 from tests.dags.conftest import fresh_databases
 from triage.database import DatabaseUrl
 from triage_tools.deploy import reconcile_user
-from triage_tools.processes import side_by_side_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,9 +78,11 @@ def _up(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl, server_homes: ServerHo
         TRIAGE_DATABASE_URL=jobs_url.libpq(),
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=metadata_url.airflow_metadata_url(),
     )
-    # Beside a `make up` on 8080/8793/8794, as the drill runs (the tasks' Execution API too).
-    env.update(side_by_side_env(port))
+    # Beside a `make up` on 8080/8793/8794, by the API port alone, as a user moves it
+    # (AIRFLOW__API__PORT=8181 make up): the tasks' Execution API URL must follow it (issue #28),
+    # and reconcile_jobs' first run below succeeds only if its task could call it.
     env.update(
+        AIRFLOW__API__PORT=str(port),
         AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
         AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
     )
@@ -90,7 +91,7 @@ def _up(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl, server_homes: ServerHo
         started = triage(env, "up")
         output = started.stdout + started.stderr
         assert started.returncode == 0, output[-6000:] + _tail(home / "logs" / "standalone.log")
-        yield Up(env, airflow_env, env["AIRFLOW__API__BASE_URL"], output, jobs_url)
+        yield Up(env, airflow_env, f"http://127.0.0.1:{port}", output, jobs_url)
     finally:
         stopped = triage(env, "stop", timeout=120)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr

@@ -143,25 +143,55 @@ def test_no_runtime_pip_installs(common_env: dict[str, str], services: dict[str,
         assert not services[name]["environment"].get("_PIP_ADDITIONAL_REQUIREMENTS"), name
 
 
+def dockerfile_instructions() -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments dropped."""
+    instructions = [line.strip() for line in re.sub(r"\\\n", " ", DOCKERFILE.read_text()).splitlines()]
+    return [line for line in instructions if line and not line.startswith("#")]
+
+
 def test_dockerfile_installs_pinned_requirements_as_airflow_user() -> None:
     text = DOCKERFILE.read_text()
-    instructions = [line.strip() for line in re.sub(r"\\\n", " ", text).splitlines()]
-    instructions = [line for line in instructions if line and not line.startswith("#")]
+    instructions = dockerfile_instructions()
     user_index = instructions.index("USER airflow")
     (pip_index,) = [i for i, line in enumerate(instructions) if "pip install" in line]
     assert user_index < pip_index
-    pip = shlex.split(instructions[pip_index].removeprefix("RUN "))
+    install = instructions[pip_index].removeprefix("RUN ").split("&&")[0]
+    pip = shlex.split(install)
     assert "--no-cache-dir" in pip
     assert pip[pip.index("-r") + 1] == "/requirements.txt"
-    # Airflow's constraints for the image's Python, not the local lock (constraints.txt).
-    assert pip[pip.index("-c") + 1] == "/airflow-constraints.txt"
-    assert re.search(r"^COPY requirements\.txt docker/airflow-constraints\.txt /$", text, re.M)
-    assert '"apache-airflow[fab]==${AIRFLOW_VERSION}"' in instructions[pip_index], "pins Airflow; FAB for compose"
+    assert '"apache-airflow[fab]==${AIRFLOW_VERSION}"' in install, "pins Airflow; FAB for compose"
     assert not any("requirements-dev" in line for line in instructions), "no test tools nor embedded database"
     for folder in ("plugins", "dags", "include"):
         assert re.search(rf"^COPY .*\b{folder}/ /opt/airflow/{folder}/$", text, re.M), folder
     # airflow-init applies the settings file from the image.
     assert re.search(r"^COPY .*airflow_settings\.yaml /opt/airflow/airflow_settings\.yaml$", text, re.M)
+
+
+def test_dockerfile_installs_under_the_base_images_constraints_then_checks() -> None:
+    """Airflow's own constraints, the ones the official image carries and was built with, plus
+    Triage's small file; the stand-in copy of Airflow's file is gone; `pip check` runs last."""
+    instructions = dockerfile_instructions()
+    (run,) = [line for line in instructions if "pip install" in line]
+    install, check = run.removeprefix("RUN ").split("&&")
+    assert '-c "${HOME}/constraints.txt"' in install, "the base image's constraints, quoted for the shell"
+    pip = shlex.split(install)
+    constraints = [pip[i + 1] for i, arg in enumerate(pip) if arg == "-c"]
+    assert constraints == ["${HOME}/constraints.txt", "/triage-constraints.txt"]
+    assert check.split() == ["pip", "check"]
+    assert "COPY requirements.txt docker/triage-constraints.txt /" in instructions
+    assert not (ROOT / "docker" / "airflow-constraints.txt").exists()
+    assert not any("airflow-constraints" in line for line in instructions)
+
+
+def test_triage_constraints_pin_only_what_the_local_lock_pins_alike() -> None:
+    """docker/triage-constraints.txt holds pins (and comments) only, each the local lock's version:
+    the image and the virtualenv run the same version of what Airflow leaves unpinned."""
+    lines = [line for line in (ROOT / "docker" / "triage-constraints.txt").read_text().splitlines() if line]
+    pins = [line for line in lines if not line.startswith("#")]
+    assert all(re.fullmatch(r"[a-z0-9][a-z0-9._-]*==\S+", line) for line in pins), pins
+    local = dict(re.findall(r"^([a-z0-9][a-z0-9._-]*)==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M))
+    assert {line.split("==")[0]: line.split("==")[1] for line in pins}.items() <= local.items()
+    assert not any(line.startswith("apache-airflow") for line in pins), "Airflow pins its own distributions"
 
 
 def test_dockerignore_keeps_local_state_out() -> None:

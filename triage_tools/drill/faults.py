@@ -19,8 +19,11 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from triage_tools.drill.options import DrillOptions
 from triage_tools.drill.report import DrillReport, Fault, say
+from triage_tools.processes import group_members
 
 if TYPE_CHECKING:
     from triage_tools.drill.last_try import LastTryKill, LastTryPhase
@@ -272,16 +275,10 @@ class FaultInjector:
         group = local.running_pid(self.env)
         if group is None:
             return False  # no standalone at all: the health check's grace decides
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if int(fields[2]) == group and fields[0] != "Z" and b"scheduler" in argv[-2:]:
-                return False
+        for proc in group_members(group):
+            with contextlib.suppress(psutil.Error):
+                if "scheduler" in proc.cmdline()[-2:]:
+                    return False
         return True
 
 
@@ -289,18 +286,13 @@ def _task_processes(ids: Mapping[str, str]) -> list[tuple[int, str]]:
     """``(pid, name)`` of the task processes (``airflow worker -- <ti id>``) of the task
     instance tries ``ids`` (``ti id -> name``)."""
     found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
         # The task process itself, not the executor's worker that supervises it: the supervisor
         # lives on to report the death, as it would after the kernel's OOM killer.
         if "airflow worker --" not in cmdline or "LocalExecutor" in cmdline:
             continue
         for ti_id, name in ids.items():
             if ti_id in cmdline:
-                found.append((int(proc.name), name))
+                found.append((proc.pid, name))
     return found

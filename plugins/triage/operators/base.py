@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from triage.contracts.run_config import ClassifyRunConfig
     from triage.jobs.states import Step
     from triage.jobs.store import JobStore
+    from triage.operators.lineage import Lineage
     from triage.pipeline.actions import WebhookLabelAction
     from triage.pipeline.ownership import Drain
     from triage.pipeline.publish import EventSink
@@ -246,3 +248,45 @@ class TriageOperator(BaseOperator):
     def dispose(self) -> None:
         if "engine" in self.__dict__:
             self.engine.dispose()
+
+    # -- OpenLineage (triage.operators.lineage; docs/lineage.md) ------------------------------
+
+    _triage_lineage: Lineage | None = None
+
+    def record_lineage(self, build: Callable[[], Lineage]) -> None:
+        """Keep what this try read and wrote (``build()``, called now) for the OpenLineage
+        provider, which asks after the task (:meth:`get_openlineage_facets_on_complete`). An
+        error in ``build`` is logged and leaves no lineage: it never fails the task."""
+        from triage.operators.lineage import degrade
+
+        self._triage_lineage = degrade(self.task_id, "lineage", build)
+
+    def ledger_lineage(
+        self,
+        context: Context,
+        read: list[str],
+        written: list[str],
+        done: dict[str, Any],
+        *,
+        also_read: list[tuple[str, str]] | None = None,
+        also_written: list[tuple[str, str]] | None = None,
+    ) -> Lineage:
+        """The lineage of a step over the ledger: its ``read`` and ``written`` tables, the
+        intake asset read on the intake batch, other datasets (``also_read``, ``also_written``:
+        a source, the label provider) and the counts of ``done`` (what execute returns)."""
+        from triage.contracts.intake import INTAKE_ASSET_URI, INTAKE_BATCH
+        from triage.operators import lineage
+
+        key = batch_key(context)
+        inputs = [*(also_read or []), *lineage.ledger(self.engine.url, *read)]
+        if key == INTAKE_BATCH:  # classify_intake: the documents the intake asset announced
+            inputs.insert(0, lineage.asset(INTAKE_ASSET_URI))
+        outputs = [*lineage.ledger(self.engine.url, *written), *(also_written or [])]
+        return lineage.Lineage(inputs=inputs, outputs=outputs, counts=lineage.counts(done), batch=key)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The provider's hook after a successful try: the datasets read and written and the
+        ``triage_jobs`` run facet, or None (no lineage recorded, or an error: logged, never raised)."""
+        from triage.operators.lineage import degrade, operator_lineage
+
+        return degrade(self.task_id, "facets", lambda: operator_lineage(self._triage_lineage))

@@ -16,6 +16,7 @@ from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from triage.jobs.states import Step
+from triage.operators import lineage
 from triage.operators.base import (
     LABEL_ACTION_CONN_ID,
     TriageOperator,
@@ -112,6 +113,7 @@ class RetrieveDocumentsOperator(TriageOperator):
         start, end = context["data_interval_start"], context["data_interval_end"]
         assert start is not None
         assert end is not None
+        inbox = None
         if config.source == "synthetic":
             source = build_source(
                 "synthetic",
@@ -120,7 +122,8 @@ class RetrieveDocumentsOperator(TriageOperator):
                 duplicate_rate=config.drill.duplicate_rate,
             )
         else:
-            source = build_source("jsonl", inbox=confined_inbox(config.inbox))
+            inbox = confined_inbox(config.inbox)
+            source = build_source("jsonl", inbox=inbox)
         source = Shard(source, self.shard, self.shards)
         classifier = build_run_classifier(config, self.llm_conn_id)
         try:
@@ -149,13 +152,19 @@ class RetrieveDocumentsOperator(TriageOperator):
             result.malformed,
             result.rate,
         )
-        return {
+        done = {
             "read": result.read,
             "registered": result.registered,
             "existing": result.existing,
             "malformed": result.malformed,
             "seconds": round(result.seconds, 3),
         }
+        self.record_lineage(
+            lambda: self.ledger_lineage(
+                context, [], ["jobs", "job_events", "outbox"], done, also_read=[lineage.source(inbox)]
+            )
+        )
+        return done
 
 
 class ClassifyDocumentsOperator(TriageOperator):
@@ -274,13 +283,18 @@ class ClassifyDocumentsOperator(TriageOperator):
         finally:
             handler.close()
             self.dispose()
-        return {
+        done = {
             "worker": self.worker,
             "claimed": report.claimed,
             "outcomes": dict(report.outcomes),
             "reused_answers": cache.reused if cache is not None else 0,
             "seconds": round(report.seconds, 3),
         }
+        written = ["jobs", "job_events", "classifications", "manual_review"]
+        if not separate:  # accepted jobs complete here: their label and completion event too
+            written += ["document_labels", "outbox"]
+        self.record_lineage(lambda: self.ledger_lineage(context, ["jobs"], written, done))
+        return done
 
 
 class PersistLabelsOperator(TriageOperator):
@@ -332,7 +346,17 @@ class PersistLabelsOperator(TriageOperator):
             if action is not None:
                 action.close()
             self.dispose()
-        return {"claimed": report.claimed, "outcomes": dict(report.outcomes)}
+        done = {"claimed": report.claimed, "outcomes": dict(report.outcomes)}
+        self.record_lineage(
+            lambda: self.ledger_lineage(
+                context,
+                ["jobs", "classifications"],
+                ["document_labels", "jobs", "job_events", "outbox"],
+                done,
+                also_written=[lineage.location(action.url)] if action is not None else [],
+            )
+        )
+        return done
 
 
 class PublishEventsOperator(TriageOperator):
@@ -362,4 +386,14 @@ class PublishEventsOperator(TriageOperator):
         finally:
             sink.close()
             self.dispose()
-        return {"published": sent}
+        done = {"published": sent}
+        self.record_lineage(
+            lambda: self.ledger_lineage(
+                context,
+                ["outbox"],
+                ["outbox"],
+                done,
+                also_written=[*lineage.sink(sink), lineage.asset(DOCUMENT_LABELS.uri)],
+            )
+        )
+        return done
