@@ -34,6 +34,7 @@ from triage.jobs.decisions import ReviewDecisions
 from triage.jobs.errors import JobNotFound
 from triage.jobs.expressions import context_json, rowset
 from triage.jobs.intake import IntakeLedger
+from triage.jobs.last_tries import DeadLastTries
 from triage.jobs.ledger import DEFAULT_ACTOR
 from triage.jobs.models import (
     REPAIRER,
@@ -52,10 +53,10 @@ from triage.jobs.schema import jobs
 from triage.jobs.states import JobStatus, parse_status
 
 
-class JobStore(IntakeLedger, ReviewDecisions):
+class JobStore(IntakeLedger, ReviewDecisions, DeadLastTries):
     """The ledger over one engine: a worker's moves, recovery, repairs, the relay and reads here;
-    a reviewer's decisions inherited from :class:`~triage.jobs.decisions.ReviewDecisions`, intake's
-    from :class:`~triage.jobs.intake.IntakeLedger`.
+    inherited: a reviewer's decisions (:class:`~triage.jobs.decisions.ReviewDecisions`), intake's
+    (:class:`~triage.jobs.intake.IntakeLedger`), the repair of dead last tries (:mod:`.last_tries`).
 
     :param engine: a SQLAlchemy engine on the job database (psycopg 3).
     :param retry_policy: backoff for :class:`RetryLater` outcomes that carry no delay.
@@ -272,9 +273,8 @@ class JobStore(IntakeLedger, ReviewDecisions):
         return len(rows)
 
     # -- reconciliation's repairs -------------------------------------------------------
-    # Each is one transaction under the repairs' lock, actor ``reconciliation``, fenced on the
-    # very condition its check counts (:mod:`.repairs`, :mod:`.checks`): a job that moved on
-    # since the check is not matched. Each returns the ids of the jobs it repaired.
+    # One transaction each, under the repairs' lock, actor ``reconciliation``, fenced on the very condition its check
+    # counts (:mod:`.repairs`, :mod:`.checks`): a job that moved on since is not matched. Each returns the ids it moved.
 
     def queue_stuck_received(self, *, older_than_seconds: float) -> list[uuid.UUID]:
         """``received -> queued`` (``reconciliation_queued``) with the ``job.registered`` event,
