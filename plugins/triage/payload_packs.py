@@ -21,23 +21,24 @@ PACK_BYTES = 8 * 1024 * 1024
 """A pack is cut before it would pass this size (a payload larger than it is a pack of its own)."""
 
 
-LOCK_NAME = ".lock"
-"""The lock file of a pack folder (``<root>/ab/.lock``): no pack is named like it."""
+LOCK_NAME = ".packs.lock"
+"""The lock file of a local payload base (``<root>/.packs.lock``): no pack is named like it."""
 
 
 @contextmanager
-def folder_lock(folder: str, *, exclusive: bool) -> Iterator[None]:
-    """Hold the lock of the pack folder ``folder`` (``flock`` on its :data:`LOCK_NAME`) for the
-    block: shared by the writers (:func:`write_local`), exclusive for retention's removal of a
-    pack (:func:`triage.maintenance.files.remove_payload_packs`).
+def packs_lock(root: str, *, exclusive: bool) -> Iterator[None]:
+    """Hold the lock of the local payload base ``root`` (``flock`` on its :data:`LOCK_NAME`) for
+    the block: shared by the writers (:func:`write_local`), exclusive for retention's removal of
+    a pack (:func:`triage.maintenance.files.remove_payload_packs`).
 
     A writer that finds a byte-identical pack reuses it (its jobs will point into it) and
     touches it, so that retention, which removes a pack last written before its cutoff, keeps
     it. Without a lock retention could stat the pack (old), the writer touch it and commit its
     jobs, and retention then unlink it: a just-acknowledged document without its payload. Under
     the lock either retention's re-check sees the touch, or the removal comes first and the
-    writer, finding no pack, writes it anew."""
-    fd = os.open(f"{folder}/{LOCK_NAME}", os.O_RDWR | os.O_CREAT, 0o644)
+    writer, finding no pack, writes it anew. Writers share it (they never wait for each other);
+    retention holds it for one re-check and unlink at a time."""
+    fd = os.open(f"{root}/{LOCK_NAME}", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
@@ -114,8 +115,8 @@ def write_local(root: str, digest: str, content: bytes, made: set[str]) -> None:
     if folder not in made:
         os.makedirs(folder, exist_ok=True)
         made.add(folder)
-    # Shared with other writers, exclusive of retention's removals (folder_lock says why).
-    with folder_lock(folder, exclusive=False):
+    # Shared with other writers, exclusive of retention's removals (packs_lock says why).
+    with packs_lock(root, exclusive=False):
         try:
             fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:

@@ -59,7 +59,7 @@ def test_a_failed_fsync_of_the_file_or_its_folder_reaches_the_writer(
 def test_a_pack_reused_while_retention_removes_it_survives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Retention has re-checked an old pack and is about to unlink it when a writer reuses it
     (finds it byte-identical and touches it; its jobs will point into it). The writer waits for
-    the pack folder's lock, so the removal comes first and the writer writes the pack anew.
+    the payload base's lock, so the removal comes first and the writer writes the pack anew.
     Without the lock the writer's touch landed between the re-check and the unlink, and the
     pack of a just-acknowledged document was gone."""
     content = b"payload bytes"
