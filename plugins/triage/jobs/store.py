@@ -10,9 +10,8 @@ store inherits. The transaction bodies (``register_txn``, ``record_txn`` of :mod
 :mod:`.review_results`) never commit, so a caller that needs several writes in one transaction
 composes them; the outbox relay is :mod:`.relay`.
 
-A fenced write that matches fewer rows than it was given raises: a lost or expired lease, a
-stale attempt, an unknown job. The whole transaction rolls back; nothing is half-written and
-nothing is silently overwritten.
+A fenced write that matches fewer rows than it was given raises: a lost or expired lease, a stale attempt, an unknown
+job. The whole transaction rolls back; nothing is half-written and nothing is silently overwritten.
 """
 
 from __future__ import annotations
@@ -47,16 +46,17 @@ from triage.jobs.models import (
     Recorded,
     Registered,
 )
+from triage.jobs.outage_probes import OutageProbes
 from triage.jobs.recording import check_fenced, record_txn, register_txn
 from triage.jobs.relay import relay_events
 from triage.jobs.schema import jobs
 from triage.jobs.states import JobStatus, parse_status
 
 
-class JobStore(IntakeLedger, ReviewDecisions, DeadLastTries):
+class JobStore(IntakeLedger, ReviewDecisions, DeadLastTries, OutageProbes):
     """The ledger over one engine: a worker's moves, recovery, repairs, the relay and reads here;
     inherited: a reviewer's decisions (:class:`~triage.jobs.decisions.ReviewDecisions`), intake's
-    (:class:`~triage.jobs.intake.IntakeLedger`), the repair of dead last tries (:mod:`.last_tries`).
+    (:class:`~triage.jobs.intake.IntakeLedger`), dead last tries (:mod:`.last_tries`), outage probes (:mod:`.outage_probes`).
 
     :param engine: a SQLAlchemy engine on the job database (psycopg 3).
     :param retry_policy: backoff for :class:`RetryLater` outcomes that carry no delay.
