@@ -19,7 +19,7 @@ from tests.integration.helpers import counts
 from tests.integration.test_outage import Switch, classify, llm, register, reviews
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
-from triage.pipeline.steps import CircuitOpen, WorkRemains
+from triage.pipeline.steps import CircuitOpen
 
 BATCH = "2026-11-05T00:00:00+00:00/2026-11-06T00:00:00+00:00"
 PARK = Reply.status_only(503, retry_after="900")  # down, and it says for a quarter of an hour
@@ -57,8 +57,10 @@ def test_the_next_run_after_an_outage_probes_and_completes_the_parked_work_at_on
         # Still down: the next try makes one call (the probe), parks its job again and stops; the
         # others keep their due time and nobody spent an attempt.
         calls = fake.request_count
-        with pytest.raises(WorkRemains, match="probe"):
+        with pytest.raises(CircuitOpen, match="probe") as stopped:
             classify(store, llm(fake), payloads, try_number=2)
+        assert stopped.value.dependency == "model"
+        assert stopped.value.retry_after == 900  # the classify task's retry policy waits that long
         assert fake.request_count - calls == 1
         assert counts(store, "SELECT status, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == {("waiting", 0): 30}
         again = parked_until(store)

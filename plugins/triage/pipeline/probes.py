@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from triage.jobs.models import Outcome, Park, Release, RetryLater
 from triage.jobs.store import JobStore
@@ -37,8 +38,8 @@ class OutageProbe:
     failure, a release or a parking), the dependency is back and :meth:`conclude` queues the
     batch's jobs parked on it at once, so that the run goes on with them instead of failing its
     try until their park delay is over; failed again, the probe job is parked again (its attempt
-    given back: it was the dependency's failure) and :meth:`conclude` stops the run with
-    :class:`~triage.pipeline.steps.WorkRemains`, the rest keeping their due time."""
+    given back: it was the dependency's failure) and the step stops as on an open circuit
+    (:class:`~triage.pipeline.steps.CircuitOpen`), the rest keeping their due time."""
 
     def __init__(self, store: JobStore, step: str, batch_key: str, owner: str, version: str | None) -> None:
         self.store, self.step, self.batch_key, self.owner, self.version = store, step, batch_key, owner, version
@@ -46,6 +47,8 @@ class OutageProbe:
         self.dependency = ""
         self.tried = False
         self.verdict: bool | None = None  # True: answered, False: failed again, None: not judged
+        self.retry_after: float | None = None  # the dependency's Retry-After on the failed probe
+        self.error: tuple[str | None, str | None] = (None, None)  # its error class and message
 
     @property
     def pending(self) -> bool:
@@ -83,6 +86,7 @@ class OutageProbe:
             if outcome.job_id == self.job_id:
                 self.verdict = not isinstance(outcome, RetryLater | Release | Park)
                 if isinstance(outcome, RetryLater):
+                    self.retry_after, self.error = outcome.delay_seconds, (outcome.error_class, outcome.error)
                     outcome = Park(
                         outcome.job_id,
                         outcome.attempt,
@@ -112,3 +116,20 @@ class OutageProbe:
             resumed,
         )
         return True
+
+    @property
+    def failed_again(self) -> str:
+        """What the step says when it stops on a failed probe."""
+        return f"the probe of the work parked on outage:{self.dependency} failed again; the rest stays parked until due"
+
+    def stop_fields(self) -> dict[str, Any]:
+        """The :class:`~triage.pipeline.steps.CircuitOpen` a failed probe stops the step with: its
+        dependency, the probe job's park delay, the error and the dependency's ``Retry-After``."""
+        error_class, error = self.error
+        return {
+            "dependency": self.dependency,
+            "delay_seconds": self.retry_after or PROBE_PARK_SECONDS,
+            "error_class": error_class,
+            "error": error,
+            "retry_after": self.retry_after,
+        }

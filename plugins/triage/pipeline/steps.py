@@ -321,11 +321,8 @@ def run_step(
                     raise stop
                 if probe.verdict is not None:
                     settle()  # the probe's outcome is written before the rest moves
-                    if not probe.conclude():
-                        raise WorkRemains(
-                            f"outage:{probe.dependency}: the probe of {batch_key} at step {handler.step} failed "
-                            "again; its parked jobs wait until they are due"
-                        )
+                    if not probe.conclude():  # still down: the try stops as on an open circuit
+                        raise CircuitOpen(probe.failed_again, **probe.stop_fields())
             settle()
         except StepError as exc:
             report.stopped = exc.__class__.__name__
