@@ -99,11 +99,13 @@ def run_rules(
     rule with more knowledge settled; and the outbox last, so that the events the repairs wrote
     (``job.needs_review``, ``job.completed``) are relayed in the same run once they are old
     enough."""
-    view = airflow_view.airflow_view(store, params, api)
     results = [
         rules.expired_leases(store, params),
         rules.stuck_work(store, params, classifier_versions),
         rules.consistency(store, params),
+    ]
+    view = airflow_view.airflow_view(store, params, api)
+    results += [
         view,
         outage_resumes.outage_resumes(store, params, runs),
         # After the Airflow view (its repairs know why), before the orphans (a narrower reason).
