@@ -140,3 +140,17 @@ def test_without_the_tasks_retries_known_the_rule_is_skipped(store: JobStore) ->
     outcome = reconcile(store, ReconcileParams())
     assert "final try" in outcome.summary["totals"]["skipped"]["dead_last_tries"]
     assert states(store, KILLED_LAST) == {"completed": 1, "retryable_failed": 2, "queued": 1}
+
+
+def test_a_dry_run_reports_the_dead_last_try_and_moves_nothing(store: JobStore) -> None:
+    killed(store, KILLED_LAST, FINAL_TRY)
+    reconcile(store, ReconcileParams(), final_try=FINAL_TRY)  # the lease rule gives the jobs back
+    later(store, "2 hours")
+    outcome = reconcile(store, ReconcileParams(dry_run=True), final_try=FINAL_TRY)
+    [rule] = [r for r in outcome.summary["rules"] if r["rule"] == "dead_last_tries"]
+    assert [(f["check"], f["count"], f["repair"]) for f in rule["findings"]] == [
+        ("last_try_dead", 2, "last_try_dead_to_review")
+    ]
+    assert rule["repairs"] == []
+    assert "ledger-only rule" in rule["findings"][0]["detail"]
+    assert states(store, KILLED_LAST) == {"completed": 1, "retryable_failed": 2, "queued": 1}
