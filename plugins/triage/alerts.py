@@ -42,6 +42,8 @@ ORPHAN_REPAIRS: Mapping[str, str] = {
     "batch_sent_to_review": "a run Airflow gave up on left them and its failure callback never ran: to review",
     "orphans_sent_to_review": "their batch saw no progress for hours and no run holds it (no Airflow API needed): "
     "to review as orphaned",
+    "last_try_dead_to_review": "their task's final try died holding them and nobody came back (no Airflow API "
+    "needed): to review as airflow_task_failed",
 }
 """The reconciliation repairs (``docs/reconciliation.md``) that take back work nobody alive
 holds any more, and what each means. A new backstop repair of that kind belongs here."""

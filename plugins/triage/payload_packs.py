@@ -9,14 +9,41 @@ its bytes on disk or in an object store, never twice and never torn.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 PACK_BYTES = 8 * 1024 * 1024
 """A pack is cut before it would pass this size (a payload larger than it is a pack of its own)."""
+
+
+LOCK_NAME = ".packs.lock"
+"""The lock file of a local payload base (``<root>/.packs.lock``): no pack is named like it."""
+
+
+@contextmanager
+def packs_lock(root: str, *, exclusive: bool) -> Iterator[None]:
+    """Hold the lock of the local payload base ``root`` (``flock`` on its :data:`LOCK_NAME`) for
+    the block: shared by the writers (:func:`write_local`), exclusive for retention's removal of
+    a pack (:func:`triage.maintenance.files.remove_payload_packs`).
+
+    A writer that finds a byte-identical pack reuses it (its jobs will point into it) and
+    touches it, so that retention, which removes a pack last written before its cutoff, keeps
+    it. Without a lock retention could stat the pack (old), the writer touch it and commit its
+    jobs, and retention then unlink it: a just-acknowledged document without its payload. Under
+    the lock either retention's re-check sees the touch, or the removal comes first and the
+    writer, finding no pack, writes it anew. Writers share it (they never wait for each other);
+    retention holds it for one re-check and unlink at a time."""
+    fd = os.open(f"{root}/{LOCK_NAME}", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def sha256_hex(content: bytes) -> str:
@@ -88,25 +115,27 @@ def write_local(root: str, digest: str, content: bytes, made: set[str]) -> None:
     if folder not in made:
         os.makedirs(folder, exist_ok=True)
         made.add(folder)
-    try:
-        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        # Its name is the pack's hash, so equal bytes are the whole check (a size would trust
-        # a torn or corrupted file of the right length). Reading and comparing a pack costs
-        # ~0.4 ms; an fsync of it (durable already, unless a concurrent writer of the same
-        # chunk has not synced yet) ~3 ms on this machine's disk, so it is not done.
-        if not _holds(final, content):
-            _replace(folder, final, digest, content)
-        else:
-            # Reused now: retention keeps a pack until its last writer is older than the
-            # payloads' retention (triage.maintenance.files), so the reuse counts as a write.
-            os.utime(final)
-        return
-    try:
-        _write_all(fd, content)
-        _fsync_with_folder(fd, folder)
-    finally:
-        os.close(fd)
+    # Shared with other writers, exclusive of retention's removals (packs_lock says why).
+    with packs_lock(root, exclusive=False):
+        try:
+            fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            # Its name is the pack's hash, so equal bytes are the whole check (a size would trust
+            # a torn or corrupted file of the right length). Reading and comparing a pack costs
+            # ~0.4 ms; an fsync of it (durable already, unless a concurrent writer of the same
+            # chunk has not synced yet) ~3 ms on this machine's disk, so it is not done.
+            if not _holds(final, content):
+                _replace(folder, final, digest, content)
+            else:
+                # Reused now: retention keeps a pack until its last writer is older than the
+                # payloads' retention (triage.maintenance.files), so the reuse counts as a write.
+                os.utime(final)
+            return
+        try:
+            _write_all(fd, content)
+            _fsync_with_folder(fd, folder)
+        finally:
+            os.close(fd)
 
 
 def _fsync_with_folder(fd: int, folder: str) -> None:

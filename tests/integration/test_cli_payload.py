@@ -14,6 +14,7 @@ import pytest
 from triage.cli import job_payload, main
 from triage.database import DatabaseUrl
 from triage.jobs.store import JobStore
+from triage.payload_packs import LOCK_NAME
 from triage.payloads import PayloadCorrupt, PayloadRefInvalid, PayloadStore
 from triage.pipeline.retrieve import retrieve
 from triage.sources.synthetic import SyntheticSource
@@ -59,7 +60,7 @@ def test_prints_the_document_of_a_job_in_a_pack(
 
 def test_refuses_a_document_that_does_not_match_its_hash(store: JobStore, db_url: DatabaseUrl, tmp_path: Path) -> None:
     ids = _registered(store, tmp_path / "payloads")
-    [pack] = [p for p in (tmp_path / "payloads").rglob("*") if p.is_file()]
+    [pack] = [p for p in (tmp_path / "payloads").rglob("*") if p.is_file() and p.name != LOCK_NAME]
     pack.write_bytes(pack.read_bytes().upper())
     with pytest.raises(PayloadCorrupt):
         job_payload(db_url, str(next(iter(ids.values()))), str(tmp_path / "payloads"))

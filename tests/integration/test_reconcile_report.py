@@ -142,6 +142,7 @@ def test_the_json_summary_counts_everything(outcome: RunOutcome, store: JobStore
         "consistency",
         "airflow_view",
         "outage_resumes",
+        "dead_last_tries",
         "orphaned_work",
     }
     assert [r["action"] for r in row.repairs] == [r["action"] for r in summary["repairs"]]

@@ -169,16 +169,22 @@ def orphaned() -> list[ColumnElement[bool]]:
     Without Airflow's API this is the only sign that a batch's runs are over: a live run claims,
     heartbeats and completes, and each of those sets ``updated_at`` on some job of its batch.
     """
+    idle_since = sa.func.greatest(jobs.c.updated_at, jobs.c.next_attempt_at)
+    return [in_state(*CLAIMABLE), idle_since < NOW - seconds("threshold"), batch_idle()]
+
+
+def batch_idle() -> ColumnElement[bool]:
+    """No job of the job's batch has been written for ``:threshold`` seconds (no claim,
+    heartbeat, outcome or release), none is ``running`` (a lease, live or about to be released)
+    and none is ``waiting`` (parked: the run that parked it comes back for it)."""
     batch = jobs.alias("batch")
-    active = sa.exists().where(
+    return ~sa.exists().where(
         batch.c.batch_key == jobs.c.batch_key,
         sa.or_(
             batch.c.updated_at >= NOW - seconds("threshold"),
             batch.c.status.in_([status_literal(S.RUNNING), status_literal(S.WAITING)]),
         ),
     )
-    idle_since = sa.func.greatest(jobs.c.updated_at, jobs.c.next_attempt_at)
-    return [in_state(*CLAIMABLE), idle_since < NOW - seconds("threshold"), ~active]
 
 
 @cache

@@ -10,9 +10,8 @@ store inherits. The transaction bodies (``register_txn``, ``record_txn`` of :mod
 :mod:`.review_results`) never commit, so a caller that needs several writes in one transaction
 composes them; the outbox relay is :mod:`.relay`.
 
-A fenced write that matches fewer rows than it was given raises: a lost or expired lease, a
-stale attempt, an unknown job. The whole transaction rolls back; nothing is half-written and
-nothing is silently overwritten.
+A fenced write that matches fewer rows than it was given raises: a lost or expired lease, a stale attempt, an unknown
+job. The whole transaction rolls back; nothing is half-written and nothing is silently overwritten.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from triage.jobs.decisions import ReviewDecisions
 from triage.jobs.errors import JobNotFound
 from triage.jobs.expressions import context_json, rowset
 from triage.jobs.intake import IntakeLedger
+from triage.jobs.last_tries import DeadLastTries
 from triage.jobs.ledger import DEFAULT_ACTOR
 from triage.jobs.models import (
     REPAIRER,
@@ -46,16 +46,17 @@ from triage.jobs.models import (
     Recorded,
     Registered,
 )
+from triage.jobs.outage_probes import OutageProbes
 from triage.jobs.recording import check_fenced, record_txn, register_txn
 from triage.jobs.relay import relay_events
 from triage.jobs.schema import jobs
 from triage.jobs.states import JobStatus, parse_status
 
 
-class JobStore(IntakeLedger, ReviewDecisions):
+class JobStore(IntakeLedger, ReviewDecisions, DeadLastTries, OutageProbes):
     """The ledger over one engine: a worker's moves, recovery, repairs, the relay and reads here;
-    a reviewer's decisions inherited from :class:`~triage.jobs.decisions.ReviewDecisions`, intake's
-    from :class:`~triage.jobs.intake.IntakeLedger`.
+    inherited: a reviewer's decisions (:class:`~triage.jobs.decisions.ReviewDecisions`), intake's
+    (:class:`~triage.jobs.intake.IntakeLedger`), dead last tries (:mod:`.last_tries`), outage probes (:mod:`.outage_probes`).
 
     :param engine: a SQLAlchemy engine on the job database (psycopg 3).
     :param retry_policy: backoff for :class:`RetryLater` outcomes that carry no delay.
@@ -272,9 +273,8 @@ class JobStore(IntakeLedger, ReviewDecisions):
         return len(rows)
 
     # -- reconciliation's repairs -------------------------------------------------------
-    # Each is one transaction under the repairs' lock, actor ``reconciliation``, fenced on the
-    # very condition its check counts (:mod:`.repairs`, :mod:`.checks`): a job that moved on
-    # since the check is not matched. Each returns the ids of the jobs it repaired.
+    # One transaction each, under the repairs' lock, actor ``reconciliation``, fenced on the very condition its check
+    # counts (:mod:`.repairs`, :mod:`.checks`): a job that moved on since is not matched. Each returns the ids it moved.
 
     def queue_stuck_received(self, *, older_than_seconds: float) -> list[uuid.UUID]:
         """``received -> queued`` (``reconciliation_queued``) with the ``job.registered`` event,

@@ -3,7 +3,10 @@
 A file is removed when it was last written before the cutoff (its ``mtime``) and, for a payload
 pack, when no open job references it. A pack is touched when a chunk reuses it
 (:func:`triage.payload_packs.write_local`), so an old ``mtime`` means no writer has needed it
-since; it is stat'ed again just before its removal, after the open references were read.
+since; it is stat'ed again just before its removal, after the open references were read, under
+the payload base's lock (:func:`triage.payload_packs.packs_lock`), which a writer holds from
+finding the pack to touching it: a reuse is either seen by that re-check or comes after the
+removal (and writes the pack anew).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+from triage.payload_packs import packs_lock
 
 ROTATED = re.compile(r"\.\d{8}T\d{6}Z$")
 """The suffix of a rotated event file: ``outbox.jsonl.20261201T020000Z``."""
@@ -75,8 +80,10 @@ def remove_payload_packs(old: list[tuple[Path, int]], open_names: set[str], befo
     for path, size in old:
         if path.name in open_names:
             removed.kept_open += 1
-        elif _still_older(path, before):
-            removed.take(path, size)
+            continue
+        with packs_lock(str(path.parent.parent), exclusive=True):
+            if _still_older(path, before):
+                removed.take(path, size)
     return removed
 
 

@@ -125,6 +125,7 @@ class ReconcileJobsOperator(TriageOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from triage import settings
         from triage.operators.classify_documents import configured_classifier_versions
+        from triage.operators.tasks import DEFAULT_ARGS
         from triage.reconciliation.params import InvalidReconcileParams, ReconcileParams
         from triage.reconciliation.runner import reconcile
 
@@ -145,6 +146,8 @@ class ReconcileJobsOperator(TriageOperator):
                 classifier_versions=configured_classifier_versions(self.llm_conn_id),
                 runs=self.get_dag_runs(context),
                 dag_run_id=context["run_id"],
+                # The classifying tasks' last try: jobs a dead one held are the ledger-only rule's.
+                final_try=int(DEFAULT_ARGS["retries"]) + 1,
             )
         finally:
             api.close()

@@ -3,7 +3,8 @@
 The same loop serves every step (``classify``, ``persist``). It holds each claim under a lease
 that a heartbeat thread extends while the handler works, retries jobs that become due within
 ``retry_soon_seconds`` in the same run, and otherwise stops with :class:`WorkRemains` so that
-the caller (an Airflow task) fails and its retry picks them up later. Each claim is owned to the
+the caller (an Airflow task) fails and its retry picks them up later; work parked on an outage
+and not yet due is first probed with one of its jobs (:mod:`triage.pipeline.probes`). Each claim is owned to the
 end (:mod:`triage.pipeline.ownership`): nothing is started once its lease is lost
 (:class:`OwnershipLost`), and a drain (SIGTERM) gives back what was not started (:class:`Drained`).
 """
@@ -34,6 +35,7 @@ from triage.observability import (
 )
 from triage.pipeline.claim_ahead import Handling, handling_pool
 from triage.pipeline.ownership import Drain, Ownership
+from triage.pipeline.probes import OutageProbe
 from triage.tracing import annotate_current_span, batch_span
 
 log = logging.getLogger(__name__)
@@ -196,6 +198,7 @@ def run_step(
     version = handler.classifier_version
     resume = _resumer(store, handler.step, batch_key, settings.owner, version)
     resume()
+    probe = OutageProbe(store, handler.step, batch_key, settings.owner, version)
     total = store.open_in_step(batch_key, handler.step, version)
     began = last_progress = time.perf_counter()
     log.info("step=%s batch=%s starting with %d open jobs", handler.step, batch_key, total)
@@ -210,7 +213,7 @@ def run_step(
         return store.claim(
             batch_key=batch_key,
             step=handler.step,
-            limit=settings.batch_size,
+            limit=1 if probe.pending else settings.batch_size,  # the probe: one call, nothing beside it
             lease_seconds=settings.lease_seconds,
             owner=settings.owner,
             classifier_version=version,
@@ -260,6 +263,8 @@ def run_step(
                             break
                         wait = (due - now).total_seconds()
                         if wait > settings.retry_soon_seconds:
+                            if parked_due is not None and probe.take():
+                                continue  # claim the probe: it asks the dependency now
                             raise WorkRemains(
                                 f"retryable jobs of {batch_key} at step {handler.step} are due in {wait:.0f}s"
                             )
@@ -275,6 +280,7 @@ def run_step(
                         if claim.jobs:
                             live.append(begin(claim, claimed_at))
                 outcomes, ownership = current.result(), current.ownership
+                outcomes = probe.judge(outcomes)
                 settle()
                 if ownership.draining:
                     raise Drained(
@@ -313,6 +319,10 @@ def run_step(
                     if isinstance(stop, CircuitOpen):
                         stop.parked = _park_rest(store, handler.step, batch_key, settings.owner, version, stop)
                     raise stop
+                if probe.verdict is not None:
+                    settle()  # the probe's outcome is written before the rest moves
+                    if not probe.conclude():  # still down: the try stops as on an open circuit
+                        raise CircuitOpen(probe.failed_again, **probe.stop_fields())
             settle()
         except StepError as exc:
             report.stopped = exc.__class__.__name__

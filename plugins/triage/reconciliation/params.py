@@ -70,6 +70,14 @@ class ReconcileParams(DagParams):
         "and none is running or waiting, go to manual_review (orphaned): their run is gone. Keep it longer than "
         "any run's retries and than a run may wait for a pool slot (long backfills).",
     )
+    last_try_seconds: int = _seconds(
+        3600,
+        "Dead last try threshold (s)",
+        "Retryable jobs whose last holder was its task's final try go to manual_review (airflow_task_failed) once "
+        "due this long in a batch with no job written, running or waiting for as long: no retry will claim them. "
+        "Keep it longer than the tasks' longest retry delay (15 min) and than a cleared task's retry may wait for "
+        "a pool slot.",
+    )
     max_rescues: int = Field(
         default=3,
         ge=0,

@@ -17,6 +17,7 @@ import httpx
 
 from triage.contracts.events import WorkEvent
 from triage.jobs import checks as Q
+from triage.jobs import last_tries
 from triage.jobs.models import REPAIRER
 from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
@@ -283,6 +284,49 @@ def orphaned_work(store: JobStore, params: ReconcileParams) -> RuleResult:
         else ()
     )
     return RuleResult("orphaned_work", findings=findings, repairs=repairs)
+
+
+def dead_last_tries(
+    store: JobStore, params: ReconcileParams, final_try: int | None, api_skipped: str | None
+) -> RuleResult:
+    """Retryable jobs whose last holder was its task's final try (``final_try``: the classifying
+    tasks' retries + 1), due for ``last_try_seconds`` in a batch idle for as long, go to
+    ``manual_review`` (``airflow_task_failed``): :meth:`JobStore.send_dead_last_tries_to_review`,
+    fenced. A ledger-only rule: it needs no Airflow API, and says in its finding whether the API
+    answered (``api_skipped``: why the Airflow view was skipped, or None).
+
+    A SIGKILL on a task's last try leaves the jobs it held behind with no failure callback; the
+    lease rule gives them back as ``retryable_failed``, due at once, and no retry of that task
+    will ever claim them. The Airflow view settles them where the API answers; this rule where
+    it does not, in an hour instead of the orphan rule's twelve. ``docs/reconciliation.md``
+    gives the threshold's reasoning. Without ``final_try`` (the tasks' retries are unknown
+    outside Airflow) it is skipped."""
+    if final_try is None:
+        return RuleResult("dead_last_tries", skipped="no final try known (the classifying tasks' retries)")
+    row = _check(store, last_tries.dead_last_tries(), threshold=params.last_try_seconds, final_try=final_try)
+    if row.n == 0:
+        return RuleResult("dead_last_tries")
+    why = "Airflow API unreachable: ledger-only rule" if api_skipped else "ledger-only rule"
+    detail = (
+        f"retryable_failed whose last holder was its task's final try (try {final_try} or later), due for more "
+        f"than {params.last_try_seconds} s in a batch idle as long; {why}"
+    )
+    data = {
+        "oldest_seconds": round(float(row.oldest_seconds), 1),
+        "threshold_seconds": params.last_try_seconds,
+        "final_try": final_try,
+        "airflow_api": "unreachable" if api_skipped else "answered",
+    }
+    findings = (Finding("last_try_dead", int(row.n), detail, sample(row.job_ids), "last_try_dead_to_review", data),)
+    if params.dry_run:
+        return RuleResult("dead_last_tries", findings=findings)
+    ids = store.send_dead_last_tries_to_review(idle_seconds=params.last_try_seconds, final_try=final_try)
+    repairs = (
+        (Repair("last_try_dead_to_review", len(ids), f"retryable_failed -> manual_review ({detail})", sample(ids)),)
+        if ids
+        else ()
+    )
+    return RuleResult("dead_last_tries", findings=findings, repairs=repairs)
 
 
 def unfinished_by_batch(store: JobStore, batch_keys: Sequence[str]) -> dict[str, Any]:

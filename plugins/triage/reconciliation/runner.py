@@ -91,19 +91,26 @@ def run_rules(
     api: airflow_view.AirflowApi | None,
     classifier_versions: Collection[str] | None = None,
     runs: outage_resumes.DagRuns | None = None,
+    final_try: int | None = None,
 ) -> tuple[RuleResult, ...]:
     """Every rule, in an order where each sees the previous ones' repairs: leases first (a
     rescued job is no longer "running", nor its lease live), then Airflow's view (it counts what
-    is left), the resumes of parked work, the orphans: what no rule with more knowledge settled;
-    and the outbox last, so that the events the repairs wrote (``job.needs_review``,
-    ``job.completed``) are relayed in the same run once they are old enough."""
+    is left), the resumes of parked work, the jobs of dead last tries and the orphans: what no
+    rule with more knowledge settled; and the outbox last, so that the events the repairs wrote
+    (``job.needs_review``, ``job.completed``) are relayed in the same run once they are old
+    enough."""
     results = [
         rules.expired_leases(store, params),
         rules.stuck_work(store, params, classifier_versions),
         rules.consistency(store, params),
-        airflow_view.airflow_view(store, params, api),
+    ]
+    view = airflow_view.airflow_view(store, params, api)
+    results += [
+        view,
         outage_resumes.outage_resumes(store, params, runs),
-        rules.orphaned_work(store, params),  # after the Airflow view: its repairs know why
+        # After the Airflow view (its repairs know why), before the orphans (a narrower reason).
+        rules.dead_last_tries(store, params, final_try, view.skipped),
+        rules.orphaned_work(store, params),
         rules.outbox(store, params, publish),
     ]
     for result in results:
@@ -128,6 +135,7 @@ def reconcile(
     classifier_versions: Collection[str] | None = None,
     runs: outage_resumes.DagRuns | None = None,
     dag_run_id: str | None = None,
+    final_try: int | None = None,
 ) -> RunOutcome:
     """Run every rule (repairing unless ``params.dry_run``), write the report, record the run.
 
@@ -135,6 +143,9 @@ def reconcile(
         any other are reported (``version_mismatch``). None: not checked.
     :param runs: Airflow's DAG runs (state, paused), to plan the resumes of work parked on an
         outage (:mod:`.outage_resumes`); None: parked work is reported, nothing planned.
+    :param final_try: the try number of the classifying tasks' last try (their retries + 1): a
+        retryable job whose last holder was such a try is settled by :func:`rules.dead_last_tries`
+        once nobody came back for it. None: that rule is skipped.
     :param dag_run_id: the Airflow run of ``reconcile_jobs`` doing this (the report tab of its
         run page finds the report by it); None outside Airflow.
     """
@@ -143,7 +154,15 @@ def reconcile(
             start_run(),
             {"dry_run": params.dry_run, "params": params.model_dump(mode="json"), "dag_run_id": dag_run_id},
         ).one()
-    results = run_rules(store, params, publish=publish, api=api, classifier_versions=classifier_versions, runs=runs)
+    results = run_rules(
+        store,
+        params,
+        publish=publish,
+        api=api,
+        classifier_versions=classifier_versions,
+        runs=runs,
+        final_try=final_try,
+    )
     with store.reading() as conn:
         ledger = reporting.ledger_view(conn, params)
     finished_at = _now(store)

@@ -1,0 +1,117 @@
+"""A quick heal (issue #25, finding 6): once the model answers again, work parked on its outage is
+retried at once, not after its whole park delay. The next run that finds nothing else to do
+takes one parked job out as a probe (half-open) and makes its call: answered, every job parked on
+the outage is queued and the run completes them; failing again, only the probe job is parked
+again (its attempt given back) and the run stops. At most one prober at a time. Real PostgreSQL,
+the real classifier against the fake model server on loopback; the assertions read states and
+``next_attempt_at`` from the ledger, never the wall clock."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.fakes.openai_server import FakeOpenAIServer, Reply
+from tests.integration.helpers import counts
+from tests.integration.test_outage import Switch, classify, llm, register, reviews
+from triage.jobs.store import JobStore
+from triage.payloads import PayloadStore
+from triage.pipeline.steps import CircuitOpen
+
+BATCH = "2026-11-05T00:00:00+00:00/2026-11-06T00:00:00+00:00"
+PARK = Reply.status_only(503, retry_after="900")  # down, and it says for a quarter of an hour
+
+
+def one(store: JobStore, sql: str, **params: Any) -> Any:
+    with store.engine.connect() as conn:
+        return conn.execute(sa.text(sql), params).one()
+
+
+def parked_until(store: JobStore) -> dict[str, datetime]:
+    return {
+        str(r.id): r.next_attempt_at
+        for r in store.engine.connect().execute(
+            sa.text("SELECT id, next_attempt_at FROM triage.jobs WHERE status = 'waiting'")
+        )
+    }
+
+
+def test_the_next_run_after_an_outage_probes_and_completes_the_parked_work_at_once(
+    store: JobStore, payloads: PayloadStore
+) -> None:
+    switch = Switch(PARK)
+    with FakeOpenAIServer(responder=switch) as fake:
+        register(store, payloads, 30, llm(fake).version)
+        with pytest.raises(CircuitOpen):
+            classify(store, llm(fake), payloads, try_number=1)
+        assert counts(store, "SELECT status, attempt, status_reason, count(*) FROM triage.jobs GROUP BY 1, 2, 3") == {
+            ("waiting", 0, "outage:model"): 30
+        }
+        parked = parked_until(store)
+        earliest_due = min(parked.values())
+        assert one(store, "SELECT min(next_attempt_at) - now() AS wait FROM triage.jobs").wait.total_seconds() > 800
+
+        # Still down: the next try makes one call (the probe), parks its job again and stops; the
+        # others keep their due time and nobody spent an attempt.
+        calls = fake.request_count
+        with pytest.raises(CircuitOpen, match="probe") as stopped:
+            classify(store, llm(fake), payloads, try_number=2)
+        assert stopped.value.dependency == "model"
+        assert stopped.value.retry_after == 900  # the classify task's retry policy waits that long
+        assert fake.request_count - calls == 1
+        assert counts(store, "SELECT status, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == {("waiting", 0): 30}
+        again = parked_until(store)
+        [probed] = [job for job in parked if again[job] != parked[job]]
+        assert again[probed] > parked[probed]
+        assert one(store, "SELECT count(*) AS n FROM triage.job_events WHERE reason = 'outage_probe'").n == 1
+
+        # The model is back: the next try does not wait out the park delay. It probes, the probe
+        # is answered, every parked job is queued at once and completed, well before any was due.
+        switch.down = None
+        report = classify(store, llm(fake), payloads, try_number=3)
+    assert report.claimed == 30
+    assert counts(store, "SELECT status, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == {("completed", 1): 30}
+    assert reviews(store) == 0
+    done = one(
+        store,
+        "SELECT max(at) AS last, count(*) FILTER (WHERE reason = 'probe_answered') AS early"
+        " FROM triage.job_events WHERE to_status IN ('completed', 'queued')",
+    )
+    assert done.last < earliest_due  # completed while every parked job was still due later
+    assert done.early == 29  # the probe itself, then the other 29 queued at once
+
+
+def test_at_most_one_prober_at_a_time(store: JobStore, payloads: PayloadStore) -> None:
+    with FakeOpenAIServer(responder=Switch(PARK)) as fake:
+        version = llm(fake).version
+        register(store, payloads, 5, version)
+        with pytest.raises(CircuitOpen):
+            classify(store, llm(fake), payloads, try_number=1)
+
+    def probe(worker: str) -> Any:
+        return store.probe_parked(BATCH, "classify", actor=worker, classifier_version=version)
+
+    # Jobs a provider batch is answering, or that wait for the shared budget, are never probed.
+    for reason in ("outage:batch", "outage:rate_limit"):
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE triage.jobs SET status_reason = :r WHERE status = 'waiting'"), {"r": reason})
+        assert probe("w1") is None
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET status_reason = 'outage:model' WHERE status = 'waiting'"))
+
+    first = probe("w1")
+    assert first is not None
+    assert first[1] == "model"
+    assert probe("w2") is None  # the probe job is queued: whoever claims it is the prober
+    claim = store.claim(
+        batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="w1", classifier_version=version
+    )
+    assert [job.id for job in claim.jobs] == [first[0]]
+    assert probe("w2") is None  # its call is in flight under a live lease
+    assert counts(store, "SELECT status, count(*) FROM triage.jobs GROUP BY 1") == {("waiting",): 4, ("running",): 1}
+    # Parked jobs of another dependency are not resumed by this one's answer.
+    assert store.resume_after_probe(BATCH, "classify", dependency="label_provider", actor="w1") == 0
+    assert store.resume_after_probe(BATCH, "classify", dependency="model", actor="w1", classifier_version=version) == 4
