@@ -135,6 +135,8 @@ def test_unbound_intake_still_refuses_pull_sources_and_a_reserved_extra(
         pytest.param('{"helpdesk": ["editor"]}', id="no-kind"),
         pytest.param('{"test": ["user:editor"]}', id="binds-a-pull-source"),
         pytest.param('{"Helpdesk!": ["user:editor"]}', id="not-a-source-name"),
+        pytest.param('{"helpdesk": ["user:editor"], "helpdesk": ["user:second"]}', id="a-source-twice"),
+        pytest.param('{"helpdesk": ["user: editor"]}', id="a-name-with-a-space"),
     ],
 )
 def test_a_malformed_binding_refuses_every_post_with_503(
@@ -148,4 +150,5 @@ def test_a_malformed_binding_refuses_every_post_with_503(
     refused = post(server, doc("helpdesk", "H-1"), as_user(airflow_auth, "editor", "user"))
     assert refused.status_code == 503, refused.text
     assert ENV_INTAKE_SOURCES in refused.json()["detail"]
+    assert "editor" not in refused.json()["detail"]  # who is bound is the deployer's, not every caller's
     assert intake_jobs(store) == []
