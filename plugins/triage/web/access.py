@@ -132,7 +132,7 @@ def form_token(user: BaseUser, session: str) -> str:
 def _caller(request: Request, user: BaseUser, dag_id: str) -> Caller:
     if not authorized(user, READ, dag_id):
         raise refusal(dag_id, f"you may not read the {dag_id} DAG")
-    session = request.cookies.get(COOKIE_NAME_JWT_TOKEN) or None
+    session = session_of(request)
     return Caller(str(user.get_name()), authorized(user, EDIT, REVIEW_DAG), session, user)
 
 
@@ -148,15 +148,23 @@ ReviewReader = Annotated[Caller, Depends(review_reader)]
 ReportReader = Annotated[Caller, Depends(report_reader)]
 
 
-def _same_origin(request: Request) -> None:
+def session_of(request: Request) -> str | None:
+    """The session cookie's token, if the request carries one (whatever its ``Authorization``)."""
+    return request.cookies.get(COOKIE_NAME_JWT_TOKEN) or None
+
+
+def same_origin(request: Request) -> None:
     """Refuse a request whose ``Origin`` is another host's, or ``null`` (an opaque origin: a
     sandboxed frame, a ``data:`` page, a redirect across sites). None at all is a client that is
-    no browser page (the form token still holds)."""
+    no browser page (the form token still holds). Asked of every request that carries the
+    session cookie and changes something: decisions here, intake's posts (``triage.web.intake``)."""
     origin = request.headers.get("origin")
     if origin is None:
         return
     if origin.strip().lower() == "null" or urlsplit(origin).netloc != request.headers.get("host"):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "a decision must come from this server's own pages")
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "a request with this server's session must come from its own pages (Origin)"
+        )
 
 
 def check_decider(request: Request, caller: Caller, token: str | None = None) -> None:
@@ -170,7 +178,7 @@ def check_decider(request: Request, caller: Caller, token: str | None = None) ->
     if not caller.may_decide:
         raise refusal(REVIEW_DAG, f"you may look but not decide: deciding needs edit access to {REVIEW_DAG}")
     if caller.session is not None:
-        _same_origin(request)
+        same_origin(request)
     if token is None:
         return
     if caller.session is None:
