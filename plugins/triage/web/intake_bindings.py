@@ -141,7 +141,9 @@ def configured() -> Bindings:
 
 def roles_of(user: Any) -> frozenset[str]:
     """The user's role names, as the auth manager's user object holds them: SimpleAuthManager's
-    ``role``, FAB's ``roles`` (objects with a ``name``); none for an auth manager with neither."""
+    ``role``, FAB's ``roles`` (objects with a ``name``); none for an auth manager with neither.
+    FAB's group roles are not read: ``groups`` loads lazily, and the user may be one the token
+    cache holds outside any session (a refusal then, never an error or a grant)."""
     found: set[str] = set()
     role = getattr(user, "role", None)
     if isinstance(role, str) and role:
