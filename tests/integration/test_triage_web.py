@@ -509,12 +509,25 @@ def test_an_authorization_header_does_not_switch_off_a_cookie_form_s_checks(
     client.cookies.clear()
 
 
-def test_origin_null_is_refused(client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any) -> None:
+@pytest.mark.parametrize(
+    "origin",
+    [
+        pytest.param("null", id="null"),
+        pytest.param("NULL", id="null-upper"),
+        pytest.param(" null ", id="null-spaced"),
+        pytest.param("", id="empty"),
+        pytest.param("http://airflow.test:9999", id="another-port"),
+        pytest.param("http://airflow.test.evil.test", id="a-longer-host"),
+    ],
+)
+def test_origin_null_is_refused(
+    client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any, origin: str
+) -> None:
     [job_id] = to_review(store, payloads, 1)
     client.cookies.set("_token", token(airflow_auth, "editor", "user"))
     csrf = _form_token(client, job_id)
     before = ledger(store)
-    null = {"Origin": "null"}
+    null = {"Origin": origin}
     form = client.post(f"/triage/review/jobs/{job_id}", data={"action": "reject", "csrf_token": csrf}, headers=null)
     assert form.status_code == 403
     assert client.post(f"/triage/api/reviews/{job_id}", json={"action": "reject"}, headers=null).status_code == 403
@@ -561,9 +574,17 @@ def test_the_form_token_is_bound_to_the_session(
 
 @pytest.mark.parametrize(
     "review_id",
-    [pytest.param(2**63, id="2^63"), pytest.param(-1, id="negative"), pytest.param(10**30, id="huge")],
+    [
+        pytest.param(2**63, id="2^63"),
+        pytest.param(-1, id="negative"),
+        pytest.param(10**30, id="huge"),
+        pytest.param("9" * 5000, id="past-int-parsing"),
+        pytest.param("12a", id="not-a-number"),
+    ],
 )
-def test_a_cursor_outside_the_columns_range_answers_400(client: TestClient, airflow_auth: Any, review_id: int) -> None:
+def test_a_cursor_outside_the_columns_range_answers_400(
+    client: TestClient, airflow_auth: Any, review_id: int | str
+) -> None:
     import base64
 
     cursor = base64.urlsafe_b64encode(f"2026-12-01T00:00:00+00:00|{review_id}".encode()).decode().rstrip("=")
@@ -574,3 +595,12 @@ def test_a_cursor_outside_the_columns_range_answers_400(client: TestClient, airf
     assert client.get(f"/triage/review?cursor={cursor}", headers=viewer).status_code == 400
     assert client.get(f"/triage/api/reports/{2**63}", headers=viewer).status_code == 422
     assert client.get(f"/triage/reports/{2**63}", headers=viewer).status_code == 422
+
+
+def test_a_cursor_at_the_top_of_the_columns_range_is_a_page(client: TestClient, airflow_auth: Any) -> None:
+    import base64
+
+    cursor = base64.urlsafe_b64encode(f"2026-12-01T00:00:00+00:00|{2**63 - 1}".encode()).decode().rstrip("=")
+    viewer = as_user(airflow_auth, "viewer", "viewer")
+    assert client.get(f"/triage/api/reviews?cursor={cursor}", headers=viewer).status_code == 200
+    assert client.get(f"/triage/api/reports/{2**63 - 1}", headers=viewer).status_code == 404
