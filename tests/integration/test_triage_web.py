@@ -573,6 +573,29 @@ def test_the_form_token_is_bound_to_the_session(
 
 
 @pytest.mark.parametrize(
+    "forged",
+    [
+        pytest.param("\u00e9" * 64, id="non-ascii"),
+        pytest.param("0" * 100_000, id="long"),
+    ],
+)
+def test_a_forged_form_token_of_any_text_is_refused_not_a_crash(
+    client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any, forged: str
+) -> None:
+    """``hmac.compare_digest`` raises TypeError for a str that is not ASCII: a form token is
+    compared as bytes, so any text posted is a 403, never a 500."""
+    [job_id] = to_review(store, payloads, 1)
+    client.cookies.set("_token", token(airflow_auth, "editor", "user"))
+    before = ledger(store)
+    for path, data in ((f"/triage/review/jobs/{job_id}", {}), ("/triage/review/bulk", {"job_id": str(job_id)})):
+        answer = client.post(path, data={"action": "reject", "csrf_token": forged, **data})
+        assert answer.status_code == 403, answer.text
+        assert "stale" in answer.text
+    assert ledger(store) == before
+    client.cookies.clear()
+
+
+@pytest.mark.parametrize(
     "review_id",
     [
         pytest.param(2**63, id="2^63"),

@@ -186,7 +186,8 @@ def check_decider(request: Request, caller: Caller, token: str | None = None) ->
             status.HTTP_403_FORBIDDEN,
             "a form post needs the session of the page it came from; scripts decide through /triage/api/reviews",
         )
-    if not (token and hmac.compare_digest(token, caller.csrf_token)):
+    # As bytes: compare_digest raises TypeError for a str that is not ASCII (a forged token's 500).
+    if not (token and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), caller.csrf_token.encode())):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the form is stale or not this server's: open the page again")
 
 
