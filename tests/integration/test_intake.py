@@ -324,6 +324,7 @@ def test_without_a_token_401_with_a_bad_one_or_a_reader_s_403(
         pytest.param("null", id="null"),
         pytest.param("http://evil.test", id="another-host"),
         pytest.param("http://127.0.0.1:1", id="another-port"),
+        pytest.param("http://[", id="unparsable"),
     ],
 )
 def test_a_session_post_from_another_origin_is_refused(

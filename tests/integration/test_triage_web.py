@@ -518,6 +518,8 @@ def test_an_authorization_header_does_not_switch_off_a_cookie_form_s_checks(
         pytest.param("", id="empty"),
         pytest.param("http://airflow.test:9999", id="another-port"),
         pytest.param("http://airflow.test.evil.test", id="a-longer-host"),
+        pytest.param("http://[", id="unparsable"),  # urlsplit raises ValueError: a 500 before
+        pytest.param("http://[zz]", id="not-an-address"),
     ],
 )
 def test_origin_null_is_refused(

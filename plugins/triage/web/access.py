@@ -153,6 +153,15 @@ def session_of(request: Request) -> str | None:
     return request.cookies.get(COOKIE_NAME_JWT_TOKEN) or None
 
 
+def _netloc(origin: str) -> str | None:
+    """The host and port an ``Origin`` names; None when it is no URL (``urlsplit`` raises for a
+    bracketed host that is no IPv6 address: refused, never a 500)."""
+    try:
+        return urlsplit(origin).netloc
+    except ValueError:
+        return None
+
+
 def same_origin(request: Request) -> None:
     """Refuse a request whose ``Origin`` is another host's, or ``null`` (an opaque origin: a
     sandboxed frame, a ``data:`` page, a redirect across sites). None at all is a client that is
@@ -161,7 +170,7 @@ def same_origin(request: Request) -> None:
     origin = request.headers.get("origin")
     if origin is None:
         return
-    if origin.strip().lower() == "null" or urlsplit(origin).netloc != request.headers.get("host"):
+    if origin.strip().lower() == "null" or _netloc(origin) != request.headers.get("host"):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, "a request with this server's session must come from its own pages (Origin)"
         )
