@@ -60,6 +60,7 @@ def test_unbound_allows_any_unreserved_source() -> None:
         # a name with a space never equals a user's or role's name: a binding that binds nobody
         pytest.param('{"crm": ["role: crm"]}', "", id="space-before-a-name"),
         pytest.param('{"crm": ["user:bot "]}', "", id="space-after-a-name"),
+        pytest.param("[" * 100_000, "", id="nested-past-the-recursion-limit"),  # RecursionError, not ValueError
     ],
 )
 def test_an_unreadable_binding_is_an_error(sources: str, reserved: str) -> None:

@@ -116,7 +116,7 @@ def parse(sources: str | None, reserved: str = "") -> Bindings:
         data = json.loads(sources, object_pairs_hook=_object)
     except BindingError:
         raise
-    except ValueError:
+    except (ValueError, RecursionError):
         raise BindingError(f"{ENV_INTAKE_SOURCES} is not JSON") from None
     if not isinstance(data, dict):
         raise BindingError(f'{ENV_INTAKE_SOURCES} is a JSON object: {{"source": ["user:NAME", "role:NAME"]}}')
