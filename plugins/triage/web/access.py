@@ -24,8 +24,9 @@ that signs Airflow's JWTs (the same on every API server of a deployment), of the
 of the session (the ``_token`` cookie the page was rendered for), which another site cannot read
 or make. It is good for that session only: a new login, or the session's end, makes it stale,
 and a form post without a session has no token to show. Any request that carries the session
-cookie (a form post, or a JSON call a browser could send with it) is also refused when its
-``Origin`` names another host, or is ``null`` (a sandboxed frame, a ``data:`` page). Whether a
+cookie and changes something (a decision by form or JSON, an intake post) is also refused when
+its ``Origin`` names another host, is ``null`` (a sandboxed frame, a ``data:`` page) or is no
+URL (:func:`same_origin`); reads are not (another origin cannot read their answers). Whether a
 request is the session's does not depend on its ``Authorization`` header: Airflow takes the
 caller from the cookie whenever the header holds no bearer token. The cookie is
 ``SameSite=Lax`` already; the token also covers the other ports of the same host, which count
