@@ -574,6 +574,27 @@ def test_the_form_token_is_bound_to_the_session(
     client.cookies.clear()
 
 
+def test_a_bearer_token_beside_the_cookie_does_not_borrow_the_session_s_form(
+    client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any
+) -> None:
+    """Airflow takes the caller from a bearer token over the cookie; the form token is the
+    (caller, session) pair's, so another user's bearer token with the editor's session and form
+    token is refused, and the editor's own bearer token with them is the editor's form post."""
+    [job_id] = to_review(store, payloads, 1)
+    client.cookies.set("_token", token(airflow_auth, "editor", "user"))
+    csrf = _form_token(client, job_id)
+    before = ledger(store)
+    form = {"action": "reject", "csrf_token": csrf}
+    other = client.post(f"/triage/review/jobs/{job_id}", data=form, headers=as_user(airflow_auth, "boss", "admin"))
+    assert other.status_code == 403
+    assert ledger(store) == before
+    own = as_user(airflow_auth, "editor", "user")
+    assert (
+        client.post(f"/triage/review/jobs/{job_id}", data=form, headers=own, follow_redirects=False).status_code == 303
+    )
+    client.cookies.clear()
+
+
 @pytest.mark.parametrize(
     "forged",
     [
