@@ -318,6 +318,39 @@ def test_without_a_token_401_with_a_bad_one_or_a_reader_s_403(
     assert ledger(store)["jobs"] == []
 
 
+@pytest.mark.parametrize(
+    "origin",
+    [
+        pytest.param("null", id="null"),
+        pytest.param("http://evil.test", id="another-host"),
+        pytest.param("http://127.0.0.1:1", id="another-port"),
+        pytest.param("http://[", id="unparsable"),
+    ],
+)
+def test_a_session_post_from_another_origin_is_refused(
+    server: ThreadServer,
+    store: JobStore,
+    airflow_auth: Any,  # noqa: F811
+    origin: str,
+) -> None:
+    """A post carrying the UI session (the ``_token`` cookie) is checked as every session request
+    of the app is (docs/security.md): another origin, or ``null`` (a sandboxed frame, a ``data:``
+    page), is refused and registers nothing; the same post from the server's own origin, or
+    without an ``Origin`` (no browser page), is accepted."""
+    from tests.integration.test_triage_web import token
+
+    cookies = {"_token": token(airflow_auth, "editor", "user")}
+    url, body = server.url + URL, json.dumps(doc("S-1"))
+    refused = httpx.post(url, content=body, headers={**JSON, "Origin": origin}, cookies=cookies, timeout=30)
+    assert refused.status_code == 403, refused.text
+    assert "Origin" in refused.json()["detail"]
+    assert ledger(store)["jobs"] == []
+    own = httpx.post(url, content=body, headers={**JSON, "Origin": server.url}, cookies=cookies, timeout=30)
+    assert own.status_code == 202, own.text
+    script = httpx.post(url, content=json.dumps(doc("S-2")), headers=JSON, cookies=cookies, timeout=30)
+    assert script.status_code == 202, script.text
+
+
 # -- backpressure -------------------------------------------------------------------------------------
 
 

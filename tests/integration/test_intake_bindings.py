@@ -135,6 +135,8 @@ def test_unbound_intake_still_refuses_pull_sources_and_a_reserved_extra(
         pytest.param('{"helpdesk": ["editor"]}', id="no-kind"),
         pytest.param('{"test": ["user:editor"]}', id="binds-a-pull-source"),
         pytest.param('{"Helpdesk!": ["user:editor"]}', id="not-a-source-name"),
+        pytest.param('{"helpdesk": ["user:editor"], "helpdesk": ["user:second"]}', id="a-source-twice"),
+        pytest.param('{"helpdesk": ["user: editor"]}', id="a-name-with-a-space"),
     ],
 )
 def test_a_malformed_binding_refuses_every_post_with_503(
@@ -148,4 +150,29 @@ def test_a_malformed_binding_refuses_every_post_with_503(
     refused = post(server, doc("helpdesk", "H-1"), as_user(airflow_auth, "editor", "user"))
     assert refused.status_code == 503, refused.text
     assert ENV_INTAKE_SOURCES in refused.json()["detail"]
+    assert "editor" not in refused.json()["detail"]  # who is bound is the deployer's, not every caller's
+    assert intake_jobs(store) == []
+
+
+def test_a_refused_post_logs_no_document_text_nor_credential(
+    server: ThreadServer,
+    store: JobStore,
+    airflow_auth: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The refusals' paths (a reserved source, another's source, bindings that cannot be read)
+    log nothing of the document or the caller's token, at any level."""
+    editor = as_user(airflow_auth, "editor", "user")
+    marker = "CONFIDENTIAL-7f3a refund for card 4111"
+    secret_doc = {**doc("test", "X-1"), "body": marker}
+    caplog.set_level("DEBUG")
+    assert post(server, secret_doc, editor).status_code == 403
+    monkeypatch.setenv(ENV_INTAKE_SOURCES, json.dumps({"helpdesk": ["user:second"]}))
+    assert post(server, {**secret_doc, "source": "helpdesk"}, editor).status_code == 403
+    monkeypatch.setenv(ENV_INTAKE_SOURCES, "not json")
+    assert post(server, {**secret_doc, "source": "helpdesk"}, editor).status_code == 503
+    logged = caplog.text
+    assert marker not in logged
+    assert editor["Authorization"].removeprefix("Bearer ") not in logged
     assert intake_jobs(store) == []

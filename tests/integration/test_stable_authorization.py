@@ -139,3 +139,20 @@ def test_intake_keeps_no_refusal_of_a_token(client: TestClient, fresh: tuple[Any
     # the same token, its cache entry fresh: the refusal was not kept
     accepted = client.post(f"{ROOT_PATH}/api/documents", content=json.dumps(document), headers=editor)
     assert accepted.status_code == 202, accepted.text
+
+
+def test_a_dag_that_never_parses_answers_503_only_to_whom_it_refuses(
+    client: TestClient, fresh: tuple[Any, Any]
+) -> None:
+    """The 503 cannot be turned against a caller the auth manager grants: while ``review_jobs`` is
+    unknown (never parsed), an admin, whose rights do not depend on it, decides every time; only
+    the refused get the 503. The DAG ids asked about are the app's own, never a request's."""
+    manager, _engine = fresh
+    admin = {"Authorization": f"Bearer {token(manager, 'boss', 'admin')}"}
+    viewer = {"Authorization": f"Bearer {token(manager, 'viewer', 'viewer')}"}
+    decide = f"{ROOT_PATH}/api/reviews/{uuid.uuid4()}"
+    for _ in range(3):
+        assert client.post(decide, json={"action": "requeue"}, headers=admin).status_code == 404  # authorized
+        refused = client.post(decide, json={"action": "requeue"}, headers=viewer)
+        assert refused.status_code == 503
+        assert refused.headers["Retry-After"] == "10"

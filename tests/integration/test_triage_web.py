@@ -509,12 +509,27 @@ def test_an_authorization_header_does_not_switch_off_a_cookie_form_s_checks(
     client.cookies.clear()
 
 
-def test_origin_null_is_refused(client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any) -> None:
+@pytest.mark.parametrize(
+    "origin",
+    [
+        pytest.param("null", id="null"),
+        pytest.param("NULL", id="null-upper"),
+        pytest.param(" null ", id="null-spaced"),
+        pytest.param("", id="empty"),
+        pytest.param("http://airflow.test:9999", id="another-port"),
+        pytest.param("http://airflow.test.evil.test", id="a-longer-host"),
+        pytest.param("http://[", id="unparsable"),  # urlsplit raises ValueError: a 500 before
+        pytest.param("http://[zz]", id="not-an-address"),
+    ],
+)
+def test_origin_null_is_refused(
+    client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any, origin: str
+) -> None:
     [job_id] = to_review(store, payloads, 1)
     client.cookies.set("_token", token(airflow_auth, "editor", "user"))
     csrf = _form_token(client, job_id)
     before = ledger(store)
-    null = {"Origin": "null"}
+    null = {"Origin": origin}
     form = client.post(f"/triage/review/jobs/{job_id}", data={"action": "reject", "csrf_token": csrf}, headers=null)
     assert form.status_code == 403
     assert client.post(f"/triage/api/reviews/{job_id}", json={"action": "reject"}, headers=null).status_code == 403
@@ -559,11 +574,63 @@ def test_the_form_token_is_bound_to_the_session(
     client.cookies.clear()
 
 
+def test_a_bearer_token_beside_the_cookie_does_not_borrow_the_session_s_form(
+    client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any
+) -> None:
+    """Airflow takes the caller from a bearer token over the cookie; the form token is the
+    (caller, session) pair's, so another user's bearer token with the editor's session and form
+    token is refused, and the editor's own bearer token with them is the editor's form post."""
+    [job_id] = to_review(store, payloads, 1)
+    client.cookies.set("_token", token(airflow_auth, "editor", "user"))
+    csrf = _form_token(client, job_id)
+    before = ledger(store)
+    form = {"action": "reject", "csrf_token": csrf}
+    other = client.post(f"/triage/review/jobs/{job_id}", data=form, headers=as_user(airflow_auth, "boss", "admin"))
+    assert other.status_code == 403
+    assert ledger(store) == before
+    own = as_user(airflow_auth, "editor", "user")
+    assert (
+        client.post(f"/triage/review/jobs/{job_id}", data=form, headers=own, follow_redirects=False).status_code == 303
+    )
+    client.cookies.clear()
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        pytest.param("\u00e9" * 64, id="non-ascii"),
+        pytest.param("0" * 100_000, id="long"),
+    ],
+)
+def test_a_forged_form_token_of_any_text_is_refused_not_a_crash(
+    client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any, forged: str
+) -> None:
+    """``hmac.compare_digest`` raises TypeError for a str that is not ASCII: a form token is
+    compared as bytes, so any text posted is a 403, never a 500."""
+    [job_id] = to_review(store, payloads, 1)
+    client.cookies.set("_token", token(airflow_auth, "editor", "user"))
+    before = ledger(store)
+    for path, data in ((f"/triage/review/jobs/{job_id}", {}), ("/triage/review/bulk", {"job_id": str(job_id)})):
+        answer = client.post(path, data={"action": "reject", "csrf_token": forged, **data})
+        assert answer.status_code == 403, answer.text
+        assert "stale" in answer.text
+    assert ledger(store) == before
+    client.cookies.clear()
+
+
 @pytest.mark.parametrize(
     "review_id",
-    [pytest.param(2**63, id="2^63"), pytest.param(-1, id="negative"), pytest.param(10**30, id="huge")],
+    [
+        pytest.param(2**63, id="2^63"),
+        pytest.param(-1, id="negative"),
+        pytest.param(10**30, id="huge"),
+        pytest.param("9" * 5000, id="past-int-parsing"),
+        pytest.param("12a", id="not-a-number"),
+    ],
 )
-def test_a_cursor_outside_the_columns_range_answers_400(client: TestClient, airflow_auth: Any, review_id: int) -> None:
+def test_a_cursor_outside_the_columns_range_answers_400(
+    client: TestClient, airflow_auth: Any, review_id: int | str
+) -> None:
     import base64
 
     cursor = base64.urlsafe_b64encode(f"2026-12-01T00:00:00+00:00|{review_id}".encode()).decode().rstrip("=")
@@ -574,3 +641,12 @@ def test_a_cursor_outside_the_columns_range_answers_400(client: TestClient, airf
     assert client.get(f"/triage/review?cursor={cursor}", headers=viewer).status_code == 400
     assert client.get(f"/triage/api/reports/{2**63}", headers=viewer).status_code == 422
     assert client.get(f"/triage/reports/{2**63}", headers=viewer).status_code == 422
+
+
+def test_a_cursor_at_the_top_of_the_columns_range_is_a_page(client: TestClient, airflow_auth: Any) -> None:
+    import base64
+
+    cursor = base64.urlsafe_b64encode(f"2026-12-01T00:00:00+00:00|{2**63 - 1}".encode()).decode().rstrip("=")
+    viewer = as_user(airflow_auth, "viewer", "viewer")
+    assert client.get(f"/triage/api/reviews?cursor={cursor}", headers=viewer).status_code == 200
+    assert client.get(f"/triage/api/reports/{2**63 - 1}", headers=viewer).status_code == 404

@@ -55,6 +55,12 @@ def test_unbound_allows_any_unreserved_source() -> None:
         pytest.param('{"synthetic": []}', "", id="binds-a-pull-source"),
         pytest.param('{"erp": ["user:x"]}', "erp", id="binds-a-reserved-extra"),
         pytest.param("", "Not A Name", id="bad-reserved-name"),
+        # a source listed twice: json.loads keeps the last list, silently dropping the first's callers
+        pytest.param('{"helpdesk": ["user:bot"], "helpdesk": ["user:alice"]}', "", id="a-source-twice"),
+        # a name with a space never equals a user's or role's name: a binding that binds nobody
+        pytest.param('{"crm": ["role: crm"]}', "", id="space-before-a-name"),
+        pytest.param('{"crm": ["user:bot "]}', "", id="space-after-a-name"),
+        pytest.param("[" * 100_000, "", id="nested-past-the-recursion-limit"),  # RecursionError, not ValueError
     ],
 )
 def test_an_unreadable_binding_is_an_error(sources: str, reserved: str) -> None:
@@ -82,3 +88,12 @@ def test_roles_of_reads_simple_and_fab_users() -> None:
     assert roles_of(SimpleLikeUser(None)) == frozenset()
     assert roles_of(FabLikeUser([Role("Viewer"), Role("crm_intake")])) == {"Viewer", "crm_intake"}
     assert roles_of(object()) == frozenset()
+
+
+def test_an_unreadable_binding_does_not_repeat_its_entries() -> None:
+    """The error reaches every intake caller in a 503: it says which source and what is wrong,
+    never the configured user or role names (who else may post, and as whom)."""
+    with pytest.raises(BindingError) as raised:
+        parse('{"helpdesk": ["helpdesk-bot"]}')
+    assert "helpdesk" in str(raised.value)
+    assert "helpdesk-bot" not in str(raised.value)

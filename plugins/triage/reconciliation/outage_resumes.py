@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Protocol
 
-from triage.contracts.intake import INTAKE_BATCH
+from triage.contracts.intake import INTAKE_BATCH, INTAKE_DAG_ID
 from triage.jobs import checks as Q
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 
@@ -43,8 +43,7 @@ if TYPE_CHECKING:
 
 RULE = "outage_resumes"
 RESUMABLE_DAG = "classify_documents"
-INTAKE_DAG = "classify_intake"
-RESUMABLE_DAGS = frozenset({RESUMABLE_DAG, INTAKE_DAG})
+RESUMABLE_DAGS = frozenset({RESUMABLE_DAG, INTAKE_DAG_ID})
 """The DAGs whose runs may be cleared: re-running one of their runs is idempotent."""
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
 RESUME = "resume"
@@ -133,9 +132,9 @@ def _decide(
 ) -> tuple[str, str]:
     """(decision, why) for one parked batch, the cheapest reasons first."""
     again = (
-        f"trigger {INTAKE_DAG} (any run of it takes the batch)"
+        f"trigger {INTAKE_DAG_ID} (any run of it takes the batch)"
         if batch.batch_key == INTAKE_BATCH
-        else ("run the date again")
+        else "run the date again"
     )
     if batch.due_in_seconds > 0:
         return "not_due", f"the last is due in {float(batch.due_in_seconds):.0f} s"

@@ -24,8 +24,9 @@ that signs Airflow's JWTs (the same on every API server of a deployment), of the
 of the session (the ``_token`` cookie the page was rendered for), which another site cannot read
 or make. It is good for that session only: a new login, or the session's end, makes it stale,
 and a form post without a session has no token to show. Any request that carries the session
-cookie (a form post, or a JSON call a browser could send with it) is also refused when its
-``Origin`` names another host, or is ``null`` (a sandboxed frame, a ``data:`` page). Whether a
+cookie and changes something (a decision by form or JSON, an intake post) is also refused when
+its ``Origin`` names another host, is ``null`` (a sandboxed frame, a ``data:`` page) or is no
+URL (:func:`same_origin`); reads are not (another origin cannot read their answers). Whether a
 request is the session's does not depend on its ``Authorization`` header: Airflow takes the
 caller from the cookie whenever the header holds no bearer token. The cookie is
 ``SameSite=Lax`` already; the token also covers the other ports of the same host, which count
@@ -132,7 +133,7 @@ def form_token(user: BaseUser, session: str) -> str:
 def _caller(request: Request, user: BaseUser, dag_id: str) -> Caller:
     if not authorized(user, READ, dag_id):
         raise refusal(dag_id, f"you may not read the {dag_id} DAG")
-    session = request.cookies.get(COOKIE_NAME_JWT_TOKEN) or None
+    session = session_of(request)
     return Caller(str(user.get_name()), authorized(user, EDIT, REVIEW_DAG), session, user)
 
 
@@ -148,15 +149,32 @@ ReviewReader = Annotated[Caller, Depends(review_reader)]
 ReportReader = Annotated[Caller, Depends(report_reader)]
 
 
-def _same_origin(request: Request) -> None:
+def session_of(request: Request) -> str | None:
+    """The session cookie's token, if the request carries one (whatever its ``Authorization``)."""
+    return request.cookies.get(COOKIE_NAME_JWT_TOKEN) or None
+
+
+def _netloc(origin: str) -> str | None:
+    """The host and port an ``Origin`` names; None when it is no URL (``urlsplit`` raises for a
+    bracketed host that is no IPv6 address: refused, never a 500)."""
+    try:
+        return urlsplit(origin).netloc
+    except ValueError:
+        return None
+
+
+def same_origin(request: Request) -> None:
     """Refuse a request whose ``Origin`` is another host's, or ``null`` (an opaque origin: a
     sandboxed frame, a ``data:`` page, a redirect across sites). None at all is a client that is
-    no browser page (the form token still holds)."""
+    no browser page (the form token still holds). Asked of every request that carries the
+    session cookie and changes something: decisions here, intake's posts (``triage.web.intake``)."""
     origin = request.headers.get("origin")
     if origin is None:
         return
-    if origin.strip().lower() == "null" or urlsplit(origin).netloc != request.headers.get("host"):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "a decision must come from this server's own pages")
+    if origin.strip().lower() == "null" or _netloc(origin) != request.headers.get("host"):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "a request with this server's session must come from its own pages (Origin)"
+        )
 
 
 def check_decider(request: Request, caller: Caller, token: str | None = None) -> None:
@@ -170,7 +188,7 @@ def check_decider(request: Request, caller: Caller, token: str | None = None) ->
     if not caller.may_decide:
         raise refusal(REVIEW_DAG, f"you may look but not decide: deciding needs edit access to {REVIEW_DAG}")
     if caller.session is not None:
-        _same_origin(request)
+        same_origin(request)
     if token is None:
         return
     if caller.session is None:
@@ -178,7 +196,8 @@ def check_decider(request: Request, caller: Caller, token: str | None = None) ->
             status.HTTP_403_FORBIDDEN,
             "a form post needs the session of the page it came from; scripts decide through /triage/api/reviews",
         )
-    if not (token and hmac.compare_digest(token, caller.csrf_token)):
+    # As bytes: compare_digest raises TypeError for a str that is not ASCII (a forged token's 500).
+    if not (token and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), caller.csrf_token.encode())):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the form is stale or not this server's: open the page again")
 
 

@@ -6,7 +6,8 @@
 
 The order of a POST, each step refusing before the next begins: the caller (401 without a
 token, 403 without the right to trigger ``classify_intake``: the auth manager's DAG-run create
-on it), ``Content-Type: application/json`` (415: a page of another site cannot send that
+on it, or 503 while Airflow has not parsed that DAG; 403 for a post with the UI session from
+another origin), ``Content-Type: application/json`` (415: a page of another site cannot send that
 without a CORS preflight, which this app never grants), backpressure (429 with ``Retry-After``
 while the intake queue holds its bound), the body (413 past the byte limit, counted while it
 is read: a declared ``Content-Length`` over it is refused before a byte is read), the JSON and
@@ -35,7 +36,7 @@ from starlette.concurrency import run_in_threadpool
 from triage import settings
 from triage.contracts.intake import INTAKE_DAG_ID, IntakeDocument, Problem, parse_documents, validate_body
 from triage.jobs.intake import Accepted
-from triage.web.access import READ, refusal
+from triage.web.access import READ, refusal, same_origin, session_of
 from triage.web.intake_bindings import BindingError, configured, roles_of
 from triage.web.intake_service import IntakeService, NotAnnounced
 from triage.web.service import TriageService
@@ -48,13 +49,17 @@ router = APIRouter(prefix="/api")
 TRIGGER = "POST"
 
 
-async def intake_poster(caller: KnownCaller) -> Known:
+async def intake_poster(request: Request, caller: KnownCaller) -> Known:
     """The caller, if the auth manager lets them trigger ``classify_intake`` (Airflow's verdict on
-    a bearer token reused for a few seconds: :mod:`triage.web.token_cache`)."""
+    a bearer token reused for a few seconds: :mod:`triage.web.token_cache`). A post that carries
+    the UI session is refused from another origin or ``null``, as every session request of the
+    app that changes something (:func:`~triage.web.access.same_origin`)."""
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 
     if not caller.may(TRIGGER, INTAKE_DAG_ID, DagAccessEntity.RUN):
         raise refusal(INTAKE_DAG_ID, f"posting documents needs the right to trigger {INTAKE_DAG_ID}")
+    if session_of(request) is not None:
+        same_origin(request)
     return caller
 
 

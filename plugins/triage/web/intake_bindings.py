@@ -14,8 +14,9 @@ provider (``document_labels``). Posting for a source is speaking for it, so it i
   ``{"helpdesk": ["user:helpdesk-bot"], "crm": ["role:crm_intake"]}``. A source not listed is
   refused to everyone. Unset: any caller with the right to post (the trigger right on
   ``classify_intake``) may post for any source that is not reserved;
-- a binding that cannot be read (not JSON, an unknown kind, a reserved or invalid source name)
-  refuses every post (503), never falls open.
+- a binding that cannot be read (not JSON, a source listed twice, an unknown kind, a name with a
+  space at either end, a reserved or invalid source name) refuses every post (503), never falls
+  open.
 
 Names are reserved rather than intake's sources namespaced (``intake.helpdesk``): a namespace
 would change the identity, and so the idempotency key and the provider's key, of every document
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -82,10 +84,26 @@ def _reserved(raw: str) -> frozenset[str]:
 
 
 def _principal(source: str, entry: Any) -> tuple[str, str]:
+    """``("user", NAME)`` or ``("role", NAME)`` of one entry. A name with a space at either end is
+    refused, not trimmed: it would equal no user's or role's name, a binding that binds nobody.
+    The error names the source, never the entry (it reaches every intake caller in a 503)."""
     kind, sep, name = entry.partition(":") if isinstance(entry, str) else ("", "", "")
-    if not sep or kind not in KINDS or not name:
-        raise BindingError(f'{ENV_INTAKE_SOURCES}: {source} lists {entry!r}; each entry is "user:NAME" or "role:NAME"')
+    if not sep or kind not in KINDS or not name or name != name.strip():
+        raise BindingError(
+            f'{ENV_INTAKE_SOURCES}: {source} lists an entry that is not "user:NAME" or "role:NAME"'
+            " (no space around NAME)"
+        )
     return kind, name
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct: a source listed twice would keep its last list only,
+    silently dropping the callers of the first."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        twice = sorted(key for key, count in Counter(key for key, _value in pairs).items() if count > 1)
+        raise BindingError(f"{ENV_INTAKE_SOURCES} lists a source more than once: {', '.join(twice)}")
+    return found
 
 
 @lru_cache(maxsize=8)
@@ -95,8 +113,10 @@ def parse(sources: str | None, reserved: str = "") -> Bindings:
     if sources is None or not sources.strip():
         return Bindings(None, names)
     try:
-        data = json.loads(sources)
-    except ValueError:
+        data = json.loads(sources, object_pairs_hook=_object)
+    except BindingError:
+        raise
+    except (ValueError, RecursionError):
         raise BindingError(f"{ENV_INTAKE_SOURCES} is not JSON") from None
     if not isinstance(data, dict):
         raise BindingError(f'{ENV_INTAKE_SOURCES} is a JSON object: {{"source": ["user:NAME", "role:NAME"]}}')
@@ -121,7 +141,9 @@ def configured() -> Bindings:
 
 def roles_of(user: Any) -> frozenset[str]:
     """The user's role names, as the auth manager's user object holds them: SimpleAuthManager's
-    ``role``, FAB's ``roles`` (objects with a ``name``); none for an auth manager with neither."""
+    ``role``, FAB's ``roles`` (objects with a ``name``); none for an auth manager with neither.
+    FAB's group roles are not read: ``groups`` loads lazily, and the user may be one the token
+    cache holds outside any session (a refusal then, never an error or a grant)."""
     found: set[str] = set()
     role = getattr(user, "role", None)
     if isinstance(role, str) and role:
