@@ -475,3 +475,48 @@ def test_a_run_with_the_learned_classifier_end_to_end(store: JobStore, payloads:
     for reason, context in reviews:
         assert reason == "inconclusive"
         assert context["threshold"] == champion.threshold(context["label"])  # the label's own, not 0.99
+
+
+# -- the Airflow side: the training operator, a learned run without a champion ----------------------
+
+
+def test_a_learned_run_without_a_champion_fails_at_once_naming_triage_train(
+    store: JobStore, payloads: PayloadStore
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from triage.contracts.run_config import ClassifyRunConfig
+    from triage.operators.model_connection import build_run_classifier, configured_classifier_versions
+
+    config = ClassifyRunConfig(classifier="learned")
+    with pytest.raises(AirflowFailException, match="triage train"):
+        build_run_classifier(config, "triage_llm", store.engine)
+    import_examples(store.engine, payloads, synthetic_examples(300, 12, payloads), source="a", labelled_by="me")
+    model = train(store, payloads, min_examples=5)
+    assert build_run_classifier(config, "triage_llm", store.engine).version == model.version
+    assert model.version in configured_classifier_versions("triage_llm", store.engine)
+
+
+def test_the_training_operator_trains_and_refuses_without_examples(store: JobStore, tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from triage.operators.train import TrainClassifierOperator
+
+    class Seamed(TrainClassifierOperator):
+        def get_engine(self) -> sa.Engine:
+            return store.engine
+
+    operator = Seamed(task_id="train", payload_base=str(tmp_path / "payloads"))
+    context: Any = {
+        "params": {"target_precision": 0.97, "holdout_percent": 20, "min_examples": 5},
+        "run_id": "manual_1",
+    }
+    with pytest.raises(AirflowFailException, match="nothing to train"):
+        operator.execute(context)
+    payloads = PayloadStore(tmp_path / "payloads")
+    import_examples(store.engine, payloads, synthetic_examples(300, 13, payloads), source="a", labelled_by="me")
+    result = operator.execute(context)
+    assert (result["status"], result["promoted"]) == ("champion", True)
+    assert list_models(store.engine)[0]["created_by"] == "airflow:manual_1"
+    with pytest.raises(AirflowFailException, match="target_precision"):
+        operator.execute({**context, "params": {"target_precision": 1.5}})
