@@ -12,7 +12,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import FeatureUnion
 
 from triage.classifiers.base import ModelOutput, decide_outcome
-from triage.learning.metrics import Prediction, choose_thresholds, score
+from triage.learning.metrics import Prediction, choose_thresholds, score, wilson_lower_bound
 from triage.learning.model import ArtifactRefused, ArtifactTampered, LinearTextModel, sha256_hex
 from triage.learning.training import Example, TrainSettings, fit, in_holdout, train, training_set_sha256
 
@@ -154,13 +154,17 @@ def test_thresholds_reach_the_target_or_never_accept() -> None:
     few = [Prediction("c", "c", 0.99) for _ in range(3)]
     counts = {"a": 50, "b": 50, "c": 50, "d": 2}
     thresholds = choose_thresholds(
-        right + wrong + few, ["a", "b", "c", "d"], target_precision=0.95, train_counts=counts, min_examples=20
+        right + wrong + few, ["a", "b", "c", "d"], target_precision=0.95, train_counts=counts, min_examples=20, z=0.0
     )
     # a: 20 right down to 0.71; at 0.55 20/21 = 0.952 (target reached), at 0.5 20/22 = 0.909
     assert thresholds["a"] == pytest.approx(0.55)
     assert thresholds["b"] is None  # never predicted
     assert thresholds["c"] is None  # three held-out predictions say too little
     assert thresholds["d"] is None  # two training examples
+    # With a margin, 20/21 right is no longer sure to be 95%: the threshold stays above the wrong ones.
+    sure = choose_thresholds(right + wrong, ["a"], target_precision=0.95, train_counts=counts, min_examples=1, z=0.5)
+    assert sure["a"] == pytest.approx(0.71)
+    assert wilson_lower_bound(20, 21, 0.5) < 0.95 <= wilson_lower_bound(20, 20, 0.5)
     strict = choose_thresholds(right + wrong, ["a"], target_precision=0.99, train_counts=counts, min_examples=1)
     assert strict["a"] == pytest.approx(0.71)  # 20/20 right; any lower takes a wrong one
     scored = score(right + wrong, strict)

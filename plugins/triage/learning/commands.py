@@ -61,6 +61,12 @@ def add_commands(commands: Any) -> None:
     train.add_argument(
         "--min-examples", type=int, default=20, help="training examples a label needs to auto-accept (default 20)"
     )
+    train.add_argument(
+        "--margin-z",
+        type=float,
+        default=0.5,
+        help="how sure a threshold's held-out precision must be: the Wilson lower bound at Z (default 0.5; 0: as seen)",
+    )
     train.add_argument("--payload-base", metavar="DIR_OR_URL", help="the payload store (default: the deployment's)")
     train.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -159,7 +165,10 @@ def _train(engine: Any, args: argparse.Namespace, taxonomy: Any, prog: str) -> i
 
     try:
         settings = TrainSettings(
-            target_precision=args.target_precision, holdout_percent=args.holdout_percent, min_examples=args.min_examples
+            target_precision=args.target_precision,
+            holdout_percent=args.holdout_percent,
+            min_examples=args.min_examples,
+            margin_z=args.margin_z,
         )
         report = train_candidate(
             engine,

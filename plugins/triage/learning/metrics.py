@@ -9,16 +9,21 @@ A label's threshold is the lowest confidence at which the held-out predictions o
 taken from the most confident down, are still right at least ``target_precision`` of the time,
 over at least :data:`MIN_ACCEPTED` of them; a label with fewer than ``min_examples`` training
 examples, or that reaches the target at no threshold, has none and never auto-accepts.
+"Right at least target_precision of the time" is judged by the Wilson lower bound at ``z``
+standard errors, not by the observed share alone: a threshold chosen where the held-out
+precision only just reaches the target falls below it on new documents about half of the time
+(measured: docs/adr/0007-learned-classifier.md). ``z = 0`` is the observed share.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["MIN_ACCEPTED", "Prediction", "choose_thresholds", "score"]
+__all__ = ["MIN_ACCEPTED", "Prediction", "choose_thresholds", "score", "wilson_lower_bound"]
 
 MIN_ACCEPTED: Final = 5
 """Held-out predictions of a label needed before its threshold is believed."""
@@ -41,6 +46,15 @@ def accepted(prediction: Prediction, thresholds: Mapping[str, float | None]) -> 
     return threshold is not None and prediction.confidence >= threshold
 
 
+def wilson_lower_bound(right: int, n: int, z: float) -> float:
+    """The lower end of the Wilson score interval of ``right`` successes in ``n`` at ``z``."""
+    if n == 0:
+        return 0.0
+    share = right / n
+    spread = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
+    return (share + z * z / (2 * n) - spread) / (1 + z * z / n)
+
+
 def choose_thresholds(
     predictions: Sequence[Prediction],
     labels: Sequence[str],
@@ -48,6 +62,7 @@ def choose_thresholds(
     target_precision: float,
     train_counts: Mapping[str, int],
     min_examples: int,
+    z: float = 0.0,
 ) -> dict[str, float | None]:
     """Each label's threshold (see the module docstring); None: the label never auto-accepts."""
     thresholds: dict[str, float | None] = {}
@@ -63,7 +78,7 @@ def choose_thresholds(
             # Ties are accepted together: only cut after the last of equal confidences.
             if n < len(mine) and mine[n].confidence == prediction.confidence:
                 continue
-            if n >= MIN_ACCEPTED and right / n >= target_precision:
+            if n >= MIN_ACCEPTED and wilson_lower_bound(right, n, z) >= target_precision:
                 best = prediction.confidence
         thresholds[label] = best
     return thresholds

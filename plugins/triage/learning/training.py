@@ -53,12 +53,15 @@ class TrainSettings:
     """:param target_precision: what auto-accepted labels must reach on held-out data.
     :param holdout_percent: the share of example ids held out (by hash), in percent.
     :param min_examples: training examples a label needs before it may auto-accept.
+    :param margin_z: how sure the held-out precision at a threshold must be to reach the target
+        (the Wilson lower bound at this many standard errors; 0: the observed share).
     :param c: the logistic regression's inverse regularisation strength.
     """
 
     target_precision: float = 0.97
     holdout_percent: int = 20
     min_examples: int = 20
+    margin_z: float = 0.5
     c: float = 20.0
     max_iter: int = 1000
 
@@ -69,6 +72,8 @@ class TrainSettings:
             raise ValueError("holdout_percent must be within 1..50")
         if self.min_examples < 1 or self.c <= 0.0 or self.max_iter < 1:
             raise ValueError("min_examples, c and max_iter must be positive")
+        if not (0.0 <= self.margin_z <= 3.0):
+            raise ValueError("margin_z must be within [0, 3]")
 
 
 DEFAULT_SETTINGS: Final = TrainSettings()
@@ -188,6 +193,7 @@ def train(
         target_precision=settings.target_precision,
         train_counts=counts,
         min_examples=settings.min_examples,
+        z=settings.margin_z,
     )
     metrics = score(predictions, thresholds)
     training_sha = training_set_sha256(examples)
@@ -198,6 +204,7 @@ def train(
         "max_iter": settings.max_iter,
         "holdout_percent": settings.holdout_percent,
         "min_examples": settings.min_examples,
+        "margin_z": settings.margin_z,
         "examples": len(examples),
         "trained_on": len(trained_on),
         "held_out": len(held),
