@@ -520,3 +520,37 @@ def test_the_training_operator_trains_and_refuses_without_examples(store: JobSto
     assert list_models(store.engine)[0]["created_by"] == "airflow:manual_1"
     with pytest.raises(AirflowFailException, match="target_precision"):
         operator.execute({**context, "params": {"target_precision": 1.5}})
+
+
+# -- the worker role's grants ----------------------------------------------------------------------
+
+
+def test_the_worker_role_imports_reviews_trains_promotes_and_loads(
+    pg_server: DatabaseUrl, db_url: DatabaseUrl, payloads: PayloadStore
+) -> None:
+    """What migration 0025 grants triage_app is enough for everything the DAGs and the web
+    service do with the two tables, and no more than that: it cannot delete an example."""
+    import random
+
+    from triage.database import create_engine
+    from triage.roles import ensure_worker_role, worker_url
+
+    if not pg_server.is_socket:
+        pytest.skip("the worker role logs in without a password: needs the embedded (trusting) server")
+    ensure_worker_role(pg_server)
+    engine = create_engine(worker_url(db_url), pool_size=2)
+    try:
+        app = JobStore(engine, rng=random.Random(1))
+        report = import_examples(engine, payloads, synthetic_examples(300, 21, payloads), source="a", labelled_by="me")
+        assert report.added == 300
+        [job_id] = to_review(app, payloads, 1)
+        app.resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
+        trained = train(app, payloads, min_examples=5)
+        assert trained.status == "champion"
+        assert load_champion(engine).version == trained.version
+        second = train(app, payloads, min_examples=5, target_precision=0.6)
+        promote(engine, second.version, actor="ops", reason="grants")
+        with pytest.raises(sa.exc.ProgrammingError, match="permission denied"), engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM triage.labelled_examples"))
+    finally:
+        engine.dispose()
