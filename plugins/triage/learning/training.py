@@ -55,6 +55,7 @@ class TrainSettings:
     :param min_examples: training examples a label needs before it may auto-accept.
     :param margin_z: how sure the held-out precision at a threshold must be to reach the target
         (the Wilson lower bound at this many standard errors; 0: the observed share).
+    :param min_df: examples a term must appear in to be a feature.
     :param c: the logistic regression's inverse regularisation strength.
     """
 
@@ -62,6 +63,7 @@ class TrainSettings:
     holdout_percent: int = 20
     min_examples: int = 20
     margin_z: float = 0.5
+    min_df: int = 1
     c: float = 20.0
     max_iter: int = 1000
 
@@ -70,7 +72,7 @@ class TrainSettings:
             raise ValueError("target_precision must be within (0, 1]")
         if not (1 <= self.holdout_percent <= 50):
             raise ValueError("holdout_percent must be within 1..50")
-        if self.min_examples < 1 or self.c <= 0.0 or self.max_iter < 1:
+        if self.min_examples < 1 or self.min_df < 1 or self.c <= 0.0 or self.max_iter < 1:
             raise ValueError("min_examples, c and max_iter must be positive")
         if not (0.0 <= self.margin_z <= 3.0):
             raise ValueError("margin_z must be within [0, 3]")
@@ -133,7 +135,9 @@ def fit(examples: Sequence[Example], settings: TrainSettings, spec: FeatureSpec 
     labels = sorted({e.label for e in examples})
     if len(labels) < 2:
         raise TrainingRefused(f"the training examples hold {len(labels)} label(s); a classifier needs two or more")
-    min_df = 2 if len(examples) >= 200 else 1  # a handful of examples would keep no term at 2
+    # A term seen in one example only is kept when min_df is 1; below 200 examples always (at 2 a
+    # handful of examples would keep no term at all).
+    min_df = settings.min_df if len(examples) >= 200 else 1
     word = TfidfVectorizer(ngram_range=spec.word_ngrams, min_df=min_df, sublinear_tf=True, dtype=np.float32)
     char = TfidfVectorizer(
         analyzer="char_wb", ngram_range=spec.char_ngrams, min_df=min_df, sublinear_tf=True, dtype=np.float32
@@ -201,6 +205,7 @@ def train(
         "family": MODEL_FAMILY,
         "features": fitted.spec.to_dict(),
         "c": settings.c,
+        "min_df": settings.min_df,
         "max_iter": settings.max_iter,
         "holdout_percent": settings.holdout_percent,
         "min_examples": settings.min_examples,
