@@ -265,6 +265,14 @@ def test_labels_over_http_need_a_reviewer(
         headers=as_user(airflow_auth, "editor", "user"),
     )
     assert too_many.status_code == 413
+    editor = as_user(airflow_auth, "editor", "user")
+    form = client.post("/triage/api/labels", content=b"examples=1", headers={**editor, "Content-Type": "text/plain"})
+    assert form.status_code == 415
+    for bad in ([], {"examples": []}, {"examples": [], "more": 1}):
+        assert client.post("/triage/api/labels", json=bad, headers=editor).status_code == 422
+    huge = b'{"examples": ["' + b"x" * (33 << 20) + b'"]}'
+    big = client.post("/triage/api/labels", content=huge, headers={**editor, "Content-Type": "application/json"})
+    assert big.status_code == 413
     assert examples_of(store) == []
 
 

@@ -13,41 +13,57 @@ review decision (edit access to ``review_jobs``), and the caller is recorded as 
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any, Final
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
 
 from triage.learning.examples import InvalidSource, LabelledDocument, Refusal, check_source, parse_example
 from triage.web.access import ReviewReader, check_decider
+from triage.web.intake import read_body
 
 router = APIRouter(prefix="/api")
 
 MAX_EXAMPLES: Final = 1000
 """Examples in one request; a larger batch is refused whole (413)."""
 
+MAX_BODY_BYTES: Final = 32 << 20
+"""The largest request body read (413 past it, never buffered whole)."""
 
-class LabelsBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
-    examples: list[Any]
+def examples_of(body: bytes) -> list[Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise HTTPException(422, "the body is not JSON (UTF-8)") from None
+    if not isinstance(data, dict) or set(data) != {"examples"} or not isinstance(data["examples"], list):
+        raise HTTPException(422, 'the body is {"examples": [...]} and nothing else')
+    if not data["examples"]:
+        raise HTTPException(422, "the batch holds no example")
+    if len(data["examples"]) > MAX_EXAMPLES:
+        raise HTTPException(413, f"at most {MAX_EXAMPLES} examples per request")
+    return list(data["examples"])
 
 
 @router.post("/labels")
-def post_labels(body: LabelsBody, request: Request, caller: ReviewReader) -> JSONResponse:
+async def post_labels(request: Request, caller: ReviewReader) -> JSONResponse:
     check_decider(request, caller)
-    if not body.examples:
-        raise HTTPException(422, "the batch holds no example")
-    if len(body.examples) > MAX_EXAMPLES:
-        raise HTTPException(413, f"at most {MAX_EXAMPLES} examples per request")
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise HTTPException(415, "send the examples as application/json")
+    examples = examples_of(await read_body(request, MAX_BODY_BYTES))
+    return await run_in_threadpool(_store, request, examples, caller.name)
+
+
+def _store(request: Request, examples: list[Any], labelled_by: str) -> JSONResponse:
     triage = request.app.state.triage
     names = triage.taxonomy()
     entries: dict[int, dict[str, Any]] = {}
     by_source: dict[str, list[tuple[int, LabelledDocument]]] = defaultdict(list)
-    for index, raw in enumerate(body.examples):
+    for index, raw in enumerate(examples):
         parsed = _parse(index, raw, names)
         if isinstance(parsed, Refusal):
             entries[index] = {
@@ -60,9 +76,9 @@ def post_labels(body: LabelsBody, request: Request, caller: ReviewReader) -> JSO
         else:
             source, example = parsed
             by_source[source].append((index, example))
-    for source, examples in by_source.items():
-        report = triage.import_labels([example for _, example in examples], source=source, labelled_by=caller.name)
-        for index, example in examples:
+    for source, chunk in by_source.items():
+        report = triage.import_labels([example for _, example in chunk], source=source, labelled_by=labelled_by)
+        for index, example in chunk:
             external_id = example.payload.external_id
             added = external_id in report.added_ids
             entries[index] = {
