@@ -173,10 +173,12 @@ def read_examples(
             yield Refusal(line.number, "line_too_long", f"longer than {max_line_bytes} bytes")
             continue
         try:
-            record = json.loads(line.content)
+            text = line.content.decode("utf-8")
         except UnicodeDecodeError:
             yield Refusal(line.number, "invalid_utf8", "not UTF-8")
             continue
+        try:
+            record = json.loads(text)
         except (ValueError, RecursionError):
             yield Refusal(line.number, "invalid_json", "not JSON")
             continue
