@@ -32,6 +32,7 @@ from triage.learning.registry import (
     list_models,
     load_champion,
     load_model,
+    load_training_examples,
     promote,
     promotion_decision,
     train_candidate,
@@ -575,3 +576,39 @@ def test_the_worker_role_imports_reviews_trains_promotes_and_loads(
             conn.execute(sa.text("DELETE FROM triage.labelled_examples"))
     finally:
         engine.dispose()
+
+
+# -- retention keeps the examples' texts ------------------------------------------------------------
+
+
+def test_retention_keeps_the_payloads_of_labelled_examples(store: JobStore, tmp_path: Path) -> None:
+    """An imported example's text is referenced by no job, and a reviewed job's completes: the
+    payload retention removed both once old, leaving training without them."""
+    import os
+
+    from triage.maintenance.retention import apply_retention
+    from triage.settings import Retention
+
+    payloads = PayloadStore(tmp_path / "payloads")
+    import_examples(store.engine, payloads, synthetic_examples(5, 30, payloads), source="a", labelled_by="me")
+    [job_id] = to_review(store, payloads, 1)
+    store.resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
+    unlabelled = payloads.put(b"an old document nobody labelled")[1]
+    old = (datetime.now(UTC) - timedelta(days=90)).timestamp()
+    for path in (tmp_path / "payloads").rglob("*"):
+        if path.is_file():
+            os.utime(path, (old, old))
+
+    report = apply_retention(
+        store.engine,
+        Retention(),
+        payload_base=str(tmp_path / "payloads"),
+        event_log=str(tmp_path / "events" / "outbox.jsonl"),
+        reports_dir=str(tmp_path / "reports"),
+    )
+
+    assert report.kinds["payloads"].removed == 1
+    assert not payloads.object_path(unlabelled).exists()
+    examples, skipped = load_training_examples(store.engine, payloads, NAMES)
+    assert len(examples) == 6
+    assert skipped == {"label_outside_taxonomy": 0, "payload_unreadable": 0, "malformed_document": 0}
