@@ -6,7 +6,19 @@ import argparse
 import logging
 import sys
 
-from bench import footprint, growth, guarantees, intake, ledger, migration, pipeline, realrun, relay, review_queue
+from bench import (
+    footprint,
+    growth,
+    guarantees,
+    intake,
+    learning,
+    ledger,
+    migration,
+    pipeline,
+    realrun,
+    relay,
+    review_queue,
+)
 from bench.common import Figure, write_results
 
 SUITES = {
@@ -16,6 +28,7 @@ SUITES = {
     "intake": intake.run,
     "realrun": realrun.run,
     "relay": relay.run,
+    "learning": learning.run,
 }
 OPT_IN = {
     "footprint": footprint.run,

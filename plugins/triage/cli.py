@@ -39,7 +39,7 @@ In a checkout, make setup installs the triage command with the developer verbs t
 PostgreSQL under .triage/.
 """
 
-PRODUCT_COMMANDS = frozenset({"status", "db", "payload", "replay", "migrate"})
+PRODUCT_COMMANDS = frozenset({"status", "db", "payload", "replay", "migrate", "labels", "train", "models", "evaluate"})
 """What this module runs; :mod:`triage_tools.cli` hands these over unchanged."""
 
 DEVELOPER_COMMANDS = frozenset(
@@ -301,6 +301,9 @@ def add_commands(commands: Any) -> Any:
         "when it is older than the current one.",
     )
     migrate.add_argument("--to", default="head", metavar="REVISION", help="head (the default), base, or a revision id")
+    from triage.learning import commands as learning
+
+    learning.add_commands(commands)
     return db_actions
 
 
@@ -331,6 +334,10 @@ def run_command(args: argparse.Namespace, prog: str = PROG) -> int:
         return 0
     if args.command == "replay":
         return replay(url, args, prog)
+    from triage.learning import commands as learning
+
+    if args.command in learning.COMMANDS:
+        return learning.run(args, url, prog)
     if args.command == "payload":
         from triage.payloads import PayloadError
 

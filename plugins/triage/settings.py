@@ -89,7 +89,7 @@ class Retention:
     :ivar job_events: the transition log (by day partition; a day holding an event of an open
         job is kept whole).
     :ivar classifications: the classifications of terminal jobs (in bounded batches).
-    :ivar payloads: payload packs no open job references (local payload bases).
+    :ivar payloads: payload packs no open job and no labelled example references (local payload bases).
     :ivar event_files: the rotated files of the JSON-lines event sink (rotated daily).
     :ivar reports: reconciliation reports: the HTML files and the rows of ``reconciliation_runs``.
     :ivar partitions_ahead: days of partitions made in advance (not a retention).

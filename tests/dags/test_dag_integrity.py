@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
-EXPECTED = {"classify_documents", "classify_intake", "reconcile_jobs", "triage_maintenance"}
+EXPECTED = {"classify_documents", "classify_intake", "reconcile_jobs", "triage_maintenance", "train_classifier"}
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +177,17 @@ def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) ->
             # the callback sends a run's batch to review; the other DAGs have none
             if dag.dag_id in ("classify_documents", "classify_intake"):
                 assert on_task_failure in callbacks, task.task_id
+
+
+def test_train_classifier_runs_daily_and_on_demand_with_typed_params(dagbag) -> None:  # type: ignore[no-untyped-def]
+    dag = dagbag.dags["train_classifier"]
+    assert dag.schedule == "@daily"
+    assert [task.task_id for task in dag.tasks] == ["train"]
+    params = dag.params.dump()
+    assert params == {"target_precision": 0.97, "holdout_percent": 20, "min_examples": 20}
+    schema = dag.params.get_param("target_precision").schema
+    assert (schema["type"], schema["exclusiveMinimum"], schema["maximum"]) == ("number", 0.0, 1.0)
+    assert dag.tasks[0].retries == 1
 
 
 def test_triage_maintenance_runs_daily_unpaused_with_retries(dagbag) -> None:  # type: ignore[no-untyped-def]

@@ -92,7 +92,6 @@ def test_content_hash_ignores_formatting_but_not_content(tmp_path: Path) -> None
         pytest.param("- a\n- b\n", id="not-a-mapping"),
         pytest.param("labels: []\n", id="no-labels"),
         pytest.param("labels:\n  - name: Billing\n    description: d\n    keywords: [x]\n", id="name-not-snake-case"),
-        pytest.param("labels:\n  - name: x\n    description: d\n    keywords: []\n", id="no-keywords"),
         pytest.param("labels:\n  - name: x\n    description: ''\n    keywords: [a]\n", id="empty-description"),
         pytest.param("labels:\n  - name: x\n    description: d\n    keywords: [a, ' A ']\n", id="duplicate-keyword"),
         pytest.param("labels:\n  - name: x\n    description: d\n    keywords: [a, 3]\n", id="keyword-not-string"),
@@ -110,6 +109,21 @@ def test_malformed_taxonomy_raises_typed_error(tmp_path: Path, text: str) -> Non
 
     with pytest.raises(TaxonomyError):
         Taxonomy.load(path)
+
+
+@pytest.mark.parametrize("keywords", [pytest.param("    keywords: []\n", id="empty"), pytest.param("", id="absent")])
+def test_labels_without_keywords_load_and_the_keyword_classifier_refuses_them(tmp_path: Path, keywords: str) -> None:
+    """The learned and llm classifiers need no keywords; keyword rules without any could never match."""
+    path = tmp_path / "taxonomy.yaml"
+    path.write_text(
+        "labels:\n  - name: x\n    description: d\n"
+        + keywords
+        + "  - name: y\n    description: e\n    keywords: [why]\n"
+    )
+    taxonomy = Taxonomy.load(path)
+    assert taxonomy.names == {"x", "y"}
+    with pytest.raises(TaxonomyError, match="keywords for every label; x has none"):
+        KeywordClassifier(taxonomy)
 
 
 def test_missing_taxonomy_file_raises_typed_error(tmp_path: Path) -> None:

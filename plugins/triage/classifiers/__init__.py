@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triage.classifiers.base import (
     Classifier,
@@ -16,6 +16,7 @@ from triage.classifiers.base import (
 )
 from triage.classifiers.drill import DrillClassifier
 from triage.classifiers.keyword import KeywordClassifier
+from triage.classifiers.learned import LearnedClassifier
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Label, Taxonomy, TaxonomyError, default_taxonomy_path
 from triage.contracts.drill import DrillSettings
@@ -28,6 +29,7 @@ __all__ = [
     "DrillClassifier",
     "KeywordClassifier",
     "Label",
+    "LearnedClassifier",
     "ModelOutput",
     "OpenAICompatibleClassifier",
     "Outcome",
@@ -40,8 +42,11 @@ __all__ = [
     "default_taxonomy_path",
 ]
 
-CLASSIFIERS: frozenset[str] = frozenset({"keyword", "llm"})
+CLASSIFIERS: frozenset[str] = frozenset({"keyword", "llm", "learned"})
 """Names accepted by the ``classifier`` param of ``classify_documents``."""
+
+if TYPE_CHECKING:
+    from triage.learning.registry import LoadedModel
 
 
 def build_classifier(
@@ -50,14 +55,17 @@ def build_classifier(
     taxonomy: Taxonomy,
     llm_settings: dict[str, Any] | None = None,
     drill: DrillSettings | None = None,
+    learned: LoadedModel | None = None,
 ) -> Classifier:
     """Build the classifier called ``name``, wrapped in the drill if it injects faults.
 
     ``llm_settings`` are the keyword arguments of :class:`OpenAICompatibleClassifier` other
     than the taxonomy (``base_url``, ``api_key``, ``model``, …), typically read from the
-    ``triage_llm`` connection by the operator.
+    ``triage_llm`` connection by the operator. ``learned`` is the registry version the
+    ``learned`` classifier runs (:func:`triage.learning.registry.load_champion`).
 
-    :raises ValueError: for an unknown name, or ``llm`` without ``llm_settings``.
+    :raises ValueError: for an unknown name, ``llm`` without ``llm_settings``, ``learned``
+        without ``learned``.
     """
     classifier: Classifier
     if name == "keyword":
@@ -67,6 +75,10 @@ def build_classifier(
             raise ValueError("the llm classifier needs llm_settings (base_url, api_key, model)")
         settings = {"api_key": None, **llm_settings}
         classifier = OpenAICompatibleClassifier(taxonomy=taxonomy, **settings)
+    elif name == "learned":
+        if learned is None:
+            raise ValueError("the learned classifier needs a model: load the champion (triage train makes one)")
+        classifier = LearnedClassifier(learned, taxonomy)
     else:
         raise ValueError(f"unknown classifier {name!r}; expected one of {sorted(CLASSIFIERS)}")
     if drill is not None and drill.injects_faults:

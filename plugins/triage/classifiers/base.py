@@ -67,6 +67,11 @@ class ModelOutput:
     """Usage figures the model reported out of bounds (:mod:`triage.jobs.usage`), left out above."""
     output_mode: str | None = None
     """How the answer's shape was asked for (``json_schema``, ``json_object``); None: no model."""
+    threshold: float | None = None
+    """The confidence this answer's label needs to be accepted, when the classifier chose it for
+    its label (the learned classifier's per-label thresholds, set for the deployment's target
+    precision); it then stands instead of the run's ``confidence_threshold``. Above 1: the label
+    never auto-accepts. None: the run's threshold decides."""
 
     def __post_init__(self) -> None:
         # A NaN or out-of-range confidence would compare false against every threshold and
@@ -75,6 +80,8 @@ class ModelOutput:
             raise ValueError("confidence must be within [0, 1]")
         if math.isnan(self.latency_ms) or self.latency_ms < 0.0:
             raise ValueError("latency_ms must be a non-negative number")
+        if self.threshold is not None and (math.isnan(self.threshold) or self.threshold < 0.0):
+            raise ValueError("threshold must be a non-negative number")
 
 
 class ClassifierError(Exception):
@@ -130,12 +137,14 @@ def decide_outcome(output: ModelOutput, confidence_threshold: float) -> Outcome:
 
     ``rejected`` wins over everything (the output cannot be trusted at all); a missing label or
     a confidence below the threshold is ``inconclusive``; a confidence equal to the threshold
-    is accepted.
+    is accepted. The threshold is the output's own when the classifier set one
+    (:attr:`ModelOutput.threshold`), else ``confidence_threshold``.
     """
     if not (0.0 <= confidence_threshold <= 1.0):
         raise ValueError("confidence_threshold must be within [0, 1]")
     if output.rejected_reason is not None:
         return "rejected"
-    if output.label is None or output.confidence < confidence_threshold:
+    threshold = confidence_threshold if output.threshold is None else output.threshold
+    if output.label is None or output.confidence < threshold:
         return "inconclusive"
     return "accepted"

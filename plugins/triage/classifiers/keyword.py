@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from triage.classifiers.base import ClassifyRequest, ModelOutput
-from triage.classifiers.taxonomy import Taxonomy
+from triage.classifiers.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = ["KeywordClassifier", "keyword_confidence", "normalise_words"]
 
@@ -76,6 +76,13 @@ class KeywordClassifier:
     """
 
     def __init__(self, taxonomy: Taxonomy) -> None:
+        """:raises TaxonomyError: a label of ``taxonomy`` has no keywords (it could never be found)."""
+        bare = [label.name for label in taxonomy.labels if not label.keywords]
+        if bare:
+            raise TaxonomyError(
+                f"the keyword classifier needs keywords for every label; {', '.join(bare)} has none: add keywords "
+                "to the taxonomy, or run the learned classifier (triage train) or the llm one"
+            )
         self.taxonomy = taxonomy
         self.version = f"{_VERSION_PREFIX}+tax-{taxonomy.content_hash[:8]}"
         self._names: tuple[str, ...] = tuple(label.name for label in taxonomy.labels)

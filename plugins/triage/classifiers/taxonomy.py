@@ -38,13 +38,17 @@ class TaxonomyError(ValueError):
 
 
 class Label(BaseModel):
-    """One label: a stable snake_case ``name``, what it means, and keywords that suggest it."""
+    """One label: a stable snake_case ``name``, what it means, and keywords that suggest it.
+
+    Keywords are optional: the learned and llm classifiers do without them; the keyword
+    classifier refuses a taxonomy where a label has none (:class:`~triage.classifiers.keyword.KeywordClassifier`).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str
     description: str = Field(min_length=1)
-    keywords: tuple[str, ...] = Field(min_length=1)
+    keywords: tuple[str, ...] = ()
 
     @field_validator("name")
     @classmethod

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Collection, Sequence
 
 from triage.contracts.replay import ReplayFilter
-from triage.jobs import outputs, queries, replays, review_results, review_transitions
+from triage.jobs import learning, outputs, queries, replays, review_results, review_transitions
 from triage.jobs.errors import LabelNotInTaxonomy
 from triage.jobs.expressions import rowset
 from triage.jobs.ledger import Ledger
@@ -35,7 +35,9 @@ class ReviewDecisions(Ledger):
         event, and the label upserted into ``document_labels`` (classifier version
         ``human:<actor>``, no confidence) under the usual rule: a newer job's label stands.
         No ``classifications`` row: those are the model's attempts, and a human label in them
-        would skew its acceptance rate, latency and cost.
+        would skew its acceptance rate, latency and cost. The decision is also a labelled
+        example (source ``review``, :func:`.learning.example_from_review`), in the same
+        transaction: the learned classifier trains on what reviewers decide.
 
         :raises LabelNotInTaxonomy: ``label`` is not in ``taxonomy_names`` (checked first).
         """
@@ -52,6 +54,7 @@ class ReviewDecisions(Ledger):
                     [{"id": job_id, "label": label, "confidence": None, "classifier_version": f"human:{actor}"}],
                 ),
             ).first()
+            conn.execute(learning.example_from_review(), params)
             return review_results.applied(conn, job_id, "label", label=label, label_written=written is not None)
 
     def reject(self, job_id: uuid.UUID, *, actor: str, note: str | None = None) -> ReviewResult:

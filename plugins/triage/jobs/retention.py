@@ -15,6 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from triage.jobs.learning_tables import labelled_examples
 from triage.jobs.schema import jobs
 from triage.jobs.states import OPEN
 
@@ -38,9 +39,12 @@ DEFAULT_ROWS = sa.text(
 )
 
 
-def open_payload_refs() -> sa.Select[Any]:
-    """The payload references of the jobs that are not terminal (``jobs_open_idx``)."""
-    return sa.select(jobs.c.payload_ref).where(jobs.c.status.in_(sorted(s.value for s in OPEN))).distinct()
+def open_payload_refs() -> Any:
+    """The payload references still needed: those of the jobs that are not terminal
+    (``jobs_open_idx``) and those of the labelled examples, the learned classifier's training
+    set, kept as long as the examples are (a reviewed job's example points at its document)."""
+    open_jobs = sa.select(jobs.c.payload_ref).where(jobs.c.status.in_(sorted(s.value for s in OPEN)))
+    return sa.union(open_jobs, sa.select(labelled_examples.c.payload_ref))
 
 
 @dataclass(frozen=True)

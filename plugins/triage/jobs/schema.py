@@ -396,3 +396,5 @@ model_batch_answers = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
     comment="A job's answer from a provider batch, taken by the classify step instead of a call",
 )
+
+from triage.jobs import learning_tables as _learning  # noqa: E402, F401 - its tables (0025) join this metadata

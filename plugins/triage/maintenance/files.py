@@ -1,7 +1,7 @@
 """Retention of files: payload packs, the event sink's rotated files, reconciliation reports.
 
 A file is removed when it was last written before the cutoff (its ``mtime``) and, for a payload
-pack, when no open job references it. A pack is touched when a chunk reuses it
+pack, when no open job (nor labelled example) references it. A pack is touched when a chunk reuses it
 (:func:`triage.payload_packs.write_local`), so an old ``mtime`` means no writer has needed it
 since; it is stat'ed again just before its removal, after the open references were read, under
 the payload base's lock (:func:`triage.payload_packs.packs_lock`), which a writer holds from

@@ -125,7 +125,9 @@ class RetrieveDocumentsOperator(TriageOperator):
             inbox = confined_inbox(config.inbox)
             source = build_source("jsonl", inbox=inbox)
         source = Shard(source, self.shard, self.shards)
-        classifier = build_run_classifier(config, self.llm_conn_id)
+        # The learned classifier's version is the registry's champion, read from the job database.
+        registry = self.store.engine if config.classifier == "learned" else None
+        classifier = build_run_classifier(config, self.llm_conn_id, registry)
         try:
             result = retrieve(
                 self.store,

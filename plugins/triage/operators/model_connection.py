@@ -50,20 +50,31 @@ def content_cache_on(conn_id: str = "triage_llm") -> bool:
     return value not in (False, "false", "False", "0", 0)
 
 
-def configured_classifier_versions(llm_conn_id: str = "triage_llm") -> frozenset[str]:
-    """The version of each classifier a run of this deployment could use now: ``keyword``, and
-    ``llm`` when its connection exists. A queued job of any other version is claimed by no run."""
+def configured_classifier_versions(llm_conn_id: str = "triage_llm", engine: sa.Engine | None = None) -> frozenset[str]:
+    """The version of each classifier a run of this deployment could use now: ``keyword`` (when
+    the taxonomy has keywords), ``llm`` when its connection exists, and with ``engine`` (the job
+    database) the learned champion when there is one. A queued job of any other version is
+    claimed by no run."""
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    from triage.classifiers import CLASSIFIERS, Taxonomy, build_classifier
+    from triage.classifiers import CLASSIFIERS, Taxonomy, TaxonomyError, build_classifier
 
     taxonomy, versions = Taxonomy.load(), set()
-    for name in sorted(CLASSIFIERS):
+    if engine is not None:
+        from triage.learning.registry import champion_version
+
+        champion = champion_version(engine)
+        if champion is not None:
+            versions.add(champion)
+    for name in sorted(CLASSIFIERS - {"learned"}):
         try:
             settings = llm_settings(llm_conn_id) if name == "llm" else None
         except AirflowNotFoundException:
             continue
-        classifier = build_classifier(name, taxonomy=taxonomy, llm_settings=settings)
+        try:
+            classifier = build_classifier(name, taxonomy=taxonomy, llm_settings=settings)
+        except TaxonomyError:  # keyword rules over a taxonomy without keywords: no such run
+            continue
         versions.add(classifier.version)
         classifier.close()
     return frozenset(versions)
@@ -95,10 +106,30 @@ def connection_budget(engine: sa.Engine, conn_id: str = "triage_llm") -> dict[st
 
 def build_run_classifier(config: ClassifyRunConfig, llm_conn_id: str, engine: sa.Engine | None = None) -> Classifier:
     """The run's classifier; with ``engine`` (the job database), the llm one within the
-    connection's shared budget, if it has one."""
+    connection's shared budget, if it has one. The learned one is the registry's champion,
+    read from ``engine``.
+
+    :raises AirflowFailException: ``learned`` with no champion (the message names ``triage train``),
+        or a champion whose artifact is refused.
+    """
     from triage.classifiers import Taxonomy, build_classifier
 
     settings = None
+    if config.classifier == "learned":
+        from triage.learning.registry import load_champion
+
+        if engine is None:
+            raise ValueError("the learned classifier is read from the job database: pass its engine")
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from triage.learning.model import ArtifactRefused
+        from triage.learning.registry import NoChampion
+
+        try:
+            champion = load_champion(engine)
+        except (NoChampion, ArtifactRefused) as exc:  # no retry can help: fail the run at once, saying why
+            raise AirflowFailException(str(exc)) from None
+        return build_classifier("learned", taxonomy=Taxonomy.load(), learned=champion, drill=config.drill)
     if config.classifier == "llm":
         settings = {**llm_settings(llm_conn_id), "max_connections": max(config.concurrency, 1)}
         if engine is not None:

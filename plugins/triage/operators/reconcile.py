@@ -143,7 +143,7 @@ class ReconcileJobsOperator(TriageOperator):
                 publish=sink.publish,
                 api=api,
                 reports_dir=reports,
-                classifier_versions=configured_classifier_versions(self.llm_conn_id),
+                classifier_versions=configured_classifier_versions(self.llm_conn_id, self.store.engine),
                 runs=self.get_dag_runs(context),
                 dag_run_id=context["run_id"],
                 # The classifying tasks' last try: jobs a dead one held are the ledger-only rule's.

@@ -23,7 +23,7 @@ from triage.operators.classify_documents import (
 from triage.operators.retry import OUTAGE_RETRY_POLICY, default_args
 from triage.operators.sizing import SizeClassifyOperator
 
-CLASSIFY_JOBS_PER_WORKER = {"keyword": 50_000, "llm": 2_000}
+CLASSIFY_JOBS_PER_WORKER = {"keyword": 50_000, "llm": 2_000, "learned": 50_000}
 """Open jobs per ``classify`` task instance, by classifier: a 10-document day gets one, a
 100,000-document keyword day two (one per core here), a day of 2,000 model calls one."""
 

@@ -374,7 +374,8 @@ class ClassifyHandler:
                 context={
                     "label": output.label,
                     "confidence": output.confidence,
-                    "threshold": self.settings.confidence_threshold,
+                    # the label's own threshold when the classifier set one; above 1: never accepted
+                    "threshold": self.settings.confidence_threshold if output.threshold is None else output.threshold,
                     **reused,
                 },
             )

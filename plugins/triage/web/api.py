@@ -4,6 +4,7 @@
     GET  /triage/api/jobs/{job_id}/document   its document as text/plain (hash-verified)
     GET  /triage/api/reviews?reason=&source=&batch=&older_than=&limit=&cursor=
     POST /triage/api/reviews/{job_id}         {"action": "label"|"requeue"|"reject", "label", "note"}
+    POST /triage/api/labels                   labelled examples in a batch (:mod:`triage.web.labels`)
     GET  /triage/api/reports/latest · /triage/api/reports/{run_id} · /triage/api/reports/trend
 
 Bad input gets a 4xx whose ``detail`` says what is wrong, before anything changes.

@@ -128,6 +128,14 @@ class TriageService:
 
         return settings.payload_base(variable("triage_payload_base"))
 
+    def import_labels(self, examples: Sequence[Any], *, source: str, labelled_by: str) -> Any:
+        """Store labelled examples (:func:`triage.learning.examples.import_examples`); the report."""
+        from triage.learning.examples import import_examples
+        from triage.payloads import PayloadStore
+
+        payloads = PayloadStore(self.payload_base())
+        return import_examples(self.store.engine, payloads, examples, source=source, labelled_by=labelled_by)
+
     # -- reading -----------------------------------------------------------------------------
 
     def queue(self, where: QueueFilter, *, limit: int, after: Cursor | None = None) -> QueuePage:

@@ -1,0 +1,45 @@
+"""The learned classifier: the registry's champion (or a chosen version), offline, on CPU.
+
+A linear model over word and character n-grams (:mod:`triage.learning.model`), trained from
+labelled examples (:mod:`triage.learning.training`). Each answer carries its label's own
+threshold (:attr:`~triage.classifiers.base.ModelOutput.threshold`), chosen on held-out data for
+the deployment's target precision, which stands instead of the run's ``confidence_threshold``;
+a label the model has too few examples of never auto-accepts. The version is the registry's,
+so every classification names the model that made it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from triage.classifiers.base import ClassifyRequest, ModelOutput
+from triage.classifiers.taxonomy import Taxonomy
+
+if TYPE_CHECKING:
+    from triage.learning.registry import LoadedModel
+
+__all__ = ["LearnedClassifier"]
+
+
+class LearnedClassifier:
+    """Classifies with ``loaded`` (a registry version). Thread-safe (the model only reads, and
+    its word cache is only added to)."""
+
+    def __init__(self, loaded: LoadedModel, taxonomy: Taxonomy) -> None:
+        self.loaded = loaded
+        self.version = loaded.version
+        self._names = taxonomy.names
+
+    def classify(self, request: ClassifyRequest) -> ModelOutput:
+        """The most probable label, its probability and its threshold; a label the taxonomy no
+        longer has is a rejected output (``label_outside_taxonomy``), as a model's would be."""
+        started = time.perf_counter()
+        label, confidence = self.loaded.model.predict(request.text)
+        latency = (time.perf_counter() - started) * 1000.0
+        if label not in self._names:
+            return ModelOutput(None, confidence, "label_outside_taxonomy", latency)
+        return ModelOutput(label, confidence, None, latency, threshold=self.loaded.threshold(label))
+
+    def close(self) -> None:
+        """Nothing to release."""

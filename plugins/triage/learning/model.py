@@ -1,0 +1,326 @@
+"""The learned classifier's model: TF-IDF word and character n-grams, and a linear layer.
+
+Trained with scikit-learn (:mod:`triage.learning.training`), kept as data: the two vocabularies,
+their IDF weights, the coefficients and intercepts, written as an ``.npz`` archive of plain
+arrays (no object arrays: :func:`numpy.load` reads it with ``allow_pickle=False``, so a row of
+the registry can hold numbers and text, never code). :meth:`LinearTextModel.from_bytes` checks
+the bytes against the SHA-256 the registry stored beside them before it parses anything, then
+the archive's shape, and refuses anything else with :class:`ArtifactRefused`.
+
+Inference does not use scikit-learn: the features are computed here exactly as scikit-learn's
+``TfidfVectorizer`` computes them (word 1-2 grams over ``(?u)\\b\\w\\w+\\b`` tokens, ``char_wb``
+2-5 grams, lower case, sublinear term frequency, each block L2-normalised as a
+``FeatureUnion`` of the two leaves it; tests/unit/test_learned_model.py holds the two equal), one
+document at a time without sparse-matrix overhead: a classify call costs tens of microseconds.
+Words seen before keep their character n-gram ids in a bounded cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "ARTIFACT_FORMAT",
+    "ArtifactRefused",
+    "ArtifactTampered",
+    "FeatureSpec",
+    "LinearTextModel",
+    "char_ngrams",
+    "sha256_hex",
+    "word_ngrams",
+]
+
+ARTIFACT_FORMAT: Final = "triage-linear-text-v1"
+"""The artifact's format name, stored in it; another is refused."""
+
+_TOKEN: Final = re.compile(r"(?u)\b\w\w+\b")
+_WHITE_SPACES: Final = re.compile(r"\s\s+")
+_ARRAYS: Final = frozenset({"meta", "labels", "word_terms", "char_terms", "idf", "coef", "intercept"})
+_WORD_CACHE_SIZE: Final = 200_000
+MAX_ARTIFACT_BYTES: Final = 512 << 20
+"""The largest artifact (uncompressed arrays) a load accepts: a bound on what a row can make it allocate."""
+
+
+class ArtifactRefused(ValueError):
+    """The bytes are not a model artifact this code reads (format, arrays, shapes, values)."""
+
+
+class ArtifactTampered(ArtifactRefused):
+    """The bytes do not hash to the SHA-256 the registry stored for them."""
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureSpec:
+    """The features: word n-grams and character n-grams within word boundaries."""
+
+    word_ngrams: tuple[int, int] = (1, 2)
+    char_ngrams: tuple[int, int] = (2, 5)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"word_ngrams": list(self.word_ngrams), "char_ngrams": list(self.char_ngrams)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> FeatureSpec:
+        try:
+            word = tuple(int(n) for n in data["word_ngrams"])
+            char = tuple(int(n) for n in data["char_ngrams"])
+        except (KeyError, TypeError, ValueError):
+            raise ArtifactRefused("the artifact's feature settings are not word_ngrams/char_ngrams pairs") from None
+        for low, high in (word, char):
+            if not (1 <= low <= high <= 8):
+                raise ArtifactRefused("the artifact's n-gram ranges are outside 1..8")
+        if len(word) != 2 or len(char) != 2:
+            raise ArtifactRefused("the artifact's n-gram ranges are not pairs")
+        return cls((word[0], word[1]), (char[0], char[1]))
+
+
+def word_ngrams(text: str, low: int, high: int) -> list[str]:
+    """scikit-learn's ``analyzer="word"`` n-grams of lower-cased ``text``."""
+    return _word_ngrams(text.lower(), low, high)
+
+
+def _word_ngrams(lowered: str, low: int, high: int) -> list[str]:
+    tokens = _TOKEN.findall(lowered)
+    if high == 1:
+        return tokens if low == 1 else []
+    grams = list(tokens) if low == 1 else []
+    count = len(tokens)
+    for n in range(max(low, 2), min(high + 1, count + 1)):
+        grams.extend(" ".join(tokens[i : i + n]) for i in range(count - n + 1))
+    return grams
+
+
+def _word_char_ngrams(word: str, low: int, high: int) -> list[str]:
+    """The ``char_wb`` n-grams of one word (as scikit-learn pads and cuts it)."""
+    padded = f" {word} "
+    length = len(padded)
+    grams: list[str] = []
+    for n in range(low, high + 1):
+        if n >= length:
+            grams.append(padded)  # a short word counts once, whole (scikit-learn's rule)
+            break
+        grams.extend(padded[i : i + n] for i in range(length - n + 1))
+    return grams
+
+
+def char_ngrams(text: str, low: int, high: int) -> list[str]:
+    """scikit-learn's ``analyzer="char_wb"`` n-grams of lower-cased ``text``."""
+    grams: list[str] = []
+    for word in _WHITE_SPACES.sub(" ", text.lower()).split():
+        grams.extend(_word_char_ngrams(word, low, high))
+    return grams
+
+
+class LinearTextModel:
+    """The model: ``labels``, the two vocabularies (term -> column), IDF per column, and the
+    linear layer ``coef`` (labels x columns) with its ``intercept``. Probabilities are the
+    softmax of the scores (scikit-learn's multinomial logistic regression), or the sigmoid of
+    the one score of a two-label model. Thread-safe: the word cache is only ever added to.
+    """
+
+    def __init__(
+        self,
+        labels: Sequence[str],
+        word_terms: Sequence[str],
+        char_terms: Sequence[str],
+        idf: npt.NDArray[np.floating[Any]],
+        coef: npt.NDArray[np.floating[Any]],
+        intercept: npt.NDArray[np.floating[Any]],
+        spec: FeatureSpec = FeatureSpec(),
+    ) -> None:
+        self.labels = tuple(labels)
+        self.spec = spec
+        self.word_terms = tuple(word_terms)
+        self.char_terms = tuple(char_terms)
+        self.n_word = len(self.word_terms)
+        self.word_index = {term: i for i, term in enumerate(self.word_terms)}
+        self.char_index = {term: i + self.n_word for i, term in enumerate(self.char_terms)}
+        width = self.n_word + len(self.char_terms)
+        self.idf = np.ascontiguousarray(idf, dtype=np.float32)
+        self.coef = np.ascontiguousarray(coef, dtype=np.float32)
+        self.intercept = np.ascontiguousarray(intercept, dtype=np.float32)
+        rows = 1 if len(self.labels) == 2 else len(self.labels)
+        if len(self.labels) < 2 or len(set(self.labels)) != len(self.labels):
+            raise ArtifactRefused("a model needs at least two distinct labels")
+        if self.idf.shape != (width,) or self.coef.shape != (rows, width) or self.intercept.shape != (rows,):
+            raise ArtifactRefused("the artifact's arrays do not fit its vocabularies and labels")
+        if not (np.isfinite(self.idf).all() and np.isfinite(self.coef).all() and np.isfinite(self.intercept).all()):
+            raise ArtifactRefused("the artifact holds a number that is not finite")
+        if len(self.word_index) != self.n_word or len(self.char_index) != len(self.char_terms):
+            raise ArtifactRefused("a vocabulary holds a term twice")
+        # Rows of the transposed layer are gathered per document: contiguous per column.
+        self._weights = np.ascontiguousarray(self.coef.T)
+        self._word_cache: dict[str, tuple[int, ...]] = {}
+
+    # -- features ---------------------------------------------------------------------------
+
+    def _char_ids(self, word: str) -> tuple[int, ...]:
+        cached = self._word_cache.get(word)
+        if cached is None:
+            index = self.char_index
+            low, high = self.spec.char_ngrams
+            cached = tuple(i for gram in _word_char_ngrams(word, low, high) if (i := index.get(gram)) is not None)
+            if len(self._word_cache) < _WORD_CACHE_SIZE:
+                self._word_cache[word] = cached
+        return cached
+
+    def features(self, text: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
+        """The document's non-zero columns and their TF-IDF values (each block L2-normalised)."""
+        lowered = text.lower()
+        word_index = self.word_index
+        low, high = self.spec.word_ngrams
+        ids = [i for gram in _word_ngrams(lowered, low, high) if (i := word_index.get(gram)) is not None]
+        cache, extend = self._word_cache, ids.extend
+        for word in lowered.split():  # what scikit-learn's whitespace folding then split() gives
+            cached = cache.get(word)
+            extend(cached if cached is not None else self._char_ids(word))
+        if not ids:
+            return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.float32)
+        # Counted by numpy (one sort of the ids), not a Python loop: the loop was most of a call's time.
+        columns, tf = np.unique(np.array(ids, dtype=np.intp), return_counts=True)
+        values = ((np.log(tf.astype(np.float32)) + 1.0) * self.idf[columns]).astype(np.float32, copy=False)
+        split = int(np.searchsorted(columns, self.n_word))  # word columns come first
+        for block in (values[:split], values[split:]):
+            norm = math.sqrt(float(np.dot(block, block)))
+            if norm > 0.0:
+                block /= norm
+        return columns, values
+
+    # -- scores -----------------------------------------------------------------------------
+
+    def _probabilities(self, scores: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        if len(self.labels) == 2:
+            positive = 1.0 / (1.0 + np.exp(-scores[..., 0]))
+            return np.stack([1.0 - positive, positive], axis=-1).astype(np.float32)
+        shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        return (shifted / shifted.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+    def probabilities(self, text: str) -> npt.NDArray[np.float32]:
+        """The probability of each label (in :attr:`labels` order) for one document."""
+        columns, values = self.features(text)
+        scores = self.intercept + values @ self._weights[columns] if len(columns) else self.intercept.copy()
+        return self._probabilities(scores)
+
+    def predict(self, text: str) -> tuple[str, float]:
+        """The most probable label and its probability (the softmax's largest term alone)."""
+        columns, values = self.features(text)
+        scores = self.intercept + values @ self._weights[columns] if len(columns) else self.intercept
+        if len(self.labels) == 2:
+            positive = 1.0 / (1.0 + math.exp(-float(scores[0])))
+            best, probability = (1, positive) if positive >= 0.5 else (0, 1.0 - positive)
+        else:
+            best = int(np.argmax(scores))
+            probability = 1.0 / float(np.exp(scores - scores[best]).sum())
+        return self.labels[best], min(max(probability, 0.0), 1.0)
+
+    def predict_many(self, texts: Iterable[str]) -> list[tuple[str, float]]:
+        return [self.predict(text) for text in texts]
+
+    # -- the artifact -----------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """The artifact: an ``.npz`` of plain arrays (text as UTF-8 bytes, never objects).
+        Deterministic: the same model gives the same bytes (and so the same SHA-256)."""
+        meta = {"format": ARTIFACT_FORMAT, "features": self.spec.to_dict()}
+        arrays = {
+            "meta": _utf8(json.dumps(meta, sort_keys=True)),
+            "labels": _utf8("\n".join(self.labels)),
+            "word_terms": _utf8("\n".join(self.word_terms)),
+            "char_terms": _utf8("\n".join(self.char_terms)),
+            "idf": self.idf,
+            "coef": self.coef,
+            "intercept": self.intercept,
+        }
+        buffer = io.BytesIO()
+        # Written member by member with a fixed date, so the bytes depend on the arrays only.
+        with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for name in sorted(arrays):
+                member = io.BytesIO()
+                np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, member.getvalue())
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, expected_sha256: str) -> LinearTextModel:
+        """The model in ``data``, once its SHA-256 is ``expected_sha256``.
+
+        :raises ArtifactTampered: the bytes do not hash to ``expected_sha256`` (nothing is parsed).
+        :raises ArtifactRefused: not an artifact of :data:`ARTIFACT_FORMAT`: other members, an
+            object array (which only pickle could read), shapes that do not fit, numbers that are
+            not finite, or more than :data:`MAX_ARTIFACT_BYTES` once uncompressed.
+        """
+        if sha256_hex(data) != expected_sha256:
+            raise ArtifactTampered("the model artifact does not match its SHA-256: refused, not loaded")
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                names = {info.filename: info for info in archive.infolist()}
+                if set(names) != {f"{name}.npy" for name in _ARRAYS}:
+                    raise ArtifactRefused("the artifact does not hold exactly the model's arrays")
+                if sum(info.file_size for info in names.values()) > MAX_ARTIFACT_BYTES:
+                    raise ArtifactRefused("the artifact is larger than a model may be")
+                arrays = {name: _read_array(archive.read(f"{name}.npy")) for name in _ARRAYS}
+        except (zipfile.BadZipFile, OSError, EOFError, KeyError) as exc:
+            raise ArtifactRefused(f"the artifact is not a readable archive ({type(exc).__name__})") from None
+        try:
+            meta = json.loads(_text(arrays["meta"]))
+        except ValueError:
+            raise ArtifactRefused("the artifact's metadata is not JSON") from None
+        if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
+            raise ArtifactRefused(f"the artifact is not of format {ARTIFACT_FORMAT}")
+        for name in ("idf", "coef", "intercept"):
+            if arrays[name].dtype != np.float32:
+                raise ArtifactRefused(f"the artifact's {name} is not float32")
+        return cls(
+            labels=_terms(arrays["labels"]),
+            word_terms=_terms(arrays["word_terms"]),
+            char_terms=_terms(arrays["char_terms"]),
+            idf=arrays["idf"],
+            coef=arrays["coef"],
+            intercept=arrays["intercept"],
+            spec=FeatureSpec.from_dict(meta.get("features")),
+        )
+
+
+def _utf8(text: str) -> npt.NDArray[np.uint8]:
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+def _read_array(member: bytes) -> npt.NDArray[Any]:
+    try:
+        array = np.load(io.BytesIO(member), allow_pickle=False)
+    except ValueError as exc:  # an object array asks for pickle, which is refused
+        raise ArtifactRefused(f"the artifact holds an array this loader refuses ({exc})") from None
+    if not isinstance(array, np.ndarray) or array.dtype.hasobject:
+        raise ArtifactRefused("the artifact holds something other than plain arrays")
+    return array
+
+
+def _text(array: npt.NDArray[Any]) -> str:
+    if array.dtype != np.uint8 or array.ndim != 1:
+        raise ArtifactRefused("the artifact's text is not UTF-8 bytes")
+    try:
+        return array.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ArtifactRefused("the artifact's text is not UTF-8") from None
+
+
+def _terms(array: npt.NDArray[Any]) -> list[str]:
+    text = _text(array)
+    return text.split("\n") if text else []

@@ -1,0 +1,83 @@
+"""Reading labelled examples without a database: every bad line is refused with its number and
+a reason, never a crash, and the good ones around it are kept."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from triage.learning.examples import InvalidSource, LabelledDocument, Refusal, check_source, read_examples
+
+NAMES = {"billing", "shipping"}
+
+
+def good(external_id: str, label: str = "billing") -> bytes:
+    return json.dumps({"id": external_id, "subject": "s", "body": "b", "label": label}).encode()
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        pytest.param(b"\xff\xfe not utf-8", "invalid_utf8", id="bytes"),
+        pytest.param(b"[1, 2]", "not_an_object", id="array"),
+        pytest.param(b"[" * 2000 + b"]" * 2000, "invalid_json", id="deep-nesting"),
+        pytest.param(
+            b'{"id": "x", "subject": "s", "body": "b", "label": ["billing"]}', "invalid_label", id="label-list"
+        ),
+        pytest.param(
+            b'{"id": "x", "subject": "s", "body": "b", "label": "\\u0000"}', "label_outside_taxonomy", id="nul"
+        ),
+        pytest.param(b'{"id": "x\\u0000y", "subject": "s", "body": "b", "label": "billing"}', "nul_in_id", id="nul-id"),
+        pytest.param(b'{"id": "  ", "subject": "s", "body": "b", "label": "billing"}', "empty_id", id="blank-id"),
+        pytest.param(
+            b'{"id": "x", "subject": "\\ud800", "body": "b", "label": "billing"}', "invalid_field", id="surrogate"
+        ),
+        pytest.param(
+            b'{"id": "x", "subject": "s", "body": "b", "received_at": "2026-11-01T09:00:00", "label": "billing"}',
+            "naive_received_at",
+            id="naive-time",
+        ),
+        pytest.param(b'{"id": "x", "subject": 1, "body": "b", "label": "billing"}', "invalid_field", id="number"),
+        pytest.param(b'{"id": "x", "body": "b", "label": "billing"}', "missing_field", id="no-subject"),
+        pytest.param(
+            b'{"id": "x", "subject": "s", "body": "b", "label": "billing", "x": 1}', "unexpected_field", id="extra"
+        ),
+        pytest.param(b"x" * 5000, "line_too_long", id="too-long"),
+    ],
+)
+def test_a_bad_line_is_refused_alone(line: bytes, reason: str) -> None:
+    stream = io.BytesIO(b"\n".join([good("A"), line, good("B", "shipping")]) + b"\n")
+    read = list(read_examples(stream, NAMES, max_line_bytes=4096))
+    assert [type(r) for r in read] == [LabelledDocument, Refusal, LabelledDocument]
+    refusal = read[1]
+    assert isinstance(refusal, Refusal)
+    assert (refusal.position, refusal.reason) == (2, reason)
+    assert refusal.message().startswith(f"line 2: {reason}: ")
+    assert [r.payload.external_id for r in read if isinstance(r, LabelledDocument)] == ["A", "B"]
+
+
+def test_a_refusal_never_echoes_a_long_or_unprintable_label() -> None:
+    line = json.dumps({"id": "x", "subject": "s", "body": "b", "label": "evil\n" + "y" * 500}).encode()
+    [refusal] = read_examples(io.BytesIO(line), NAMES)
+    assert isinstance(refusal, Refusal)
+    assert len(refusal.detail) < 200
+    assert "\n" not in refusal.detail
+
+
+def test_received_at_may_be_left_out_and_a_given_one_is_kept() -> None:
+    dated = json.dumps(
+        {"id": "d", "subject": "s", "body": "b", "received_at": "2026-11-01T09:00:00+01:00", "label": "billing"}
+    )
+    [undated, given] = read_examples(io.BytesIO(good("u") + b"\n" + dated.encode()), NAMES)
+    assert isinstance(undated, LabelledDocument)
+    assert isinstance(given, LabelledDocument)
+    assert given.payload.received_at.isoformat() == "2026-11-01T08:00:00+00:00"
+
+
+@pytest.mark.parametrize("source", ["review", "", "a b", "x" * 65, "ünï", "../etc"])
+def test_an_import_source_is_a_plain_name_and_not_the_reviewers(source: str) -> None:
+    with pytest.raises(InvalidSource):
+        check_source(source)
+    assert check_source("helpdesk-2026.export:v1") == "helpdesk-2026.export:v1"

@@ -1,0 +1,212 @@
+"""The learned model without a database: features equal to scikit-learn's, the artifact's
+round trip and its refusals, thresholds and metrics."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import numpy as np
+import pytest
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.pipeline import FeatureUnion
+
+from triage.classifiers.base import ModelOutput, decide_outcome
+from triage.learning.metrics import Prediction, choose_thresholds, score, wilson_lower_bound
+from triage.learning.model import ArtifactRefused, ArtifactTampered, LinearTextModel, sha256_hex
+from triage.learning.training import Example, TrainSettings, fit, in_holdout, train, training_set_sha256
+
+TEXTS = [
+    "My invoice shows a double charge!!  Please fix   it",
+    "Parcel lost in transit — where is my order?",
+    "I want my money back: refund the order",
+    "Can't log in; password reset e-mail never arrives",
+    "invoice invoice invoice",
+    "Ünïcödé ship ment tracking número 42",
+    "a b c",
+    "",
+]
+LABELS = ["billing", "shipping", "refund_request", "account_access", "billing", "shipping", "billing", "shipping"]
+
+
+def examples(n: int = 200) -> list[Example]:
+    topics = {
+        "billing": ["invoice", "charged twice", "receipt", "payment card", "vat"],
+        "shipping": ["parcel", "delivery", "tracking number", "courier", "in transit"],
+        "refund_request": ["refund", "money back", "return the item", "reimburse", "chargeback"],
+    }
+    out = []
+    for i in range(n):
+        label = list(topics)[i % 3]
+        words = topics[label]
+        text = f"hello, about {words[i % 5]} and {words[(i // 3) % 5]} number {i}"
+        out.append(Example("test", f"ex-{i}", label, f"{i:064x}", text))
+    return out
+
+
+def test_features_equal_scikit_learn_s() -> None:
+    word = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)
+    char = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True)
+    union = FeatureUnion([("word", word), ("char", char)])
+    expected = union.fit_transform(TEXTS).toarray()
+    model = LinearTextModel(
+        labels=["a", "b", "c"],
+        word_terms=sorted(word.vocabulary_, key=word.vocabulary_.__getitem__),
+        char_terms=sorted(char.vocabulary_, key=char.vocabulary_.__getitem__),
+        idf=np.concatenate([word.idf_, char.idf_]),
+        coef=np.zeros((3, expected.shape[1])),
+        intercept=np.zeros(3),
+    )
+    for text, row in zip(TEXTS, expected, strict=True):
+        columns, values = model.features(text)
+        mine = np.zeros(expected.shape[1])
+        mine[columns] = values
+        np.testing.assert_allclose(mine, row, atol=1e-5)
+
+
+def test_probabilities_equal_the_estimator_s() -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    data = examples(120)
+    model = fit(data, TrainSettings())
+    word = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)
+    char = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True)
+    union = FeatureUnion([("word", word), ("char", char)])
+    matrix = union.fit_transform([e.text for e in data])
+    estimator = LogisticRegression(C=TrainSettings().c, max_iter=1000).fit(matrix, [e.label for e in data])
+    probe = ["refund my parcel please", "vat receipt", "nothing known here"]
+    expected = estimator.predict_proba(union.transform(probe))
+    for text, row in zip(probe, expected, strict=True):
+        np.testing.assert_allclose(model.probabilities(text), row, atol=1e-4)
+
+
+def test_the_artifact_round_trips_byte_for_byte() -> None:
+    model = fit(examples(90), TrainSettings())
+    data = model.to_bytes()
+    again = LinearTextModel.from_bytes(data, sha256_hex(data))
+    assert again.to_bytes() == data  # deterministic: the same model, the same bytes and hash
+    assert again.labels == model.labels
+    assert again.predict("a refund please") == model.predict("a refund please")
+
+
+def test_a_tampered_artifact_is_refused_before_it_is_read() -> None:
+    data = fit(examples(90), TrainSettings()).to_bytes()
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0xFF
+    with pytest.raises(ArtifactTampered, match="does not match its SHA-256"):
+        LinearTextModel.from_bytes(bytes(flipped), sha256_hex(data))
+
+
+def _archive(arrays: dict[str, np.ndarray], *, allow_pickle: bool = False) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, array in arrays.items():
+            member = io.BytesIO()
+            np.lib.format.write_array(member, array, allow_pickle=allow_pickle)
+            archive.writestr(f"{name}.npy", member.getvalue())
+    return buffer.getvalue()
+
+
+def test_an_object_array_is_refused_even_with_a_matching_hash() -> None:
+    """A row rewritten whole (artifact and hash) still cannot make the loader unpickle."""
+
+    class Boom:
+        def __reduce__(self) -> tuple[object, ...]:
+            return (print, ("pickle ran",))
+
+    model = fit(examples(90), TrainSettings())
+    with zipfile.ZipFile(io.BytesIO(model.to_bytes())) as archive:
+        arrays = {n.removesuffix(".npy"): np.load(io.BytesIO(archive.read(n))) for n in archive.namelist()}
+    arrays["labels"] = np.array([Boom()], dtype=object)
+    data = _archive(arrays, allow_pickle=True)
+    with pytest.raises(ArtifactRefused, match="refuses"):
+        LinearTextModel.from_bytes(data, sha256_hex(data))
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        pytest.param(lambda a: a.pop("idf"), "exactly the model's arrays", id="member-missing"),
+        pytest.param(lambda a: a.update(coef=a["coef"][:, :3]), "do not fit", id="shape"),
+        pytest.param(lambda a: a.update(idf=a["idf"].astype(np.float64)), "float32", id="dtype"),
+        pytest.param(lambda a: a.update(intercept=np.full_like(a["intercept"], np.nan)), "not finite", id="nan"),
+        pytest.param(lambda a: a.update(meta=np.frombuffer(b'{"format": "x"}', np.uint8)), "format", id="format"),
+    ],
+)
+def test_a_malformed_artifact_is_refused(change, says: str) -> None:  # type: ignore[no-untyped-def]
+    model = fit(examples(90), TrainSettings())
+    with zipfile.ZipFile(io.BytesIO(model.to_bytes())) as archive:
+        arrays = {n.removesuffix(".npy"): np.load(io.BytesIO(archive.read(n))) for n in archive.namelist()}
+    change(arrays)
+    data = _archive(arrays)
+    with pytest.raises(ArtifactRefused, match=says):
+        LinearTextModel.from_bytes(data, sha256_hex(data))
+
+
+def test_not_a_zip_is_refused() -> None:
+    with pytest.raises(ArtifactRefused, match="not a readable archive"):
+        LinearTextModel.from_bytes(b"not a zip", sha256_hex(b"not a zip"))
+
+
+def test_thresholds_reach_the_target_or_never_accept() -> None:
+    right = [Prediction("a", "a", 0.9 - i / 100) for i in range(20)]
+    wrong = [Prediction("b", "a", 0.55), Prediction("b", "a", 0.5)]
+    few = [Prediction("c", "c", 0.99) for _ in range(3)]
+    counts = {"a": 50, "b": 50, "c": 50, "d": 2}
+    thresholds = choose_thresholds(
+        right + wrong + few, ["a", "b", "c", "d"], target_precision=0.95, train_counts=counts, min_examples=20, z=0.0
+    )
+    # a: 20 right down to 0.71; at 0.55 20/21 = 0.952 (target reached), at 0.5 20/22 = 0.909
+    assert thresholds["a"] == pytest.approx(0.55)
+    assert thresholds["b"] is None  # never predicted
+    assert thresholds["c"] is None  # three held-out predictions say too little
+    assert thresholds["d"] is None  # two training examples
+    # With a margin, 20/21 right is no longer sure to be 95%: the threshold stays above the wrong ones.
+    sure = choose_thresholds(right + wrong, ["a"], target_precision=0.95, train_counts=counts, min_examples=1, z=0.5)
+    assert sure["a"] == pytest.approx(0.71)
+    assert wilson_lower_bound(20, 21, 0.5) < 0.95 <= wilson_lower_bound(20, 20, 0.5)
+    strict = choose_thresholds(right + wrong, ["a"], target_precision=0.99, train_counts=counts, min_examples=1)
+    assert strict["a"] == pytest.approx(0.71)  # 20/20 right; any lower takes a wrong one
+    scored = score(right + wrong, strict)
+    assert scored["coverage"] == pytest.approx(20 / 22, abs=1e-4)
+    assert scored["accepted_precision"] == 1.0
+
+
+def test_metrics_count_confusions_and_macro_f1() -> None:
+    predictions = [Prediction("a", "a", 1), Prediction("a", "b", 1), Prediction("b", "b", 1), Prediction("c", None, 0)]
+    result = score(predictions, {"a": 0.5, "b": None})
+    assert result["n"] == 4
+    assert result["accuracy"] == 0.5
+    assert result["per_label"]["a"] == {"precision": 1.0, "recall": 0.5, "f1": 0.6667, "support": 2}
+    assert result["macro_f1"] == pytest.approx((2 / 3 + 2 / 3 + 0) / 3, abs=1e-4)
+    assert result["confused"][0] == {"truth": "a", "predicted": "b", "count": 1}
+    assert result["coverage"] == 0.25  # only the first: b never auto-accepts
+    assert result["accepted_precision"] == 1.0
+
+
+def test_the_holdout_is_fixed_by_the_example_id() -> None:
+    ids = [f"ex-{i}" for i in range(2000)]
+    held = [i for i in ids if in_holdout("src", i, 20)]
+    assert held == [i for i in ids if in_holdout("src", i, 20)]  # the same every time
+    assert 300 < len(held) < 500
+    assert in_holdout("src", "ex-1", 20) == in_holdout("src", "ex-1", 20)
+
+
+def test_training_is_deterministic_and_names_its_data() -> None:
+    data = examples(300)
+    first = train(data, taxonomy_sha256="t" * 64)
+    again = train(list(reversed(data)), taxonomy_sha256="t" * 64)
+    assert first.version == again.version
+    assert first.artifact_sha256 == again.artifact_sha256
+    assert first.training_set_sha256 == training_set_sha256(data)
+    assert train(data, taxonomy_sha256="u" * 64).version != first.version  # a new taxonomy is a new model
+    assert sum(first.label_counts.values()) + first.metrics["n"] == 300
+    assert first.metrics["accuracy"] > 0.9
+
+
+def test_the_label_s_own_threshold_decides_the_outcome() -> None:
+    output = ModelOutput("billing", 0.6, None, 1.0, threshold=0.55)
+    assert decide_outcome(output, 0.7) == "accepted"  # the label's 0.55, not the run's 0.7
+    never = ModelOutput("billing", 1.0, None, 1.0, threshold=2.0)
+    assert decide_outcome(never, 0.0) == "inconclusive"
+    assert decide_outcome(ModelOutput("billing", 0.6, None, 1.0), 0.7) == "inconclusive"
