@@ -262,16 +262,20 @@ def refresh_local_lock(held: Path, *, hold_development: bool = False) -> None:
             write_pins(runtime_pins, [], pins)
             extra = resolve(development, python)
             pins.update({name: version for name, version in extra.items() if name not in pins})
-    write_pins(
-        LOCAL_LOCK,
-        [
-            "The local lock: every package `make setup` installs (requirements-dev.txt), on CPython",
-            f"{', '.join(pythons)}. Made by `make lock` (triage_tools/lock.py, uv's resolver): the",
-            "runtime set follows Airflow's constraints for the image, so the virtualenv runs the",
-            "image's versions. tests/packaging/test_resolution.py resolves it on every Python.",
-        ],
-        pins,
-    )
+    header = [
+        "The local lock: every package `make setup` installs (requirements-dev.txt), on CPython",
+        f"{', '.join(pythons)}. Made by `make lock` (triage_tools/lock.py, uv's resolver)",
+    ]
+    if hold_development:  # Airflow's file was out of reach: say so, never claim its versions
+        header += [
+            "without Airflow's constraints for the image (out of reach): the pins it had were held",
+            "and only new requirements pinned, so the image (which installs under Airflow's file)",
+            "may run other versions; `make lock` with that file realigns it.",
+        ]
+    else:
+        header += ["under Airflow's constraints for the image: the virtualenv runs the image's versions."]
+    header += ["tests/packaging/test_resolution.py resolves it on every Python."]
+    write_pins(LOCAL_LOCK, header, pins)
 
 
 def shown(path: Path) -> str:

@@ -137,3 +137,9 @@ def test_make_lock_without_airflows_file_holds_every_pin(tmp_path: Path, monkeyp
     assert lock.main([]) == 0
     assert pins(lock_copy.read_text()) == pins((lock.ROOT / "constraints.txt").read_text())
     assert triage_pins.read_text() == "# kept\n"
+    # Its header says how it was made: not under Airflow's constraints, which it never saw.
+    header = " ".join(line.lstrip("# ") for line in lock_copy.read_text().splitlines() if line.startswith("#"))
+    assert "without Airflow's constraints for the image (out of reach)" in header
+    assert "runs the image's versions" not in header
+    # And the committed lock is exactly what `make lock` writes here, header included.
+    assert lock_copy.read_text() == (lock.ROOT / "constraints.txt").read_text()

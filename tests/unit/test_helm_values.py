@@ -63,6 +63,9 @@ def test_the_image_is_triages_at_the_pinned_airflow(values: dict[str, Any]) -> N
     assert airflow
     assert values["images"]["airflow"]["tag"] == airflow[1]
     assert values["images"]["airflow"]["repository"].endswith("/triage-airflow")
+    # The chart decides by `airflowVersion` (default: the chart's own appVersion, an older Airflow
+    # than the image's) which commands and settings its pods get: it must name the image's Airflow.
+    assert values["airflowVersion"] == airflow[1]
 
 
 def test_an_external_postgresql_and_the_connections_from_secrets(values: dict[str, Any]) -> None:

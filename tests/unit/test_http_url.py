@@ -49,3 +49,32 @@ def test_http_url_default_path(fields: dict[str, Any], url: str) -> None:
 def test_http_url_default_port() -> None:
     assert http_url(conn(host="localhost"), default_port=8080) == "http://localhost:8080"
     assert http_url(conn(host="localhost", port=9090), default_port=8080) == "http://localhost:9090"
+
+
+@pytest.mark.parametrize(
+    ("env", "url"),
+    [
+        pytest.param({}, "http://localhost:8080", id="airflow-default"),
+        pytest.param({"AIRFLOW__API__PORT": "8181"}, "http://localhost:8181", id="moved-port"),
+        pytest.param(
+            {"AIRFLOW__API__PORT": "8181", "AIRFLOW__API__BASE_URL": "https://airflow.example/"},
+            "https://airflow.example",
+            id="base-url-wins",
+        ),
+    ],
+)
+def test_the_api_server_is_found_at_its_one_port(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], url: str
+) -> None:
+    """Where product code calls or links Airflow's API server without a connection saying so
+    (alert links, reconcile_jobs' cross-check): ``[api] base_url``, else localhost at
+    ``[api] port``; a server moved with AIRFLOW__API__PORT was linked and called on 8080."""
+    from triage.operators.alerts import run_link
+    from triage.operators.base import api_server_url
+
+    for name in ("AIRFLOW__API__PORT", "AIRFLOW__API__BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert api_server_url() == url
+    assert run_link("classify_documents", "manual__1") == f"{url}/dags/classify_documents/runs/manual__1"

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook, BaseNotifier, conf
+from airflow.sdk import BaseHook, BaseNotifier
 
 # airflow.sdk exports these too, but its type stub (3.3.2) does not name them yet.
 from airflow.sdk.definitions.callback import SyncCallback
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 
-from triage.operators.base import TriageOperator, batch_key, http_url, run_prefix
+from triage.operators.base import TriageOperator, api_server_url, batch_key, http_url, run_prefix
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -54,8 +54,6 @@ CLASSIFY_DEADLINE = timedelta(days=1, hours=2)
 """From a ``classify_documents`` run's logical date (its data interval's start) to its deadline:
 two hours after the day ends, when its scheduled run starts. A day's batch takes minutes, and
 every Airflow retry of a task is over within half an hour."""
-
-DEFAULT_API_URL = "http://localhost:8080"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +99,8 @@ def alert_route(conn_id: str = ALERTS_CONN_ID) -> AlertRoute:
 
 
 def run_link(dag_id: str, run_id: str) -> str:
-    """The run's page in Airflow's UI (``[api] base_url``, else ``http://localhost:8080``)."""
-    base = str(conf.get("api", "base_url", fallback="") or DEFAULT_API_URL).rstrip("/")
+    """The run's page in Airflow's UI (:func:`~triage.operators.base.api_server_url`)."""
+    base = api_server_url()
     return f"{base}/dags/{urllib.parse.quote(dag_id, safe='')}/runs/{urllib.parse.quote(run_id, safe='')}"
 
 

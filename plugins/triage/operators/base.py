@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import BaseHook, BaseOperator, Variable
+from airflow.sdk import BaseHook, BaseOperator, Variable, conf
 from airflow.sdk.exceptions import AirflowFailException
 
 if TYPE_CHECKING:
@@ -56,6 +56,14 @@ def engine_from_hook(hook: PostgresHook, **kwargs: Any) -> sa.Engine:
     from triage.database import engine_options
 
     return hook.get_sqlalchemy_engine(engine_kwargs=engine_options(**kwargs))
+
+
+def api_server_url() -> str:
+    """Airflow's API server where no connection names it (alert links, reconcile_jobs'
+    cross-check): ``[api] base_url``, else localhost at ``[api] port`` (Airflow's default 8080).
+    A server moved with ``AIRFLOW__API__PORT`` is then found on its port, not on 8080."""
+    base = str(conf.get("api", "base_url", fallback="") or "").rstrip("/")
+    return base or f"http://localhost:{conf.getint('api', 'port', fallback=8080)}"
 
 
 def http_url(conn: Any, *, default_path: str = "", default_port: int | None = None) -> str:

@@ -20,7 +20,7 @@ from airflow.sdk import BaseHook, conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from triage.operators.alerts import ALERTS_CONN_ID, alert_on_orphans
-from triage.operators.base import TriageOperator, event_sink, http_url, variable
+from triage.operators.base import TriageOperator, api_server_url, event_sink, http_url, variable
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_API_URL = "http://localhost:8080"
 DAGS_TEST_USER = "dag_test"
 """The triggering user Airflow 3.3 gives a run of ``airflow dags test`` (``Dag.test``)."""
 
@@ -69,8 +68,10 @@ class ReconcileJobsOperator(TriageOperator):
     :param webhook_conn_id: when set, republish to this HTTP connection's URL instead.
     :param api_conn_id: the connection to Airflow's API server: its host is the base URL and
         its login and password go to ``POST /auth/token``; every deployment of Triage provisions
-        it with a read-only user (``triage_reconcile``). Without it: ``[api] base_url`` (default
-        ``http://localhost:8080``) and ``GET /auth/token`` (simple auth manager with all admins).
+        it with a read-only user (``triage_reconcile``); a host without a port gets ``[api] port``.
+        Without it: ``[api] base_url``, else localhost at ``[api] port``
+        (:func:`~triage.operators.base.api_server_url`), and ``GET /auth/token`` (simple auth
+        manager with all admins).
     :param llm_conn_id: the model connection: its settings are part of the ``llm`` classifier's
         version, and queued jobs of a version no classifier has are reported.
     :param alerts_conn_id: where the orphans alert goes (see :mod:`triage.operators.alerts`).
@@ -103,7 +104,7 @@ class ReconcileJobsOperator(TriageOperator):
         ``wait_s`` for an API server still starting."""
         from triage.reconciliation.airflow_view import AirflowApi
 
-        base_url = str(conf.get("api", "base_url", fallback="") or DEFAULT_API_URL)
+        base_url = api_server_url()
         username = password = None
         try:
             connection = BaseHook.get_connection(self.api_conn_id)
@@ -111,7 +112,7 @@ class ReconcileJobsOperator(TriageOperator):
             connection = None
         if connection is not None:
             if connection.host:
-                base_url = http_url(connection, default_port=8080)
+                base_url = http_url(connection, default_port=conf.getint("api", "port", fallback=8080))
             username, password = connection.login or None, connection.password
         return AirflowApi(base_url, username=username, password=password, wait_s=wait_s)
 

@@ -50,7 +50,7 @@ def announce_intake(documents: int) -> bool:
     """Record an asset event on the intake asset; False when Airflow does not know the asset yet
     (``classify_intake`` not parsed). The call Airflow's own ``POST /api/v2/assets/events``
     handler makes, in this (the API server's) process: why not over HTTP or the Task SDK is
-    docs/adr/0007-intake-asset-events-in-process.md."""
+    docs/adr/0008-intake-asset-events-in-process.md."""
     import sqlalchemy as sa
     from airflow.assets.manager import asset_manager
     from airflow.models.asset import AssetModel
