@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply
 from tests.integration.helpers import counts
-from tests.integration.test_outage import Switch, classify, llm, register, reviews
+from tests.integration.test_outage import RUN, Switch, classify, llm, register, reviews
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.steps import CircuitOpen
@@ -213,3 +213,35 @@ def test_only_outages_of_a_probed_dependency_are_probed_or_resumed(store: JobSto
         ("waiting", "outage:batch"): 2,
         ("waiting", "outage:rate_limit"): 2,
     }
+
+
+def test_a_job_its_dead_prober_held_is_parked_with_the_rest_not_charged_each_try(
+    store: JobStore, payloads: PayloadStore
+) -> None:
+    """The prober dies holding the probe job (a SIGKILL during its call). The next try takes its
+    lease back (the death is charged, as any dead claim's) and claims the job as any due job; the
+    model is still down, and the try's own probe then fails too. That try's failed call was the
+    outage's: the job is parked with the rest, its attempt given back, instead of staying
+    ``retryable_failed`` and spending an attempt on the outage every try until review."""
+    with FakeOpenAIServer(responder=Switch(PARK)) as fake:
+        version = llm(fake).version
+        register(store, payloads, 6, version)
+        with pytest.raises(CircuitOpen):
+            classify(store, llm(fake), payloads, try_number=1)
+        prober = f"classify_documents/{RUN}/classify/0/try2"
+        taken = store.probe_parked(BATCH, "classify", actor=prober, classifier_version=version)
+        assert taken is not None
+        claim = store.claim(
+            batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner=prober, classifier_version=version
+        )
+        assert [job.id for job in claim.jobs] == [taken[0]]  # then try 2 is killed mid-call
+        for try_number in (3, 4, 5):
+            with pytest.raises(CircuitOpen, match="probe"):
+                classify(store, llm(fake), payloads, try_number=try_number)
+            assert counts(
+                store, "SELECT status, attempt, status_reason, count(*) FROM triage.jobs GROUP BY 1, 2, 3"
+            ) == {
+                ("waiting", 0, "outage:model"): 5,
+                ("waiting", 1, "outage:model"): 1,  # the dead prober's claim, charged once
+            }
+    assert reviews(store) == 0
