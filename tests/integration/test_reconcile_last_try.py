@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from tests.integration.test_reconcile_rules import q, sql
-from triage.jobs.models import Complete, LabelWrite
+from triage.jobs.models import Complete, LabelWrite, RetryLater
 from triage.jobs.store import JobStore
 from triage.reconciliation.airflow_view import AirflowApi
 from triage.reconciliation.params import ReconcileParams
@@ -154,3 +154,78 @@ def test_a_dry_run_reports_the_dead_last_try_and_moves_nothing(store: JobStore) 
     assert rule["repairs"] == []
     assert "ledger-only rule" in rule["findings"][0]["detail"]
     assert states(store, KILLED_LAST) == {"completed": 1, "retryable_failed": 2, "queued": 1}
+
+
+# -- what the rule must never take: work a live or coming run can still pick up ------------------
+
+
+def expire_leases(store: JobStore, batch: str) -> None:
+    sql(
+        store,
+        "UPDATE triage.jobs SET lease_expires_at = now() - interval '1 s' WHERE status = 'running' AND batch_key = :b",
+        b=batch,
+    )
+
+
+def test_a_cleared_tasks_later_try_is_not_taken_for_a_final_one(store: JobStore) -> None:
+    """A task cleared from the UI goes on counting: try 5, 6, 7 follow the final try 4, each with
+    retries left, and the ledger cannot tell which of them will be the last. Refused (the orphan
+    rule, or Airflow's view, settles them) rather than settled while a retry may come."""
+    killed(store, "cleared", FINAL_TRY + 1)
+    api = unreachable_api()
+    reconcile(store, ReconcileParams(), api=api, final_try=FINAL_TRY)
+    later(store, "2 hours")
+    outcome = reconcile(store, ReconcileParams(), api=api, final_try=FINAL_TRY)
+    assert repairs_of(outcome.summary, "last_try_dead_to_review") == []
+    assert states(store, "cleared") == {"completed": 1, "retryable_failed": 2, "queued": 1}
+
+
+def test_a_live_sibling_or_a_later_runs_claim_keeps_the_jobs(store: JobStore) -> None:
+    """A sibling map index still holding a lease keeps the whole batch out (it will claim what is
+    due); a job a later run (a backfill of the date) claimed after the dead final try is that
+    run's, whatever its try number: only the job whose last holder was the final try moves."""
+    killed(store, "mapped", FINAL_TRY)
+    store.claim(batch_key="mapped", step="classify", limit=1, lease_seconds=86_400, owner=owner("mapped", 1, 1))
+    killed(store, "backfilled", FINAL_TRY)
+    reconcile(store, ReconcileParams(), final_try=FINAL_TRY)  # the dead try's leases given back
+    backfill = "classify_documents/backfill__2026-11-05/classify/0/try1"
+    taken = store.claim(batch_key="backfilled", step="classify", limit=1, lease_seconds=60, owner=backfill)
+    assert [j.attempt for j in taken.jobs] == [2]  # one of the dead try's jobs
+    store.record(taken, [RetryLater(j.id, j.attempt, "timeout", delay_seconds=0) for j in taken.jobs])
+    reconcile(store, ReconcileParams(), final_try=FINAL_TRY)
+    later(store, "2 hours")
+    reconcile(store, ReconcileParams(), final_try=FINAL_TRY)
+    assert states(store, "mapped") == {"completed": 1, "retryable_failed": 2, "running": 1}
+    assert states(store, "backfilled") == {"completed": 1, "manual_review": 1, "retryable_failed": 1, "queued": 1}
+    assert (
+        q(
+            store,
+            "SELECT count(*) FROM triage.manual_review r JOIN triage.jobs j ON j.id = r.job_id"
+            " WHERE j.batch_key = 'backfilled' AND r.context ->> 'holder' LIKE '%/try4'",
+        )
+        == 1
+    )
+
+
+def test_with_the_api_answering_a_queued_run_of_the_batch_keeps_the_jobs(store: JobStore) -> None:
+    """Airflow's API answers: run A's final try died holding jobs, and a backfill of the same date
+    (run B) is queued, waiting for a slot longer than the threshold. Airflow's view knows B will
+    claim them and reports a conflict; the ledger-only rule must not settle them behind its back
+    (it leaves ``classify_documents`` to the view whenever the API answers)."""
+    from tests.integration.test_reconcile_airflow_view import BATCH, RUN, FakeAirflow, run, ti
+    from tests.integration.test_reconcile_airflow_view import api as fake_api
+
+    store.register(new_jobs(3, prefix="af"), batch_key=BATCH, step="classify", max_attempts=3)
+    dead = f"classify_documents/{RUN}/classify/0/try{FINAL_TRY}"
+    store.claim(batch_key=BATCH, step="classify", limit=2, lease_seconds=60, owner=dead)
+    expire_leases(store, BATCH)
+    airflow = FakeAirflow(
+        [run(), run(run_id="backfill__2026-11-06T00:00:00+00:00", state="queued")],
+        [{**ti(), "map_index": 0, "try_number": FINAL_TRY}],
+    )
+    reconcile(store, ReconcileParams(), api=fake_api(airflow), final_try=FINAL_TRY)
+    later(store, "2 hours")
+    outcome = reconcile(store, ReconcileParams(), api=fake_api(airflow), final_try=FINAL_TRY)
+    assert [c["check"] for c in outcome.summary["conflicts"]] == ["task_failed_run_active"]
+    assert repairs_of(outcome.summary, "last_try_dead_to_review") == []
+    assert states(store, BATCH) == {"retryable_failed": 2, "queued": 1}

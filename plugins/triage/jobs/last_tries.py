@@ -54,20 +54,26 @@ def last_holder() -> ColumnElement[Any]:
 
 
 def last_try_dead() -> list[ColumnElement[bool]]:
-    """Retryable jobs whose last holder was its task's final try (try number ``>= :final_try``:
+    """Retryable jobs whose last holder was its task's final try (try number ``:final_try``:
     Airflow retries that task no more) and that nobody came back for: due for ``:threshold``
     seconds in a batch idle for as long (:func:`~triage.jobs.checks.batch_idle`: nothing
     written, none ``running``, none ``waiting``).
 
-    The idle batch guards what the try number cannot: a sibling map index or another run of the
-    same date, and a task cleared by hand (its try numbers go on past the final one), each
-    claim and write the batch within a retry delay. A holder that is not a Triage task (no
-    ``tryN``) never matches."""
-    holder_try = sa.cast(sa.func.substring(last_holder(), TRY_NUMBER), sa.Integer)
+    Exactly the final try, never a later one: a task cleared by hand goes on counting (try 5,
+    6, 7 after a final try 4), each with retries left, and its last try number is unknown to the
+    ledger. A holder of a DAG whose failed tasks Airflow's view judged in this run
+    (``:viewed_prefix``, ``dag/``; NULL: none) is left to that view, which knows whether another
+    run of the batch is queued or running. The idle batch guards what the try number cannot: a
+    sibling map index or another run of the same date claims and writes the batch within a
+    retry delay. A holder that is not a Triage task (no ``tryN``) never matches."""
+    holder = last_holder()
+    holder_try = sa.cast(sa.func.substring(holder, TRY_NUMBER), sa.Integer)
+    viewed = sa.bindparam("viewed_prefix", type_=sa.Text)
     return [
         in_state(S.RETRYABLE_FAILED),
         jobs.c.next_attempt_at < NOW - seconds("threshold"),
-        holder_try >= sa.bindparam("final_try", type_=sa.Integer),
+        holder_try == sa.bindparam("final_try", type_=sa.Integer),
+        sa.or_(viewed.is_(None), ~sa.func.starts_with(holder, viewed)),
         batch_idle(),
     ]
 
@@ -109,15 +115,23 @@ def send_dead_last_tries_to_review() -> Any:
     return sa.select(moved.c.id).add_cte(*E.entered_review(moved, sa.literal(TASK_FAILED), context))
 
 
+def viewed_prefix(viewed_dag: str | None) -> str | None:
+    """The lease owners' prefix (``dag/``) of a DAG Airflow's view judged, for ``:viewed_prefix``."""
+    return None if viewed_dag is None else f"{viewed_dag}/"
+
+
 class DeadLastTries(Ledger):
     """The store's repair of dead last tries (:class:`~triage.jobs.store.JobStore` inherits it)."""
 
-    def send_dead_last_tries_to_review(self, *, idle_seconds: float, final_try: int) -> list[uuid.UUID]:
+    def send_dead_last_tries_to_review(
+        self, *, idle_seconds: float, final_try: int, viewed_dag: str | None = None
+    ) -> list[uuid.UUID]:
         """``retryable_failed -> manual_review`` (``airflow_task_failed``, with its review row) for
         the jobs a task's final try (``final_try``) held when it died, due and in an idle batch
         for ``idle_seconds``; one transaction under the repairs' lock, actor ``reconciliation``.
+        ``viewed_dag``: a DAG whose tasks Airflow's view judged (its holders are left to it).
         Returns the ids it moved."""
         with self.transaction(REPAIRER) as conn:
             conn.execute(lock())
-            params = {"threshold": idle_seconds, "final_try": final_try}
+            params = {"threshold": idle_seconds, "final_try": final_try, "viewed_prefix": viewed_prefix(viewed_dag)}
             return list(conn.execute(send_dead_last_tries_to_review(), params).scalars())

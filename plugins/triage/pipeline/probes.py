@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING
 
 from triage.jobs.models import Outcome, Park, Release, RetryLater
 from triage.jobs.store import JobStore
+
+if TYPE_CHECKING:
+    from triage.pipeline.steps import CircuitOpen
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class OutageProbe:
         self.verdict: bool | None = None  # True: answered, False: failed again, None: not judged
         self.retry_after: float | None = None  # the dependency's Retry-After on the failed probe
         self.error: tuple[str | None, str | None] = (None, None)  # its error class and message
+        self.retried: dict[uuid.UUID, int] = {}  # RetryLater handed out by this try: id -> attempt
 
     @property
     def pending(self) -> bool:
@@ -77,6 +81,8 @@ class OutageProbe:
         parking again (a transient failure of a dependency that was down is not the job's). A
         claim without the probe job (another worker took it) ends the probe undecided."""
         if not self.pending:
+            # Before the probe: the try's transient failures, given back if the probe fails.
+            self.retried.update((o.job_id, o.attempt) for o in outcomes if isinstance(o, RetryLater))
             return outcomes
         if all(outcome.job_id != self.job_id for outcome in outcomes):
             self.job_id = None
@@ -122,14 +128,23 @@ class OutageProbe:
         """What the step says when it stops on a failed probe."""
         return f"the probe of the work parked on outage:{self.dependency} failed again; the rest stays parked until due"
 
-    def stop_fields(self) -> dict[str, Any]:
+    def stop(self) -> CircuitOpen:
         """The :class:`~triage.pipeline.steps.CircuitOpen` a failed probe stops the step with: its
-        dependency, the probe job's park delay, the error and the dependency's ``Retry-After``."""
+        dependency, the probe job's park delay, the error and the dependency's ``Retry-After``,
+        and, to give back as the step parks the rest (as on any open circuit), the attempts of
+        this try that failed transiently before the probe: the dependency was down for them too
+        (a job the try claimed again after its prober died would otherwise spend its attempts,
+        one a try, on the outage while the parked ones spend none)."""
+        from triage.pipeline.steps import CircuitOpen  # steps imports this module
+
         error_class, error = self.error
-        return {
-            "dependency": self.dependency,
-            "delay_seconds": self.retry_after or PROBE_PARK_SECONDS,
-            "error_class": error_class,
-            "error": error,
-            "retry_after": self.retry_after,
-        }
+        stop = CircuitOpen(
+            self.failed_again,
+            dependency=self.dependency,
+            delay_seconds=self.retry_after or PROBE_PARK_SECONDS,
+            error_class=error_class,
+            error=error,
+            retry_after=self.retry_after,
+        )
+        stop.give_back = dict(self.retried)
+        return stop

@@ -322,7 +322,9 @@ def run_step(
                 if probe.verdict is not None:
                     settle()  # the probe's outcome is written before the rest moves
                     if not probe.conclude():  # still down: the try stops as on an open circuit
-                        raise CircuitOpen(probe.failed_again, **probe.stop_fields())
+                        stop = probe.stop()
+                        stop.parked = _park_rest(store, handler.step, batch_key, settings.owner, version, stop)
+                        raise stop
             settle()
         except StepError as exc:
             report.stopped = exc.__class__.__name__

@@ -287,13 +287,19 @@ def orphaned_work(store: JobStore, params: ReconcileParams) -> RuleResult:
 
 
 def dead_last_tries(
-    store: JobStore, params: ReconcileParams, final_try: int | None, api_skipped: str | None
+    store: JobStore,
+    params: ReconcileParams,
+    final_try: int | None,
+    api_skipped: str | None,
+    viewed_dag: str | None = None,
 ) -> RuleResult:
     """Retryable jobs whose last holder was its task's final try (``final_try``: the classifying
     tasks' retries + 1), due for ``last_try_seconds`` in a batch idle for as long, go to
     ``manual_review`` (``airflow_task_failed``): :meth:`JobStore.send_dead_last_tries_to_review`,
     fenced. A ledger-only rule: it needs no Airflow API, and says in its finding whether the API
-    answered (``api_skipped``: why the Airflow view was skipped, or None).
+    answered (``api_skipped``: why the Airflow view was skipped, or None). When the view ran, the
+    holders of its DAG (``viewed_dag``) are left to it: it knows the batch's other runs, and
+    refuses while one of them is queued or running.
 
     A SIGKILL on a task's last try leaves the jobs it held behind with no failure callback; the
     lease rule gives them back as ``retryable_failed``, due at once, and no retry of that task
@@ -303,12 +309,19 @@ def dead_last_tries(
     outside Airflow) it is skipped."""
     if final_try is None:
         return RuleResult("dead_last_tries", skipped="no final try known (the classifying tasks' retries)")
-    row = _check(store, last_tries.dead_last_tries(), threshold=params.last_try_seconds, final_try=final_try)
+    viewed = last_tries.viewed_prefix(viewed_dag)
+    row = _check(
+        store,
+        last_tries.dead_last_tries(),
+        threshold=params.last_try_seconds,
+        final_try=final_try,
+        viewed_prefix=viewed,
+    )
     if row.n == 0:
         return RuleResult("dead_last_tries")
     why = "Airflow API unreachable: ledger-only rule" if api_skipped else "ledger-only rule"
     detail = (
-        f"retryable_failed whose last holder was its task's final try (try {final_try} or later), due for more "
+        f"retryable_failed whose last holder was its task's final try (try {final_try}), due for more "
         f"than {params.last_try_seconds} s in a batch idle as long; {why}"
     )
     data = {
@@ -320,7 +333,9 @@ def dead_last_tries(
     findings = (Finding("last_try_dead", int(row.n), detail, sample(row.job_ids), "last_try_dead_to_review", data),)
     if params.dry_run:
         return RuleResult("dead_last_tries", findings=findings)
-    ids = store.send_dead_last_tries_to_review(idle_seconds=params.last_try_seconds, final_try=final_try)
+    ids = store.send_dead_last_tries_to_review(
+        idle_seconds=params.last_try_seconds, final_try=final_try, viewed_dag=viewed_dag
+    )
     repairs = (
         (Repair("last_try_dead_to_review", len(ids), f"retryable_failed -> manual_review ({detail})", sample(ids)),)
         if ids

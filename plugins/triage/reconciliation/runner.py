@@ -109,7 +109,8 @@ def run_rules(
         view,
         outage_resumes.outage_resumes(store, params, runs),
         # After the Airflow view (its repairs know why), before the orphans (a narrower reason).
-        rules.dead_last_tries(store, params, final_try, view.skipped),
+        # Where the view ran, its DAG's dead tries are its own to judge (it knows the other runs).
+        rules.dead_last_tries(store, params, final_try, view.skipped, None if view.skipped else airflow_view.DAG_ID),
         rules.orphaned_work(store, params),
         rules.outbox(store, params, publish),
     ]
