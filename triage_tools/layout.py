@@ -232,8 +232,11 @@ class Checkout:
         return None
 
     def local_imports(self, source: Source) -> set[str]:
-        """The names of this checkout's modules that ``source`` imports (not itself)."""
-        return {r.name for name in source.imports if (r := self.resolve(name)) is not None and r is not source}
+        """The names of this checkout's modules that ``source`` imports (not itself). A package
+        whose module is imported too is left out: ``from triage.jobs import states`` is an import
+        of ``triage.jobs.states``, one break and not two."""
+        found = {r.name for name in source.imports if (r := self.resolve(name)) is not None and r is not source}
+        return {name for name in found if not any(other.startswith(f"{name}.") for other in found)}
 
     def room_of(self, source: Source) -> tuple[int, Room] | None:
         """The layer index and room a product module is in (the most specific path wins)."""
