@@ -122,18 +122,19 @@ LAYERS: tuple[Layer, ...] = (
 )
 
 KNOWN_EXCEPTIONS: dict[str, str] = {
-    # Debts, not permissions: each line is a break of a contract that today's code makes, with
-    # why; fixing one means deleting its line. Key: "importer -> imported" (a module, a top-level
-    # package, "Airflow's REST API" or "writes TABLE"), as `python -m triage_tools.layout` prints it.
-    "triage.web.service -> triage.operators.base": "web takes the engine, Variables, label action from the operators' hooks",
-    "triage.web.intake_service -> triage.operators.classify_documents": "intake reads the llm settings the operator builds",
-    "triage.callbacks -> triage.operators.base": "adapter code spread: the failure callback takes the operators' hook",
-    "triage.operators.tasks -> triage.callbacks": "adapter code spread: the tasks attach the callback of the room beside",
+    # Debts, not permissions: each line names a break that today's code makes, and why; fixing
+    # one means deleting its line (the check fails while a line names a break that is gone).
+    # Key: "importer -> imported" as `python -m triage_tools.layout` prints it (a module, a
+    # top-level package, "Airflow's REST API" or "writes TABLE"). Issue #26 items 2 and 3 pay them.
+    "triage.web.service -> triage.operators.base": "web takes its engine, Variables, label action from the operators' hooks",
+    "triage.web.intake_service -> triage.operators.classify_documents": "the intake version builds the llm settings there",
+    "triage.callbacks -> triage.operators.base": "adapter code spread: the failure callback uses the operators' hook",
+    "triage.operators.tasks -> triage.callbacks": "adapter code spread: the tasks attach the callback beside their room",
     "triage.review.decisions -> triage.pipeline.actions": "a reviewer's label goes out through the pipeline's HTTP action",
-    "triage.sources.synthetic -> triage.classifiers.taxonomy": "the synthetic source writes documents of the taxonomy",
-    "triage.classifiers.llm -> triage.jobs.usage": "usage bounds live in the ledger, not next to the classifiers",
+    "triage.sources.synthetic -> triage.classifiers.taxonomy": "synthetic tickets use the taxonomy's keywords",
+    "triage.classifiers.llm -> triage.jobs.usage": "usage bounds were moved into jobs/, not next to the classifiers",
     "triage.payloads -> airflow": "ObjectStoragePath, when the operators pass one as the payload base",
-    "triage.reconciliation.airflow_view -> Airflow's REST API": "reconciliation's REST client, outside the adapter",
+    "triage.reconciliation.airflow_view -> Airflow's REST API": "reconciliation holds Airflow's REST client",
 }
 
 
