@@ -31,6 +31,7 @@ from triage_tools.layout import (
     check,
     embedded_server_packages,
     imported_modules,
+    ledger_tables,
     ledger_writes,
 )
 
@@ -170,6 +171,8 @@ def test_the_write_scan_sees_every_form() -> None:
         "job_events",
         "document_labels",
     ]
+    assert ledger_tables() >= {"jobs", "job_events", "manual_review", "outbox", "replay_requests", "model_budgets"}
+    assert "reconciliation_runs" not in ledger_tables()  # reconciliation's own (NOT_THE_LEDGER)
     imports = "from triage.jobs.expressions import NOW, outbox_insert\nfrom triage.jobs import repairs\n"
     found_imports = imported_modules(ROOT / "plugins" / "triage" / "probe.py", imports) & WRITE_BUILDERS
     assert found_imports == {"triage.jobs.expressions.outbox_insert", "triage.jobs.repairs"}
@@ -226,6 +229,11 @@ def test_a_new_break_fails_and_a_fixed_one_goes_stale(tmp_path: Path) -> None:
             "plugins/triage/web/service.py": "from triage.operators.base import variable\n",
             "plugins/triage/jobs/__init__.py": "",
             "plugins/triage/jobs/repairs.py": "Q = 'UPDATE triage.jobs SET x = 1'\n",
+            "plugins/triage/jobs/schema.py": (
+                "import sqlalchemy as sa\njobs = sa.Table('jobs', m)\noutbox = sa.Table('outbox', m)\n"
+                "runs = sa.Table('reconciliation_runs', m)\n"
+            ),
+            "plugins/triage/reconciliation/runner.py": "Q = 'INSERT INTO triage.reconciliation_runs (x) VALUES (1)'\n",
             "plugins/triage/jobs/states.py": "from triage.pipeline import steps\n",
             "plugins/triage/pipeline/steps.py": "import triage_tools.local\n",
             "plugins/triage/classifiers/llm.py": "from ..jobs import states\n",
