@@ -295,7 +295,7 @@ def layer_breaks(checkout: Checkout) -> Iterator[Violation]:
 
 AIRFLOW_ROOMS = frozenset({"dags", "plugin", "operators", "callbacks", "web"})
 AIRFLOW_REST = re.compile(r"/api/v[12]/|/auth/token\b")
-"""Airflow's REST API as a client names it: a module that does talks to Airflow."""
+"""Airflow's REST API as its clients name it (outside docstrings): a module that names it calls Airflow."""
 
 
 def airflow_outside_the_adapters(checkout: Checkout) -> Iterator[Violation]:
