@@ -1,12 +1,13 @@
-"""Product and tooling live apart (issue #12, item 3): what Airflow workers import (``plugins/``,
-``dags/``) never imports the developer tools (``triage_tools``) or the embedded database's
-package, the image does not copy the tools, and the product's modules and command work where
-the tools cannot be imported at all. The ledger owns its tables: nothing outside
-``plugins/triage/jobs/`` writes them. The product's modules stay short."""
+"""The house's rules (issue #12 item 3, issue #26 item 4). Product and tooling live apart: what
+Airflow workers import (``plugins/``, ``dags/``) never imports the developer tools
+(``triage_tools``) or the embedded database's package, the image does not copy the tools, and
+the product's modules and command work where the tools cannot be imported at all. The rooms of
+the product keep their import contracts, and only the ledger writes its tables: the same check
+as ``python -m triage_tools.layout`` (:mod:`triage_tools.layout`), whose known exceptions only
+shrink."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -18,46 +19,23 @@ from pathlib import Path
 import pytest
 
 import triage
+from triage_tools import layout
+from triage_tools.layout import (
+    CONTRACTS,
+    KNOWN_EXCEPTIONS,
+    LAYERS,
+    TOOLS,
+    WRITE_BUILDERS,
+    Checkout,
+    Report,
+    check,
+    embedded_server_packages,
+    imported_modules,
+    ledger_tables,
+    ledger_writes,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = "triage_tools"
-PRODUCT_TREES = (ROOT / "plugins", ROOT / "dags")
-
-
-def imported_modules(path: Path, source: str | None = None) -> set[str]:
-    """Every module ``path`` (or ``source`` as if it were ``path``) imports: import statements,
-    ``from`` imports (relative ones resolved against the package), and
-    ``importlib.import_module`` / ``__import__`` of a literal name."""
-    tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source, filename=str(path))
-    package = ".".join(path.relative_to(ROOT / "plugins").parent.parts) if ROOT / "plugins" in path.parents else ""
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                found.add(".".join([*base, node.module] if node.module else base))
-            elif node.module:
-                found.add(node.module)
-                found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
-                found.add(node.args[0].value)
-    return found
-
-
-def embedded_server_packages() -> set[str]:
-    """The third-party packages ``triage_tools/embedded.py`` starts PostgreSQL with (whichever it
-    is: the test follows the module, not a name)."""
-    ours = {"triage", TOOLS, "psycopg", "__future__"}
-    tops = {name.split(".")[0] for name in imported_modules(ROOT / TOOLS / "embedded.py")}
-    return tops - ours - set(sys.stdlib_module_names)
-
-
-def product_files() -> list[Path]:
-    return sorted(p for tree in PRODUCT_TREES for p in tree.rglob("*.py"))
 
 
 def test_the_scan_sees_imports_of_every_form() -> None:
@@ -72,13 +50,6 @@ def test_the_scan_sees_imports_of_every_form() -> None:
     found = imported_modules(ROOT / "plugins" / "triage" / "jobs" / "probe.py", source)
     assert {"triage_tools.local", "triage_tools", "triage_tools.run", "pgserver"} <= found
     assert embedded_server_packages(), "triage_tools/embedded.py imports no server package?"
-
-
-@pytest.mark.parametrize("path", product_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_product_code_imports_no_tooling(path: Path) -> None:
-    banned = {TOOLS, *embedded_server_packages()}
-    offending = {m for m in imported_modules(path) if m.split(".")[0] in banned}
-    assert not offending, f"{path.relative_to(ROOT)} imports {sorted(offending)}: the product must not need the tools"
 
 
 def test_the_image_copies_no_tooling() -> None:
@@ -173,84 +144,6 @@ def test_the_triage_command_names_a_missing_embedded_server_package(tmp_path: Pa
 
 # -- the ledger owns its tables ----------------------------------------------------------------
 
-LEDGER = ROOT / "plugins" / "triage" / "jobs"
-LEDGER_TABLES = frozenset(
-    {
-        "jobs",
-        "job_events",
-        "manual_review",
-        "outbox",
-        "outbox_claims",
-        "classifications",
-        "document_labels",
-        "replay_requests",
-    }
-)
-WRITES_EXEMPT = {
-    ROOT / "plugins" / "triage" / "migrations": "the schema itself: its DDL, and the trigger that writes job_events",
-    ROOT / "bench" / "simulation": (
-        "the benchmarks' simulated past (bulk loads as the owner, triggers aside), and the ledger"
-        " stripped of a guarantee for bench.guarantees' A/B (a scratch database only)"
-    ),
-}
-SQL_WRITE = re.compile(
-    r"\b(?:UPDATE|INSERT\s+INTO|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?|MERGE\s+INTO)\s+(?:ONLY\s+)?"
-    r"(?:\"?triage\"?\s*\.\s*)?\"?(\w+)\"?",
-    re.IGNORECASE,
-)
-
-
-def _name(node: ast.expr) -> str:
-    """The last name of ``a.b.c`` or ``c``; empty for anything else."""
-    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
-
-
-def ledger_writes(path: Path, source: str | None = None) -> list[str]:
-    """Where ``path`` writes a ledger table: ``update(jobs)``, ``insert(…)``, ``delete(…)`` of
-    SQLAlchemy (``sa.``, ``pg.`` or bare), a table's own ``.update()``/``.insert()``/``.delete()``,
-    or SQL text (any string but a docstring) that updates, inserts into, deletes from, truncates
-    or merges into one."""
-    tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source, filename=str(path))
-    docstrings = {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-    }
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _name(node.func) in ("update", "insert", "delete"):
-            target = node.args[0] if node.args else node.func.value if isinstance(node.func, ast.Attribute) else None
-            if target is not None and _name(target) in LEDGER_TABLES:
-                found.append((node.lineno, f"{_name(node.func)}({_name(target)})"))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-            found += [
-                (node.lineno, repr(m.group(0)))
-                for m in SQL_WRITE.finditer(node.value)
-                if m.group(1).lower() in LEDGER_TABLES
-            ]
-    return [f"line {line}: {what}" for line, what in sorted(found)]
-
-
-WRITE_MODULES = ("transitions", "recovery", "review_transitions", "outputs", "repairs", "session")
-WRITE_BUILDERS = frozenset(f"triage.jobs.{m}" for m in WRITE_MODULES) | {
-    "triage.jobs.expressions.outbox_insert",
-    "triage.jobs.expressions.review_rows",
-}
-"""The ledger's writes (and its transaction settings): only :class:`~triage.jobs.store.JobStore` runs them."""
-
-
-def code_outside_the_ledger() -> list[Path]:
-    trees = (ROOT / "plugins", ROOT / "dags", ROOT / TOOLS, ROOT / "bench")
-    return sorted(
-        p
-        for tree in trees
-        for p in tree.rglob("*.py")
-        if LEDGER not in p.parents and not any(exempt in p.parents for exempt in WRITES_EXEMPT)
-    )
-
 
 def test_the_write_scan_sees_every_form() -> None:
     source = (
@@ -269,51 +162,116 @@ def test_the_write_scan_sees_every_form() -> None:
         "    'UPDATE triage.jobs in a docstring is prose'\n"
     )
     found = ledger_writes(ROOT / "plugins" / "triage" / "probe.py", source)
-    assert [f.split(":")[0] for f in found] == [f"line {n}" for n in (4, 5, 6, 7, 8, 9)], found
+    assert [line for line, _, _ in found] == [4, 5, 6, 7, 8, 9], found
+    assert [table for _, table, _ in found] == [
+        "jobs",
+        "manual_review",
+        "outbox_claims",
+        "classifications",
+        "job_events",
+        "document_labels",
+    ]
+    assert ledger_tables() >= {"jobs", "job_events", "manual_review", "outbox", "replay_requests", "model_budgets"}
+    assert "reconciliation_runs" not in ledger_tables()  # reconciliation's own (NOT_THE_LEDGER)
     imports = "from triage.jobs.expressions import NOW, outbox_insert\nfrom triage.jobs import repairs\n"
     found_imports = imported_modules(ROOT / "plugins" / "triage" / "probe.py", imports) & WRITE_BUILDERS
     assert found_imports == {"triage.jobs.expressions.outbox_insert", "triage.jobs.repairs"}
 
 
-@pytest.mark.parametrize("path", code_outside_the_ledger(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_only_the_ledger_writes_its_tables(path: Path) -> None:
-    """Every write to the ledger's tables is a named statement of ``plugins/triage/jobs/``
-    (reconciliation's repairs included), run by the store; everything else asks it by name."""
-    assert ledger_writes(path) == [], f"{path.relative_to(ROOT)} writes the ledger's tables itself"
-    builders = sorted(imported_modules(path) & WRITE_BUILDERS)
-    assert builders == [], f"{path.relative_to(ROOT)} builds the ledger's writes from {builders}: ask the store"
+# -- the rooms and their contracts -------------------------------------------------------------
 
 
-# -- modules of one concept ------------------------------------------------------------------------
-
-MAX_LINES = 400
-LONG_MODULES: dict[str, str] = {}
-"""Product modules allowed past :data:`MAX_LINES`, each with the reason: debts, not exemptions."""
-LONG_TOOLS: dict[str, str] = {}
-"""The same for the developer tools (``triage_tools/``)."""
-SHORT_TREES = {"plugins/triage": LONG_MODULES, TOOLS: LONG_TOOLS}
+@pytest.fixture(scope="module")
+def report() -> Report:
+    return check()
 
 
-@pytest.mark.parametrize(
-    ("path", "debts"),
-    [
-        pytest.param(path, debts, id=str(path.relative_to(ROOT)))
-        for tree, debts in SHORT_TREES.items()
-        for path in sorted((ROOT / tree).rglob("*.py"))
-    ],
-)
-def test_modules_stay_short(path: Path, debts: dict[str, str]) -> None:
-    lines = len(path.read_text(encoding="utf-8").splitlines())
-    name = str(path.relative_to(ROOT))
-    assert lines <= MAX_LINES or name in debts, (
-        f"{name} has {lines} lines (limit {MAX_LINES}): split it by what it holds, or name it with why "
-        "(LONG_MODULES, LONG_TOOLS)"
+@pytest.mark.parametrize("contract", CONTRACTS, ids=lambda c: c.name)
+def test_the_contract_holds(report: Report, contract: layout.Contract) -> None:
+    """A new break fails here: fix it, or name it in ``KNOWN_EXCEPTIONS`` with why."""
+    [verdict] = [v for v in report.verdicts if v.contract == contract]
+    assert verdict.new == [], f"{contract.name} ({contract.rule}) is broken: " + "; ".join(
+        f"{v.key} ({v.detail})" for v in verdict.new
     )
 
 
-@pytest.mark.parametrize(("tree", "debts"), SHORT_TREES.items(), ids=list(SHORT_TREES))
-def test_every_named_debt_is_still_owed(tree: str, debts: dict[str, str]) -> None:
-    """A module split below the limit (or gone) leaves the list with it, so the list stays the debts."""
-    paid = [n for n in debts if not (ROOT / n).is_file() or len((ROOT / n).read_text().splitlines()) <= MAX_LINES]
-    assert paid == [], f"no longer past {MAX_LINES} lines: {paid}"
-    assert all(name.startswith(f"{tree}/") for name in debts), debts
+def test_every_known_exception_still_occurs(report: Report) -> None:
+    """An exception whose import (or write) is gone leaves the table with it: the list only shrinks."""
+    assert report.stale == [], f"no longer occur, remove them from KNOWN_EXCEPTIONS: {report.stale}"
+    assert report.known == len(KNOWN_EXCEPTIONS)
+
+
+def test_the_rooms_do_not_overlap() -> None:
+    paths = [path for layer in LAYERS for room in layer.rooms for path in room.paths]
+    assert len(paths) == len(set(paths)), paths
+    names = [room.name for layer in LAYERS for room in layer.rooms]
+    assert len(names) == len(set(names)), names
+    assert all((ROOT / path).exists() for path in paths), [p for p in paths if not (ROOT / p).exists()]
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_new_break_fails_and_a_fixed_one_goes_stale(tmp_path: Path) -> None:
+    """The checker on a small tree of its own: every contract's break is seen, an excused one is
+    known, an exception that nothing breaks is stale, and a module outside every room is named."""
+    root = _tree(
+        tmp_path,
+        {
+            "triage_tools/embedded.py": "import pgserver\n",
+            "plugins/triage/__init__.py": "",
+            "plugins/triage/operators/__init__.py": "",
+            "plugins/triage/operators/base.py": "import airflow.sdk\n",
+            "plugins/triage/web/service.py": "from triage.operators.base import variable\n",
+            "plugins/triage/jobs/__init__.py": "",
+            "plugins/triage/jobs/repairs.py": "Q = 'UPDATE triage.jobs SET x = 1'\n",
+            "plugins/triage/jobs/schema.py": (
+                "import sqlalchemy as sa\njobs = sa.Table('jobs', m)\noutbox = sa.Table('outbox', m)\n"
+                "runs = sa.Table('reconciliation_runs', m)\n"
+            ),
+            "plugins/triage/reconciliation/runner.py": "Q = 'INSERT INTO triage.reconciliation_runs (x) VALUES (1)'\n",
+            "plugins/triage/jobs/states.py": "from triage.pipeline import steps\n",
+            "plugins/triage/pipeline/steps.py": "import triage_tools.local\n",
+            "plugins/triage/classifiers/llm.py": "from ..jobs import states\n",
+            "plugins/triage/reconciliation/view.py": (
+                '"""Asks GET /api/v2/dags (prose)."""\nPATH = f"/api/v2/dags/{1}/dagRuns"\n'
+            ),
+            "plugins/triage/newroom.py": "",
+            "dags/a_dag.py": "from triage.operators import base\n",
+            "bench/load.py": "from triage.jobs import repairs\nQ = 'DELETE FROM triage.outbox'\n",
+        },
+    )
+    excused = {"triage.web.service -> triage.operators.base": "known", "triage.gone -> triage.jobs": "fixed"}
+    report = check(Checkout(root), excused)
+    new = {v.contract.name: sorted(x.key for x in v.new) for v in report.verdicts}
+    assert new == {
+        "layers": ["triage.jobs.states -> triage.pipeline.steps", "triage.newroom -> no room"],
+        "Airflow stays in the adapters": ["triage.reconciliation.view -> Airflow's REST API"],
+        "the domain does not need the ledger": ["triage.classifiers.llm -> triage.jobs.states"],
+        "the product needs no tooling": ["triage.pipeline.steps -> triage_tools"],
+        "only the ledger writes its tables": ["bench.load -> triage.jobs.repairs", "bench.load -> writes outbox"],
+    }
+    assert [v.key for v in report.verdicts[0].known] == ["triage.web.service -> triage.operators.base"]
+    assert report.stale == ["triage.gone -> triage.jobs"]
+    assert not report.holds
+    assert "STALE exception" in layout.render(report)
+    assert "NEW:   triage.newroom -> no room" in layout.render(report)
+
+
+def test_the_command_prints_the_rooms_and_that_the_contracts_hold() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)])}
+    argv = [sys.executable, "-m", "triage_tools.layout"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for room in (room for layer in LAYERS for room in layer.rooms):
+        assert re.search(rf"^\s+{re.escape(room.name)}\s", done.stdout, re.M), room.name
+    for contract in CONTRACTS:
+        assert f"  {contract.name}: holds" in done.stdout
+    for key in KNOWN_EXCEPTIONS:
+        assert f"known: {key}  (" in done.stdout
+    n = len(KNOWN_EXCEPTIONS)
+    assert done.stdout.splitlines()[-1] == f"All {len(CONTRACTS)} contracts hold, with {n} known exceptions (listed)."
