@@ -591,6 +591,97 @@ def test_a_learned_run_without_a_champion_fails_at_once_naming_triage_train(
     assert model.version in configured_classifier_versions("triage_llm", store.engine)
 
 
+def test_a_run_s_default_classifier_is_the_champion_when_there_is_one_else_keyword(
+    store: JobStore, payloads: PayloadStore
+) -> None:
+    """classify_documents' params leave classifier at auto: each task resolves it on the job
+    database, so the version a run registers and classifies with is the keyword rules' until a
+    champion exists, then the champion's, then the next champion's once promoted by hand."""
+    from triage.operators.classify_documents import ClassifyDocumentsOperator
+    from triage.operators.model_connection import build_run_classifier
+
+    class Seamed(ClassifyDocumentsOperator):
+        def get_engine(self) -> sa.Engine:
+            return store.engine
+
+    operator = Seamed(task_id="classify")
+
+    def chosen(params: dict[str, Any]) -> tuple[str, str]:
+        config = operator.run_config({"params": params})  # type: ignore[typeddict-item]
+        return config.classifier, build_run_classifier(config, "triage_llm", store.engine).version
+
+    keyword_version = build_classifier("keyword", taxonomy=TAXONOMY).version
+    assert chosen({}) == ("keyword", keyword_version)
+    import_examples(store.engine, payloads, synthetic_examples(300, 14, payloads), source="a", labelled_by="me")
+    first = train(store, payloads, min_examples=5)
+    assert chosen({}) == ("learned", first.version)
+    assert chosen({"classifier": "auto"}) == ("learned", first.version)
+    assert chosen({"classifier": "keyword"}) == ("keyword", keyword_version)  # asked for by name: kept
+    second = train(store, payloads, min_examples=5, margin_z=1.0)  # another version, not promoted by the rule
+    promote(store.engine, second.version, actor="ada", reason="test")
+    assert chosen({}) == ("learned", second.version)
+
+
+def test_intake_registers_for_the_champion_and_refuses_clearly_when_no_classifier_can(
+    store: JobStore,
+    payloads: PayloadStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    airflow_auth: Any,  # noqa: F811
+) -> None:
+    """A taxonomy without keywords broke intake (its version built the keyword classifier, which
+    refuses such a taxonomy: a 500). Now: 503 saying to train a model, nothing stored; once a
+    champion exists, intake's documents are registered for its version."""
+    from triage.web.app import create_app
+    from triage.web.intake_service import IntakeService, NoIntakeClassifier, intake_classifier_version
+
+    history = synthetic_examples(300, 15, payloads)  # written from the keywords of the shipped taxonomy
+    taxonomy = tmp_path / "taxonomy.yaml"
+    taxonomy.write_text(
+        "schema_version: 1\nlabels:\n" + "".join(f"  - name: {n}\n    description: {n}\n" for n in NAMES)
+    )
+    monkeypatch.setenv("TRIAGE_TAXONOMY", str(taxonomy))
+    monkeypatch.delenv("TRIAGE_INTAKE_CLASSIFIER", raising=False)
+    triage = TriageService(store, payload_base=str(tmp_path / "payloads"), taxonomy_names=NAMES)
+
+    def post() -> Any:
+        root = FastAPI()
+        root.mount("/triage", create_app(triage, IntakeService(triage, announce=lambda n: True)))
+        document = {
+            "source": "helpdesk",
+            "external_id": "I-1",
+            "subject": "Refund",
+            "body": "money back",
+            "received_at": DAY.isoformat(),
+        }
+        headers = as_user(airflow_auth, "editor", "user")
+        return TestClient(root, base_url="http://airflow.test").post(
+            "/triage/api/documents", json=document, headers=headers
+        )
+
+    refused = post()
+    assert refused.status_code == 503, refused.text
+    assert "needs keywords for every label" in refused.text
+    assert "triage train" in refused.text
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM triage.jobs")).scalar_one() == 0
+    monkeypatch.setenv("TRIAGE_INTAKE_CLASSIFIER", "learned")
+    with pytest.raises(NoIntakeClassifier, match="no model is champion"):
+        intake_classifier_version(store.engine)
+    monkeypatch.delenv("TRIAGE_INTAKE_CLASSIFIER")
+
+    import_examples(store.engine, payloads, history, source="a", labelled_by="me")
+    model = train(store, payloads, min_examples=5)
+    accepted = post()
+    assert accepted.status_code == 202, accepted.text
+    with store.engine.connect() as conn:
+        versions = conn.execute(sa.text("SELECT classifier_version FROM triage.jobs")).scalars().all()
+    assert versions == [model.version]
+    monkeypatch.setenv("TRIAGE_INTAKE_CLASSIFIER", "keyword")  # asked for by name: still refused, clearly
+    with pytest.raises(NoIntakeClassifier, match="needs keywords for every label"):
+        intake_classifier_version(store.engine)
+
+
 def test_the_training_operator_trains_and_refuses_without_examples(store: JobStore, tmp_path: Path) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 

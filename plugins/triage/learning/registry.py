@@ -37,6 +37,7 @@ __all__ = [
     "load_training_examples",
     "promote",
     "promotion_decision",
+    "resolve_classifier",
     "train_candidate",
 ]
 
@@ -277,6 +278,15 @@ def champion_version(engine: sa.Engine) -> str | None:
             sa.select(classifier_models.c.version).where(classifier_models.c.status == "champion")
         ).scalar_one_or_none()
     return None if found is None else str(found)
+
+
+def resolve_classifier(name: str, engine: sa.Engine) -> str:
+    """The classifier a run or intake asks for by ``name``, with ``auto`` made concrete: ``learned``
+    when the registry has a champion, else ``keyword``. Any other name is itself. Together with
+    the run's config and the taxonomy, the champion's version is all the outcome depends on."""
+    if name != "auto":
+        return name
+    return "keyword" if champion_version(engine) is None else "learned"
 
 
 def load_champion(engine: sa.Engine) -> LoadedModel:
