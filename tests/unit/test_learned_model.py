@@ -4,6 +4,7 @@ round trip and its refusals, thresholds and metrics."""
 from __future__ import annotations
 
 import io
+import math
 import warnings
 import zipfile
 
@@ -15,7 +16,15 @@ from sklearn.pipeline import FeatureUnion
 from triage.classifiers.base import ModelOutput, decide_outcome
 from triage.learning.metrics import Prediction, choose_thresholds, score, wilson_lower_bound
 from triage.learning.model import ArtifactRefused, ArtifactTampered, LinearTextModel, sha256_hex
-from triage.learning.training import Example, TrainSettings, fit, in_holdout, train, training_set_sha256
+from triage.learning.training import (
+    Example,
+    TrainSettings,
+    fit,
+    fit_temperature,
+    in_holdout,
+    train,
+    training_set_sha256,
+)
 
 TEXTS = [
     "My invoice shows a double charge!!  Please fix   it",
@@ -323,3 +332,25 @@ def test_the_label_s_own_threshold_decides_the_outcome() -> None:
     never = ModelOutput("billing", 1.0, None, 1.0, threshold=2.0)
     assert decide_outcome(never, 0.0) == "inconclusive"
     assert decide_outcome(ModelOutput("billing", 0.6, None, 1.0), 0.7) == "inconclusive"
+
+
+def test_the_temperature_fits_the_held_out_examples_and_changes_no_label() -> None:
+    data = examples(300)
+    held = [e for e in data if in_holdout(e.source, e.external_id, 20)]
+    model = fit([e for e in data if e not in held], TrainSettings())
+    temperature = fit_temperature(model, held)
+    assert 0.05 <= temperature < 1.0  # regularised logistic regression is under-confident
+
+    def log_loss(m: LinearTextModel) -> float:
+        return -sum(math.log(m.probabilities(e.text)[m.labels.index(e.label)]) for e in held) / len(held)
+
+    tempered = model.tempered(temperature)
+    assert log_loss(tempered) < log_loss(model)
+    for e in data:
+        assert tempered.predict(e.text)[0] == model.predict(e.text)[0]
+    assert fit_temperature(model, held[:10]) == 1.0  # too few to fit anything
+    trained = train(data, taxonomy_sha256="t" * 64)
+    assert trained.params["temperature"] == temperature  # what train() folded into the artifact
+    uncalibrated = train(data, taxonomy_sha256="t" * 64, settings=TrainSettings(calibrate=False))
+    assert uncalibrated.params["temperature"] == 1.0
+    assert uncalibrated.version != trained.version

@@ -220,6 +220,26 @@ class LinearTextModel:
         shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
         return (shifted / shifted.sum(axis=-1, keepdims=True)).astype(np.float32)
 
+    def scores(self, text: str) -> npt.NDArray[np.float32]:
+        """The linear layer's scores of one document (before the softmax or sigmoid)."""
+        columns, values = self.features(text)
+        return self.intercept + values @ self._weights[columns] if len(columns) else self.intercept.copy()
+
+    def tempered(self, temperature: float) -> LinearTextModel:
+        """This model with its scores divided by ``temperature`` (the layer scaled, nothing else):
+        the same label for every document, its probability sharper (below 1) or softer (above)."""
+        if not (math.isfinite(temperature) and temperature > 0.0):
+            raise ValueError("a temperature is a positive number")
+        return LinearTextModel(
+            self.labels,
+            self.word_terms,
+            self.char_terms,
+            self.idf,
+            self.coef / np.float32(temperature),
+            self.intercept / np.float32(temperature),
+            self.spec,
+        )
+
     def probabilities(self, text: str) -> npt.NDArray[np.float32]:
         """The probability of each label (in :attr:`labels` order) for one document."""
         columns, values = self.features(text)
