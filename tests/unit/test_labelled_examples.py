@@ -97,3 +97,12 @@ def test_a_byte_order_mark_and_crlf_line_ends_are_read_as_an_editor_writes_them(
     later = list(read_examples(io.BytesIO(good("A") + b"\n\xef\xbb\xbf" + good("B")), NAMES))
     assert isinstance(later[1], Refusal)
     assert later[1].reason == "invalid_json"
+
+
+def test_a_huge_field_over_http_is_refused_like_a_long_line() -> None:
+    """The HTTP batch has no lines: each example is held to the inbox's line bound all the same."""
+    from triage.learning.examples import parse_example
+
+    refused = parse_example({"id": "H", "subject": "s", "body": "x" * (2 << 20), "label": "billing"}, NAMES, position=3)
+    assert isinstance(refused, Refusal)
+    assert (refused.position, refused.reason, refused.external_id) == (3, "line_too_long", "H")
