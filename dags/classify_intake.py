@@ -15,8 +15,10 @@ posted is left behind by a run that was already past its claims.
 
 Unpaused when Airflow first sees it, like ``reconcile_jobs``: documents posted to a deployment are
 meant to be classified without anyone unpausing a DAG. Its params are ``classify_documents``'
-(the retrieval ones unused), with the classifier of ``$TRIAGE_INTAKE_CLASSIFIER`` (``keyword``
-unless set), the one intake registers its jobs for; a run of another classifier claims none of them.
+(the retrieval ones unused), with the classifier of ``$TRIAGE_INTAKE_CLASSIFIER`` (``auto``
+unless set: the learned champion when there is one, else ``keyword``, resolved by each run as
+intake resolves it), the one intake registers its jobs for; a run of another classifier claims
+none of them.
 Its ``model_mode`` is ``interactive`` only: batch mode is for backfills of ``classify_documents``.
 """
 

@@ -184,9 +184,10 @@ def intake_retry_after() -> int:
 
 def intake_classifier() -> str:
     """The classifier intake's documents are registered for and ``classify_intake`` runs with
-    (``$TRIAGE_INTAKE_CLASSIFIER``: ``keyword``, the default, or ``llm``). One setting for both:
-    a job is claimed only by a run of the classifier version it was registered for."""
-    name = os.environ.get(ENV_INTAKE_CLASSIFIER, "").strip() or "keyword"
-    if name not in ("keyword", "llm"):
-        raise ValueError(f"{ENV_INTAKE_CLASSIFIER} must be keyword or llm, not {name!r}")
+    (``$TRIAGE_INTAKE_CLASSIFIER``: ``auto``, the default: the learned champion when there is
+    one, else ``keyword``; or ``keyword``, ``llm``, ``learned``). One setting for both: a job is
+    claimed only by a run of the classifier version it was registered for."""
+    name = os.environ.get(ENV_INTAKE_CLASSIFIER, "").strip() or "auto"
+    if name not in ("auto", "keyword", "llm", "learned"):
+        raise ValueError(f"{ENV_INTAKE_CLASSIFIER} must be auto, keyword, llm or learned, not {name!r}")
     return name

@@ -404,7 +404,7 @@ def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagba
     same = ("pool", "pool_slots", "batch_size", "execution_timeout", "retry_policy")
     assert {k: classify.partial_kwargs[k] for k in same} == {k: twin.partial_kwargs[k] for k in same}
     assert intake.get_task("alert").is_teardown
-    assert intake.params["classifier"] == "keyword"  # $TRIAGE_INTAKE_CLASSIFIER unset
+    assert intake.params["classifier"] == "auto"  # $TRIAGE_INTAKE_CLASSIFIER unset: the champion, else keyword
 
 
 def test_batch_mode_waits_in_size_classify_of_classify_documents_only(dagbag) -> None:  # type: ignore[no-untyped-def]

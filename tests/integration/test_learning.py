@@ -107,17 +107,19 @@ def test_import_keeps_good_lines_refuses_bad_ones_one_by_one_and_adds_nothing_tw
         json.dumps({"id": "T-4", "subject": "s", "body": "b"}),  # no label
         line("T-5", "shipping", "Parcel", "where is it", colour="red"),  # a field the inbox refuses
         json.dumps({"id": "T-6", "subject": "No date", "body": "received_at may be left out", "label": "shipping"}),
-        line("T-1", "shipping"),  # the same id again: the first stands
+        line("T-1", "shipping"),  # the same id again with another label: refused, the first stands
+        line("T-1", "billing", "Invoice", "charged twice"),  # the same example again: already present
     ]
     file.write_text("\n".join(lines) + "\n")
 
     assert cli.main(["labels", "import", str(file), "--source", "helpdesk"]) == 1
     out, err = capsys.readouterr()
-    assert "2 added, 1 already present, 4 refused" in out
+    assert "2 added, 1 already present, 5 refused" in out
     assert f"{file}: line 2: label_outside_taxonomy: 'pizza' is not in the taxonomy" in err
     assert f"{file}: line 3: invalid_json" in err
     assert f"{file}: line 5: missing_label" in err
     assert f"{file}: line 6: unexpected_field" in err
+    assert f"{file}: line 8: duplicate_id: the id was given before (at 1) with another label or text" in err
     login = examples_of(store)
     assert [(s, e, label) for s, e, label, _, _ in login] == [
         ("helpdesk", "T-1", "billing"),
@@ -135,7 +137,7 @@ def test_import_keeps_good_lines_refuses_bad_ones_one_by_one_and_adds_nothing_tw
 
     assert cli.main(["labels", "import", str(file), "--source", "helpdesk", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert (report["added"], report["already_present"], len(report["refused"])) == (0, 3, 4)
+    assert (report["added"], report["already_present"], len(report["refused"])) == (0, 3, 5)
     assert examples_of(store) == login
 
 
@@ -249,6 +251,49 @@ def test_labels_over_http_per_example_422_and_idempotent(
     fresh = client.post("/triage/api/labels", json={"examples": [{**good, "external_id": "C-9"}]}, headers=editor)
     assert fresh.status_code == 201
     assert len(examples_of(store)) == 3
+
+
+def test_an_id_repeated_in_one_import_keeps_its_first_example_and_refuses_a_conflict(
+    store: JobStore, payloads: PayloadStore
+) -> None:
+    """Which label wins when a file gives an id twice: the first, always; a later conflicting
+    line is refused (duplicate_id, naming the first's line), not dropped as "already present"."""
+
+    def doc(external_id: str, label: str, body: str = "b", position: int = 0) -> LabelledDocument:
+        payload = DocumentPayload(external_id=external_id, subject="s", body=body, received_at=DAY)
+        return LabelledDocument(payload, label, position)
+
+    for order in ([("billing", 1), ("shipping", 2)], [("shipping", 1), ("billing", 2)]):
+        source = f"file-{order[0][0]}"
+        batch = [doc("D-1", label, position=position) for label, position in order]
+        batch += [doc("D-2", "billing", position=3), doc("D-2", "billing", position=4)]  # the same twice
+        batch += [doc("D-3", "billing", position=5), doc("D-3", "billing", "other text", position=6)]
+        report = import_examples(store.engine, payloads, batch, source=source, labelled_by="me")
+        assert (report.added, report.already) == (3, 1)
+        assert [(r.position, r.reason, r.external_id) for r in report.refused] == [
+            (2, "duplicate_id", "D-1"),
+            (6, "duplicate_id", "D-3"),
+        ]
+        assert "(at 1)" in report.refused[0].detail
+        stored = {e: label for s, e, label, _, _ in examples_of(store) if s == source}
+        assert stored == {"D-1": order[0][0], "D-2": "billing", "D-3": "billing"}  # the first line's label
+
+
+def test_an_id_repeated_in_an_http_batch_with_another_label_is_invalid(
+    client: TestClient,
+    store: JobStore,
+    airflow_auth: Any,  # noqa: F811
+) -> None:
+    good = {"source": "crm", "external_id": "R-1", "subject": "Refund", "body": "money back", "label": "refund_request"}
+    body = {"examples": [good, {**good, "label": "billing"}, good]}
+    answer = client.post("/triage/api/labels", json=body, headers=as_user(airflow_auth, "editor", "user"))
+    assert answer.status_code == 422, answer.text
+    assert [(e["index"], e["status"], e.get("reason")) for e in answer.json()["examples"]] == [
+        (0, "added", None),
+        (1, "invalid", "duplicate_id"),
+        (2, "already_present", None),
+    ]
+    assert examples_of(store) == [("crm", "R-1", "refund_request", "editor", None)]
 
 
 def test_labels_over_http_need_a_reviewer(
@@ -408,6 +453,32 @@ def test_a_tampered_artifact_in_the_registry_is_refused(store: JobStore, payload
         load_model(store.engine, model.version)
 
 
+@pytest.mark.parametrize(
+    "thresholds",
+    [
+        pytest.param('{"billing": "x"}', id="string"),
+        pytest.param('{"billing": -1}', id="negative-accepts-all"),
+        pytest.param('{"billing": true}', id="bool"),
+        pytest.param('{"pizza": 0.5}', id="unknown-label"),
+        pytest.param("[0.5]", id="not-an-object"),
+    ],
+)
+def test_thresholds_rewritten_in_the_row_are_refused_as_the_artifact_is(
+    store: JobStore, payloads: PayloadStore, thresholds: str
+) -> None:
+    """The row's thresholds decide what is accepted without a person: a negative one accepted
+    every answer, a string one crashed the load with a bare ValueError. Both are refused now."""
+    import_examples(store.engine, payloads, synthetic_examples(300, 6, payloads), source="a", labelled_by="me")
+    model = train(store, payloads, min_examples=5)
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE triage.classifier_models SET thresholds = CAST(:t AS jsonb) WHERE version = :v"),
+            {"t": thresholds, "v": model.version},
+        )
+    with pytest.raises(ArtifactRefused, match="threshold"):
+        load_champion(store.engine)
+
+
 # -- the command line ------------------------------------------------------------------------------
 
 
@@ -518,6 +589,97 @@ def test_a_learned_run_without_a_champion_fails_at_once_naming_triage_train(
     model = train(store, payloads, min_examples=5)
     assert build_run_classifier(config, "triage_llm", store.engine).version == model.version
     assert model.version in configured_classifier_versions("triage_llm", store.engine)
+
+
+def test_a_run_s_default_classifier_is_the_champion_when_there_is_one_else_keyword(
+    store: JobStore, payloads: PayloadStore
+) -> None:
+    """classify_documents' params leave classifier at auto: each task resolves it on the job
+    database, so the version a run registers and classifies with is the keyword rules' until a
+    champion exists, then the champion's, then the next champion's once promoted by hand."""
+    from triage.operators.classify_documents import ClassifyDocumentsOperator
+    from triage.operators.model_connection import build_run_classifier
+
+    class Seamed(ClassifyDocumentsOperator):
+        def get_engine(self) -> sa.Engine:
+            return store.engine
+
+    operator = Seamed(task_id="classify")
+
+    def chosen(params: dict[str, Any]) -> tuple[str, str]:
+        config = operator.run_config({"params": params})  # type: ignore[typeddict-item]
+        return config.classifier, build_run_classifier(config, "triage_llm", store.engine).version
+
+    keyword_version = build_classifier("keyword", taxonomy=TAXONOMY).version
+    assert chosen({}) == ("keyword", keyword_version)
+    import_examples(store.engine, payloads, synthetic_examples(300, 14, payloads), source="a", labelled_by="me")
+    first = train(store, payloads, min_examples=5)
+    assert chosen({}) == ("learned", first.version)
+    assert chosen({"classifier": "auto"}) == ("learned", first.version)
+    assert chosen({"classifier": "keyword"}) == ("keyword", keyword_version)  # asked for by name: kept
+    second = train(store, payloads, min_examples=5, margin_z=1.0)  # another version, not promoted by the rule
+    promote(store.engine, second.version, actor="ada", reason="test")
+    assert chosen({}) == ("learned", second.version)
+
+
+def test_intake_registers_for_the_champion_and_refuses_clearly_when_no_classifier_can(
+    store: JobStore,
+    payloads: PayloadStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    airflow_auth: Any,  # noqa: F811
+) -> None:
+    """A taxonomy without keywords broke intake (its version built the keyword classifier, which
+    refuses such a taxonomy: a 500). Now: 503 saying to train a model, nothing stored; once a
+    champion exists, intake's documents are registered for its version."""
+    from triage.web.app import create_app
+    from triage.web.intake_service import IntakeService, NoIntakeClassifier, intake_classifier_version
+
+    history = synthetic_examples(300, 15, payloads)  # written from the keywords of the shipped taxonomy
+    taxonomy = tmp_path / "taxonomy.yaml"
+    taxonomy.write_text(
+        "schema_version: 1\nlabels:\n" + "".join(f"  - name: {n}\n    description: {n}\n" for n in NAMES)
+    )
+    monkeypatch.setenv("TRIAGE_TAXONOMY", str(taxonomy))
+    monkeypatch.delenv("TRIAGE_INTAKE_CLASSIFIER", raising=False)
+    triage = TriageService(store, payload_base=str(tmp_path / "payloads"), taxonomy_names=NAMES)
+
+    def post() -> Any:
+        root = FastAPI()
+        root.mount("/triage", create_app(triage, IntakeService(triage, announce=lambda n: True)))
+        document = {
+            "source": "helpdesk",
+            "external_id": "I-1",
+            "subject": "Refund",
+            "body": "money back",
+            "received_at": DAY.isoformat(),
+        }
+        headers = as_user(airflow_auth, "editor", "user")
+        return TestClient(root, base_url="http://airflow.test").post(
+            "/triage/api/documents", json=document, headers=headers
+        )
+
+    refused = post()
+    assert refused.status_code == 503, refused.text
+    assert "needs keywords for every label" in refused.text
+    assert "triage train" in refused.text
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM triage.jobs")).scalar_one() == 0
+    monkeypatch.setenv("TRIAGE_INTAKE_CLASSIFIER", "learned")
+    with pytest.raises(NoIntakeClassifier, match="no model is champion"):
+        intake_classifier_version(store.engine)
+    monkeypatch.delenv("TRIAGE_INTAKE_CLASSIFIER")
+
+    import_examples(store.engine, payloads, history, source="a", labelled_by="me")
+    model = train(store, payloads, min_examples=5)
+    accepted = post()
+    assert accepted.status_code == 202, accepted.text
+    with store.engine.connect() as conn:
+        versions = conn.execute(sa.text("SELECT classifier_version FROM triage.jobs")).scalars().all()
+    assert versions == [model.version]
+    monkeypatch.setenv("TRIAGE_INTAKE_CLASSIFIER", "keyword")  # asked for by name: still refused, clearly
+    with pytest.raises(NoIntakeClassifier, match="needs keywords for every label"):
+        intake_classifier_version(store.engine)
 
 
 def test_the_training_operator_trains_and_refuses_without_examples(store: JobStore, tmp_path: Path) -> None:

@@ -81,3 +81,28 @@ def test_an_import_source_is_a_plain_name_and_not_the_reviewers(source: str) -> 
     with pytest.raises(InvalidSource):
         check_source(source)
     assert check_source("helpdesk-2026.export:v1") == "helpdesk-2026.export:v1"
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_are_read_as_an_editor_writes_them() -> None:
+    """A file saved by a Windows editor: UTF-8 with a BOM, CRLF lines. Its first line was refused
+    as invalid_json (the BOM), losing a good example."""
+    stream = io.BytesIO(b"\xef\xbb\xbf" + good("A") + b"\r\n" + good("B", "shipping") + b"\r\n")
+    read = list(read_examples(stream, NAMES))
+    assert [(r.payload.external_id, r.label, r.position) for r in read if isinstance(r, LabelledDocument)] == [
+        ("A", "billing", 1),
+        ("B", "shipping", 2),
+    ]
+    assert all(isinstance(r, LabelledDocument) for r in read)
+    # Only the file's start may carry the mark: inside the file it is a character of a line.
+    later = list(read_examples(io.BytesIO(good("A") + b"\n\xef\xbb\xbf" + good("B")), NAMES))
+    assert isinstance(later[1], Refusal)
+    assert later[1].reason == "invalid_json"
+
+
+def test_a_huge_field_over_http_is_refused_like_a_long_line() -> None:
+    """The HTTP batch has no lines: each example is held to the inbox's line bound all the same."""
+    from triage.learning.examples import parse_example
+
+    refused = parse_example({"id": "H", "subject": "s", "body": "x" * (2 << 20), "label": "billing"}, NAMES, position=3)
+    assert isinstance(refused, Refusal)
+    assert (refused.position, refused.reason, refused.external_id) == (3, "line_too_long", "H")

@@ -4,6 +4,8 @@ round trip and its refusals, thresholds and metrics."""
 from __future__ import annotations
 
 import io
+import math
+import warnings
 import zipfile
 
 import numpy as np
@@ -14,7 +16,15 @@ from sklearn.pipeline import FeatureUnion
 from triage.classifiers.base import ModelOutput, decide_outcome
 from triage.learning.metrics import Prediction, choose_thresholds, score, wilson_lower_bound
 from triage.learning.model import ArtifactRefused, ArtifactTampered, LinearTextModel, sha256_hex
-from triage.learning.training import Example, TrainSettings, fit, in_holdout, train, training_set_sha256
+from triage.learning.training import (
+    Example,
+    TrainSettings,
+    fit,
+    fit_temperature,
+    in_holdout,
+    train,
+    training_set_sha256,
+)
 
 TEXTS = [
     "My invoice shows a double charge!!  Please fix   it",
@@ -143,6 +153,118 @@ def test_a_malformed_artifact_is_refused(change, says: str) -> None:  # type: ig
         LinearTextModel.from_bytes(data, sha256_hex(data))
 
 
+def _members(model: LinearTextModel) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(model.to_bytes())) as archive:
+        return {n.removesuffix(".npy"): archive.read(n) for n in archive.namelist()}
+
+
+def _raw_archive(members: list[tuple[str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of a name written twice, which is the point
+        for name, data in members:
+            archive.writestr(f"{name}.npy", data)
+    return buffer.getvalue()
+
+
+def _npy_header(shape: tuple[int, ...], descr: str = "<f4") -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("shape", [(10**12,), (10**6, 10**6), (2**62,), (1000,)], ids=str)
+def test_a_declared_shape_that_its_bytes_do_not_fill_allocates_nothing(shape: tuple[int, ...]) -> None:
+    """A row rewritten whole (artifact and hash) may declare any shape in an array's header:
+    the loader compares it with the bytes that follow before it allocates (numpy.load tried
+    to allocate 3.6 TiB and raised MemoryError for the first two)."""
+    members = _members(fit(examples(90), TrainSettings()))
+    members["idf"] = _npy_header(shape) + b"\0" * 16
+    data = _raw_archive(sorted(members.items()))
+    with pytest.raises(ArtifactRefused, match="shape does not fit its bytes"):
+        LinearTextModel.from_bytes(data, sha256_hex(data))
+
+
+def test_a_member_given_twice_is_refused() -> None:
+    members = _members(fit(examples(90), TrainSettings()))
+    data = _raw_archive([*sorted(members.items()), ("idf", members["idf"])])
+    with pytest.raises(ArtifactRefused, match="exactly the model's arrays"):
+        LinearTextModel.from_bytes(data, sha256_hex(data))
+
+
+_FORMAT = '"format": "triage-linear-text-v1"'
+
+
+@pytest.mark.parametrize(
+    ("meta", "says"),
+    [
+        pytest.param(
+            f'{{{_FORMAT}, "features": {{"word_ngrams": [1, 2, 3], "char_ngrams": [2, 5]}}}}', "pairs", id="3"
+        ),
+        pytest.param(
+            f'{{{_FORMAT}, "features": {{"word_ngrams": [1, Infinity], "char_ngrams": [2, 5]}}}}', "pairs", id="inf"
+        ),
+        pytest.param(
+            f'{{{_FORMAT}, "features": {{"word_ngrams": [1, 2.5], "char_ngrams": [2, 5]}}}}', "pairs", id="float"
+        ),
+        pytest.param(
+            f'{{{_FORMAT}, "features": {{"word_ngrams": [1, 9], "char_ngrams": [2, 5]}}}}', "1..8", id="range"
+        ),
+        pytest.param(f'{{{_FORMAT}, "features": ' + "[" * 100_000 + "]" * 100_000 + "}", "not JSON", id="deep"),
+    ],
+)
+def test_the_artifact_s_settings_are_checked_as_its_arrays_are(meta: str, says: str) -> None:
+    """Bad settings were a bare ValueError, OverflowError or RecursionError: now ArtifactRefused."""
+    model = fit(examples(90), TrainSettings())
+    with zipfile.ZipFile(io.BytesIO(model.to_bytes())) as archive:
+        arrays = {n.removesuffix(".npy"): np.load(io.BytesIO(archive.read(n))) for n in archive.namelist()}
+    arrays["meta"] = np.frombuffer(meta.encode(), np.uint8)
+    data = _archive(arrays)
+    with pytest.raises(ArtifactRefused, match=says):
+        LinearTextModel.from_bytes(data, sha256_hex(data))
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        pytest.param(lambda a: a.update(idf=a["idf"].astype(">f4")), "float32 or uint8 only", id="big-endian"),
+        pytest.param(lambda a: a.update(labels=a["labels"].astype(np.int8)), "float32 or uint8 only", id="int8-text"),
+        pytest.param(
+            lambda a: a.update(coef=a["coef"].astype(np.uint8)), "coef is not float32", id="bytes-for-numbers"
+        ),
+        pytest.param(lambda a: a.update(idf=a["idf"][None, None, :]), "shape", id="3-d"),
+        pytest.param(lambda a: a.update(coef=np.full_like(a["coef"], np.inf)), "not finite", id="inf"),
+        pytest.param(lambda a: a.update(word_terms=np.frombuffer(b"a\nb", np.uint8)), "do not fit", id="vocabulary"),
+        pytest.param(lambda a: a.update(labels=np.frombuffer(b"x\ny\nz\nw", np.uint8)), "do not fit", id="labels"),
+        pytest.param(lambda a: a.update(labels=np.frombuffer(b"x\nx\nz", np.uint8)), "distinct", id="label-twice"),
+    ],
+)
+def test_what_a_rewritten_row_may_hold_is_checked(change, says: str) -> None:  # type: ignore[no-untyped-def]
+    model = fit(examples(90), TrainSettings())
+    with zipfile.ZipFile(io.BytesIO(model.to_bytes())) as archive:
+        arrays = {n.removesuffix(".npy"): np.load(io.BytesIO(archive.read(n))) for n in archive.namelist()}
+    change(arrays)
+    data = _archive(arrays)
+    with pytest.raises(ArtifactRefused, match=says):
+        LinearTextModel.from_bytes(data, sha256_hex(data))
+
+
+def test_a_model_s_label_the_taxonomy_lacks_is_a_rejected_answer_never_a_label() -> None:
+    """A rewritten row may name labels of its own: the classifier answers none of them."""
+    from triage.classifiers.base import ClassifyRequest
+    from triage.classifiers.learned import LearnedClassifier
+    from triage.classifiers.taxonomy import Label, Taxonomy
+    from triage.learning.registry import LoadedModel
+
+    model = fit(examples(90), TrainSettings())
+    taxonomy = Taxonomy(labels=(Label(name="billing", description="bills"),))
+    loaded = LoadedModel("learned-x", "champion", model, {label: 0.0 for label in model.labels}, 0.97)
+    classifier = LearnedClassifier(loaded, taxonomy)
+    output = classifier.classify(ClassifyRequest("", "", "", "", 1, "a refund of my money back please"))
+    assert output.label is None
+    assert output.rejected_reason == "label_outside_taxonomy"
+
+
 def test_not_a_zip_is_refused() -> None:
     with pytest.raises(ArtifactRefused, match="not a readable archive"):
         LinearTextModel.from_bytes(b"not a zip", sha256_hex(b"not a zip"))
@@ -210,3 +332,25 @@ def test_the_label_s_own_threshold_decides_the_outcome() -> None:
     never = ModelOutput("billing", 1.0, None, 1.0, threshold=2.0)
     assert decide_outcome(never, 0.0) == "inconclusive"
     assert decide_outcome(ModelOutput("billing", 0.6, None, 1.0), 0.7) == "inconclusive"
+
+
+def test_the_temperature_fits_the_held_out_examples_and_changes_no_label() -> None:
+    data = examples(300)
+    held = [e for e in data if in_holdout(e.source, e.external_id, 20)]
+    model = fit([e for e in data if e not in held], TrainSettings())
+    temperature = fit_temperature(model, held)
+    assert 0.05 <= temperature < 1.0  # regularised logistic regression is under-confident
+
+    def log_loss(m: LinearTextModel) -> float:
+        return -sum(math.log(m.probabilities(e.text)[m.labels.index(e.label)]) for e in held) / len(held)
+
+    tempered = model.tempered(temperature)
+    assert log_loss(tempered) < log_loss(model)
+    for e in data:
+        assert tempered.predict(e.text)[0] == model.predict(e.text)[0]
+    assert fit_temperature(model, held[:10]) == 1.0  # too few to fit anything
+    trained = train(data, taxonomy_sha256="t" * 64)
+    assert trained.params["temperature"] == temperature  # what train() folded into the artifact
+    uncalibrated = train(data, taxonomy_sha256="t" * 64, settings=TrainSettings(calibrate=False))
+    assert uncalibrated.params["temperature"] == 1.0
+    assert uncalibrated.version != trained.version

@@ -65,12 +65,13 @@ class ClassifyRunConfig(DagParams):
         "roots (TRIAGE_INBOX_ROOTS) (source = jsonl).",
         json_schema_extra={"section": "Retrieval"},
     )
-    classifier: Literal["keyword", "llm", "learned"] = Field(
-        default="keyword",
+    classifier: Literal["auto", "keyword", "llm", "learned"] = Field(
+        default="auto",
         title="Classifier",
-        description="keyword: the taxonomy's keywords; llm: an OpenAI-compatible model through the triage_llm "
-        "connection; learned: the champion of the model registry, trained from labelled examples (triage train, "
-        "the train_classifier DAG); a run fails at once when there is none.",
+        description="auto: learned when the model registry has a champion, else keyword; keyword: the taxonomy's "
+        "keywords; llm: an OpenAI-compatible model through the triage_llm connection; learned: the champion of the "
+        "model registry, trained from labelled examples (triage train, the train_classifier DAG); a run fails at "
+        "once when there is none.",
         json_schema_extra={"section": "Classification"},
     )
     model_mode: Literal["interactive", "batch"] = Field(

@@ -7,6 +7,13 @@ hash), its row to ``triage.labelled_examples``, idempotent by (source, external_
 the same file again adds nothing. Each bad example is refused on its own, with its position and
 a short reason; the good ones are kept.
 
+Within one import (a file, or one source of an HTTP batch) an id given twice keeps its first
+example: a later one that is the same example again (same label and document) is counted as
+already present, one with another label or another text (subject, body) is refused as ``duplicate_id``, naming
+where the first was, so that a conflict in the history is shown rather than settled silently.
+Across imports the stored example stands (the insert changes nothing already there). A file
+may begin with a UTF-8 byte order mark, as editors on Windows write it; lines may end in CRLF.
+
 ``received_at`` may be left out of an example (the HTTP batch shape has none): the import's
 time stands in, which changes nothing a classifier reads.
 
@@ -16,6 +23,7 @@ A reviewer's ``label`` decision makes its example in the decision's own transact
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -42,10 +50,11 @@ __all__ = [
     "read_examples",
 ]
 
-EXAMPLE_REASONS: Final = frozenset({"missing_label", "invalid_label", "label_outside_taxonomy"})
+EXAMPLE_REASONS: Final = frozenset({"missing_label", "invalid_label", "label_outside_taxonomy", "duplicate_id"})
 """Reasons of a refused example besides the inbox's own (:data:`triage.sources.jsonl.LINE_REASONS`)."""
 
 _SOURCE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+_BOM: Final = b"\xef\xbb\xbf"
 CHUNK: Final = 1000
 """Examples stored per payload pack and insert statement."""
 
@@ -68,10 +77,12 @@ def check_source(source: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LabelledDocument:
-    """One good example: its document payload and its label."""
+    """One good example: its document payload, its label, and where it was (a line number, or
+    an index in a batch)."""
 
     payload: DocumentPayload
     label: str
+    position: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +167,7 @@ def parse_example(
     parsed = parse_line(line, MAX_LINE_BYTES)
     if isinstance(parsed, str):
         return Refusal(position, parsed, _DETAILS.get(parsed, parsed), claimed_id)
-    return LabelledDocument(parsed, label)
+    return LabelledDocument(parsed, label, position)
 
 
 def read_examples(
@@ -172,8 +183,11 @@ def read_examples(
         if line.oversized:
             yield Refusal(line.number, "line_too_long", f"longer than {max_line_bytes} bytes")
             continue
+        content = line.content
+        if line.number == 1 and content.startswith(_BOM):
+            content = content[len(_BOM) :]
         try:
-            text = line.content.decode("utf-8")
+            text = content.decode("utf-8")
         except UnicodeDecodeError:
             yield Refusal(line.number, "invalid_utf8", "not UTF-8")
             continue
@@ -203,9 +217,26 @@ def import_examples(
     check_source(source)
     report = ImportReport(source)
     chunk: list[LabelledDocument] = []
+    # Each id's first example in this import: its position and a digest of its label and document.
+    first: dict[str, tuple[int, bytes]] = {}
     for example in examples:
         if isinstance(example, Refusal):
             report.refused.append(example)
+            continue
+        external_id = example.payload.external_id
+        # The label and the text a classifier reads: a repeat that differs in received_at alone
+        # (left out, so the import's time) is the same example.
+        digest = hashlib.sha256(f"{example.label}\n{example.payload.text}".encode()).digest()[:16]
+        seen = first.setdefault(external_id, (example.position, digest))
+        if seen[1] != digest:
+            report.refused.append(
+                Refusal(
+                    example.position,
+                    "duplicate_id",
+                    f"the id was given before (at {seen[0]}) with another label or text; the first one stands",
+                    external_id,
+                )
+            )
             continue
         chunk.append(example)
         if len(chunk) >= CHUNK:

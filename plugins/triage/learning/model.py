@@ -2,10 +2,14 @@
 
 Trained with scikit-learn (:mod:`triage.learning.training`), kept as data: the two vocabularies,
 their IDF weights, the coefficients and intercepts, written as an ``.npz`` archive of plain
-arrays (no object arrays: :func:`numpy.load` reads it with ``allow_pickle=False``, so a row of
-the registry can hold numbers and text, never code). :meth:`LinearTextModel.from_bytes` checks
-the bytes against the SHA-256 the registry stored beside them before it parses anything, then
-the archive's shape, and refuses anything else with :class:`ArtifactRefused`.
+arrays (little-endian float32 numbers and UTF-8 text as bytes, nothing else: each member's
+``.npy`` header is checked before a byte of its data is taken, and neither :func:`numpy.load` nor
+pickle is ever called, so a row of the registry can hold numbers and text, never code).
+:meth:`LinearTextModel.from_bytes` checks the bytes against the SHA-256 the registry stored
+beside them before it parses anything, then the archive's shape, and refuses anything else with
+:class:`ArtifactRefused`. The SHA-256 guards against a damaged or half-written artifact, not an
+attacker who can write the row (they write the hash too): against them stand the checks of
+shapes, dtypes and values, and a loader that only ever reads numbers and text.
 
 Inference does not use scikit-learn: the features are computed here exactly as scikit-learn's
 ``TfidfVectorizer`` computes them (word 1-2 grams over ``(?u)\\b\\w\\w+\\b`` tokens, ``char_wb``
@@ -76,17 +80,23 @@ class FeatureSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> FeatureSpec:
-        try:
-            word = tuple(int(n) for n in data["word_ngrams"])
-            char = tuple(int(n) for n in data["char_ngrams"])
-        except (KeyError, TypeError, ValueError):
-            raise ArtifactRefused("the artifact's feature settings are not word_ngrams/char_ngrams pairs") from None
-        for low, high in (word, char):
+        """The settings an artifact names, checked: two pairs of integers within 1..8.
+
+        :raises ArtifactRefused: anything else (never a bare ``ValueError`` or ``OverflowError``).
+        """
+        if not isinstance(data, dict):
+            raise ArtifactRefused("the artifact's feature settings are not word_ngrams/char_ngrams pairs")
+        pairs = []
+        for key in ("word_ngrams", "char_ngrams"):
+            pair = data.get(key)
+            # Exact integers only: a float (Infinity, 1e308) or a bool is no n-gram size.
+            if not (isinstance(pair, list) and len(pair) == 2 and all(type(n) is int for n in pair)):
+                raise ArtifactRefused("the artifact's feature settings are not word_ngrams/char_ngrams pairs")
+            low, high = pair
             if not (1 <= low <= high <= 8):
                 raise ArtifactRefused("the artifact's n-gram ranges are outside 1..8")
-        if len(word) != 2 or len(char) != 2:
-            raise ArtifactRefused("the artifact's n-gram ranges are not pairs")
-        return cls((word[0], word[1]), (char[0], char[1]))
+            pairs.append((low, high))
+        return cls(pairs[0], pairs[1])
 
 
 def word_ngrams(text: str, low: int, high: int) -> list[str]:
@@ -210,6 +220,26 @@ class LinearTextModel:
         shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
         return (shifted / shifted.sum(axis=-1, keepdims=True)).astype(np.float32)
 
+    def scores(self, text: str) -> npt.NDArray[np.float32]:
+        """The linear layer's scores of one document (before the softmax or sigmoid)."""
+        columns, values = self.features(text)
+        return self.intercept + values @ self._weights[columns] if len(columns) else self.intercept.copy()
+
+    def tempered(self, temperature: float) -> LinearTextModel:
+        """This model with its scores divided by ``temperature`` (the layer scaled, nothing else):
+        the same label for every document, its probability sharper (below 1) or softer (above)."""
+        if not (math.isfinite(temperature) and temperature > 0.0):
+            raise ValueError("a temperature is a positive number")
+        return LinearTextModel(
+            self.labels,
+            self.word_terms,
+            self.char_terms,
+            self.idf,
+            self.coef / np.float32(temperature),
+            self.intercept / np.float32(temperature),
+            self.spec,
+        )
+
     def probabilities(self, text: str) -> npt.NDArray[np.float32]:
         """The probability of each label (in :attr:`labels` order) for one document."""
         columns, values = self.features(text)
@@ -270,8 +300,10 @@ class LinearTextModel:
             raise ArtifactTampered("the model artifact does not match its SHA-256: refused, not loaded")
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
-                names = {info.filename: info for info in archive.infolist()}
-                if set(names) != {f"{name}.npy" for name in _ARRAYS}:
+                members = archive.infolist()
+                names = {info.filename: info for info in members}
+                # A name given twice would leave which of its members is read to the zip reader.
+                if len(names) != len(members) or set(names) != {f"{name}.npy" for name in _ARRAYS}:
                     raise ArtifactRefused("the artifact does not hold exactly the model's arrays")
                 if sum(info.file_size for info in names.values()) > MAX_ARTIFACT_BYTES:
                     raise ArtifactRefused("the artifact is larger than a model may be")
@@ -280,7 +312,7 @@ class LinearTextModel:
             raise ArtifactRefused(f"the artifact is not a readable archive ({type(exc).__name__})") from None
         try:
             meta = json.loads(_text(arrays["meta"]))
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ArtifactRefused("the artifact's metadata is not JSON") from None
         if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
             raise ArtifactRefused(f"the artifact is not of format {ARTIFACT_FORMAT}")
@@ -302,14 +334,35 @@ def _utf8(text: str) -> npt.NDArray[np.uint8]:
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
 
+_DTYPES: Final = (np.dtype("<f4"), np.dtype("|u1"))
+"""What an artifact's arrays may be: little-endian float32 numbers, or UTF-8 text as bytes."""
+
+
 def _read_array(member: bytes) -> npt.NDArray[Any]:
+    """One ``.npy`` member, read by hand rather than by :func:`numpy.load`: its header is checked
+    first (a plain dtype of :data:`_DTYPES`; a shape whose size is exactly the bytes that follow),
+    so a header that declares a huge shape allocates nothing and no dtype can ask for pickle."""
+    stream = io.BytesIO(member)
     try:
-        array = np.load(io.BytesIO(member), allow_pickle=False)
-    except ValueError as exc:  # an object array asks for pickle, which is refused
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f"npy version {version}")
+    except (ValueError, SyntaxError, TypeError, OverflowError, RecursionError) as exc:
         raise ArtifactRefused(f"the artifact holds an array this loader refuses ({exc})") from None
-    if not isinstance(array, np.ndarray) or array.dtype.hasobject:
-        raise ArtifactRefused("the artifact holds something other than plain arrays")
-    return array
+    if dtype not in _DTYPES or dtype.hasobject:
+        raise ArtifactRefused(
+            f"the artifact holds an array this loader refuses (dtype {dtype.str}: float32 or uint8 only)"
+        )
+    if len(shape) > 2 or not all(type(n) is int and n >= 0 for n in shape):
+        raise ArtifactRefused("the artifact holds an array this loader refuses (shape)")
+    data = member[stream.tell() :]
+    if math.prod(shape) * dtype.itemsize != len(data):
+        raise ArtifactRefused("the artifact holds an array whose shape does not fit its bytes")
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
 def _text(array: npt.NDArray[Any]) -> str:

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from triage.contracts.documents import DocumentPayload, MalformedDocument
 from triage.jobs import learning as statements
 from triage.jobs.learning_tables import classifier_models
-from triage.learning.model import LinearTextModel
+from triage.learning.model import ArtifactRefused, LinearTextModel
 from triage.learning.training import DEFAULT_SETTINGS, Example, TrainedModel, TrainSettings, evaluate_model, train
 from triage.payloads import PayloadError, PayloadStore
 
@@ -37,6 +37,7 @@ __all__ = [
     "load_training_examples",
     "promote",
     "promotion_decision",
+    "resolve_classifier",
     "train_candidate",
 ]
 
@@ -250,8 +251,24 @@ def list_models(engine: sa.Engine) -> list[dict[str, Any]]:
 
 def _loaded(row: Any) -> LoadedModel:
     model = LinearTextModel.from_bytes(bytes(row.artifact), row.artifact_sha256)
-    thresholds = {str(k): (None if v is None else float(v)) for k, v in dict(row.thresholds).items()}
-    return LoadedModel(row.version, row.status, model, thresholds, float(row.target_precision))
+    return LoadedModel(row.version, row.status, model, _thresholds(row.thresholds, model), float(row.target_precision))
+
+
+def _thresholds(stored: Any, model: LinearTextModel) -> dict[str, float | None]:
+    """A row's thresholds, checked as its artifact is: a label of the model's each, a number in
+    [0, 1] or null (never auto-accepts). A threshold of any other kind would accept every answer
+    (a negative one), none, or crash the first classification (a string).
+
+    :raises ArtifactRefused: anything else.
+    """
+    if not isinstance(stored, dict) or not set(stored) <= set(model.labels):
+        raise ArtifactRefused("the model's thresholds are not an object over its labels")
+    thresholds: dict[str, float | None] = {}
+    for label, value in stored.items():
+        if value is not None and (type(value) not in (int, float) or not 0.0 <= value <= 1.0):
+            raise ArtifactRefused(f"the model's threshold of {label!r} is not null or a number within [0, 1]")
+        thresholds[label] = None if value is None else float(value)
+    return thresholds
 
 
 def champion_version(engine: sa.Engine) -> str | None:
@@ -261,6 +278,15 @@ def champion_version(engine: sa.Engine) -> str | None:
             sa.select(classifier_models.c.version).where(classifier_models.c.status == "champion")
         ).scalar_one_or_none()
     return None if found is None else str(found)
+
+
+def resolve_classifier(name: str, engine: sa.Engine) -> str:
+    """The classifier a run or intake asks for by ``name``, with ``auto`` made concrete: ``learned``
+    when the registry has a champion, else ``keyword``. Any other name is itself. Together with
+    the run's config and the taxonomy, the champion's version is all the outcome depends on."""
+    if name != "auto":
+        return name
+    return "keyword" if champion_version(engine) is None else "learned"
 
 
 def load_champion(engine: sa.Engine) -> LoadedModel:

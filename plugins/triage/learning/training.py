@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ __all__ = [
     "TrainingRefused",
     "evaluate_model",
     "fit",
+    "fit_temperature",
     "in_holdout",
     "train",
     "training_set_sha256",
@@ -57,6 +59,8 @@ class TrainSettings:
         (the Wilson lower bound at this many standard errors; 0: the observed share).
     :param min_df: examples a term must appear in to be a feature.
     :param c: the logistic regression's inverse regularisation strength.
+    :param calibrate: scale the fitted layer by the temperature that fits the held-out examples
+        best (:func:`fit_temperature`) before the thresholds are chosen.
     """
 
     target_precision: float = 0.97
@@ -66,6 +70,7 @@ class TrainSettings:
     min_df: int = 1
     c: float = 20.0
     max_iter: int = 1000
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         if not (0.0 < self.target_precision <= 1.0):
@@ -159,6 +164,43 @@ def fit(examples: Sequence[Example], settings: TrainSettings, spec: FeatureSpec 
     )
 
 
+MIN_CALIBRATION: Final = 50
+"""Held-out examples (of the model's labels) needed before a temperature is fitted; fewer: 1."""
+
+
+def fit_temperature(model: LinearTextModel, examples: Sequence[Example]) -> float:
+    """The temperature T that makes ``softmax(scores / T)`` fit ``examples`` best (least mean
+    log-loss; Guo et al. 2017's temperature scaling), within [0.05, 20]. One number fitted to
+    likelihood, not to coverage: the label of every document stays the same, only how sure the
+    model says it is moves (a regularised logistic regression is under-confident: T < 1).
+
+    ``examples`` are the held-out ones (never a test file); fewer than :data:`MIN_CALIBRATION`
+    of the model's labels leave the model as it is (1.0).
+    """
+    from scipy.optimize import minimize_scalar
+
+    index = {label: i for i, label in enumerate(model.labels)}
+    usable = [e for e in examples if e.label in index]
+    if len(usable) < MIN_CALIBRATION:
+        return 1.0
+    scores = np.stack([model.scores(e.text) for e in usable]).astype(np.float64)
+    truth = np.array([index[e.label] for e in usable])
+    rows = np.arange(len(usable))
+
+    def log_loss(log_t: float) -> float:
+        scaled = scores / math.exp(log_t)
+        if scaled.shape[1] == 1:  # two labels: the sigmoid of one score
+            positive = scaled[:, 0]
+            log_p = np.where(truth == 1, -np.logaddexp(0.0, -positive), -np.logaddexp(0.0, positive))
+        else:
+            shifted = scaled - scaled.max(axis=1, keepdims=True)
+            log_p = shifted[rows, truth] - np.log(np.exp(shifted).sum(axis=1))
+        return float(-log_p.mean())
+
+    found = minimize_scalar(log_loss, bounds=(math.log(0.05), math.log(20.0)), method="bounded")
+    return round(math.exp(float(found.x)), 4)
+
+
 def evaluate_model(
     model: LinearTextModel, examples: Sequence[Example], thresholds: dict[str, float | None] | None
 ) -> tuple[list[Prediction], dict[str, Any]]:
@@ -185,6 +227,9 @@ def train(
         )
     started = time.process_time()
     fitted = fit(trained_on, settings)
+    temperature = fit_temperature(fitted, held) if settings.calibrate else 1.0
+    if temperature != 1.0:
+        fitted = fitted.tempered(temperature)
     artifact = fitted.to_bytes()
     artifact_sha = sha256_hex(artifact)
     model = LinearTextModel.from_bytes(artifact, artifact_sha)  # evaluated as it will be loaded
@@ -207,6 +252,7 @@ def train(
         "c": settings.c,
         "min_df": settings.min_df,
         "max_iter": settings.max_iter,
+        "temperature": round(temperature, 6),
         "holdout_percent": settings.holdout_percent,
         "min_examples": settings.min_examples,
         "margin_z": settings.margin_z,

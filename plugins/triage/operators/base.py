@@ -242,15 +242,20 @@ class TriageOperator(BaseOperator):
     def run_config(self, context: Context) -> ClassifyRunConfig:
         """The run's params, checked against the model and against what this deployment allows
         (a drill only where ``TRIAGE_ALLOW_DRILL`` is on). Invalid or not allowed: the task
-        fails without retry, since a retry would get the same params."""
+        fails without retry, since a retry would get the same params. ``classifier: auto`` comes
+        back concrete (:func:`triage.learning.registry.resolve_classifier`: ``learned`` when the
+        registry has a champion, else ``keyword``), read from the job database by each task."""
         from triage import settings
         from triage.contracts.run_config import ClassifyRunConfig, InvalidRunConfig, check_drill
+        from triage.learning.registry import resolve_classifier
 
         try:
             config = ClassifyRunConfig.from_params(context["params"])
             check_drill(config, allowed=settings.drill_allowed())
         except InvalidRunConfig as exc:
             raise AirflowFailException(str(exc)) from None
+        if config.classifier == "auto":
+            config = config.model_copy(update={"classifier": resolve_classifier("auto", self.engine)})
         return config
 
     def dispose(self) -> None:

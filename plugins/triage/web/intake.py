@@ -38,7 +38,7 @@ from triage.contracts.intake import INTAKE_DAG_ID, IntakeDocument, Problem, pars
 from triage.jobs.intake import Accepted
 from triage.web.access import READ, refusal, same_origin, session_of
 from triage.web.intake_bindings import BindingError, configured, roles_of
-from triage.web.intake_service import IntakeService, NotAnnounced
+from triage.web.intake_service import IntakeService, NoIntakeClassifier, NotAnnounced
 from triage.web.service import TriageService
 from triage.web.token_cache import Known, KnownCaller, TokenCache
 
@@ -220,6 +220,10 @@ async def post_documents(request: Request, caller: Poster) -> Response:
         documents = [(doc, payload) for _i, doc, payload in valid]
         try:
             accepted = await run_in_threadpool(service.accept, documents, str(caller.user.get_name()))
+        except NoIntakeClassifier as exc:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE, f"intake is misconfigured, nothing was accepted: {exc}"
+            ) from None
         except NotAnnounced as exc:
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE,

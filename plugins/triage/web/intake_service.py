@@ -27,6 +27,8 @@ from triage.jobs.states import JobStatus
 from triage.web.service import TriageService
 
 if TYPE_CHECKING:
+    import sqlalchemy as sa
+
     from triage.payloads import PayloadStore
 
 log = logging.getLogger(__name__)
@@ -71,17 +73,43 @@ def announce_intake(documents: int) -> bool:
         return event is not None
 
 
-def intake_classifier_version() -> str:
-    """The version of the classifier ``classify_intake`` runs (``$TRIAGE_INTAKE_CLASSIFIER``)."""
-    from triage.classifiers import Taxonomy, build_classifier
+class NoIntakeClassifier(Exception):
+    """No classifier can take intake's documents: nothing is accepted until one can (the message
+    says what to do: train a model, or give the taxonomy's labels keywords)."""
 
-    name = settings.intake_classifier()
+
+def intake_classifier_version(engine: sa.Engine) -> str:
+    """The version of the classifier ``classify_intake`` runs (``$TRIAGE_INTAKE_CLASSIFIER``, with
+    ``auto`` resolved as a run resolves it: the champion's version when the registry of
+    ``engine`` has one, else the keyword rules'). The champion's artifact is not read: its
+    version is the registry row's.
+
+    :raises NoIntakeClassifier: ``learned`` with no champion, or a taxonomy the chosen
+        classifier refuses (``keyword`` with labels without keywords) or cannot read.
+    """
+    from triage.classifiers import Taxonomy, TaxonomyError, build_classifier
+    from triage.learning.registry import champion_version, resolve_classifier
+
+    configured = settings.intake_classifier()
+    name = resolve_classifier(configured, engine)
+    if name == "learned":
+        version = champion_version(engine)
+        if version is None:
+            raise NoIntakeClassifier(
+                f"{settings.ENV_INTAKE_CLASSIFIER} is learned and no model is champion yet: train one with "
+                "`triage train` (or trigger the train_classifier DAG)"
+            )
+        return version
     llm = None
     if name == "llm":
         from triage.operators.classify_documents import llm_settings
 
         llm = llm_settings()
-    classifier = build_classifier(name, taxonomy=Taxonomy.load(), llm_settings=llm)
+    try:
+        classifier = build_classifier(name, taxonomy=Taxonomy.load(), llm_settings=llm)
+    except TaxonomyError as exc:
+        hint = " (with no learned champion yet, auto means keyword: train one with `triage train`)"
+        raise NoIntakeClassifier(f"intake's classifier {name}: {exc}{hint if configured == 'auto' else ''}") from None
     try:
         return classifier.version
     finally:
@@ -126,7 +154,7 @@ class IntakeService:
         with self._lock:
             now = time.monotonic()
             if self._version is None or now - self._version[0] > VERSION_TTL_SECONDS:
-                self._version = (now, intake_classifier_version())
+                self._version = (now, intake_classifier_version(self.triage.store.engine))
             return self._version[1]
 
     def queue_full_known(self) -> bool | None:
@@ -179,6 +207,7 @@ class IntakeService:
 
         :raises NotAnnounced: the jobs are committed but Airflow was not told; posting again
             answers their ids and tells it again.
+        :raises NoIntakeClassifier: no classifier can take them (nothing is stored).
         """
         from triage.contracts.run_config import ClassifyRunConfig
         from triage.pipeline.intake import IntakeSettings, accept_documents

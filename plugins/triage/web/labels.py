@@ -88,6 +88,15 @@ def _store(request: Request, examples: list[Any], labelled_by: str) -> JSONRespo
                 "status": "added" if added else "already_present",
             }
             report.added_ids.discard(external_id)  # a repeated id in the batch: only its first was added
+        for refusal in report.refused:  # an id repeated with another label or text
+            entries[refusal.position] = {
+                "index": refusal.position,
+                "source": source,
+                "external_id": refusal.external_id,
+                "status": "invalid",
+                "reason": refusal.reason,
+                "detail": refusal.detail,
+            }
     answers = [entries[index] for index in sorted(entries)]
     invalid = any(entry["status"] == "invalid" for entry in answers)
     code = 422 if invalid else 201 if any(entry["status"] == "added" for entry in answers) else 200
