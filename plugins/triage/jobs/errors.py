@@ -69,6 +69,15 @@ class LabelNotInTaxonomy(LedgerError, ValueError):
     """The label is not one of the taxonomy's labels."""
 
 
+class MoveNotPermitted(IllegalTransition):
+    """This database login may not make this move: another role owns it (``triage.transition_roles``)."""
+
+
+class RetentionBusy(LedgerError):
+    """Retention is deciding which days of the transition log to keep: a job cannot leave a
+    terminal state until it is done (a minute at most); try again."""
+
+
 class AppendOnly(LedgerError):
     """The transition log and the jobs are never deleted or rewritten."""
 
@@ -90,6 +99,13 @@ def translate(exc: sa.exc.DBAPIError) -> LedgerError | None:
         if match:
             return IllegalTransition(message, job_id=match["job"], from_status=match["old"], to_status=match["new"])
         return IllegalTransition(message)
+    if constraint == "job_transition_role":
+        match = _DETAIL.search(getattr(diag, "message_detail", None) or "")
+        if match:
+            return MoveNotPermitted(message, job_id=match["job"], from_status=match["old"], to_status=match["new"])
+        return MoveNotPermitted(message)
+    if constraint == "job_reopen_during_retention":
+        return RetentionBusy(message)
     if constraint == "jobs_idempotency_key_key":
         return DuplicateKey(message)
     if constraint.endswith("_append_only") or constraint == "jobs_identity_immutable":

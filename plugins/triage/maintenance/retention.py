@@ -77,12 +77,15 @@ def open_payload_names(ledger: LedgerRetention, store: PayloadStore) -> set[str]
 
 
 def _partitions(ledger: LedgerRetention, table: str, before: datetime) -> KindResult:
+    """``kept_open``: the day partitions kept whole because they hold open work."""
     result = KindResult()
     for outcome in ledger.drop_expired_partitions(table, before):
         result.removed += outcome.rows
         result.bytes += outcome.bytes
-        result.kept_open += outcome.kept
-        if outcome.dropped:
+        if outcome.action == "kept_open":
+            result.kept_open += 1
+            result.notes.append(f"{outcome.partition} kept whole (open work)")
+        elif outcome.dropped:
             result.notes.append(f"{outcome.partition} dropped")
     return result
 
