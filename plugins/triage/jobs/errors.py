@@ -69,7 +69,11 @@ class LabelNotInTaxonomy(LedgerError, ValueError):
     """The label is not one of the taxonomy's labels."""
 
 
-class MoveNotPermitted(IllegalTransition):
+class RoleRefused(LedgerError):
+    """This database login may not do this: it is another role's job (docs/security.md)."""
+
+
+class MoveNotPermitted(IllegalTransition, RoleRefused):
     """This database login may not make this move: another role owns it (``triage.transition_roles``)."""
 
 
@@ -104,6 +108,8 @@ def translate(exc: sa.exc.DBAPIError) -> LedgerError | None:
         if match:
             return MoveNotPermitted(message, job_id=match["job"], from_status=match["old"], to_status=match["new"])
         return MoveNotPermitted(message)
+    if constraint in ("manual_review_decision_role", "document_labels_reviewer_label"):
+        return RoleRefused(message)
     if constraint == "job_reopen_during_retention":
         return RetentionBusy(message)
     if constraint == "jobs_idempotency_key_key":
