@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from triage.jobs.schema import taxonomy_labels
+from triage.jobs.access_schema import taxonomy_labels
 
 NAMES = sa.bindparam("names", type_=pg.ARRAY(sa.Text))
 

@@ -28,12 +28,19 @@ horizon of its choosing (issue #25). Here:
   refuses a decision (``labelled``, ``requeued``, ``rejected``: a new one or a change to one)
   from any login but the review role's, and a ``labelled`` decision whose label is not active.
 - The two trigger functions pin ``TimeZone`` and ``DateStyle`` too, as every ``SECURITY DEFINER``
-  function of the schema now does.
+  function of the schema now does; and a move out of a terminal state (a replay of
+  ``terminal_failed``, the one way a closed job opens again) takes retention's advisory lock
+  shared without waiting, and is refused (``lock_not_available``, constraint
+  ``job_reopen_during_retention``) while retention decides which days to drop (0022).
 
 Frozen history: this file states the change as made here and imports no current code.
 """
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 
 from alembic import op
 
@@ -49,7 +56,7 @@ MAINTENANCE = "triage_maintenance"
 LEDGER = "triage_ledger_owner"
 FUNCTIONS = (f"{S}.jobs_check_insert()", f"{S}.jobs_check_update()")
 
-# (from, to) -> role. Every move of job_transitions as of 0010/0008; None: a job is created.
+# The review role's moves; every other move of job_transitions is the app role's.
 REVIEW_MOVES = (
     ("manual_review", "queued"),
     ("manual_review", "completed"),
@@ -60,25 +67,9 @@ DECISIONS = "'labelled', 'requeued', 'rejected'"
 
 
 def _create_role(role: str) -> str:
-    # As 0003: a concurrent migration of another database may create it between check and CREATE.
-    return f"""
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '{role}') THEN
-        CREATE ROLE {role} NOLOGIN;
-    END IF;
-EXCEPTION
-    WHEN duplicate_object OR unique_violation THEN
-        NULL;
-    WHEN insufficient_privilege THEN
-        RAISE EXCEPTION 'role {role} does not exist and % may not create it', current_user
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'create it once as a superuser (CREATE ROLE {role} NOLOGIN, or a LOGIN role with a '
-                         'password for a deployment that logs in as it) or grant CREATEROLE to the migrating '
-                         'user, then run the migration again';
-END
-$$
-"""
+    """0003's statement for ``role``: made NOLOGIN if missing (racing migrations of other
+    databases tolerated); without CREATEROLE, the statement to run once as a superuser."""
+    return str(_revision("0003_app_role.py").CREATE_ROLE).replace(APP, role)
 
 
 def _if_role(role: str, statement: str) -> str:
@@ -267,100 +258,18 @@ END
 $$
 """
 
-# 0005's bodies, verbatim, for the downgrade.
-GUARD_0005 = """
-    IF TG_RELID OPERATOR(pg_catalog.<>) 'triage.jobs'::pg_catalog.regclass::pg_catalog.oid
-       OR TG_OP OPERATOR(pg_catalog.<>) '{op}'::pg_catalog.text
-       OR TG_LEVEL OPERATOR(pg_catalog.<>) 'STATEMENT'::pg_catalog.text
-       OR TG_WHEN OPERATOR(pg_catalog.<>) 'AFTER'::pg_catalog.text THEN
-        RAISE EXCEPTION 'triage.{function}() is the {op} trigger of triage.jobs only: refused as '
-                        'trigger % on %.% (% % FOR EACH %)',
-                        TG_NAME, TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_WHEN, TG_OP, TG_LEVEL
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    actor := triage.current_actor();
-    reason := pg_catalog.current_setting('triage.reason', true);
-    IF reason OPERATOR(pg_catalog.=) ''::pg_catalog.text THEN
-        reason := NULL;
-    END IF;
-"""
 
-HARDENED_0005 = "SECURITY DEFINER SET search_path = pg_catalog, triage, pg_temp SET enable_nestloop = off"
+def _revision(name: str) -> ModuleType:
+    """An earlier revision's module, by its path (a revision's file is no importable module
+    name): its statements in its own words, for the downgrade and the hand-over."""
+    path = Path(__file__).with_name(name)
+    spec = importlib.util.spec_from_file_location(f"triage_revision_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-CHECK_INSERT_0005 = f"""
-CREATE OR REPLACE FUNCTION triage.jobs_check_insert() RETURNS trigger LANGUAGE plpgsql
-{HARDENED_0005} AS $$
-DECLARE
-    actor pg_catalog.text;
-    reason pg_catalog.text;
-BEGIN
-{GUARD_0005.format(function="jobs_check_insert", op="INSERT")}
-    INSERT INTO triage.job_events (job_id, from_status, to_status, step, attempt, actor, reason)
-    SELECT n.id, NULL, n.status, n.step, n.attempt, coalesce(actor, session_user::pg_catalog.text),
-           coalesce(reason, n.status_reason)
-      FROM new_rows n
-      LEFT JOIN triage.job_transitions t
-             ON t.from_status IS NULL AND t.to_status OPERATOR(pg_catalog.=) n.status
-     WHERE CASE WHEN t.to_status IS NOT NULL THEN true
-                ELSE triage.refuse_transition(n.id, NULL::triage.job_status, n.status) END;
-    RETURN NULL;
-END
-$$
-"""
-
-CHECK_UPDATE_0005 = f"""
-CREATE OR REPLACE FUNCTION triage.jobs_check_update() RETURNS trigger LANGUAGE plpgsql
-{HARDENED_0005} AS $$
-DECLARE
-    actor pg_catalog.text;
-    reason pg_catalog.text;
-BEGIN
-{GUARD_0005.format(function="jobs_check_update", op="UPDATE")}
-    INSERT INTO triage.job_events (job_id, from_status, to_status, step, attempt, actor, reason)
-    -- A lease holder's own writes (claim, outcomes) need no SET: the lease owner is the actor.
-    SELECT n.id, o.status, n.status, n.step, n.attempt,
-           coalesce(actor, n.lease_owner, o.lease_owner, session_user::pg_catalog.text),
-           coalesce(reason, n.status_reason)
-      FROM old_rows o
-      JOIN new_rows n ON n.id OPERATOR(pg_catalog.=) o.id
-      LEFT JOIN triage.job_transitions t
-             ON t.from_status OPERATOR(pg_catalog.=) o.status
-            AND t.to_status OPERATOR(pg_catalog.=) n.status
-     WHERE n.status OPERATOR(pg_catalog.<>) o.status
-       AND CASE WHEN t.to_status IS NOT NULL THEN true
-                ELSE triage.refuse_transition(n.id, o.status, n.status) END;
-    RETURN NULL;
-END
-$$
-"""
-
-# As 0005: the migrating user takes the functions back to replace them, then hands them over.
-HAND_OVER = f"""
-DO $$
-DECLARE
-    since_16 boolean := pg_catalog.current_setting('server_version_num')::pg_catalog.int4 >= 160000;
-    usable boolean := pg_catalog.pg_has_role(current_user, '{LEDGER}', 'USAGE');
-BEGIN
-    IF usable AND since_16 THEN
-        usable := pg_catalog.pg_has_role(current_user, '{LEDGER}', 'SET');
-    END IF;
-    IF NOT usable AND since_16 THEN
-        EXECUTE pg_catalog.format('GRANT {LEDGER} TO %I WITH INHERIT TRUE, SET TRUE', current_user);
-    ELSIF NOT usable THEN
-        EXECUTE pg_catalog.format('GRANT {LEDGER} TO %I', current_user);
-    END IF;
-    GRANT CREATE ON SCHEMA {S} TO {LEDGER};
-    ALTER FUNCTION {FUNCTIONS[0]} OWNER TO {LEDGER};
-    ALTER FUNCTION {FUNCTIONS[1]} OWNER TO {LEDGER};
-    REVOKE CREATE ON SCHEMA {S} FROM {LEDGER};
-EXCEPTION WHEN insufficient_privilege OR invalid_grant_operation THEN
-    RAISE EXCEPTION '% may not give the jobs triggers to {LEDGER}: %', current_user, SQLERRM
-        USING ERRCODE = 'insufficient_privilege',
-              HINT = 'run once as a superuser: GRANT {LEDGER} TO ' || current_user
-                     || '; then run the migration again';
-END
-$$
-"""
 
 # Invoker functions: they only read and raise, so nothing is gained by borrowing them.
 ROW_CHECKS = f"""
@@ -422,54 +331,14 @@ def upgrade() -> None:
     op.execute(_create_role(REVIEW))
     op.execute(_create_role(MAINTENANCE))
     op.execute(TABLES)
-    app_moves = [
-        (old, new)
-        for old, new in [(None, s) for s in ("received", "queued", "manual_review")]
-        + [
-            (a, b)
-            for a, b in (
-                ("received", "queued"),
-                ("received", "manual_review"),
-                ("received", "terminal_failed"),
-                ("queued", "running"),
-                ("queued", "waiting"),
-                ("queued", "manual_review"),
-                ("queued", "terminal_failed"),
-                ("running", "queued"),
-                ("running", "waiting"),
-                ("running", "completed"),
-                ("running", "retryable_failed"),
-                ("running", "manual_review"),
-                ("running", "terminal_failed"),
-                ("waiting", "queued"),
-                ("waiting", "retryable_failed"),
-                ("waiting", "manual_review"),
-                ("waiting", "terminal_failed"),
-                ("retryable_failed", "running"),
-                ("retryable_failed", "waiting"),
-                ("retryable_failed", "manual_review"),
-                ("retryable_failed", "terminal_failed"),
-            )
-        ]
-    ]
-    rows = [(old, new, APP) for old, new in app_moves] + [(old, new, REVIEW) for old, new in REVIEW_MOVES]
-    values = ", ".join(f"({'NULL' if old is None else repr(old)}, '{new}', '{role}')" for old, new, role in rows)
+    # Every move job_transitions allows today: the review role's four, the app role's the rest.
+    review = " OR ".join(f"(from_status = '{a}' AND to_status = '{b}')" for a, b in REVIEW_MOVES)
     op.execute(f"ALTER TABLE {S}.transition_roles DISABLE TRIGGER transition_roles_frozen")
-    op.execute(f"INSERT INTO {S}.transition_roles (from_status, to_status, role) VALUES {values}")
+    op.execute(
+        f"INSERT INTO {S}.transition_roles (from_status, to_status, role) SELECT from_status, to_status,"
+        f" CASE WHEN {review} THEN '{REVIEW}' ELSE '{APP}' END FROM {S}.job_transitions"
+    )
     op.execute(f"ALTER TABLE {S}.transition_roles ENABLE TRIGGER transition_roles_frozen")
-    # A move in job_transitions that no role owns would be refused to every deployment login.
-    op.execute(f"""
-DO $$
-BEGIN
-    IF EXISTS (SELECT FROM {S}.job_transitions t WHERE NOT EXISTS (
-        SELECT FROM {S}.transition_roles r
-         WHERE r.from_status IS NOT DISTINCT FROM t.from_status AND r.to_status = t.to_status)) THEN
-        RAISE EXCEPTION 'a transition of job_transitions has no owner in transition_roles';
-    END IF;
-END
-$$
-""")
-
     # A column with no default: only the catalog changes, whatever the log's size.
     op.execute(f"ALTER TABLE {S}.job_events ADD COLUMN login text")
     op.execute(f"COMMENT ON COLUMN {S}.job_events.login IS 'session_user of the move (NULL before 0021)'")
@@ -481,7 +350,7 @@ $$
         op.execute(f"ALTER FUNCTION {function} OWNER TO CURRENT_USER")
     op.execute(CHECK_INSERT)
     op.execute(CHECK_UPDATE)
-    op.execute(HAND_OVER)
+    op.execute(_revision("0005_ledger_owner.py").HAND_OVER)
 
     op.execute(ROW_CHECKS)
 
@@ -505,9 +374,10 @@ def downgrade() -> None:
     op.execute(f"DROP FUNCTION IF EXISTS {S}.check_document_labels()")
     for function in FUNCTIONS:
         op.execute(f"ALTER FUNCTION {function} OWNER TO CURRENT_USER")
-    op.execute(CHECK_INSERT_0005)
-    op.execute(CHECK_UPDATE_0005)
-    op.execute(HAND_OVER)
+    v0005 = _revision("0005_ledger_owner.py")
+    op.execute(v0005.CHECK_INSERT)
+    op.execute(v0005.CHECK_UPDATE)
+    op.execute(v0005.HAND_OVER)
     op.execute(f"DROP FUNCTION IF EXISTS {S}.refuse_move(uuid, {S}.job_status, {S}.job_status, text)")
     op.execute(f"DROP FUNCTION IF EXISTS {S}.refuse_reopen(uuid, {S}.job_status, {S}.job_status)")
     op.execute(f"DROP FUNCTION IF EXISTS {S}.login_may(text)")
