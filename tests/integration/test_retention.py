@@ -353,6 +353,21 @@ def test_the_policy_floors_are_enforced_by_the_database(
             conn.execute(sa.text("UPDATE triage.retention_policy SET keep_days = 100 WHERE kind = :k"), {"k": kind})
 
 
+def test_a_setting_shorter_than_the_policy_is_reported_not_applied(
+    db_url: DatabaseUrl, app_engine: sa.Engine, tmp_path: Path
+) -> None:
+    report = apply_retention(
+        app_engine,
+        Retention(job_events=10, outbox=3),
+        payload_base=str(tmp_path / "payloads"),
+        event_log=str(tmp_path / "events" / "outbox.jsonl"),
+        reports_dir=str(tmp_path / "reports"),
+    )
+    assert "the database's retention policy keeps job_events 30 days, not 10" in report.kinds["job_events"].notes
+    assert "the database's retention policy keeps outbox 7 days, not 3" in report.kinds["outbox"].notes
+    assert report.kinds["classifications"].notes == []
+
+
 def test_an_owner_shortened_policy_is_what_the_functions_apply(
     db_url: DatabaseUrl, engine: sa.Engine, store: JobStore, app_engine: sa.Engine
 ) -> None:

@@ -343,3 +343,18 @@ def test_an_existing_ledger_migrates_with_its_data(fresh_database: DatabaseUrl, 
         engine.dispose()
     assert [e[3] for e in events(fresh_database, job_id)] == [None, REVIEWER_ROLE]
     assert MAINTAINER_ROLE  # the third login exists too
+
+
+def test_a_web_service_whose_review_login_may_not_decide_says_so(stores: dict[str, JobStore]) -> None:
+    """A deployment that points ``triage_db_review`` at the pipeline's login: every decision is
+    refused by the database, and the API says why (503) instead of a conflict."""
+    from triage.web.service import Refused, TriageService
+
+    (job_id,) = in_review(stores["worker"])
+    service = TriageService(stores["worker"], review_store=stores["worker"], taxonomy_names=sorted(NAMES))
+    with pytest.raises(Refused) as refused:
+        service.decide(job_id, "reject", label=None, note=None, reviewer="alice")
+    assert refused.value.status == 503
+    assert "triage_db_review" in refused.value.message
+    decided = TriageService(stores["worker"], review_store=stores["reviewer"], taxonomy_names=sorted(NAMES))
+    assert decided.decide(job_id, "reject", label=None, note=None, reviewer="alice").outcome == "applied"

@@ -106,6 +106,25 @@ def _payloads(ledger: LedgerRetention, payload_base: str, before: datetime) -> K
     return KindResult(removed.files, removed.bytes, removed.kept_open)
 
 
+# The setting's name of each kind the database's policy governs (``triage.retention_policy``).
+POLICY_KINDS = {
+    "outbox": "outbox",
+    "job_events": "job_events",
+    "classifications": "classifications",
+    "reports": "reconciliation_runs",
+}
+
+
+def _note_policy(report: MaintenanceReport, retention: Retention, policy: dict[str, float | None]) -> None:
+    """Say so where the setting asked for less than the owner's policy keeps: the policy won."""
+    for setting, kind in POLICY_KINDS.items():
+        asked, kept = getattr(retention, setting), policy.get(kind)
+        result = report.kinds.get(setting)
+        if result is not None and asked is not None and (kept is None or kept > asked):
+            keeps = "forever" if kept is None else f"{kept:g} days"
+            result.notes.append(f"the database's retention policy keeps {kind} {keeps}, not {asked:g}")
+
+
 def apply_retention(
     engine: sa.Engine,
     retention: Retention,
@@ -142,6 +161,7 @@ def apply_retention(
         report.kinds["reports"] = KindResult(
             runs + pages.files, pages.bytes, notes=[f"{runs} runs, {pages.files} pages"]
         )
+    _note_policy(report, retention, ledger.policy())
     report.seconds = round(time.perf_counter() - started, 3)
     for line in report.lines():
         log.info("retention: %s", line)

@@ -18,7 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from triage.jobs.errors import JobNotFound, LabelNotInTaxonomy, LedgerError, NotInReview, ReplayLimitReached
+from triage.jobs.errors import (
+    JobNotFound,
+    LabelNotInTaxonomy,
+    LedgerError,
+    NotInReview,
+    ReplayLimitReached,
+    RoleRefused,
+)
 from triage.jobs.review_queue import Cursor, QueueFilter, QueuePage, job_detail, queue_page
 from triage.jobs.store import JobStore
 from triage.payload_refs import PayloadError
@@ -72,6 +79,9 @@ def _refusal(exc: LedgerError) -> Refused:
         return Refused(422, str(exc))
     if isinstance(exc, NotInReview | ReplayLimitReached):
         return Refused(409, str(exc))
+    if isinstance(exc, RoleRefused):  # triage_db_review logs in as a role that may not decide
+        log.error("the database refused the review connection's login: %s", exc)
+        return Refused(503, "the review connection (triage_db_review) logs in as a role that may not decide")
     return Refused(409, f"{type(exc).__name__}: {exc}")
 
 
