@@ -186,12 +186,12 @@ DECLARE
     cutoff timestamptz;
     holds_open boolean;
     time_column text := CASE parent WHEN 'outbox' THEN 'created_at' ELSE 'at' END;
-    -- What the default partition must keep: the outbox's unsent events; the log's events of jobs
-    -- not terminal or with an open review (jobs_open_idx, manual_review_open_queue_idx).
+    -- What must stay: the outbox's unsent events; the log's events of jobs not terminal or with
+    -- an open review. Uncorrelated, so each set is read once (jobs_open_idx,
+    -- manual_review_open_queue_idx) into a hash that every event of a day is probed against.
     keep text := CASE parent WHEN 'outbox' THEN 'e.published_at IS NULL'
-                 ELSE 'EXISTS (SELECT FROM triage.jobs j WHERE j.id = e.job_id AND j.status IN ({QUOTED_OPEN_STATES}))'
-                      ' OR EXISTS (SELECT FROM triage.manual_review r WHERE r.job_id = e.job_id'
-                      ' AND r.resolved_at IS NULL)' END;
+                 ELSE 'e.job_id IN (SELECT j.id FROM triage.jobs j WHERE j.status IN ({QUOTED_OPEN_STATES}))'
+                      ' OR e.job_id IN (SELECT r.job_id FROM triage.manual_review r WHERE r.resolved_at IS NULL)' END;
 BEGIN
     IF parent IS NULL OR parent NOT IN ('job_events', 'outbox') THEN
         RAISE EXCEPTION 'only job_events and outbox are partitioned by day, not %', parent;
