@@ -33,7 +33,8 @@ horizon of its choosing (issue #25). Here:
   shared without waiting, and is refused (``lock_not_available``, constraint
   ``job_reopen_during_retention``) while retention decides which days to drop (0022).
 
-Frozen history: this file states the change as made here and imports no current code.
+Frozen history: this file states the change as made here and imports no current code (it reads
+0003's role statement and 0005's bodies and hand-over from those revisions' own files).
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ looked 181 hours older and today's partition was dropped. Here:
   deployment roles (a docker-compose database's default privileges gave the app role DELETE on
   each new day); the two default partitions stay readable to the app and maintenance roles.
 
-Frozen history: this file states the change as made here and imports no current code.
+Frozen history: this file states the change as made here and imports no current code (its
+downgrade reads 0019's functions from that revision's own file).
 """
 
 from __future__ import annotations
