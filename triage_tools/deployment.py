@@ -58,8 +58,9 @@ def export_job_database() -> DatabaseUrl:
 
 
 def ensure_worker_login(url: DatabaseUrl) -> None:
-    """On the embedded server, the DAGs log in as ``triage_worker`` (see :mod:`triage.roles`):
-    make it, once the migrations have made the ``triage_app`` group it joins."""
+    """On the embedded server, the DAGs log in as ``triage_worker``, ``triage_reviewer`` and
+    ``triage_maintainer`` (see :mod:`triage.roles`): make them, once the migrations have made
+    the groups they join."""
     from triage.roles import AppRoleMissing, ensure_worker_role
 
     with contextlib.suppress(AppRoleMissing):  # below revision 0003; the next upgrade makes it
@@ -82,15 +83,17 @@ def airflow_environment() -> dict[str, str]:
     ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` if given, else the ``airflow`` database on the same
     server; otherwise both live in the embedded server.
     """
-    from triage.roles import worker_url
+    from triage.roles import maintainer_url, reviewer_url, worker_url
 
     embedded = is_embedded()
     home = triage_home()
     jobs_db = job_database()
-    # Embedded: the DAGs connect as the least-privilege role (rows only; see triage.roles).
-    # With TRIAGE_DATABASE_URL the connection is taken as given: point AIRFLOW_CONN_TRIAGE_DB
-    # at a member of triage_app yourself (docker-compose does).
+    # Embedded: each connection logs in as the role of its job (see triage.roles): the pipeline,
+    # reviewers' decisions, retention. With TRIAGE_DATABASE_URL the connections are taken as
+    # given: point each at a member of its role yourself (docker-compose does).
     dags_db = worker_url(jobs_db) if embedded else jobs_db
+    review_db = reviewer_url(jobs_db) if embedded else jobs_db
+    maintenance_db = maintainer_url(jobs_db) if embedded else jobs_db
     plugins = str(project_root() / "plugins")
     env = {
         "TRIAGE_HOME": str(home),
@@ -99,6 +102,8 @@ def airflow_environment() -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": plugins,
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW_CONN_TRIAGE_DB": dags_db.airflow_connection_json(),
+        "AIRFLOW_CONN_TRIAGE_DB_REVIEW": review_db.airflow_connection_json(),
+        "AIRFLOW_CONN_TRIAGE_DB_MAINTENANCE": maintenance_db.airflow_connection_json(),
         ENV_DATABASE_URL: jobs_db.libpq(),
         "PYTHONPATH": os.pathsep.join(p for p in (plugins, os.environ.get("PYTHONPATH", "")) if p),
     }

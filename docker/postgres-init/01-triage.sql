@@ -4,10 +4,15 @@
 -- (/docker-entrypoint-initdb.d), through psql as the superuser POSTGRES_USER (`airflow`) connected
 -- to POSTGRES_DB (`airflow`). To run it again: `docker compose down -v`.
 --
--- Three roles, so that Airflow tasks cannot change the schema or write the transition log:
+-- Roles, so that Airflow tasks cannot change the schema or write the transition log, and each
+-- login does one job (docs/security.md):
 --   triage      owns the database and the `triage` schema; only `triage-migrate` logs in as it
 --               (Alembic migrations: tables, enums, triggers, grants).
---   triage_app  what Airflow uses (connection `triage_db`): reads and writes rows, nothing else.
+--   triage_app  the pipeline (connection `triage_db`): reads and writes rows, nothing else.
+--   triage_review  reviewers' decisions (connection `triage_db_review`: the web service and
+--               review_jobs): the only login that may move jobs out of manual review.
+--   triage_maintenance  retention (connection `triage_db_maintenance`: triage_maintenance):
+--               the only login that may run the retention functions.
 --   triage_ledger_owner  nobody logs in as it: migration 0005 gives it the two SECURITY DEFINER
 --               jobs triggers, and it may only read job_transitions and insert into job_events.
 --               `triage` is a member so that it can hand the triggers over (it has no CREATEROLE).
@@ -17,16 +22,18 @@
 
 CREATE ROLE triage LOGIN PASSWORD 'triage';
 CREATE ROLE triage_app LOGIN PASSWORD 'triage_app';
+CREATE ROLE triage_review LOGIN PASSWORD 'triage_review';
+CREATE ROLE triage_maintenance LOGIN PASSWORD 'triage_maintenance';
 CREATE ROLE triage_ledger_owner NOLOGIN;
 GRANT triage_ledger_owner TO triage;
 
 CREATE DATABASE triage OWNER triage;
 
--- Only the two Triage login roles may connect to the job database, and neither to Airflow's.
+-- Only the Triage login roles may connect to the job database, and none to Airflow's.
 -- No TEMPORARY: Triage never uses temp objects, and a temp table, type or cast is how a session
 -- would try to borrow the SECURITY DEFINER triggers (migration 0005).
 REVOKE ALL ON DATABASE triage FROM PUBLIC;
-GRANT CONNECT ON DATABASE triage TO triage_app;
+GRANT CONNECT ON DATABASE triage TO triage_app, triage_review, triage_maintenance;
 REVOKE CONNECT ON DATABASE airflow FROM PUBLIC;
 
 \connect triage

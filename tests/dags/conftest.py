@@ -68,16 +68,17 @@ class Deployment:
             engine.dispose()
 
 
-def dags_connection(pg_server, jobs_url):  # type: ignore[no-untyped-def]
-    """What ``triage_db`` names for the DAGs: the least-privilege ``triage_worker``, as on the
-    embedded deployment, when the test server trusts local sockets (the embedded one does);
-    the given user on a server of ``TRIAGE_TEST_DATABASE_URL``, which may require passwords."""
+def dags_connection(pg_server, jobs_url, login=None):  # type: ignore[no-untyped-def]
+    """What ``triage_db`` names for the DAGs: the least-privilege ``triage_worker`` (or ``login``:
+    ``triage.roles.reviewer_url``, ``maintainer_url``), as on the embedded deployment, when the
+    test server trusts local sockets (the embedded one does); the given user on a server of
+    ``TRIAGE_TEST_DATABASE_URL``, which may require passwords."""
     from triage.roles import ensure_worker_role, worker_url
 
     if not pg_server.is_socket:
         return jobs_url
     ensure_worker_role(pg_server)
-    return worker_url(jobs_url)
+    return (login or worker_url)(jobs_url)
 
 
 @contextlib.contextmanager
@@ -115,9 +116,14 @@ def triage_airflow_env(
     """Airflow's environment of a test deployment (:func:`tests.dags.airflow_harness.airflow_test_env`)
     with Triage's: ``triage_db`` as the DAGs log in, the job database, ``TRIAGE_HOME``; ``extra`` last."""
     from tests.dags.airflow_harness import airflow_test_env
+    from triage.roles import maintainer_url, reviewer_url
 
     triage = {
         "AIRFLOW_CONN_TRIAGE_DB": dags_connection(pg_server, jobs_url).airflow_connection_json(),
+        "AIRFLOW_CONN_TRIAGE_DB_REVIEW": dags_connection(pg_server, jobs_url, reviewer_url).airflow_connection_json(),
+        "AIRFLOW_CONN_TRIAGE_DB_MAINTENANCE": dags_connection(
+            pg_server, jobs_url, maintainer_url
+        ).airflow_connection_json(),
         "TRIAGE_DATABASE_URL": jobs_url.libpq(),
         "TRIAGE_HOME": str(home),
     }

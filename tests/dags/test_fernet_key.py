@@ -34,11 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _settings_secrets() -> Sealed:
-    """What airflow_settings.yaml writes encrypted: every connection but triage_db (it is in the
-    environment, so skipped) and every variable, read from the file so that a new entry is
-    covered without editing this test."""
+    """What airflow_settings.yaml writes encrypted: every connection but the job database's
+    (triage_db, triage_db_review, triage_db_maintenance: in the environment, so skipped) and every
+    variable, read from the file so that a new entry is covered without editing this test."""
     settings = yaml.safe_load((ROOT / "airflow_settings.yaml").read_text())["airflow"]
-    connections = sorted(c["conn_id"] for c in settings["connections"] if c["conn_id"] != "triage_db")
+    connections = sorted(c["conn_id"] for c in settings["connections"] if not c["conn_id"].startswith("triage_db"))
     return Sealed(tuple(connections), tuple(sorted(v["variable_name"] for v in settings["variables"])))
 
 

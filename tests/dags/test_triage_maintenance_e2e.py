@@ -1,4 +1,5 @@
-"""triage_maintenance end to end through ``airflow dags test``, as the DAGs' role: it makes the
+"""triage_maintenance end to end through ``airflow dags test``, as the maintenance role's login
+(``triage_db_maintenance``; the pipeline's ``triage_db`` may not run retention): it makes the
 coming days' partitions, rotates the event file and removes an expired rotated one, keeping the
 ledger's rows (none expired in a fresh database), and returns what it removed per kind."""
 

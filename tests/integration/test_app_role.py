@@ -1,6 +1,6 @@
 """The DAGs' least-privilege role (migrations 0003 and 0004) on a real PostgreSQL: the whole
 pipeline works through it, and every schema change, history rewrite or forged event is refused
-by PostgreSQL itself."""
+by PostgreSQL itself. Reviewers' decisions are the review role's (test_roles.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from triage import migrations
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.drill import DrillSettings
 from triage.database import DatabaseUrl, create_engine
+from triage.jobs.errors import MoveNotPermitted
 from triage.jobs.models import RetryLater
 from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
@@ -26,7 +27,7 @@ from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.publish import JsonlEventSink, publish_all
 from triage.pipeline.retrieve import retrieve
 from triage.pipeline.steps import RunSettings, WorkRemains, run_step
-from triage.roles import APP_ROLE, WORKER_ROLE, ensure_worker_role, worker_url
+from triage.roles import APP_ROLE, REVIEWER_ROLE, WORKER_ROLE, ensure_worker_role, reviewer_url, worker_url
 from triage.sources.synthetic import SyntheticSource
 
 DAY = datetime(2026, 11, 1, tzinfo=UTC)
@@ -50,6 +51,14 @@ def app_store(app_url: DatabaseUrl) -> Iterator[JobStore]:
     engine.dispose()
 
 
+@pytest.fixture
+def review_store(app_url: DatabaseUrl, db_url: DatabaseUrl) -> Iterator[JobStore]:
+    """The review role's login (the web service and review_jobs)."""
+    engine = create_engine(reviewer_url(db_url), pool_size=2)
+    yield JobStore(engine)
+    engine.dispose()
+
+
 def as_app(url: DatabaseUrl) -> psycopg.Connection:
     return psycopg.connect(url.libpq(), autocommit=True)
 
@@ -70,10 +79,10 @@ def test_the_worker_logs_in_as_a_member_of_the_app_role_and_owns_nothing(app_url
     assert owned == (0,)
 
 
-def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, tmp_path: Path) -> None:
-    """register → claim → record (complete, retry, review) → relay → review decisions, all as
-    ``triage_worker``: the triggers write job_events as the schema's owner (``SECURITY DEFINER``,
-    migration 0004), which the role itself may not."""
+def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, review_store: JobStore, tmp_path: Path) -> None:
+    """register → claim → record (complete, retry, review) → relay as ``triage_worker``, then the
+    review decisions as ``triage_reviewer``: the triggers write job_events as the schema's owner
+    (``SECURITY DEFINER``, migration 0004), which neither role itself may, naming each login."""
     payloads = PayloadStore(tmp_path / "payloads")
     drill = DrillSettings(transient_error_rate=0.2, inconclusive_rate=0.2, seed=5)
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load(), drill=drill)
@@ -110,16 +119,18 @@ def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, tmp_path: P
     reviews = app_store.open_reviews(limit=10)
     assert len(reviews) >= 3
     names = Taxonomy.load().names
-    labelled = app_store.resolve_with_label(reviews[0].job_id, sorted(names)[0], actor="reviewer", taxonomy_names=names)
+    labelled = review_store.resolve_with_label(
+        reviews[0].job_id, sorted(names)[0], actor="reviewer", taxonomy_names=names
+    )
     assert labelled.status is JobStatus.COMPLETED
-    app_store.resolve_with_requeue(reviews[1].job_id, actor="reviewer")
-    assert app_store.reject(reviews[2].job_id, actor="reviewer").status is JobStatus.TERMINAL_FAILED
+    review_store.resolve_with_requeue(reviews[1].job_id, actor="reviewer")
+    assert review_store.reject(reviews[2].job_id, actor="reviewer").status is JobStatus.TERMINAL_FAILED
     app_store.release_expired_leases()
 
     with app_store.engine.connect() as conn:
-        actors = set(conn.execute(sa.text("SELECT DISTINCT actor FROM triage.job_events")).scalars())
-    assert "reviewer" in actors
-    assert "app-role-test" in {a.split("/")[0] for a in actors}
+        actors = dict(conn.execute(sa.text("SELECT DISTINCT actor, login FROM triage.job_events")).tuples().all())
+    assert actors["reviewer"] == REVIEWER_ROLE
+    assert {login for actor, login in actors.items() if actor.startswith("app-role-test")} == {WORKER_ROLE}
 
 
 def test_an_unnamed_move_is_logged_with_the_login_that_made_it(app_store: JobStore, app_url: DatabaseUrl) -> None:
@@ -141,7 +152,9 @@ def test_a_retry_of_an_exhausted_job_goes_to_review_as_the_app_role(app_store: J
     assert recorded.exhausted == 1
 
 
-def test_a_replay_by_filter_runs_as_the_app_role(app_store: JobStore) -> None:
+def test_a_replay_by_filter_runs_as_the_review_role_not_the_app_role(
+    app_store: JobStore, review_store: JobStore
+) -> None:
     from triage.contracts.replay import ReplayFilter
     from triage.jobs.models import Fail
 
@@ -150,8 +163,10 @@ def test_a_replay_by_filter_runs_as_the_app_role(app_store: JobStore) -> None:
     app_store.record(claim, [Fail(j.id, j.attempt, "permanent_error") for j in claim.jobs])
     selection = ReplayFilter.parse({"batch_key": BATCH, "states": ["terminal_failed"], "dry_run": False, "note": "n"})
     assert app_store.preview_replay(selection).matching == 2
-    assert app_store.replay(selection, actor="alice").replayed_now == 2
-    assert app_store.replay(selection, actor="alice").outcome == "already_applied"
+    with pytest.raises(MoveNotPermitted, match="that move is role triage_review's"):
+        app_store.replay(selection, actor="alice")
+    assert review_store.replay(selection, actor="alice").replayed_now == 2
+    assert review_store.replay(selection, actor="alice").outcome == "already_applied"
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,15 @@ from psycopg import errors
 
 from triage import migrations
 from triage.database import DatabaseUrl
-from triage.roles import APP_ROLE, LEDGER_OWNER_ROLE, WORKER_ROLE, ensure_worker_role, worker_url
+from triage.roles import (
+    APP_ROLE,
+    LEDGER_OWNER_ROLE,
+    MAINTAINER_ROLE,
+    MAINTENANCE_ROLE,
+    WORKER_ROLE,
+    ensure_worker_role,
+    worker_url,
+)
 
 FORGED_JOB = uuid.UUID(int=42)
 FAKE_JOBS = (
@@ -212,16 +220,25 @@ def test_layer_4_the_trigger_functions_are_pinned_closed_and_owned_by_the_ledger
     assert [r[0] for r in triggers] == ["jobs_check_insert", "jobs_check_update"]
     for _, owner, config, public_may, app_may in triggers:
         assert owner == LEDGER_OWNER_ROLE
-        assert "search_path=pg_catalog, triage, pg_temp" in config
+        assert {"search_path=pg_catalog, triage, pg_temp", "TimeZone=UTC", "DateStyle=ISO, YMD"} <= set(config)
         assert (public_may, app_may) == (False, False)
-    # The retention functions (0015) are the app role's on purpose (triage_maintenance runs them
-    # as the DAGs' role): pinned, closed to everyone else, owned by the tables' owner.
+    # The retention functions (0022) are the maintenance role's alone: pinned (time zone and date
+    # style too: issue #25), closed to everyone else, owned by the tables' owner.
     maintenance = [r for r in rows if r[0] in MAINTENANCE_FUNCTIONS]
     assert sorted(r[0] for r in maintenance) == sorted(MAINTENANCE_FUNCTIONS)
-    for _, owner, config, public_may, app_may in maintenance:
+    for name, owner, config, public_may, app_may in maintenance:
         assert owner != LEDGER_OWNER_ROLE
-        assert "search_path=pg_catalog, triage, pg_temp" in config
-        assert (public_may, app_may) == (False, True)
+        assert {"search_path=pg_catalog, triage, pg_temp", "TimeZone=UTC", "DateStyle=ISO, YMD"} <= set(config)
+        assert (public_may, app_may) == (False, False), name
+    with connect(db_url) as conn:
+        granted = conn.execute(
+            "SELECT DISTINCT r.rolname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace,"
+            " pg_roles r WHERE n.nspname = 'triage' AND p.proname = ANY(%s)"
+            " AND has_function_privilege(r.oid, p.oid, 'EXECUTE') AND NOT r.rolsuper"
+            " AND NOT pg_has_role(r.oid, p.proowner, 'USAGE')",
+            (list(MAINTENANCE_FUNCTIONS),),
+        ).fetchall()
+    assert {r[0] for r in granted} <= {MAINTENANCE_ROLE, MAINTAINER_ROLE}
     assert ledger == (False, False, False, False, False, False, 0)  # and a member of no role
 
 

@@ -1,6 +1,8 @@
 """Document ids and labels carrying SQL, quoting and control characters, through the real
-pipeline on a real PostgreSQL: stored verbatim, harming nothing. NUL, which PostgreSQL text
-cannot hold, is routed to manual review with a reason instead of failing the batch."""
+pipeline on a real PostgreSQL: ids stored verbatim, harming nothing; labels outside the
+taxonomy (every hostile one) refused by the database itself (migration 0021), harming nothing
+either. NUL, which PostgreSQL text cannot hold, is routed to manual review with a reason instead
+of failing the batch."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from triage.classifiers.base import ClassifyRequest, ModelOutput
+from triage.classifiers.taxonomy import Taxonomy
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -86,8 +90,11 @@ def all_rows(store: JobStore, sql: str) -> list[sa.Row]:
         return list(conn.execute(sa.text(sql)).all())
 
 
-def test_ids_and_labels_are_stored_verbatim_and_harm_nothing(store: JobStore, tmp_path: Path) -> None:
-    labels = {external_id: HOSTILE[-1 - i] for i, external_id in enumerate(HOSTILE)}  # every label hostile too
+TAXONOMY_LABELS = sorted(Taxonomy.load().names)
+
+
+def test_ids_are_stored_verbatim_and_harm_nothing(store: JobStore, tmp_path: Path) -> None:
+    labels = {external_id: TAXONOMY_LABELS[i % len(TAXONOMY_LABELS)] for i, external_id in enumerate(HOSTILE)}
     tables_before = all_rows(store, "SELECT tablename FROM pg_tables WHERE schemaname = 'triage' ORDER BY 1")
     run(store, tmp_path, labels, HOSTILE)
 
@@ -117,6 +124,24 @@ def test_ids_and_labels_are_stored_verbatim_and_harm_nothing(store: JobStore, tm
         max_attempts=2,
     )
     assert (again.registered, again.existing) == (0, len(HOSTILE))
+
+
+def test_hostile_labels_are_refused_by_the_database_and_harm_nothing(store: JobStore) -> None:
+    """Whoever writes them (a classifier that skipped its checks, raw SQL): the label is a bound
+    value the check quotes in its message, never SQL."""
+    tables_before = all_rows(store, "SELECT tablename FROM pg_tables WHERE schemaname = 'triage' ORDER BY 1")
+    for n, label in enumerate(HOSTILE):
+        with store.engine.begin() as conn, pytest.raises(sa.exc.IntegrityError, match="is not in the taxonomy"):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO triage.document_labels (source, external_id, label, classifier_version,"
+                    " content_sha256, job_id, job_created_at) VALUES ('s', :e, :label, 'v', 'h', gen_random_uuid(),"
+                    " now())"
+                ),
+                {"e": f"e{n}", "label": label},
+            )
+    assert all_rows(store, "SELECT count(*) FROM triage.document_labels") == [(0,)]
+    assert all_rows(store, "SELECT tablename FROM pg_tables WHERE schemaname = 'triage' ORDER BY 1") == tables_before
 
 
 def test_nul_in_an_id_or_a_label_goes_to_review_with_a_reason(store: JobStore, tmp_path: Path) -> None:

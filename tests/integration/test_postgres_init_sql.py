@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -205,6 +206,12 @@ def test_on_compose_a_borrowed_trigger_runs_no_smuggled_cast(server: str, migrat
             owner.execute(
                 "REVOKE EXECUTE ON FUNCTION triage.jobs_check_insert(), triage.jobs_check_update() FROM triage_app"
             )
+            owner.execute(  # and the retention functions (the maintenance role's alone)
+                "REVOKE EXECUTE ON FUNCTION triage.ensure_day_partitions(integer),"
+                " triage.drop_expired_partitions(text, timestamptz),"
+                " triage.purge_classifications(timestamptz, bigint, integer),"
+                " triage.purge_reconciliation_runs(timestamptz) FROM triage_app"
+            )
 
 
 def test_0005_applied_again_over_itself_changes_nothing(server: str, migrated: str) -> None:
@@ -231,7 +238,30 @@ def test_0005_applied_again_over_itself_changes_nothing(server: str, migrated: s
     command.stamp(migrations.alembic_config(url), "0004")
     migrations.upgrade(url, "0005")
     command.stamp(migrations.alembic_config(url), "head")
+    # 0005's bodies are back now; 0021's replace them again the way 0021 does, as the same owner.
+    v0021 = _revision("0021_roles_by_job.py")
+    with connect(server, "triage", migrated) as conn:
+        for function in v0021.FUNCTIONS:
+            conn.execute(f"ALTER FUNCTION {function} OWNER TO CURRENT_USER")
+        conn.execute(v0021.CHECK_INSERT)
+        conn.execute(v0021.CHECK_UPDATE)
+        conn.execute(v0021._revision("0005_ledger_owner.py").HAND_OVER)
     assert privileges() == before
+
+
+def _revision(name: str) -> Any:
+    """A migration revision's module, by its path."""
+    import importlib.util
+
+    from triage import migrations
+
+    path = Path(migrations.__file__).parent / "versions" / name
+    spec = importlib.util.spec_from_file_location(f"revision_{path.stem}", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_a_migrating_user_outside_the_ledger_role_is_told_what_to_run(server: str) -> None:
@@ -283,3 +313,50 @@ def test_an_owner_with_createrole_creates_the_ledger_role_and_joins_it(server_ho
         migrations.upgrade(url)
     finally:
         embedded.stop(server_home)
+
+
+def test_on_compose_each_login_does_its_own_job(server: str, migrated: str) -> None:
+    """The init script's triage_review and triage_maintenance log in as themselves (no member
+    logins, as on the embedded server): the review role decides, the app role may not, only the
+    maintenance role runs retention."""
+    with connect(server, "triage_app", migrated) as conn:
+        (job_id,) = conn.execute(
+            "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
+            " classifier_version, correlation_id, batch_key, step, status, status_reason, max_attempts)"
+            " VALUES ('review-me', 's', 'r', 'h', 'ref', 'v', 'c', 'b', 'classify', 'manual_review', 'x', 3)"
+            " RETURNING id"
+        ).fetchone()  # type: ignore[misc]
+        with pytest.raises(errors.InsufficientPrivilege, match="that move is role triage_review's"):
+            conn.execute("UPDATE triage.jobs SET status = 'terminal_failed' WHERE id = %s", (job_id,))
+        with pytest.raises(errors.InsufficientPrivilege, match="permission denied for function"):
+            conn.execute("SELECT * FROM triage.drop_expired_partitions('job_events', now())")
+    with connect(server, "triage_review", migrated) as conn:
+        conn.execute("UPDATE triage.jobs SET status = 'terminal_failed' WHERE id = %s", (job_id,))
+        logged = conn.execute("SELECT login FROM triage.job_events WHERE job_id = %s ORDER BY id", (job_id,)).fetchall()
+    assert logged == [("triage_app",), ("triage_review",)]
+    with connect(server, "triage_maintenance", migrated) as conn:
+        assert conn.execute("SELECT count(*) FROM triage.drop_expired_partitions('job_events', now())").fetchone() == (
+            0,
+        )
+
+
+def test_on_compose_the_app_role_cannot_delete_a_day_of_the_log_directly(server: str, migrated: str) -> None:
+    """compose's default privileges gave the app role every row privilege on each day partition
+    the owner's function made (a DELETE on a partition skips the parent's append-only trigger);
+    0022 and the partition function take them back."""
+    with connect(server, "triage", migrated) as owner:
+        owner.execute("ALTER DEFAULT PRIVILEGES IN SCHEMA triage GRANT ALL ON TABLES TO triage_app")  # as compose
+        days = [r[0] for r in owner.execute("SELECT * FROM triage.ensure_day_partitions(9)").fetchall()]
+        parts = [
+            r[0]
+            for r in owner.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                " WHERE i.inhparent = 'triage.job_events'::regclass AND c.relname LIKE 'job_events_p%'"
+            ).fetchall()
+        ]
+    assert days
+    assert parts
+    with connect(server, "triage_app", migrated) as conn:
+        for part in [*parts, "job_events_default"]:
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(f"DELETE FROM triage.{part}")

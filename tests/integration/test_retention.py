@@ -1,5 +1,6 @@
-"""Retention on a real ledger: expired rows and files go, anything open or unsent stays, and
-reconciliation still agrees afterwards.
+"""Retention on a real ledger: expired rows and files go, anything open or unsent stays (a day
+holding it is kept whole), and reconciliation still agrees afterwards. Only the maintenance role
+runs it, within the owner's policy, whatever its session's settings.
 
 Jobs are moved through the ledger for real, then their rows are aged by the database's owner
 (``session_replication_role = replica``: the append-only triggers stand aside for the test's
@@ -21,12 +22,13 @@ import sqlalchemy as sa
 from tests.integration.helpers import age_rows, drop_legacy_partitions, new_jobs, past_day_partitions
 from triage.database import DatabaseUrl, create_engine
 from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, NewJob
+from triage.jobs.retention import LedgerRetention
 from triage.jobs.store import JobStore
 from triage.maintenance.retention import apply_retention
 from triage.payloads import PayloadStore
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
-from triage.roles import ensure_worker_role, worker_url
+from triage.roles import ensure_worker_role, maintainer_url, worker_url
 from triage.settings import Retention
 
 VERSION = new_jobs(1)[0].classifier_version
@@ -70,10 +72,18 @@ def _set_mtime(path: Path, days_ago: float) -> None:
 
 @pytest.fixture
 def app_engine(pg_server: DatabaseUrl, db_url: DatabaseUrl) -> Iterator[sa.Engine]:
-    """The DAGs' role: what ``triage_maintenance`` runs as."""
+    """The maintenance role's login: what ``triage_maintenance`` runs as (the name is history)."""
     if not pg_server.is_socket:
         pytest.skip("the worker role logs in without a password: needs the embedded (trusting) server")
     ensure_worker_role(pg_server)
+    engine = create_engine(maintainer_url(db_url), pool_size=2)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def worker_engine(app_engine: sa.Engine, db_url: DatabaseUrl) -> Iterator[sa.Engine]:
+    """The pipeline's login (``triage_worker``)."""
     engine = create_engine(worker_url(db_url), pool_size=2)
     yield engine
     engine.dispose()
@@ -174,19 +184,20 @@ def test_retention_removes_what_expired_keeps_what_is_open_and_reconciliation_ag
     )
 
     kinds = report.kinds
-    # The log: both old days' partitions went; the open job's event moved to the default
-    # partition with its id and time.
-    assert kinds["job_events"].removed == 9 + 6
+    # The log: OLD's day went; OLDISH's holds the open job's event, so it is kept whole.
+    assert kinds["job_events"].removed == 9
     assert kinds["job_events"].bytes > 0
-    assert kinds["job_events"].kept_open == 1
-    assert _count(engine, "SELECT count(*) FROM triage.job_events") == before_events - 15
-    assert _count(engine, f"SELECT count(*) FROM triage.job_events_default WHERE job_id = '{queued[0]}'") == 1
-    # The outbox: the published events went, the unsent one stays (default partition).
-    assert kinds["outbox"].removed == 6 + 4
+    assert kinds["job_events"].kept_open == 1  # one day partition
+    assert _count(engine, "SELECT count(*) FROM triage.job_events") == before_events - 9
+    oldish_day = f"triage.job_events_p{_day(OLDISH):%Y%m%d}"
+    assert _count(engine, f"SELECT count(*) FROM {oldish_day}") == 7
+    assert _count(engine, "SELECT count(*) FROM triage.job_events_default") == 0
+    # The outbox: OLD's published day went; OLDISH's holds the unsent event: kept whole.
+    assert kinds["outbox"].removed == 6
     assert kinds["outbox"].kept_open == 1
     unsent = f"SELECT count(*) FROM triage.outbox WHERE job_id = '{queued[0]}' AND published_at IS NULL"
     assert _count(engine, unsent) == 1
-    assert _count(engine, "SELECT count(*) FROM triage.outbox") == 1 + 4  # and the recent jobs' 4
+    assert _count(engine, "SELECT count(*) FROM triage.outbox") == 5 + 4  # and the recent jobs' 4
     # Classifications: the five old completed jobs'; the recent ones stay.
     assert kinds["classifications"].removed == 5
     assert _count(engine, "SELECT count(*) FROM triage.classifications") == 2
@@ -238,10 +249,10 @@ def test_retention_removes_what_expired_keeps_what_is_open_and_reconciliation_ag
         event_log=str(events),
         reports_dir=str(reports),
     )
-    assert third.kinds["job_events"].removed == 1  # its old event; today's moves stay
-    assert third.kinds["outbox"].removed == 1
-    assert _count(engine, "SELECT count(*) FROM triage.job_events_default") == 0
-    assert _count(engine, "SELECT count(*) FROM triage.outbox_default") == 0
+    assert third.kinds["job_events"].removed == 7  # OLDISH's whole day; today's moves stay
+    assert third.kinds["outbox"].removed == 5
+    assert third.kinds["job_events"].kept_open == third.kinds["outbox"].kept_open == 0
+    assert _count(engine, f"SELECT count(*) FROM triage.job_events WHERE job_id = '{queued[0]}'") == 2
 
 
 def _ref(engine: sa.Engine, job_id: uuid.UUID) -> str:
@@ -257,12 +268,183 @@ def test_the_app_role_cannot_drop_a_partition_itself(app_engine: sa.Engine) -> N
         conn.execute(sa.text("ALTER TABLE triage.job_events DETACH PARTITION triage.job_events_default"))
 
 
-def test_a_day_partition_is_never_dropped_before_its_day_is_over(db_url: DatabaseUrl, app_engine: sa.Engine) -> None:
-    """Whatever ``before`` says, the function floors it at a day ago."""
+def test_a_day_partition_is_never_dropped_within_the_policy(db_url: DatabaseUrl, app_engine: sa.Engine) -> None:
+    """Whatever ``before`` says, the function removes nothing the owner's policy keeps: a day
+    partition 10 days old (past the 8-day floor) stays under the 30-day policy."""
+    _past_partitions(db_url, 10)
     with app_engine.begin() as conn:
         rows = conn.execute(
-            sa.text("SELECT * FROM triage.drop_expired_partitions('outbox', now() + interval '30 days')")
+            sa.text("SELECT * FROM triage.drop_expired_partitions('job_events', now() + interval '30 days')")
         ).all()
     assert rows == []
+    assert _partition_exists(db_url, f"job_events_p{_day(10):%Y%m%d}")
     with app_engine.begin() as conn, pytest.raises(sa.exc.DBAPIError, match="only job_events and outbox"):
         conn.execute(sa.text("SELECT * FROM triage.drop_expired_partitions('jobs', now())"))
+
+
+def _partition_exists(url: DatabaseUrl, name: str) -> bool:
+    with _owner(url) as conn:
+        return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"triage.{name}",)).fetchone() == (True,)
+
+
+HOSTILE_SESSION = ("SET TimeZone = 'LINT+167'", "SET DateStyle = 'SQL, DMY'", "SET IntervalStyle = 'sql_standard'")
+
+
+@pytest.mark.parametrize("parent", ["job_events", "outbox"])
+def test_a_hostile_session_cannot_make_today_look_expired(
+    db_url: DatabaseUrl, engine: sa.Engine, store: JobStore, app_engine: sa.Engine, parent: str
+) -> None:
+    """Issue #25: with ``TimeZone = 'LINT+167'`` and ``DateStyle = 'SQL'`` the bounds read back as
+    text looked 181 hours older, and today's partition was dropped with the events of jobs
+    completed seconds before. Now the functions pin both and read no bound as text."""
+    _past_partitions(db_url, 1)  # today's, tomorrow's and yesterday's day partitions
+    store.register(new_jobs(3, prefix="today"), batch_key="today", step="classify", max_attempts=3)
+    _complete(store, "today", 3)
+    before = _count(engine, f"SELECT count(*) FROM triage.{parent}")
+    with app_engine.connect() as conn:
+        for setting in HOSTILE_SESSION:
+            conn.execute(sa.text(setting))
+        # The shortest floor a caller could ever ask for: a day.
+        rows = conn.execute(sa.text("SELECT * FROM triage.drop_expired_partitions(:p, now())"), {"p": parent}).all()
+        conn.commit()
+    assert [r for r in rows if r.action == "dropped"] == []
+    assert _partition_exists(db_url, f"{parent}_p{TODAY:%Y%m%d}")
+    assert _partition_exists(db_url, f"{parent}_p{_day(1):%Y%m%d}")
+    assert _count(engine, f"SELECT count(*) FROM triage.{parent}") == before
+
+
+def test_the_app_role_may_run_no_retention_function(worker_engine: sa.Engine, db_url: DatabaseUrl) -> None:
+    """Issue #25: every worker and the API server logged in as a member of the app role, which
+    could run the functions with a horizon and a session of its choosing."""
+    _past_partitions(db_url, 1)
+    calls = (
+        "SELECT * FROM triage.drop_expired_partitions('job_events', now())",
+        "SELECT * FROM triage.ensure_day_partitions(1)",
+        "SELECT * FROM triage.purge_classifications(now(), 0, 10)",
+        "SELECT triage.purge_reconciliation_runs(now())",
+    )
+    for call in calls:
+        with worker_engine.connect() as conn:
+            for setting in HOSTILE_SESSION:
+                conn.execute(sa.text(setting))
+            with pytest.raises(sa.exc.ProgrammingError, match="permission denied for function"):
+                conn.execute(sa.text(call))
+    assert _partition_exists(db_url, f"job_events_p{TODAY:%Y%m%d}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "floor"),
+    [
+        pytest.param(k, Retention.FLOORS["reports" if k == "reconciliation_runs" else k], id=k)
+        for k in ("job_events", "outbox", "classifications", "reconciliation_runs")
+    ],
+)
+def test_the_policy_floors_are_enforced_by_the_database(
+    db_url: DatabaseUrl, app_engine: sa.Engine, worker_engine: sa.Engine, kind: str, floor: float
+) -> None:
+    """The floors Python checks (:attr:`Retention.FLOORS`) are the table's CHECK; only the owner
+    may change the policy at all."""
+    with _owner(db_url) as conn:
+        with pytest.raises(psycopg.errors.CheckViolation, match="retention_policy_floor_check"):
+            conn.execute("UPDATE triage.retention_policy SET keep_days = %s WHERE kind = %s", (floor - 0.5, kind))
+        conn.execute("UPDATE triage.retention_policy SET keep_days = %s WHERE kind = %s", (floor, kind))
+    for role_engine in (app_engine, worker_engine):
+        with role_engine.begin() as conn, pytest.raises(sa.exc.ProgrammingError, match="permission denied"):
+            conn.execute(sa.text("UPDATE triage.retention_policy SET keep_days = 100 WHERE kind = :k"), {"k": kind})
+
+
+def test_a_setting_shorter_than_the_policy_is_reported_not_applied(
+    db_url: DatabaseUrl, app_engine: sa.Engine, tmp_path: Path
+) -> None:
+    report = apply_retention(
+        app_engine,
+        Retention(job_events=10, outbox=3),
+        payload_base=str(tmp_path / "payloads"),
+        event_log=str(tmp_path / "events" / "outbox.jsonl"),
+        reports_dir=str(tmp_path / "reports"),
+    )
+    assert "the database's retention policy keeps job_events 30 days, not 10" in report.kinds["job_events"].notes
+    assert "the database's retention policy keeps outbox 7 days, not 3" in report.kinds["outbox"].notes
+    assert report.kinds["classifications"].notes == []
+
+
+def test_an_owner_shortened_policy_is_what_the_functions_apply(
+    db_url: DatabaseUrl, engine: sa.Engine, store: JobStore, app_engine: sa.Engine
+) -> None:
+    """The horizon is the policy's: 8 days set by the owner drops a 10-day-old day; the caller's
+    ``before`` (here: keep 20 days) can only keep more."""
+    _past_partitions(db_url, 10)
+    store.register(new_jobs(2, prefix="ten"), batch_key="ten", step="classify", max_attempts=3)
+    _complete(store, "ten", 2)
+    ids = list(_ids(engine, "ten"))
+    _publish_all_but(db_url, keep_unsent=[])
+    _age(db_url, ids, 10)
+    ledger = LedgerRetention(app_engine)
+    assert [o.action for o in ledger.drop_expired_partitions("job_events", TODAY)] == []  # policy: 30 days
+    with _owner(db_url) as conn:
+        conn.execute("UPDATE triage.retention_policy SET keep_days = 8 WHERE kind = 'job_events'")
+    assert ledger.policy()["job_events"] == 8
+    assert [o.action for o in ledger.drop_expired_partitions("job_events", TODAY - timedelta(days=20))] == []
+    dropped = ledger.drop_expired_partitions("job_events", None)
+    assert [(o.partition, o.action, o.rows) for o in dropped] == [(f"job_events_p{_day(10):%Y%m%d}", "dropped", 6)]
+
+
+def _ids(engine: sa.Engine, batch: str) -> list[uuid.UUID]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT id FROM triage.jobs WHERE batch_key = :b"), {"b": batch}).scalars())
+
+
+def test_a_day_kept_for_an_open_job_blocks_no_transition(
+    db_url: DatabaseUrl, engine: sa.Engine, store: JobStore, app_engine: sa.Engine, worker_engine: sa.Engine
+) -> None:
+    """The check that keeps a day whole runs before any DETACH: while retention's transaction is
+    still open, a worker's transition goes through at once. (Before, the open job's events were
+    copied under the parent's DETACH lock, and every transition waited for the commit.)"""
+    _past_partitions(db_url, OLD)
+    store.register(new_jobs(1, prefix="open"), batch_key="open", step="classify", max_attempts=3)
+    open_job = _ids(engine, "open")
+    _age(db_url, open_job, OLD)
+    store.register(new_jobs(1, prefix="now"), batch_key="now", step="classify", max_attempts=3)
+    with app_engine.connect() as maintenance:
+        rows = maintenance.execute(
+            sa.text("SELECT partition_name, action FROM triage.drop_expired_partitions('job_events', now())")
+        ).all()
+        assert [tuple(r) for r in rows] == [(f"job_events_p{_day(OLD):%Y%m%d}", "kept_open")]
+        # retention's transaction is still open here
+        with worker_engine.connect() as worker:
+            worker.execute(sa.text("SET lock_timeout = '1s'"))
+            moved = worker.execute(
+                sa.text(
+                    "UPDATE triage.jobs SET status = 'terminal_failed', status_reason = 'x'"
+                    " WHERE batch_key = 'now' RETURNING id"
+                )
+            ).all()
+            worker.commit()
+        assert len(moved) == 1
+        maintenance.commit()
+    assert _count(engine, f"SELECT count(*) FROM triage.job_events_p{_day(OLD):%Y%m%d}") == 1
+
+
+def test_no_job_reopens_while_retention_decides_its_days(
+    db_url: DatabaseUrl, engine: sa.Engine, store: JobStore, app_engine: sa.Engine
+) -> None:
+    """A replay (``terminal_failed -> queued``) is the one move that makes a closed job open
+    again: while retention holds its lock (between the check of a day and its drop) the move is
+    refused with a retryable error, so no day is dropped under a job that just reopened."""
+    from triage.jobs.errors import RetentionBusy
+
+    store.register(new_jobs(1, prefix="failed"), batch_key="failed", step="classify", max_attempts=3)
+    (job_id,) = _ids(engine, "failed")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE triage.jobs SET status = 'terminal_failed' WHERE id = :i"), {"i": job_id})
+    from triage.contracts.replay import ReplayFilter
+
+    selection = ReplayFilter.parse(
+        {"batch_key": "failed", "states": ["terminal_failed"], "dry_run": False, "note": "n"}
+    )
+    with app_engine.connect() as maintenance:
+        maintenance.execute(sa.text("SELECT * FROM triage.drop_expired_partitions('job_events', now())")).all()
+        with pytest.raises(RetentionBusy, match="retention is deciding"):
+            store.replay(selection, actor="alice")
+        maintenance.commit()
+    assert store.replay(selection, actor="alice").replayed_now == 1

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import insert_job, job_in, move
 from triage.jobs.errors import AppendOnly, ConstraintViolated, IllegalTransition, translate
-from triage.jobs.states import INITIAL_STATES, TRANSITIONS, JobStatus, is_allowed
+from triage.jobs.states import INITIAL_STATES, TRANSITION_ROLES, TRANSITIONS, JobStatus, is_allowed
 
 PAIRS = list(itertools.product(JobStatus, JobStatus))
 
@@ -27,6 +27,18 @@ def test_python_and_database_transition_tables_are_equal(engine: sa.Engine) -> N
     initial_in_db = {b for a, b in rows if a is None}
     assert in_db == {(a.value, b.value) for a, b in TRANSITIONS}
     assert initial_in_db == {s.value for s in INITIAL_STATES}
+
+
+def test_python_and_database_transition_owners_are_equal(engine: sa.Engine) -> None:
+    """Every allowed move has one owning role, the same in both tables (migration 0021)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT from_status::text, to_status::text, role FROM triage.transition_roles")
+        ).all()
+    assert {(a, b): role for a, b, role in rows} == {
+        (None if a is None else a.value, b.value): role.value for (a, b), role in TRANSITION_ROLES.items()
+    }
+    assert set(TRANSITION_ROLES) == {(None, s) for s in INITIAL_STATES} | set(TRANSITIONS)
 
 
 @pytest.mark.parametrize(("old", "new"), PAIRS, ids=[f"{a.value}->{b.value}" for a, b in PAIRS])

@@ -297,10 +297,10 @@ def test_an_older_job_never_overwrites_a_newer_label(store: JobStore) -> None:
     old = claim(store)
     register(store, 1, version="v2")  # same document, a newer classifier: a newer job
     new = claim(store)
-    store.record(new, [Complete(new.jobs[0].id, 1, LabelWrite("refund", 0.9, "v2"))])
+    store.record(new, [Complete(new.jobs[0].id, 1, LabelWrite("refund_request", 0.9, "v2"))])
     store.record(old, [Complete(old.jobs[0].id, 1, LabelWrite("billing", 0.9, "v1"))])  # late, stale
     assert [tuple(r) for r in rows(store, "SELECT label, classifier_version FROM triage.document_labels")] == [
-        ("refund", "v2")
+        ("refund_request", "v2")
     ]
 
 

@@ -182,7 +182,12 @@ def test_connections_import_json(project: AirflowSettings) -> None:
 
 
 def test_environment_overrides_are_skipped(project: AirflowSettings) -> None:
-    environ = {"AIRFLOW_CONN_TRIAGE_DB": "{}", "AIRFLOW_VAR_TRIAGE_REPORTS_DIR": "/x"}
+    environ = {
+        "AIRFLOW_CONN_TRIAGE_DB": "{}",
+        "AIRFLOW_CONN_TRIAGE_DB_REVIEW": "{}",
+        "AIRFLOW_CONN_TRIAGE_DB_MAINTENANCE": "{}",
+        "AIRFLOW_VAR_TRIAGE_REPORTS_DIR": "/x",
+    }
     applied = without_environment_overrides(project, environ)
     assert [c.conn_id for c in applied.connections] == ["triage_llm"]
     assert "triage_reports_dir" not in [v.variable_name for v in applied.variables]

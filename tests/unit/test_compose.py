@@ -286,6 +286,20 @@ def test_triage_db_connection(common_env: dict[str, str]) -> None:
     assert init_sql_roles()["triage_app"] == conn["password"]
 
 
+@pytest.mark.parametrize(
+    ("env", "login"),
+    [
+        pytest.param("AIRFLOW_CONN_TRIAGE_DB_REVIEW", "triage_review", id="review"),
+        pytest.param("AIRFLOW_CONN_TRIAGE_DB_MAINTENANCE", "triage_maintenance", id="maintenance"),
+    ],
+)
+def test_each_job_has_its_database_login(common_env: dict[str, str], env: str, login: str) -> None:
+    """Reviewers' decisions and retention log in as the one role the database lets do them."""
+    conn = json.loads(with_defaults(common_env[env]))
+    assert (conn["conn_type"], conn["host"], conn["schema"], conn["login"]) == ("postgres", "postgres", "triage", login)
+    assert init_sql_roles()[login] == conn["password"]
+
+
 def test_triage_database_urls_match_the_roles(common_env: dict[str, str], services: dict[str, Any]) -> None:
     roles = init_sql_roles()
     for url in (common_env["TRIAGE_DATABASE_URL"], services["triage-migrate"]["environment"]["TRIAGE_DATABASE_URL"]):
@@ -342,7 +356,7 @@ def test_init_sql_creates_the_triage_database_and_roles(services: dict[str, Any]
     assert "./docker/postgres-init:/docker-entrypoint-initdb.d:ro" in services["postgres"]["volumes"]
     sql = INIT_SQL.read_text()
     assert re.search(r"^CREATE DATABASE triage OWNER triage;$", sql, re.M)
-    assert set(init_sql_roles()) == {"triage", "triage_app"}
+    assert set(init_sql_roles()) == {"triage", "triage_app", "triage_review", "triage_maintenance"}
     assert re.search(r"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO triage_app;", sql)
     assert not re.search(r"GRANT\s+(ALL|CREATE)\b[^;]*\btriage_app\b", sql), "triage_app must not own or create"
 

@@ -69,6 +69,19 @@ class LabelNotInTaxonomy(LedgerError, ValueError):
     """The label is not one of the taxonomy's labels."""
 
 
+class RoleRefused(LedgerError):
+    """This database login may not do this: it is another role's job (docs/security.md)."""
+
+
+class MoveNotPermitted(IllegalTransition, RoleRefused):
+    """This database login may not make this move: another role owns it (``triage.transition_roles``)."""
+
+
+class RetentionBusy(LedgerError):
+    """Retention is deciding which days of the transition log to keep: a job cannot leave a
+    terminal state until it is done (a minute at most); try again."""
+
+
 class AppendOnly(LedgerError):
     """The transition log and the jobs are never deleted or rewritten."""
 
@@ -90,6 +103,15 @@ def translate(exc: sa.exc.DBAPIError) -> LedgerError | None:
         if match:
             return IllegalTransition(message, job_id=match["job"], from_status=match["old"], to_status=match["new"])
         return IllegalTransition(message)
+    if constraint == "job_transition_role":
+        match = _DETAIL.search(getattr(diag, "message_detail", None) or "")
+        if match:
+            return MoveNotPermitted(message, job_id=match["job"], from_status=match["old"], to_status=match["new"])
+        return MoveNotPermitted(message)
+    if constraint in ("manual_review_decision_role", "document_labels_reviewer_label"):
+        return RoleRefused(message)
+    if constraint == "job_reopen_during_retention":
+        return RetentionBusy(message)
     if constraint == "jobs_idempotency_key_key":
         return DuplicateKey(message)
     if constraint.endswith("_append_only") or constraint == "jobs_identity_immutable":

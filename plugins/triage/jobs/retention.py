@@ -1,9 +1,11 @@
 """The ledger's side of retention: the statements ``triage_maintenance`` runs, each in a
-transaction of its own.
+transaction of its own, as the maintenance role (the only one that may: migration 0022).
 
-The removals are the database's own functions (migration 0015): each checks its own rule
-(expired, and nothing open left in what it removes), so this module only asks for them by name
-and loops over the bounded ones. Partitions are dropped whole; classifications go in batches
+The removals are the database's own functions: each checks its own rule (expired under the
+owner's ``triage.retention_policy``, and nothing open in what it removes), so this module only
+asks for them by name and loops over the bounded ones. A ``before`` given here can only keep
+more than the policy, never less. Partitions are dropped whole, and a day partition holding an
+open job's events (an unsent event, for the outbox) is kept whole; classifications go in batches
 of :data:`BATCH` rows, one short transaction each, never one long DELETE.
 """
 
@@ -26,9 +28,9 @@ PARTITIONED = ("job_events", "outbox")
 
 ENSURE_PARTITIONS = sa.text("SELECT partition_name, created FROM triage.ensure_day_partitions(:days_ahead)")
 DROP_EXPIRED = sa.text(
-    "SELECT partition_name, dropped, rows_removed, bytes_removed, rows_kept"
-    " FROM triage.drop_expired_partitions(:parent, :before)"
+    "SELECT partition_name, action, rows_removed, bytes_removed FROM triage.drop_expired_partitions(:parent, :before)"
 )
+POLICY = sa.text("SELECT kind, keep_days FROM triage.retention_policy")
 PURGE_CLASSIFICATIONS = sa.text(
     "SELECT deleted, last_id FROM triage.purge_classifications(:before, :after_id, :max_rows)"
 )
@@ -49,20 +51,23 @@ def open_payload_refs() -> Any:
 
 @dataclass(frozen=True)
 class PartitionOutcome:
-    """One expired day partition dropped (or a batch of the default partition's expired rows
-    deleted: ``dropped`` False): its rows removed and bytes, and the rows that had to stay
-    (moved into the default partition)."""
+    """What one expired partition came to: ``dropped`` (its rows and bytes removed), ``kept_open``
+    (kept whole: it holds an open job's event, or an unsent one), or ``purged`` (a batch of the
+    default partition's expired rows deleted)."""
 
     table: str
     partition: str
-    dropped: bool
+    action: str
     rows: int
     bytes: int
-    kept: int
+
+    @property
+    def dropped(self) -> bool:
+        return self.action == "dropped"
 
 
 class LedgerRetention:
-    """Runs the retention statements on ``engine`` (the DAGs' role may: migration 0015)."""
+    """Runs the retention statements on ``engine`` (a login of the maintenance role: 0022)."""
 
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
@@ -74,24 +79,31 @@ class LedgerRetention:
             rows = conn.execute(ENSURE_PARTITIONS, {"days_ahead": days_ahead}).all()
         return [r.partition_name if r.created else f"!{r.partition_name}" for r in rows]
 
-    def drop_expired_partitions(self, table: str, before: datetime) -> list[PartitionOutcome]:
-        """Drop the day partitions of ``table`` wholly before ``before``, one per transaction
-        (each holds the table's lock only that long), keeping what is open; then the default
-        partition's expired rows, in batches."""
+    def drop_expired_partitions(self, table: str, before: datetime | None = None) -> list[PartitionOutcome]:
+        """Drop the day partitions of ``table`` wholly before the cutoff (the policy's, or
+        ``before`` where that keeps more), one per transaction (each holds the table's lock only
+        that long), keeping whole those that hold open work; then the default partition's
+        expired rows, in batches. Each partition kept is named once."""
         if table not in PARTITIONED:
             raise ValueError(f"{table} is not partitioned by day")
-        outcomes: list[PartitionOutcome] = []
+        removed: list[PartitionOutcome] = []
         while True:
             with self.engine.begin() as conn:
                 rows = conn.execute(DROP_EXPIRED, {"parent": table, "before": before}).all()
-            if not rows:
-                return outcomes
-            outcomes += [
-                PartitionOutcome(table, r.partition_name, r.dropped, r.rows_removed, r.bytes_removed, r.rows_kept)
-                for r in rows
+            outcomes = [
+                PartitionOutcome(table, r.partition_name, r.action, r.rows_removed, r.bytes_removed) for r in rows
             ]
+            done = [o for o in outcomes if o.action != "kept_open"]
+            removed += done
+            if not done:  # the kept ones are the same in every call: the last call's say it
+                return removed + outcomes
 
-    def purge_classifications(self, before: datetime, batch: int = BATCH) -> int:
+    def policy(self) -> dict[str, float | None]:
+        """Days each kind is kept at least (``triage.retention_policy``; None: forever)."""
+        with self.engine.connect() as conn:
+            return {r.kind: None if r.keep_days is None else float(r.keep_days) for r in conn.execute(POLICY)}
+
+    def purge_classifications(self, before: datetime | None = None, batch: int = BATCH) -> int:
         """Delete the classifications of terminal jobs older than ``before``, ``batch`` rows per
         transaction; how many went."""
         deleted, after = 0, 0
@@ -105,7 +117,7 @@ class LedgerRetention:
             deleted += row.deleted
             after = row.last_id
 
-    def purge_reconciliation_runs(self, before: datetime) -> int:
+    def purge_reconciliation_runs(self, before: datetime | None = None) -> int:
         with self.engine.begin() as conn:
             return int(conn.execute(PURGE_RUNS, {"before": before}).scalar_one())
 

@@ -144,6 +144,8 @@ job_events = sa.Table(
     sa.Column("actor", sa.Text, nullable=False),
     sa.Column("reason", sa.Text),
     sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    # The database's own word on who moved it (the actor is a setting anyone may set): migration 0021.
+    sa.Column("login", sa.Text, comment="session_user of the move (NULL before 0021)"),
     sa.Index("job_events_job_id_id_idx", "job_id", "id"),
     sa.Index("job_events_unsupported_idx", "job_id", postgresql_where=sa.text("reason = 'unsupported_schema_version'")),
     postgresql_partition_by="RANGE (at)",  # one partition per UTC day; retention drops whole days

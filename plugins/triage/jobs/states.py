@@ -66,6 +66,33 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
 )
 """Every move the database accepts, as (from, to). Anything else raises."""
 
+
+class Role(StrEnum):
+    """The database roles that move jobs, each a group its deployment's login is a member of
+    (:mod:`triage.roles`). PostgreSQL refuses a move to a login of another role (migration 0021)."""
+
+    APP = "triage_app"  # the pipeline: workers, reconciliation, intake
+    REVIEW = "triage_review"  # the web service and review_jobs: decisions on reviewed jobs, replays
+    MAINTENANCE = "triage_maintenance"  # triage_maintenance: retention only; moves no job
+
+
+REVIEW_MOVES: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
+    {
+        (S.MANUAL_REVIEW, S.QUEUED),
+        (S.MANUAL_REVIEW, S.COMPLETED),
+        (S.MANUAL_REVIEW, S.TERMINAL_FAILED),
+        (S.TERMINAL_FAILED, S.QUEUED),
+    }
+)
+"""The moves only the review role may make: out of ``manual_review``, and a replay of a failed job."""
+
+TRANSITION_ROLES: dict[tuple[JobStatus | None, JobStatus], Role] = {
+    **{(None, new): Role.APP for new in INITIAL_STATES},
+    **{move: Role.REVIEW if move in REVIEW_MOVES else Role.APP for move in TRANSITIONS},
+}
+"""Who owns each move, ``(None, state)`` for a job's creation: ``triage.transition_roles``,
+checked by the jobs triggers against the session's login (tested equal)."""
+
 TERMINAL: frozenset[JobStatus] = frozenset({S.COMPLETED, S.TERMINAL_FAILED})
 """No automatic step will ever move these again (only a person's replay takes a
 ``terminal_failed`` job back to ``queued``)."""

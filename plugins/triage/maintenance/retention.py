@@ -77,12 +77,15 @@ def open_payload_names(ledger: LedgerRetention, store: PayloadStore) -> set[str]
 
 
 def _partitions(ledger: LedgerRetention, table: str, before: datetime) -> KindResult:
+    """``kept_open``: the day partitions kept whole because they hold open work."""
     result = KindResult()
     for outcome in ledger.drop_expired_partitions(table, before):
         result.removed += outcome.rows
         result.bytes += outcome.bytes
-        result.kept_open += outcome.kept
-        if outcome.dropped:
+        if outcome.action == "kept_open":
+            result.kept_open += 1
+            result.notes.append(f"{outcome.partition} kept whole (open work)")
+        elif outcome.dropped:
             result.notes.append(f"{outcome.partition} dropped")
     return result
 
@@ -101,6 +104,25 @@ def _payloads(ledger: LedgerRetention, payload_base: str, before: datetime) -> K
     old = files.old_payload_packs(store.base, threshold)  # listed first, then the open refs read
     removed = files.remove_payload_packs(old, open_payload_names(ledger, store), threshold)
     return KindResult(removed.files, removed.bytes, removed.kept_open)
+
+
+# The setting's name of each kind the database's policy governs (``triage.retention_policy``).
+POLICY_KINDS = {
+    "outbox": "outbox",
+    "job_events": "job_events",
+    "classifications": "classifications",
+    "reports": "reconciliation_runs",
+}
+
+
+def _note_policy(report: MaintenanceReport, retention: Retention, policy: dict[str, float | None]) -> None:
+    """Say so where the setting asked for less than the owner's policy keeps: the policy won."""
+    for setting, kind in POLICY_KINDS.items():
+        asked, kept = getattr(retention, setting), policy.get(kind)
+        result = report.kinds.get(setting)
+        if result is not None and asked is not None and (kept is None or kept > asked):
+            keeps = "forever" if kept is None else f"{kept:g} days"
+            result.notes.append(f"the database's retention policy keeps {kind} {keeps}, not {asked:g}")
 
 
 def apply_retention(
@@ -139,6 +161,7 @@ def apply_retention(
         report.kinds["reports"] = KindResult(
             runs + pages.files, pages.bytes, notes=[f"{runs} runs, {pages.files} pages"]
         )
+    _note_policy(report, retention, ledger.policy())
     report.seconds = round(time.perf_counter() - started, 3)
     for line in report.lines():
         log.info("retention: %s", line)

@@ -28,9 +28,33 @@ def alembic_config(url: DatabaseUrl) -> Config:
 
 
 def upgrade(url: DatabaseUrl, revision: str = "head") -> None:
+    """Apply the migrations up to ``revision``, then bring ``triage.taxonomy_labels`` in step with
+    the taxonomy file (``$TRIAGE_TAXONOMY``, else ``include/taxonomy.yaml``) when the table
+    exists: the database checks labels against it (migration 0021)."""
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)
+    sync_taxonomy(url)
+
+
+def sync_taxonomy(url: DatabaseUrl) -> None:
+    """Load the taxonomy file's labels into ``triage.taxonomy_labels`` (as the owner); nothing
+    before revision 0021. An unreadable taxonomy file raises ``TaxonomyError``: a deployment
+    whose labels cannot be known cannot write any."""
+    import sqlalchemy as sa
+
+    from triage.classifiers.taxonomy import Taxonomy
+    from triage.database import create_engine
+    from triage.jobs.taxonomy_table import sync_taxonomy as sync
+
+    engine = create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.begin() as conn:
+            if conn.execute(sa.text("SELECT to_regclass('triage.taxonomy_labels')")).scalar() is None:
+                return
+            sync(conn, Taxonomy.load().names)
+    finally:
+        engine.dispose()
 
 
 def downgrade(url: DatabaseUrl, revision: str = "base") -> None:

@@ -1,5 +1,10 @@
 """What every Triage operator shares: the job database behind ``triage_db`` (through Airflow's
-``PostgresHook``), the run's batch key and config, and the lease owner name of this task try."""
+``PostgresHook``), the run's batch key and config, and the lease owner name of this task try.
+
+Each connection logs in as a role that may do its DAG's job and nothing else (docs/security.md):
+``triage_db`` the pipeline's (``triage_app``), ``triage_db_review`` reviewers' decisions
+(``triage_review``: ``review_jobs`` and the web service), ``triage_db_maintenance`` retention
+(``triage_maintenance``: the ``triage_maintenance`` DAG)."""
 
 from __future__ import annotations
 
@@ -24,6 +29,15 @@ if TYPE_CHECKING:
     from triage.pipeline.publish import EventSink
 
 DEFAULT_CONN_ID = "triage_db"
+"""The pipeline's login (a member of ``triage_app``)."""
+
+REVIEW_CONN_ID = "triage_db_review"
+"""The review role's login (a member of ``triage_review``): the only one PostgreSQL lets move jobs
+out of ``manual_review``, replay failed ones and write reviewers' labels."""
+
+MAINTENANCE_CONN_ID = "triage_db_maintenance"
+"""The maintenance role's login (a member of ``triage_maintenance``): the only one that may run
+the retention functions."""
 
 LABEL_ACTION_CONN_ID = "triage_label_action"
 """An HTTP connection whose host is the URL each label is POSTed to (with its idempotency key

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from triage.operators.base import TriageOperator, variable
+from triage.operators.base import MAINTENANCE_CONN_ID, TriageOperator, variable
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 class ApplyRetentionOperator(TriageOperator):
     """Make the coming days' partitions, rotate the event file, and remove what the deployment's
     retention says is expired (never anything open); return what went, per kind (XCom).
+
+    The job database is ``triage_db_maintenance`` by default: the maintenance role's login, the
+    only one that may run the retention functions, within the owner's ``triage.retention_policy``
+    (``retention`` can keep the ledger's kinds longer than the policy, never shorter).
 
     :param retention: a JSON object of days per kind (default: Variable ``triage_retention``,
         then ``$TRIAGE_RETENTION``, then :class:`triage.settings.Retention`'s defaults).
@@ -38,9 +42,10 @@ class ApplyRetentionOperator(TriageOperator):
         payload_base: str | None = None,
         event_log: str | None = None,
         reports_dir: str | None = None,
+        triage_conn_id: str = MAINTENANCE_CONN_ID,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(triage_conn_id=triage_conn_id, **kwargs)
         self.retention, self.payload_base = retention, payload_base
         self.event_log, self.reports_dir = event_log, reports_dir
 

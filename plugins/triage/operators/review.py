@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from triage.operators.base import LABEL_ACTION_CONN_ID, TriageOperator, build_label_action
+from triage.operators.base import LABEL_ACTION_CONN_ID, REVIEW_CONN_ID, TriageOperator, build_label_action
 from triage.operators.retry import default_args
 
 if TYPE_CHECKING:
@@ -55,14 +55,21 @@ def reviewer(context: Context) -> str:
 
 class _ReviewOperator(TriageOperator):
     """Shared: the taxonomy, the label action, applying a config, and the report (log, XCom,
-    refusal).
+    refusal). The job database is ``triage_db_review`` by default: the review role's login, the
+    only one PostgreSQL lets decide.
 
     :param action_conn_id: the label action's HTTP connection (as ``persist``'s); no action
         when it does not exist.
     """
 
-    def __init__(self, *, action_conn_id: str | None = LABEL_ACTION_CONN_ID, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        triage_conn_id: str = REVIEW_CONN_ID,
+        action_conn_id: str | None = LABEL_ACTION_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(triage_conn_id=triage_conn_id, **kwargs)
         self.action_conn_id = action_conn_id
 
     def label_action(self) -> WebhookLabelAction | None:
@@ -170,8 +177,11 @@ class PickReviewCaseOperator(TriageOperator):
     open review. Returns what the reviewer sees (:func:`triage.review.cases.describe`).
 
     Skips (and so skips the question) when no job waits for review; fails when the given job
-    is not waiting for review.
+    is not waiting for review. Reads through ``triage_db_review``, as the answer is applied.
     """
+
+    def __init__(self, *, triage_conn_id: str = REVIEW_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(triage_conn_id=triage_conn_id, **kwargs)
 
     def execute(self, context: Context) -> dict[str, str]:
         import uuid

@@ -1,9 +1,11 @@
 """What the Triage pages and API do, without HTTP: read the queue, a job, its document and the
 reports; decide through the same functions as ``review_jobs`` (:mod:`triage.review.decisions`).
 
-:class:`TriageService` holds the app's seams: the ledger (an engine on ``triage_db``, made on
-first use through Airflow's ``PostgresHook`` as the operators make theirs), the payload base,
-the taxonomy and the label action. Tests give their own.
+:class:`TriageService` holds the app's seams: the ledger twice (made on first use through
+Airflow's ``PostgresHook`` as the operators make theirs): the pipeline's login (``triage_db``)
+for intake, and the review role's (``triage_db_review``) for the pages, the API's reads and every
+decision, since PostgreSQL lets only that role move a job out of review (docs/security.md); the
+payload base, the taxonomy and the label action. Tests give their own.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from triage.jobs.errors import JobNotFound, LabelNotInTaxonomy, LedgerError, NotInReview, ReplayLimitReached
+from triage.jobs.errors import (
+    JobNotFound,
+    LabelNotInTaxonomy,
+    LedgerError,
+    NotInReview,
+    ReplayLimitReached,
+    RoleRefused,
+)
 from triage.jobs.review_queue import Cursor, QueueFilter, QueuePage, job_detail, queue_page
 from triage.jobs.store import JobStore
 from triage.payload_refs import PayloadError
@@ -70,6 +79,9 @@ def _refusal(exc: LedgerError) -> Refused:
         return Refused(422, str(exc))
     if isinstance(exc, NotInReview | ReplayLimitReached):
         return Refused(409, str(exc))
+    if isinstance(exc, RoleRefused):  # triage_db_review logs in as a role that may not decide
+        log.error("the database refused the review connection's login: %s", exc)
+        return Refused(503, "the review connection (triage_db_review) logs in as a role that may not decide")
     return Refused(409, f"{type(exc).__name__}: {exc}")
 
 
@@ -80,8 +92,14 @@ opens and closes a connection (a PostgreSQL backend started per request: 5 kept 
 of intake's database CPU with 8 clients, measured)."""
 
 
+REVIEW_POOL_SIZE = 3
+"""Connections kept for the pages and decisions (a person's pace, not intake's)."""
+
+
 class TriageService:
-    """:param store: the ledger (None: from ``triage_db`` on first use).
+    """:param store: the pipeline's ledger, for intake (None: from ``triage_db`` on first use).
+    :param review_store: the review role's ledger, for reading and deciding (None: ``store``
+        when one is given, else from ``triage_db_review`` on first use).
     :param payload_base: where payloads are (None: Variable ``triage_payload_base``, then
         ``TRIAGE_PAYLOAD_BASE``, as the operators).
     :param taxonomy_names: the labels a reviewer may give (None: the taxonomy file, read per call).
@@ -93,11 +111,13 @@ class TriageService:
         self,
         store: JobStore | None = None,
         *,
+        review_store: JobStore | None = None,
         payload_base: str | None = None,
         taxonomy_names: Sequence[str] | None = None,
         label_action: Callable[[], WebhookLabelAction | None] | None = None,
     ) -> None:
         self._store = store
+        self._review_store = review_store if review_store is not None else store
         self._lock = threading.Lock()
         self._payload_base = payload_base
         self._taxonomy = list(taxonomy_names) if taxonomy_names is not None else None
@@ -111,6 +131,16 @@ class TriageService:
 
                 self._store = JobStore(engine_from_hook(job_database_hook(DEFAULT_CONN_ID), pool_size=POOL_SIZE))
             return self._store
+
+    @property
+    def review_store(self) -> JobStore:
+        with self._lock:
+            if self._review_store is None:
+                from triage.operators.base import REVIEW_CONN_ID, engine_from_hook, job_database_hook
+
+                hook = job_database_hook(REVIEW_CONN_ID)
+                self._review_store = JobStore(engine_from_hook(hook, pool_size=REVIEW_POOL_SIZE))
+            return self._review_store
 
     def taxonomy(self) -> list[str]:
         if self._taxonomy is not None:
@@ -139,11 +169,11 @@ class TriageService:
     # -- reading -----------------------------------------------------------------------------
 
     def queue(self, where: QueueFilter, *, limit: int, after: Cursor | None = None) -> QueuePage:
-        with self.store.reading() as conn:
+        with self.review_store.reading() as conn:
             return queue_page(conn, where, limit=limit, after=after)
 
     def job(self, job_id: uuid.UUID) -> dict[str, Any] | None:
-        with self.store.reading() as conn:
+        with self.review_store.reading() as conn:
             return job_detail(conn, job_id)
 
     def document(self, job: dict[str, Any]) -> Document:
@@ -168,11 +198,11 @@ class TriageService:
         return Document(text[:DOCUMENT_CHARS], {k: v[:DOCUMENT_CHARS] for k, v in fields.items()}, cut, None)
 
     def report(self, *, run_id: int | None = None, dag_run_id: str | None = None) -> dict[str, Any] | None:
-        with self.store.reading() as conn:
+        with self.review_store.reading() as conn:
             return history.stored_run(conn, run_id=run_id, dag_run_id=dag_run_id)
 
     def trend(self) -> list[dict[str, Any]]:
-        with self.store.reading() as conn:
+        with self.review_store.reading() as conn:
             return history.trend_rows(conn)
 
     # -- deciding ----------------------------------------------------------------------------
@@ -203,7 +233,9 @@ class TriageService:
             raise Refused(422, "replay is a decision by filter: trigger review_jobs for it")
         config = self.config([job_id], action, label, note)
         try:
-            result = decisions.decide(self.store, job_id, config, reviewer=reviewer, taxonomy_names=self.taxonomy())
+            result = decisions.decide(
+                self.review_store, job_id, config, reviewer=reviewer, taxonomy_names=self.taxonomy()
+            )
         except LedgerError as exc:
             raise _refusal(exc) from None
         if result.already_applied and result.resolved_by != reviewer:
@@ -233,7 +265,7 @@ class TriageService:
         action_client = self._label_action() if action == "label" and self._label_action else None
         try:
             return decisions.apply_review(
-                self.store,
+                self.review_store,
                 [str(j) for j in job_ids],
                 config,
                 reviewer=reviewer,
@@ -251,7 +283,7 @@ class TriageService:
         if client is None:
             return None
         try:
-            return decisions.send_reviewed_label(self.store, job_id, client.send)
+            return decisions.send_reviewed_label(self.review_store, job_id, client.send)
         finally:
             client.close()
 

@@ -1,7 +1,7 @@
 """Labelled examples and the learned classifier's model registry.
 
 Revision ID: 0025
-Revises: 0020
+Revises: 0022
 Create Date: 2026-12-05
 
 Issue #27 (the learning loop): human ground truth in the ledger, and model versions as data.
@@ -14,9 +14,11 @@ Issue #27 (the learning loop): human ground truth in the ledger, and model versi
   held-out metrics, per-label thresholds, the artifact (arrays and vocabulary, never pickle)
   and its SHA-256; at most one ``champion`` (an exclusion constraint checked at commit).
 
-The worker role reads and writes both: the review decisions it applies today write examples,
-the classify operators read the champion, the ``train_classifier`` DAG adds candidates and
-promotes them. Nobody deletes through it.
+The worker role reads and writes both: the classify operators read the champion, the
+``train_classifier`` DAG adds candidates and promotes them, ``triage labels import`` adds
+examples. The review role (0021) adds the examples its ``label`` decisions and the labels
+endpoint write; the maintenance role reads the examples' payload references, which payload
+retention keeps. Nobody deletes through any of them.
 
 Frozen history: this file states the change as made here and imports no current code.
 """
@@ -28,12 +30,14 @@ from alembic import op
 from sqlalchemy.dialects import postgresql as pg
 
 revision = "0025"
-down_revision = "0020"
+down_revision = "0022"
 branch_labels = None
 depends_on = None
 
 S = "triage"
 APP = "triage_app"
+REVIEW = "triage_review"
+MAINTENANCE = "triage_maintenance"
 
 
 def upgrade() -> None:
@@ -94,6 +98,9 @@ def upgrade() -> None:
     op.execute(f"GRANT SELECT, INSERT ON {S}.labelled_examples TO {APP}")
     op.execute(f"GRANT SELECT, INSERT ON {S}.classifier_models TO {APP}")
     op.execute(f"GRANT UPDATE (status, promoted_at, promoted_by, promotion_reason) ON {S}.classifier_models TO {APP}")
+    op.execute(f"GRANT SELECT, INSERT ON {S}.labelled_examples TO {REVIEW}")
+    op.execute(f"GRANT SELECT ON {S}.classifier_models TO {REVIEW}")
+    op.execute(f"GRANT SELECT ON {S}.labelled_examples TO {MAINTENANCE}")
 
 
 def downgrade() -> None:
