@@ -22,6 +22,7 @@ from triage.classifiers import build_classifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl
+from triage.jobs.errors import LedgerError
 from triage.jobs.models import ClassificationRecord, NewJob, SendToReview
 from triage.jobs.store import JobStore
 from triage.learning.examples import LabelledDocument, import_examples
@@ -713,22 +714,33 @@ def test_the_training_operator_trains_and_refuses_without_examples(store: JobSto
 def test_the_worker_role_imports_reviews_trains_promotes_and_loads(
     pg_server: DatabaseUrl, db_url: DatabaseUrl, payloads: PayloadStore
 ) -> None:
-    """What migration 0025 grants triage_app is enough for everything the DAGs and the web
-    service do with the two tables, and no more than that: it cannot delete an example."""
+    """What migration 0025 grants the deployment logins is enough for everything the DAGs and the
+    web service do with the two tables, and no more than that: the worker imports, trains and
+    promotes, the reviewer's label decision writes its example (the worker may not decide a
+    review: migration 0021), and neither can delete an example."""
 
     from triage.database import create_engine
-    from triage.roles import ensure_worker_role, worker_url
+    from triage.roles import ensure_worker_role, reviewer_url, worker_url
 
     if not pg_server.is_socket:
         pytest.skip("the worker role logs in without a password: needs the embedded (trusting) server")
     ensure_worker_role(pg_server)
     engine = create_engine(worker_url(db_url), pool_size=2)
+    review_engine = create_engine(reviewer_url(db_url), pool_size=1)
     try:
         app = JobStore(engine, rng=random.Random(1))
         report = import_examples(engine, payloads, synthetic_examples(300, 21, payloads), source="a", labelled_by="me")
         assert report.added == 300
         [job_id] = to_review(app, payloads, 1)
-        app.resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
+        with pytest.raises(LedgerError, match="may not record a review decision"):
+            app.resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
+        JobStore(review_engine).resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
+        with review_engine.connect() as conn:
+            written = conn.execute(
+                sa.text("SELECT count(*) FROM triage.labelled_examples WHERE source = 'review' AND external_id = :id"),
+                {"id": str(job_id)},
+            ).scalar_one()
+        assert written == 1
         trained = train(app, payloads, min_examples=5)
         assert trained.status == "champion"
         assert load_champion(engine).version == trained.version
@@ -736,8 +748,11 @@ def test_the_worker_role_imports_reviews_trains_promotes_and_loads(
         promote(engine, second.version, actor="ops", reason="grants")
         with pytest.raises(sa.exc.ProgrammingError, match="permission denied"), engine.begin() as conn:
             conn.execute(sa.text("DELETE FROM triage.labelled_examples"))
+        with pytest.raises(sa.exc.ProgrammingError, match="permission denied"), review_engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM triage.labelled_examples"))
     finally:
         engine.dispose()
+        review_engine.dispose()
 
 
 # -- retention keeps the examples' texts ------------------------------------------------------------
