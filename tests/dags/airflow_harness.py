@@ -414,3 +414,26 @@ def task_states(env: Mapping[str, str], dag_id: str, run_id: str) -> dict[str, s
         ti["task_id"] + (f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ""): ti["state"]
         for ti in page["task_instances"]
     }
+
+
+def task_log(
+    env: Mapping[str, str], dag_id: str, run_id: str, task_id: str, try_number: int = 1, tail: int = 80
+) -> str:
+    """The last lines of one task try's log (REST API of a running harness), for assertion messages.
+
+    Never raises: a log that cannot be read says why instead, so the failure it explains stays the
+    one reported.
+    """
+    base_url = env["AIRFLOW__API__BASE_URL"]
+    quoted = urllib.parse.quote(run_id, safe="")
+    url = (
+        f"{base_url}/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/logs/{try_number}?full_content=true"
+    )
+    req = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as response:
+            text = response.read().decode(errors="replace")
+    except (OSError, urllib.error.URLError) as exc:
+        return f"(the log of {dag_id}/{task_id} try {try_number} could not be read: {exc})"
+    lines = text.splitlines()[-tail:]
+    return f"-- log of {dag_id}/{task_id} try {try_number} (last {len(lines)} lines) --\n" + "\n".join(lines)

@@ -8,6 +8,7 @@ import subprocess
 import time
 import urllib.parse
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +18,36 @@ from tests.dags.conftest import Deployment
 from tests.integration.helpers import new_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
-BATCH = "2026-10-01T00:00:00+00:00/2026-10-02T00:00:00+00:00"
 
 
-def jobs_in_review(deployment: Deployment, n: int) -> list[str]:
-    """Register ``n`` fresh documents and send them to review as inconclusive model answers."""
+def fresh_batch() -> str:
+    """A batch key no other test of the module uses (the deployment, and its job database, are shared)."""
+    from triage.jobs.models import batch_key_for
+
+    start = datetime(2026, 10, 1, tzinfo=UTC) + timedelta(minutes=uuid.uuid4().int % 10**7)
+    return batch_key_for(start, start + timedelta(days=1))
+
+
+def jobs_in_review(deployment: Deployment, n: int, batch: str | None = None) -> list[str]:
+    """Register ``n`` fresh documents and send them to review as inconclusive model answers.
+
+    Each call uses a batch of its own unless told otherwise: the claim takes any claimable job of
+    its batch, and a shared batch holds the jobs an earlier test requeued (``queued``), which the
+    claim would take instead of these, leaving these ``queued`` and not in review.
+    """
     from triage.jobs.models import ClassificationRecord, SendToReview
     from triage.jobs.store import JobStore
 
+    batch = batch or fresh_batch()
     engine = deployment.engine()
     try:
         store = JobStore(engine)
         registered = store.register(
-            new_jobs(n, prefix=f"review-{uuid.uuid4().hex[:8]}"), batch_key=BATCH, step="classify", max_attempts=3
+            new_jobs(n, prefix=f"review-{uuid.uuid4().hex[:8]}"), batch_key=batch, step="classify", max_attempts=3
         )
-        claim = store.claim(batch_key=BATCH, step="classify", limit=n, lease_seconds=60, owner="test-worker")
+        claim = store.claim(batch_key=batch, step="classify", limit=n, lease_seconds=60, owner="test-worker")
+        claimed = sorted(str(j.id) for j in claim.jobs)
+        assert claimed == sorted(str(i) for i in registered.new_ids), "the claim took other jobs than these"
         model = ClassificationRecord("billing", 0.4, "inconclusive", "keyword-v1")
         store.record(claim, [SendToReview(j.id, j.attempt, "inconclusive", classification=model) for j in claim.jobs])
     finally:
@@ -177,8 +193,9 @@ def test_an_invalid_decision_changes_nothing(deployment: Deployment, conf: dict[
 
 
 def test_a_replay_by_filter_is_a_dry_run_then_applied_once_as_the_triggering_user(deployment: Deployment) -> None:
-    ids = jobs_in_review(deployment, 2)
-    conf = {"decision": "replay", "reason": "inconclusive", "batch_key": BATCH, "limit": 10_000}
+    batch = fresh_batch()  # the filter selects this test's jobs only
+    ids = jobs_in_review(deployment, 2, batch)
+    conf = {"decision": "replay", "reason": "inconclusive", "batch_key": batch, "limit": 10_000}
     before = transitions(deployment)
     dry = dags_test(deployment, conf)
     assert dry.returncode == 0, output(dry)
@@ -212,7 +229,7 @@ def wait_for(check, timeout: float = 120, what: str = "") -> Any:  # type: ignor
 
 @pytest.mark.slow
 def test_reviewers_are_the_airflow_users_of_the_form_and_the_question(deployment: Deployment) -> None:
-    from tests.dags.airflow_harness import running_airflow, task_states
+    from tests.dags.airflow_harness import running_airflow, task_log, task_states
 
     labelled, asked = jobs_in_review(deployment, 2)
     dags = ["review_jobs", "review_jobs_interactive"]
@@ -226,11 +243,18 @@ def test_reviewers_are_the_airflow_users_of_the_form_and_the_question(deployment
         )
         user = run["triggering_user_name"]
         assert user
-        wait_for(
-            lambda: task_states(af.env, "review_jobs", run["dag_run_id"]).get("apply_decision") == "success",
-            timeout=300,
-            what="review_jobs to apply the decision",
-        )
+        try:
+            wait_for(
+                lambda: task_states(af.env, "review_jobs", run["dag_run_id"]).get("apply_decision") == "success",
+                timeout=300,
+                what="review_jobs to apply the decision",
+            )
+        except AssertionError:
+            now = task_states(af.env, "review_jobs", run["dag_run_id"])
+            log = task_log(af.env, "review_jobs", run["dag_run_id"], "apply_decision")
+            raise AssertionError(
+                f"timed out waiting for review_jobs to apply the decision: {now}\n{log}\n{af.logs(100)}"
+            ) from None
         assert review_row(deployment, labelled) == ("queued", "requeued", user, None, user)
 
         # the question: wait until it is asked, answer it as the Required-actions page does
