@@ -91,16 +91,18 @@ def ensure_worker_role(admin: DatabaseUrl) -> None:
                 conn.execute(f"GRANT {group} TO {login}")
 
 
+def login_url(url: DatabaseUrl, login: str) -> DatabaseUrl:
+    """``url`` as the embedded ``login`` of :data:`LOGINS` (no password: trusted local socket)."""
+    return replace(url, user=login, password=None)
+
+
 def worker_url(url: DatabaseUrl) -> DatabaseUrl:
-    """``url`` as :data:`WORKER_ROLE` (no password: trusted local socket)."""
-    return replace(url, user=WORKER_ROLE, password=None)
+    return login_url(url, WORKER_ROLE)
 
 
 def reviewer_url(url: DatabaseUrl) -> DatabaseUrl:
-    """``url`` as :data:`REVIEWER_ROLE` (no password: trusted local socket)."""
-    return replace(url, user=REVIEWER_ROLE, password=None)
+    return login_url(url, REVIEWER_ROLE)
 
 
 def maintainer_url(url: DatabaseUrl) -> DatabaseUrl:
-    """``url`` as :data:`MAINTAINER_ROLE` (no password: trusted local socket)."""
-    return replace(url, user=MAINTAINER_ROLE, password=None)
+    return login_url(url, MAINTAINER_ROLE)

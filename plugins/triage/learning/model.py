@@ -21,7 +21,6 @@ Words seen before keep their character n-gram ids in a bounded cache.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
@@ -33,6 +32,8 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
+from triage.payload_packs import sha256_hex
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -62,10 +63,6 @@ class ArtifactRefused(ValueError):
 
 class ArtifactTampered(ArtifactRefused):
     """The bytes do not hash to the SHA-256 the registry stored for them."""
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

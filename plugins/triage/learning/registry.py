@@ -284,9 +284,14 @@ def resolve_classifier(name: str, engine: sa.Engine) -> str:
     """The classifier a run or intake asks for by ``name``, with ``auto`` made concrete: ``learned``
     when the registry has a champion, else ``keyword``. Any other name is itself. Together with
     the run's config and the taxonomy, the champion's version is all the outcome depends on."""
+    return concrete_classifier(name, champion_version(engine) if name == "auto" else None)
+
+
+def concrete_classifier(name: str, champion: str | None) -> str:
+    """:func:`resolve_classifier` for a champion version already read (None: no champion)."""
     if name != "auto":
         return name
-    return "keyword" if champion_version(engine) is None else "learned"
+    return "keyword" if champion is None else "learned"
 
 
 def load_champion(engine: sa.Engine) -> LoadedModel:

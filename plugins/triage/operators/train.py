@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from triage.operators.base import TriageOperator, variable
+from triage.operators.base import TriageOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -31,19 +31,18 @@ class TrainClassifierOperator(TriageOperator):
         self.payload_base = payload_base
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from triage import settings
         from triage.classifiers.taxonomy import Taxonomy, TaxonomyError
         from triage.contracts.train_params import InvalidTrainParams, TrainParams
         from triage.learning.registry import train_candidate
         from triage.learning.training import TrainingRefused, TrainSettings
-        from triage.payloads import PayloadStore
+        from triage.operators.classify_documents import _payloads
 
         try:
             params = TrainParams.from_params(context["params"])
             taxonomy = Taxonomy.load()
         except (InvalidTrainParams, TaxonomyError) as exc:
             raise AirflowFailException(str(exc)) from None
-        payloads = PayloadStore(settings.payload_base(self.payload_base or variable("triage_payload_base")))
+        payloads = _payloads(self.payload_base)
         trainer = f"airflow:{context['run_id']}"
         try:
             report = train_candidate(

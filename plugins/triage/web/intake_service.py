@@ -88,12 +88,13 @@ def intake_classifier_version(engine: sa.Engine) -> str:
         classifier refuses (``keyword`` with labels without keywords) or cannot read.
     """
     from triage.classifiers import Taxonomy, TaxonomyError, build_classifier
-    from triage.learning.registry import champion_version, resolve_classifier
+    from triage.learning.registry import champion_version, concrete_classifier
 
     configured = settings.intake_classifier()
-    name = resolve_classifier(configured, engine)
+    champion = champion_version(engine) if configured in ("auto", "learned") else None
+    name = concrete_classifier(configured, champion)
     if name == "learned":
-        version = champion_version(engine)
+        version = champion
         if version is None:
             raise NoIntakeClassifier(
                 f"{settings.ENV_INTAKE_CLASSIFIER} is learned and no model is champion yet: train one with "
