@@ -105,10 +105,14 @@ def test_a_dump_of_a_running_ledger_restores_into_a_fresh_server_and_reconciles(
     store.record(claim, [SendToReview(claim.jobs[0].id, claim.jobs[0].attempt, "inconclusive")])
     store.relay(lambda events: None, limit=300)
 
+    # The worker that commits during the dump works a batch of its own: on "running" its claims
+    # took the dying worker's jobs once their 1 s leases expired under a slow pg_dump (a flake:
+    # lease_expired 0, not 50).
+    _register(store, payloads, "busy", 200)
     stop = threading.Event()
 
     def worker() -> None:
-        while not stop.is_set() and _complete_some(store, "running", 5):
+        while not stop.is_set() and _complete_some(store, "busy", 5):
             pass
 
     busy = threading.Thread(target=worker)
