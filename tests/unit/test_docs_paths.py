@@ -27,7 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 DOCUMENTS = sorted(
     p
-    for p in [ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs/adr").glob("*.md")]
+    for p in [
+        ROOT / "README.md",
+        ROOT / "CHANGELOG.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "docs/adr").glob("*.md"),
+    ]
     if p.exists()
 )
 
@@ -81,7 +86,7 @@ def repository_paths(text: str) -> set[str]:
     found = set()
     for match in PATH.finditer(text):
         path = match.group(1).split("#", 1)[0].rstrip(".,;:")
-        if PLACEHOLDER.search(path.split("/")[-1]) and not path.split("/")[-1] in TOP_FILES:
+        if PLACEHOLDER.search(path.split("/")[-1]) and path.split("/")[-1] not in TOP_FILES:
             continue  # tests/dags/MODULE.py, docs/adr/NNNN-*.md: a pattern, not a file
         if "*" in path:
             if not list(ROOT.glob(path)):
