@@ -76,7 +76,7 @@ PATH = re.compile(
     + "|".join(re.escape(f) for f in TOP_FILES)
     + r")(?![\w.-]))"
 )
-LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+LINK = re.compile(r"\]\(([^)\s#]*)(?:#([^)\s]*))?\)")
 MODULE = re.compile(_BEFORE + r"((?:triage|triage_tools)(?:\.[A-Za-z_]\w*)+)")
 PLACEHOLDER = re.compile(r"[A-Z]{2,}")
 
@@ -150,15 +150,28 @@ def _spelled_in_source(dotted: str) -> bool:
 def missing_in(document: Path) -> list[str]:
     text = document.read_text(encoding="utf-8")
     missing = [f"path {p}" for p in sorted(repository_paths(text)) if not path_exists(p)]
-    for target in sorted(set(LINK.findall(text))):
+    for target, anchor in sorted(set(LINK.findall(text))):
         if "://" in target or target.startswith("mailto:"):
             continue
-        if not (document.parent / target).exists():
+        linked = document.parent / target if target else document
+        if not linked.exists():
             missing.append(f"link {target}")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            missing.append(f"link {target}#{anchor}")
     for dotted in sorted(set(MODULE.findall(text))):
         if not module_exists(dotted.rstrip(".")):
             missing.append(f"module {dotted}")
     return missing
+
+
+def anchors(document: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped,
+    spaces as hyphens (``## Airflow's view: a user`` is ``#airflows-view-a-user``)."""
+    found = set()
+    for line in document.read_text(encoding="utf-8").splitlines():
+        if heading := re.match(r"#{1,6}\s+(.*)", line):
+            found.add(re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-"))
+    return found
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -174,12 +187,14 @@ def test_the_check_finds_what_is_not_there(tmp_path: Path) -> None:
         "See `plugins/triage/jobs/` and tests/unit/test_layout.py, [the ADRs](adr/) and\n"
         "`triage.jobs.store.JobStore`, `triage_tools.layout.KNOWN_EXCEPTIONS`; but not\n"
         "plugins/triage/nowhere.py, `triage.jobs.nowhere`, `triage.jobs.store.NoSuchName`,\n"
-        "[gone](gone.md) or https://example.org/plugins/triage/x.py (a URL), tests/dags/MODULE.py.\n",
+        "[gone](gone.md) or https://example.org/plugins/triage/x.py (a URL), tests/dags/MODULE.py.\n"
+        "## A heading: here\n[here](#a-heading-here), [there](#no-such-heading)\n",
         encoding="utf-8",
     )
     (tmp_path / "adr").mkdir()
     assert missing_in(doc) == [
         "path plugins/triage/nowhere.py",
+        "link #no-such-heading",
         "link gone.md",
         "module triage.jobs.nowhere",
         "module triage.jobs.store.NoSuchName",
