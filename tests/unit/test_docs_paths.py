@@ -2,22 +2,27 @@
 
 README.md, CHANGELOG.md, docs/*.md and docs/adr/*.md point readers at files, folders and
 modules. When code moves, a doc that still names the old place sends the next engineer to
-nothing; this test fails instead. It checks three forms:
+nothing; this test fails instead. It checks five forms:
 
 - a repository path: ``plugins/triage/jobs/``, ``tests/unit/test_layout.py``, ``dags/…``,
   ``triage_tools/…``, ``bench/…``, ``docs/…``, ``include/…``, ``deploy/…``, ``docker/…``,
   ``.ci/…`` and the top-level files a reader is sent to (``Makefile``, ``DESIGN.md``, …);
-- a relative Markdown link, ``[events](events.md)``, resolved from the document's folder;
+- a relative Markdown link, ``[events](events.md)``, resolved from the document's folder, and
+  its ``#anchor``, which must be a heading of the linked file;
+- a file name alone in single backticks (``store.py``, ``test_layout.py``): some file of the
+  repository has that name (where, the surrounding text says; a file renamed or removed fails);
 - a dotted module of the product or the tools, ``triage.jobs.store`` or
   ``triage_tools.layout.KNOWN_EXCEPTIONS``: its modules must exist, and a name after the last
   module must occur in that module's source (a function, class or constant it defines).
 
-Paths a command writes (``bench/results/latest.json``) are listed in :data:`WRITTEN_BY_COMMANDS`;
-a placeholder in capitals (``tests/dags/MODULE.py``) is not a path.
+Paths a command writes (``bench/results/latest.json``) are listed in :data:`WRITTEN_BY_COMMANDS`,
+other names that only look like the repository's in :data:`NOT_PATHS`, :data:`NOT_MODULES` and
+:data:`NOT_REPOSITORY_FILES`; a placeholder in capitals (``tests/dags/MODULE.py``) is not a path.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -49,6 +54,13 @@ NOT_PATHS = {
     "deploy/triage-scheduler": "a Kubernetes deployment, as kubectl names it",
 }
 
+# File names in backticks that are not files of the repository, and what they are.
+NOT_REPOSITORY_FILES = {
+    **{Path(path).name: command for path, command in WRITTEN_BY_COMMANDS.items()},
+    "report.json": "the failure drill's report, under $TRIAGE_HOME/chaos",
+    "values.schema.json": "the Airflow Helm chart's own schema (a copy is tests/data/helm/)",
+}
+
 TOP_FOLDERS = ("plugins", "tests", "dags", "triage_tools", "bench", "docs", "include", "deploy", "docker", ".ci")
 TOP_FILES = (
     "Makefile",
@@ -76,6 +88,7 @@ PATH = re.compile(
     + "|".join(re.escape(f) for f in TOP_FILES)
     + r")(?![\w.-]))"
 )
+BARE_NAME = re.compile(r"`([\w.-]+\.(?:py|md|yaml|yml|toml|txt|json|sh|cfg|ini))`")
 LINK = re.compile(r"\]\(([^)\s#]*)(?:#([^)\s]*))?\)")
 MODULE = re.compile(_BEFORE + r"((?:triage|triage_tools)(?:\.[A-Za-z_]\w*)+)")
 PLACEHOLDER = re.compile(r"[A-Z]{2,}")
@@ -94,6 +107,19 @@ def repository_paths(text: str) -> set[str]:
             continue
         found.add(path)
     return found
+
+
+def _file_names() -> frozenset[str]:
+    """The name of every file of the checkout (not of its virtualenvs, caches or local state)."""
+    names = set()
+    for _folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [d for d in subfolders if d not in SKIPPED_FOLDERS and not d.startswith(".venv")]
+        names.update(files)
+    return frozenset(names)
+
+
+SKIPPED_FOLDERS = {".git", ".triage", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"}
+FILE_NAMES = _file_names()
 
 
 def path_exists(path: str) -> bool:
@@ -150,6 +176,11 @@ def _spelled_in_source(dotted: str) -> bool:
 def missing_in(document: Path) -> list[str]:
     text = document.read_text(encoding="utf-8")
     missing = [f"path {p}" for p in sorted(repository_paths(text)) if not path_exists(p)]
+    missing += [
+        f"file {name}"
+        for name in sorted(set(BARE_NAME.findall(text)))
+        if name not in FILE_NAMES and name not in NOT_REPOSITORY_FILES
+    ]
     for target, anchor in sorted(set(LINK.findall(text))):
         if "://" in target or target.startswith("mailto:"):
             continue
@@ -188,12 +219,14 @@ def test_the_check_finds_what_is_not_there(tmp_path: Path) -> None:
         "`triage.jobs.store.JobStore`, `triage_tools.layout.KNOWN_EXCEPTIONS`; but not\n"
         "plugins/triage/nowhere.py, `triage.jobs.nowhere`, `triage.jobs.store.NoSuchName`,\n"
         "[gone](gone.md) or https://example.org/plugins/triage/x.py (a URL), tests/dags/MODULE.py.\n"
-        "## A heading: here\n[here](#a-heading-here), [there](#no-such-heading)\n",
+        "## A heading: here\n[here](#a-heading-here), [there](#no-such-heading)\n"
+        "`store.py` is a file, `nowhere_at_all.py` is not.\n",
         encoding="utf-8",
     )
     (tmp_path / "adr").mkdir()
     assert missing_in(doc) == [
         "path plugins/triage/nowhere.py",
+        "file nowhere_at_all.py",
         "link #no-such-heading",
         "link gone.md",
         "module triage.jobs.nowhere",
