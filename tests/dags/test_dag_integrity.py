@@ -228,7 +228,7 @@ def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagb
 
 
 def test_classify_documents_starts_paused(dagbag) -> None:  # type: ignore[no-untyped-def]
-    # README "What starts paused": its scheduled runs would classify the params' defaults daily.
+    # docs/running.md "What starts paused": its scheduled runs would classify the params' defaults daily.
     assert dagbag.dags["classify_documents"].is_paused_upon_creation is True
 
 
