@@ -21,6 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from triage.jobs.audit_samples import awaits_decision
 from triage.jobs.expressions import NOW, UUID, status_literal
 from triage.jobs.expressions import seconds_param as seconds
 from triage.jobs.schema import classifications, job_events, jobs, manual_review
@@ -75,7 +76,7 @@ def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
         )
         .select_from(manual_review)
         .join(jobs, jobs.c.id == manual_review.c.job_id)
-        .where(manual_review.c.resolved_at.is_(None), jobs.c.status == status_literal(S.MANUAL_REVIEW))
+        .where(manual_review.c.resolved_at.is_(None), awaits_decision())
     )
     if "reason" in given:
         query = query.where(manual_review.c.reason == sa.bindparam("reason", type_=sa.Text))
