@@ -459,7 +459,7 @@ def test_reports_render_from_the_database(
     tab = client.get("/triage/reports/airflow/reconcile_jobs/manual__2026-12-01T00:00:00+00:00", headers=viewer)
     assert tab.status_code == 200
     assert f"Triage reconciliation run {first.run_id}" in tab.text
-    assert tab.text.count("<svg") == 6
+    assert tab.text.count("<svg") == 8  # six, and the Quality section's two
     assert "/triage/review/jobs/" in tab.text
     other = client.get("/triage/reports/airflow/classify_documents/manual__x", headers=viewer)
     assert other.status_code == 404
