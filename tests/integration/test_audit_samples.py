@@ -312,3 +312,42 @@ def test_requeue_and_reject_are_refused_on_an_audit_sample(
     with pytest.raises(AuditSampleDecisionRefused, match=f"audit sample: confirm or correct .*; {decision} applies"):
         decide(job_id, actor="alice")
     assert footprint(reviewer, job_id) == before
+
+
+# -- labelled examples hold taxonomy labels (migration 0026) -------------------------------------
+
+EXAMPLE = (
+    "INSERT INTO triage.labelled_examples (source, external_id, label, content_sha256, payload_ref, labelled_by)"
+    " VALUES ('history', :e, :l, repeat('a', 64), 'file:///p', 'import')"
+)
+
+
+def test_an_example_label_must_be_a_taxonomy_label_and_a_retired_one_keeps_its_examples(store: JobStore) -> None:
+    with pytest.raises(sa.exc.IntegrityError, match="labelled_examples_label_fkey"), store.engine.begin() as conn:
+        conn.execute(sa.text(EXAMPLE), {"e": "x1", "l": "pizza"})
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(EXAMPLE), {"e": "x2", "l": "billing"})
+        # Retired (the taxonomy file dropped it): the example stays, as history; training skips it.
+        conn.execute(sa.text("UPDATE triage.taxonomy_labels SET retired_at = now() WHERE name = 'billing'"))
+    assert q(store, "SELECT label FROM triage.labelled_examples") == [("billing",)]
+    with pytest.raises(sa.exc.IntegrityError, match="labelled_examples_label_fkey"), store.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM triage.taxonomy_labels WHERE name = 'billing'"))
+
+
+def test_0026_keeps_an_example_whose_label_left_the_taxonomy_as_a_retired_label(fresh_database: DatabaseUrl) -> None:
+    from triage import migrations
+    from triage.database import create_engine
+
+    migrations.upgrade(fresh_database, "0025")
+    engine = create_engine(fresh_database, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.execute(sa.text(EXAMPLE), {"e": "x1", "l": "old_label"})
+    migrations.upgrade(fresh_database)
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT retired_at IS NOT NULL FROM triage.taxonomy_labels WHERE name = 'old_label'")
+        ).one()
+        examples = conn.execute(sa.text("SELECT label FROM triage.labelled_examples")).scalars().all()
+    engine.dispose()
+    assert tuple(row) == (True,)
+    assert examples == ["old_label"]
