@@ -351,3 +351,24 @@ def test_0026_keeps_an_example_whose_label_left_the_taxonomy_as_a_retired_label(
     engine.dispose()
     assert tuple(row) == (True,)
     assert examples == ["old_label"]
+
+
+def test_the_classify_step_samples_by_job_id_and_a_retry_samples_nothing_new(store: JobStore, tmp_path: Any) -> None:
+    """The classify step completes accepted jobs itself (no label action): it samples them as the
+    persist step would, by the job id; running the step again over the same batch adds nothing."""
+    from tests.integration.test_pipeline_classify import BATCH as CLASSIFY_BATCH
+    from tests.integration.test_pipeline_classify import ScriptedClassifier, classify, document, ok, register
+    from triage.payloads import PayloadStore
+
+    payloads = PayloadStore(tmp_path / "payloads")
+    ids = register(store, payloads, {f"T-{i}": document(f"T-{i}") for i in range(60)})
+    classify(store, ScriptedClassifier(lambda _r: ok("billing", 0.9)), payloads, audit_rate=0.25)
+    expected = {i for i in ids.values() if is_audit_sample(i, 0.25)}
+    assert 0 < len(expected) < 60
+    audited_rows = q(store, "SELECT job_id FROM triage.manual_review WHERE reason = :r", r=AUDIT_REASON)
+    assert {r[0] for r in audited_rows} == expected
+    assert q(
+        store, "SELECT count(*) FROM triage.jobs WHERE status = 'completed' AND batch_key = :b", b=CLASSIFY_BATCH
+    ) == [(60,)]
+    classify(store, ScriptedClassifier(lambda _r: ok("billing", 0.9)), payloads, audit_rate=0.25)
+    assert len(q(store, "SELECT job_id FROM triage.manual_review")) == len(expected)
