@@ -673,8 +673,11 @@ def test_an_audit_sample_is_confirmed_or_corrected_never_requeued_or_rejected(
 ) -> None:
     job_id = audit_sample(store, payloads)
     editor, viewer = as_user(airflow_auth, "editor", "user"), as_user(airflow_auth, "viewer", "viewer")
+    [in_review] = to_review(store, payloads, 1)
     queue = client.get("/triage/api/reviews?reason=audit_sample", headers=viewer).json()
     assert [r["job_id"] for r in queue["reviews"]] == [str(job_id)]
+    of_batch = client.get("/triage/api/reviews", params={"batch": BATCH}, headers=viewer).json()
+    assert {r["job_id"] for r in of_batch["reviews"]} == {str(job_id), str(in_review)}
     page = client.get(f"/triage/review/jobs/{job_id}", headers=editor).text
     assert 'id="audit-sample"' in page
     assert 'id="decide"' in page
