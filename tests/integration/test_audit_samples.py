@@ -372,3 +372,35 @@ def test_the_classify_step_samples_by_job_id_and_a_retry_samples_nothing_new(sto
     ) == [(60,)]
     classify(store, ScriptedClassifier(lambda _r: ok("billing", 0.9)), payloads, audit_rate=0.25)
     assert len(q(store, "SELECT job_id FROM triage.manual_review")) == len(expected)
+
+
+def test_two_reviewers_correcting_at_once_never_both_win(stores: dict[str, JobStore]) -> None:  # noqa: F811
+    """The open audit row is locked by the first decision; the second finds it decided."""
+    import threading
+
+    worker, reviewer = stores["worker"], stores["reviewer"]
+    job_id = audited(worker)
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    def decide(actor: str, label: str) -> None:
+        barrier.wait()
+        try:
+            outcomes[actor] = reviewer.resolve_with_label(job_id, label, actor=actor, taxonomy_names=TAXONOMY)
+        except NotInReview as exc:
+            outcomes[actor] = exc
+
+    threads = [threading.Thread(target=decide, args=a) for a in (("alice", "billing"), ("bob", "refund_request"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [a for a, o in outcomes.items() if not isinstance(o, Exception)]
+    assert len(won) == 1, outcomes
+    assert q(reviewer, "SELECT corrections FROM triage.jobs WHERE id = :j", j=job_id) == [(1,)]
+    assert q(
+        reviewer,
+        "SELECT count(*) FROM triage.job_events WHERE job_id = :j AND from_status = 'completed'",
+        j=job_id,
+    ) == [(1,)]
+    assert q(reviewer, "SELECT resolved_by FROM triage.manual_review WHERE job_id = :j", j=job_id) == [(won[0],)]
