@@ -115,6 +115,9 @@ class Complete:
     attempt: int
     label: LabelWrite | None = None
     classification: ClassificationRecord | None = None
+    audit: bool = False
+    """An audit sample (:mod:`triage.jobs.audit_samples`): completed as any other, with an open
+    review row beside it (only with a ``label``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from uuid6 import uuid7
 
-from triage.jobs import outputs, queries, session
+from triage.jobs import audit_samples, outputs, queries, session
 from triage.jobs import transitions as T
 from triage.jobs import usage as usage_bounds
 from triage.jobs.backoff import RetryPolicy
@@ -194,22 +194,22 @@ def record_txn(
     if classified:
         conn.execute(outputs.record_classifications(), rowset("given", map(_classification_row, classified)))
     if labelled:
-        conn.execute(
-            outputs.upsert_labels(),
-            rowset(
-                "given",
-                (
-                    {
-                        "id": o.job_id,
-                        "label": o.label.label,
-                        "confidence": o.label.confidence,
-                        "classifier_version": o.label.classifier_version,
-                    }
-                    for o in labelled
-                ),
-            ),
-        )
+        conn.execute(outputs.upsert_labels(), rowset("given", map(_label_write_row, labelled)))
+    audited = [o for o in labelled if o.audit]
+    if audited:  # the completion's transaction opens their audit rows (issue #27)
+        conn.execute(audit_samples.open_audit_samples(), rowset("given", map(_label_write_row, audited)))
     return Recorded(**counts)
+
+
+def _label_write_row(outcome: Complete) -> dict[str, Any]:
+    """A labelled completion as a row of ``given`` (id, label, confidence, classifier_version)."""
+    assert outcome.label is not None
+    return {
+        "id": outcome.job_id,
+        "label": outcome.label.label,
+        "confidence": outcome.label.confidence,
+        "classifier_version": outcome.label.classifier_version,
+    }
 
 
 def _label_row(outcome: Complete) -> dict[str, Any]:

@@ -59,6 +59,15 @@ jobs = sa.Table(
     sa.Column("attempt_base", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.Column("replays", sa.Integer, nullable=False, server_default=sa.text("0")),  # requeues from review
     sa.Column("lease_rescues", sa.Integer, nullable=False, server_default=sa.text("0")),  # expired leases returned
+    # Reviewers' corrections of the completed job's label (0026): each one a move completed ->
+    # completed, the review role's, which the jobs trigger checks and logs as any other move.
+    sa.Column(
+        "corrections",
+        sa.Integer,
+        nullable=False,
+        server_default=sa.text("0"),
+        comment="Reviewers' corrections of the completed job's label: each a move completed -> completed (0026)",
+    ),
     # Poison isolation (migration 0009): NULL for a clean job; for a job whose claim died under
     # it (its lease taken back), the largest claim it may be part of next. Claims never mix
     # suspects with clean jobs; a suspect that dies again in a claim of one is poison.
@@ -75,6 +84,7 @@ jobs = sa.Table(
         "attempt_base >= 0 AND attempt >= attempt_base AND attempt <= max_attempts", name="attempt_bounds"
     ),
     sa.CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+    sa.CheckConstraint("corrections >= 0", name="corrections"),
     sa.CheckConstraint(
         "(status = 'running' AND lease_owner IS NOT NULL AND lease_token IS NOT NULL"
         " AND lease_expires_at IS NOT NULL)"
@@ -196,6 +206,9 @@ classifications = sa.Table(
     ),
     sa.CheckConstraint("(reused_job_id IS NULL) = (reused_attempt IS NULL)", name="reused_whole"),
     sa.Index("classifications_rejected_idx", "created_at", postgresql_where=sa.text("outcome = 'rejected'")),  # 0020
+    # Serves the quality figures' window of days (0026): rows arrive in time order, so a BRIN
+    # index finds a day's pages at almost no cost to the hot path's inserts.
+    sa.Index("classifications_created_at_idx", "created_at", postgresql_using="brin"),
     # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted and
     # doubtful answers of the model itself, by input and classifier version, oldest first (0016).
     sa.Index(
@@ -244,7 +257,7 @@ manual_review = sa.Table(
     sa.Column("note", sa.Text),
     sa.CheckConstraint("(resolved_at IS NULL) = (resolution IS NULL)", name="resolution_with_time"),
     sa.CheckConstraint(
-        "resolution IS NULL OR resolution IN ('labelled', 'requeued', 'rejected', 'superseded')",
+        "resolution IS NULL OR resolution IN ('labelled', 'requeued', 'rejected', 'superseded', 'confirmed', 'corrected')",
         name="resolution_known",
     ),
     # At most one open review per job.
@@ -264,6 +277,8 @@ manual_review = sa.Table(
     sa.Index("manual_review_labelled_idx", "job_id", postgresql_where=sa.text("resolution = 'labelled'")),
     # Serves the report's schema mismatches found on arrival (0020): empty on a healthy ledger.
     sa.Index("manual_review_unsupported_idx", "job_id", postgresql_where=sa.text(ARRIVED_UNSUPPORTED)),
+    # Serves the quality figures (0026): the decisions of a window of days, by when they were taken.
+    sa.Index("manual_review_resolved_at_idx", "resolved_at", postgresql_where=sa.text("resolved_at IS NOT NULL")),
 )
 
 outbox = sa.Table(
