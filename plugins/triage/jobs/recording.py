@@ -249,6 +249,7 @@ def _classification_row(outcome: Any) -> dict[str, Any]:
         "input_sha256": record.input_sha256,
         "reused_job_id": record.reused_from[0] if record.reused_from else None,
         "reused_attempt": record.reused_from[1] if record.reused_from else None,
+        "candidates": [{"label": n, "score": v} for n, v in record.candidates] if record.candidates else None,
     }
 
 

@@ -188,6 +188,9 @@ classifications = sa.Table(
     sa.Column("input_sha256", sa.Text),
     sa.Column("reused_job_id", pg.UUID(as_uuid=True)),
     sa.Column("reused_attempt", sa.Integer),
+    # The model's top candidate labels, best first (0028): at most three {"label", "score"}; NULL
+    # where the classifier scores one label only (an LLM) or the row is older.
+    sa.Column("candidates", pg.JSONB),
     sa.UniqueConstraint("job_id", "attempt"),
     sa.CheckConstraint("outcome IN ('accepted', 'inconclusive', 'rejected')", name="outcome_known"),
     sa.CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
@@ -195,6 +198,10 @@ classifications = sa.Table(
         "output_mode IS NULL OR output_mode IN ('json_schema', 'json_object')", name="output_mode_known"
     ),
     sa.CheckConstraint("(reused_job_id IS NULL) = (reused_attempt IS NULL)", name="reused_whole"),
+    sa.CheckConstraint(
+        "candidates IS NULL OR (jsonb_typeof(candidates) = 'array' AND jsonb_array_length(candidates) <= 3)",
+        name="candidates_shape",
+    ),
     sa.Index("classifications_rejected_idx", "created_at", postgresql_where=sa.text("outcome = 'rejected'")),  # 0020
     # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted and
     # doubtful answers of the model itself, by input and classifier version, oldest first (0016).

@@ -1,0 +1,137 @@
+"""The review queue least sure first (issue #27, item 6), on the real database: the order, its
+keyset pagination, and the candidates each classification stores."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.integration.helpers import new_jobs
+from triage.jobs.models import ClassificationRecord, SendToReview
+from triage.jobs.review_queue import QueueFilter
+from triage.jobs.review_uncertainty import NO_ANSWER, uncertain_page
+from triage.jobs.store import JobStore
+
+BATCH = "2026-11-03T00:00:00+00:00/2026-11-04T00:00:00+00:00"
+
+
+def answer(label: str | None, confidence: float | None, *candidates: tuple[str, float]) -> ClassificationRecord:
+    outcome = "inconclusive" if label else "rejected"
+    return ClassificationRecord(label, confidence, outcome, "learned-test", candidates=candidates or None)  # type: ignore[arg-type]
+
+
+def send(store: JobStore, name: str, model: ClassificationRecord | None, reason: str = "inconclusive") -> uuid.UUID:
+    """One job registered and sent to review with ``model`` as its answer, in a transaction of
+    its own (so each review row is younger than the one sent before it)."""
+    [job] = new_jobs(1, prefix=name)
+    store.register([job], batch_key=BATCH, step="classify", max_attempts=3)
+    claim = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="w")
+    [held] = claim.jobs
+    store.record(claim, [SendToReview(held.id, held.attempt, reason, classification=model)])
+    return held.id
+
+
+@pytest.fixture
+def queue(store: JobStore) -> dict[str, uuid.UUID]:
+    """Reviews whose uncertainty is known, sent in an order unlike the expected one."""
+    return {
+        "sure": send(store, "sure", answer("billing", 0.9, ("billing", 0.9), ("shipping", 0.05))),  # 0.85
+        "none": send(store, "none", None, reason="retries_exhausted"),  # no answer: last
+        "tie-old": send(store, "tie-old", answer("billing", 0.5, ("billing", 0.5), ("shipping", 0.25))),  # 0.25
+        "close": send(store, "close", answer("billing", 0.5, ("billing", 0.5), ("shipping", 0.45))),  # 0.05
+        "llm": send(store, "llm", answer("shipping", 0.3)),  # no candidates: its confidence 0.3
+        "one": send(store, "one", answer("billing", 0.6, ("billing", 0.6)), reason="audit_sample"),  # 0.6
+        "tie-new": send(store, "tie-new", answer("billing", 0.75, ("billing", 0.75), ("refund", 0.5))),  # 0.25
+        "nothing": send(store, "nothing", answer(None, 0.0)),  # a keyword miss: confidence 0, first
+    }
+
+
+EXPECTED = ["nothing", "close", "tie-old", "tie-new", "llm", "one", "sure", "none"]
+
+
+def names(queue: dict[str, uuid.UUID], rows: list[dict[str, Any]]) -> list[str]:
+    by_id = {v: k for k, v in queue.items()}
+    return [by_id[r["job_id"]] for r in rows]
+
+
+def test_least_sure_first_then_oldest(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
+    with store.engine.connect() as conn:
+        page = uncertain_page(conn, QueueFilter(), limit=50)
+    assert names(queue, page.rows) == EXPECTED
+    assert page.next_after is None
+    got = {n: r["uncertainty"] for n, r in zip(names(queue, page.rows), page.rows, strict=True)}
+    assert got["close"] == pytest.approx(0.05)
+    assert got["llm"] == pytest.approx(0.3)
+    assert got["none"] == NO_ANSWER
+    assert page.rows[1]["candidates"] == [{"label": "billing", "score": 0.5}, {"label": "shipping", "score": 0.45}]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_pages_join_into_the_whole_order(store: JobStore, queue: dict[str, uuid.UUID], size: int) -> None:
+    seen: list[dict[str, Any]] = []
+    after = None
+    with store.engine.connect() as conn:
+        for _ in range(20):
+            page = uncertain_page(conn, QueueFilter(), limit=size, after=after)
+            assert len(page.rows) <= size
+            seen += page.rows
+            after = page.next_after
+            if after is None:
+                break
+    assert names(queue, seen) == EXPECTED
+
+
+def test_a_decision_between_pages_skips_nothing_and_repeats_nothing(
+    store: JobStore, queue: dict[str, uuid.UUID]
+) -> None:
+    """The cursor names a place in the order, not an offset: a row decided meanwhile leaves the
+    queue without shifting the rest."""
+    with store.engine.connect() as conn:
+        first = uncertain_page(conn, QueueFilter(), limit=3)
+    assert names(queue, first.rows) == EXPECTED[:3]
+    store.reject(queue["close"], actor="reviewer", note="seen")  # on the page already shown
+    store.reject(queue["llm"], actor="reviewer", note="not yet shown")
+    with store.engine.connect() as conn:
+        rest = uncertain_page(conn, QueueFilter(), limit=50, after=first.next_after)
+    assert names(queue, rest.rows) == [n for n in EXPECTED[3:] if n != "llm"]
+
+
+def test_filters_apply_as_in_the_default_order(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
+    with store.engine.connect() as conn:
+        audit = uncertain_page(conn, QueueFilter(reason="audit_sample"), limit=50)
+        exhausted = uncertain_page(conn, QueueFilter(reason="retries_exhausted", batch=BATCH), limit=50)
+        elsewhere = uncertain_page(conn, QueueFilter(source="elsewhere"), limit=50)
+        young = uncertain_page(conn, QueueFilter(older_than_seconds=3600), limit=50)
+    assert names(queue, audit.rows) == ["one"]
+    assert names(queue, exhausted.rows) == ["none"]
+    assert elsewhere.rows == young.rows == []
+
+
+def test_a_candidate_score_that_is_no_number_falls_back_to_the_confidence(
+    store: JobStore, queue: dict[str, uuid.UUID]
+) -> None:
+    """A rewritten row cannot fail the page (a bad cast would fail it for every reviewer)."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                'UPDATE triage.classifications SET candidates = \'[{"label": "x", "score": "high"},'
+                ' {"label": "y", "score": 0.1}]\' WHERE job_id = :id'
+            ),
+            {"id": queue["sure"]},
+        )
+    with store.engine.connect() as conn:
+        rows = uncertain_page(conn, QueueFilter(), limit=50).rows
+    assert next(r["uncertainty"] for r in rows if r["job_id"] == queue["sure"]) == pytest.approx(0.9)
+
+
+def test_the_database_keeps_at_most_three_candidates(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
+    four = '[{"label": "a", "score": 0.4}, {"label": "b", "score": 0.3}, {"label": "c", "score": 0.2}, {"label": "d", "score": 0.1}]'
+    update = sa.text("UPDATE triage.classifications SET candidates = CAST(:c AS jsonb) WHERE job_id = :id")
+    with (
+        pytest.raises(sa.exc.IntegrityError, match="classifications_candidates_shape_check"),
+        store.engine.begin() as conn,
+    ):
+        conn.execute(update, {"c": four, "id": queue["sure"]})
