@@ -32,11 +32,16 @@ from triage.jobs.review_queue import MAX_PAGE, QueueFilter
 from triage.jobs.schema import classifications, jobs, manual_review
 from triage.jobs.states import JobStatus as S
 
-__all__ = ["NO_ANSWER", "UncertainCursor", "UncertainPage", "uncertain_page", "uncertainty_statement"]
+__all__ = ["AUDIT_SAMPLE", "NO_ANSWER", "UncertainCursor", "UncertainPage", "uncertain_page", "uncertainty_statement"]
 
 NO_ANSWER = 2.0
 """The uncertainty of a review whose job has no answer of the model: above every margin and
 confidence (both within [0, 1]), so such reviews come after the ones a reviewer can teach from."""
+
+AUDIT_SAMPLE = "audit_sample"
+"""The reason of an audit: an auto-accepted job sent to a reviewer without holding back its label,
+so its job may have moved on (``completed``) while its review is open. Every other open review
+is of a job in ``manual_review``, as in the default order."""
 
 UncertainCursor = tuple[float, datetime, int]
 """Where a page in uncertainty order ends: the ``(uncertainty, created_at, id)`` of its last row."""
@@ -104,7 +109,10 @@ def uncertainty_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
         .select_from(manual_review)
         .join(jobs, jobs.c.id == manual_review.c.job_id)
         .outerjoin(model, sa.true())
-        .where(manual_review.c.resolved_at.is_(None), jobs.c.status == status_literal(S.MANUAL_REVIEW))
+        .where(
+            manual_review.c.resolved_at.is_(None),
+            sa.or_(jobs.c.status == status_literal(S.MANUAL_REVIEW), manual_review.c.reason == AUDIT_SAMPLE),
+        )
     )
     if "reason" in given:
         query = query.where(manual_review.c.reason == sa.bindparam("reason", type_=sa.Text))
