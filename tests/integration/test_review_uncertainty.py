@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from tests.integration.helpers import new_jobs
 from triage.jobs.models import ClassificationRecord, SendToReview
 from triage.jobs.review_queue import QueueFilter
-from triage.jobs.review_uncertainty import NO_ANSWER, uncertain_page
+from triage.jobs.review_uncertainty import NO_ANSWER, uncertain_page, uncertainty_statement
 from triage.jobs.store import JobStore
 
 BATCH = "2026-11-03T00:00:00+00:00/2026-11-04T00:00:00+00:00"
@@ -110,21 +110,61 @@ def test_filters_apply_as_in_the_default_order(store: JobStore, queue: dict[str,
     assert elsewhere.rows == young.rows == []
 
 
-def test_a_candidate_score_that_is_no_number_falls_back_to_the_confidence(
-    store: JobStore, queue: dict[str, uuid.UUID]
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param('"high"', NO_ANSWER, id="text"),
+        pytest.param("null", NO_ANSWER, id="null"),
+        pytest.param("1e400", NO_ANSWER, id="beyond-a-double"),
+        pytest.param("-5", -1.0, id="below-any-margin"),
+    ],
+)
+def test_a_rewritten_uncertainty_never_fails_the_write_or_the_page(
+    store: JobStore, queue: dict[str, uuid.UUID], value: str, expected: float
 ) -> None:
-    """A rewritten row cannot fail the page (a bad cast would fail it for every reviewer)."""
+    """The key is read as a bounded number or not at all: a context a writer got wrong can neither
+    fail the insert that indexes it nor the page (a failed cast would fail it for every reviewer)."""
     with store.engine.begin() as conn:
         conn.execute(
             sa.text(
-                'UPDATE triage.classifications SET candidates = \'[{"label": "x", "score": "high"},'
-                ' {"label": "y", "score": 0.1}]\' WHERE job_id = :id'
+                "UPDATE triage.manual_review SET context = context || jsonb_build_object('uncertainty', CAST(:v AS jsonb))"
+                " WHERE job_id = :id"
             ),
-            {"id": queue["sure"]},
+            {"v": value, "id": queue["sure"]},
         )
     with store.engine.connect() as conn:
         rows = uncertain_page(conn, QueueFilter(), limit=50).rows
-    assert next(r["uncertainty"] for r in rows if r["job_id"] == queue["sure"]) == pytest.approx(0.9)
+    assert next(r["uncertainty"] for r in rows if r["job_id"] == queue["sure"]) == expected
+
+
+def test_the_review_row_carries_the_answer_s_uncertainty(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
+    with store.engine.connect() as conn:
+        context = dict(
+            conn.execute(
+                sa.text("SELECT job_id, context -> 'uncertainty' FROM triage.manual_review WHERE resolved_at IS NULL")
+            ).all()
+        )
+    assert context[queue["close"]] == pytest.approx(0.05)
+    assert context[queue["llm"]] == pytest.approx(0.3)
+    assert context[queue["none"]] is None  # no answer: no key, last in the order
+
+
+def test_the_page_is_read_along_the_uncertainty_index(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
+    """The order is an index's, not a sort of every open review (planner told to avoid sorts and
+    sequential scans where it can: the table is tiny here)."""
+    with store.engine.connect() as conn:
+        conn.execute(sa.text("SET enable_seqscan = off"))
+        conn.execute(sa.text("SET enable_sort = off"))
+        for where, index in [
+            (QueueFilter(), "manual_review_open_uncertainty_idx"),
+            (QueueFilter(reason="inconclusive"), "manual_review_open_reason_uncertainty_idx"),
+        ]:
+            params = {**{k: getattr(where, k) for k in where.given()}, "limit": 51}
+            compiled = uncertainty_statement(where.given(), False).compile(dialect=conn.dialect)
+            plan = "\n".join(
+                r[0] for r in conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.construct_params(params))
+            )
+            assert index in plan, plan
 
 
 def test_the_database_keeps_at_most_three_candidates(store: JobStore, queue: dict[str, uuid.UUID]) -> None:

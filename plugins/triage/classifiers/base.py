@@ -93,6 +93,8 @@ class ModelOutput:
             raise ValueError("threshold must be a non-negative number")
         if len(self.candidates) > MAX_CANDIDATES:
             raise ValueError(f"at most {MAX_CANDIDATES} candidates")
+        if not all(0.0 <= score <= 1.0 for _, score in self.candidates):  # NaN fails too
+            raise ValueError("candidate scores must be within [0, 1]")
 
 
 class ClassifierError(Exception):

@@ -34,6 +34,7 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
+from triage.jobs.review_uncertainty import answer_uncertainty
 from triage.jobs.states import JobStatus
 
 
@@ -164,7 +165,7 @@ def record_txn(
                 "reason": o.reason,
                 "error_class": o.error_class,
                 "error": o.error,
-                "context": context_json(o.context),
+                "context": context_json(_review_context(o)),
             },
         )
     if Fail in by_kind:
@@ -210,6 +211,16 @@ def record_txn(
             ),
         )
     return Recorded(**counts)
+
+
+def _review_context(outcome: SendToReview) -> Mapping[str, Any]:
+    """The review row's context, with the uncertainty of the answer that sent the job there: the
+    key of the queue least sure first (:mod:`triage.jobs.review_uncertainty`)."""
+    record = outcome.classification
+    if record is None:
+        return outcome.context
+    value = answer_uncertainty(record.candidates, record.confidence)
+    return outcome.context if value is None else {**outcome.context, "uncertainty": value}
 
 
 def _label_row(outcome: Complete) -> dict[str, Any]:

@@ -35,6 +35,16 @@ job_status = pg.ENUM(
 
 NOW = sa.text("now()")
 ARRIVED_UNSUPPORTED = "(context ->> 'malformed_reason') = 'unsupported_schema_version'"  # routed on arrival (0020)
+REVIEW_UNCERTAINTY = (
+    "(\nCASE\n    WHEN jsonb_typeof(context -> 'uncertainty'::text) = 'number'::text"
+    " THEN GREATEST(LEAST((context -> 'uncertainty'::text)::numeric, 2::numeric), '-1'::integer::numeric)"
+    "::double precision\n    ELSE 2::double precision\nEND)"
+)
+"""An open review's uncertainty (0028): ``context.uncertainty`` (written with the review from the
+model's answer, :func:`triage.jobs.review_uncertainty.answer_uncertainty`), else 2 (no answer:
+after every margin and confidence). Read as numeric and bounded before it becomes a float, so no
+value a context can hold fails the insert that indexes it. Spelled as PostgreSQL prints it back
+(``pg_indexes``), so that the migrated index compares equal to this metadata."""
 
 jobs = sa.Table(
     "jobs",
@@ -266,6 +276,23 @@ manual_review = sa.Table(
     sa.Index("manual_review_open_queue_idx", "created_at", "id", postgresql_where=sa.text("resolved_at IS NULL")),
     sa.Index(
         "manual_review_open_reason_idx", "reason", "created_at", "id", postgresql_where=sa.text("resolved_at IS NULL")
+    ),
+    # Serve the queue least sure first (0028): open reviews by uncertainty, then oldest, as a whole
+    # or of one reason (triage.jobs.review_uncertainty).
+    sa.Index(
+        "manual_review_open_uncertainty_idx",
+        sa.text(REVIEW_UNCERTAINTY),
+        "created_at",
+        "id",
+        postgresql_where=sa.text("resolved_at IS NULL"),
+    ),
+    sa.Index(
+        "manual_review_open_reason_uncertainty_idx",
+        "reason",
+        sa.text(REVIEW_UNCERTAINTY),
+        "created_at",
+        "id",
+        postgresql_where=sa.text("resolved_at IS NULL"),
     ),
     # Serves the content cache's refusal to answer for content a reviewer labelled (0013).
     sa.Index("manual_review_labelled_idx", "job_id", postgresql_where=sa.text("resolution = 'labelled'")),
