@@ -175,3 +175,44 @@ def test_the_database_keeps_at_most_three_candidates(store: JobStore, queue: dic
         store.engine.begin() as conn,
     ):
         conn.execute(update, {"c": four, "id": queue["sure"]})
+
+
+def test_0028_gives_the_reviews_open_then_their_answer_s_confidence(fresh_database: Any) -> None:
+    """Reviews opened before 0028 have no key in their context: the upgrade writes their job's
+    latest confidence (no candidates existed), so they take their place in the order."""
+    from triage import migrations
+    from triage.database import create_engine
+
+    migrations.upgrade(fresh_database, "0025")
+    engine = create_engine(fresh_database, poolclass=sa.NullPool)
+    insert_job = sa.text(
+        "INSERT INTO triage.jobs (idempotency_key, source, external_id, content_sha256, payload_ref,"
+        " classifier_version, correlation_id, batch_key, step, status, attempt, max_attempts)"
+        " VALUES (:k, 's', :k, 'h', 'ref', 'v', 'c', 'b', 'classify', 'manual_review', 2, 3) RETURNING id"
+    )
+    ids = {}
+    with engine.begin() as conn:
+        for name, confidences in [("sure", (0.2, 0.65)), ("unsure", (0.9, 0.31)), ("none", ())]:
+            job_id = conn.execute(insert_job, {"k": name}).scalar_one()
+            for attempt, confidence in enumerate(confidences, start=1):
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO triage.classifications (job_id, attempt, label, confidence, outcome,"
+                        " classifier_version) VALUES (:j, :a, 'billing', :c, 'inconclusive', 'v')"
+                    ),
+                    {"j": job_id, "a": attempt, "c": confidence},
+                )
+            conn.execute(
+                sa.text("INSERT INTO triage.manual_review (job_id, reason, attempts) VALUES (:j, 'inconclusive', 2)"),
+                {"j": job_id},
+            )
+            ids[job_id] = name
+    migrations.upgrade(fresh_database)
+    with engine.connect() as conn:
+        rows = uncertain_page(conn, QueueFilter(), limit=10).rows
+    engine.dispose()
+    assert [(ids[r["job_id"]], r["uncertainty"]) for r in rows] == [
+        ("unsure", 0.31),
+        ("sure", 0.65),
+        ("none", NO_ANSWER),
+    ]
