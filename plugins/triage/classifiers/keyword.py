@@ -11,7 +11,6 @@ magnitude slower with ~150 keywords.
 
 from __future__ import annotations
 
-import heapq
 import string
 import time
 from collections.abc import Sequence
@@ -63,12 +62,12 @@ def keyword_candidates(names: Sequence[str], scores: Sequence[float]) -> tuple[t
     each scored as :func:`keyword_confidence` scores the best: its share of all hits times the
     strength of its own, so the first candidate's score is the answer's confidence and the gap to
     the second says how close the call was. Ties in the taxonomy's order, as the answer's."""
+    hits = [i for i, score in enumerate(scores) if score > 0.0]
+    if len(hits) > 1:  # most documents hit one label: nothing to sort
+        hits.sort(key=scores.__getitem__, reverse=True)  # stable: the first among equals stays first
     total = sum(scores)
-    if total <= 0.0:
-        return ()
-    best = heapq.nlargest(MAX_CANDIDATES, range(len(scores)), key=scores.__getitem__)  # stable: first among equals
     return tuple(
-        (names[i], round((scores[i] / total) * (1.0 - _STRENGTH_BASE ** scores[i]), 4)) for i in best if scores[i] > 0
+        (names[i], round((scores[i] / total) * (1.0 - _STRENGTH_BASE ** scores[i]), 4)) for i in hits[:MAX_CANDIDATES]
     )
 
 

@@ -37,7 +37,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from triage.jobs.review_queue import QueueFilter
 from triage.jobs.review_uncertainty import UncertainCursor
 from triage.web.access import CSRF_FIELD, Caller, ReviewReader, check_decider
-from triage.web.pages import TEMPLATES, link, page, service
+from triage.web.pages import DECIDED, TEMPLATES, link, page, service
 from triage.web.paging import (
     BadQuery,
     Filter,
@@ -58,7 +58,6 @@ PAGE_CSP = (
 )
 """The app's policy (:data:`triage.web.app.SECURITY_HEADERS`) with one script allowed: this
 app's ``keys.js`` (same origin, no inline script)."""
-DECIDED = {"applied": "Decision applied.", "already_applied": "You had already made this decision; nothing changed."}
 
 
 def _cursor(text: str | None) -> UncertainCursor | None:
