@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
-from triage.jobs.models import ClassificationRecord, SendToReview
+from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, SendToReview
 from triage.jobs.review_queue import QueueFilter
 from triage.jobs.review_uncertainty import NO_ANSWER, uncertain_page, uncertainty_statement
 from triage.jobs.store import JobStore
@@ -216,3 +216,30 @@ def test_0028_gives_the_reviews_open_then_their_answer_s_confidence(fresh_databa
         ("sure", 0.65),
         ("none", NO_ANSWER),
     ]
+
+
+def test_an_audit_sample_of_a_completed_job_is_in_the_order(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
+    """An audit holds back no label: its job may be ``completed`` while its review is open (issue
+    #27, item 5); such a review is listed in its place like any other."""
+    [job] = new_jobs(1, prefix="audited")
+    store.register([job], batch_key=BATCH, step="classify", max_attempts=3)
+    claim = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="w")
+    [held] = claim.jobs
+    candidates = (("billing", 0.97), ("shipping", 0.02))
+    model = ClassificationRecord("billing", 0.97, "accepted", "learned-test", candidates=candidates)
+    store.record(claim, [Complete(held.id, held.attempt, LabelWrite("billing", 0.97, "learned-test"), model)])
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO triage.manual_review (job_id, reason, attempts, context)"
+                " VALUES (:id, 'audit_sample', 1, '{\"uncertainty\": 0.95}')"
+            ),
+            {"id": held.id},
+        )
+    with store.engine.connect() as conn:
+        rows = uncertain_page(conn, QueueFilter(), limit=50).rows
+        audits = uncertain_page(conn, QueueFilter(reason="audit_sample"), limit=50).rows
+    order = [r["job_id"] for r in rows]
+    assert order.index(queue["sure"]) < order.index(held.id) < order.index(queue["none"])  # 0.85 < 0.95 < 2
+    assert [r["job_id"] for r in audits] == [queue["one"], held.id]
+    assert next(r for r in rows if r["job_id"] == held.id)["model_outcome"] == "accepted"
