@@ -240,3 +240,30 @@ def test_the_page_s_decisions_keep_the_form_s_rules(
     assert 'id="problem"' in late.text
     assert "Subject audit" in late.text
     client.cookies.clear()
+
+
+def test_the_queue_page_pages_least_sure_first(
+    client: TestClient, ids: dict[str, uuid.UUID], airflow_auth: Any
+) -> None:
+    viewer = as_user(airflow_auth, "viewer", "viewer")
+    first = client.get("/triage/review?order=uncertainty&limit=2", headers=viewer)
+    assert first.status_code == 200
+    html = first.text
+    assert "least sure first</span></h1>" in html
+    assert html.index(str(ids["close"])) < html.index(str(ids["audit"]))
+    assert str(ids["sure"]) not in html
+    assert '<td class="n uncertainty">0.05</td>' in html
+    following = html.split('id="next" href="')[1].split('"')[0].replace("&amp;", "&")
+    assert "order=uncertainty" in following
+    rest = client.get(following, headers=viewer).text
+    assert str(ids["sure"]) in rest
+    assert str(ids["close"]) not in rest
+    oldest = client.get("/triage/review", headers=viewer).text  # the default order and page, unchanged
+    assert "oldest first</span></h1>" in oldest
+    assert 'class="n uncertainty"' not in oldest
+    assert (
+        client.get(
+            f"/triage/review?{following.split('?')[1].replace('order=uncertainty', '')}", headers=viewer
+        ).status_code
+        == 400
+    )
