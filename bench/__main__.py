@@ -17,6 +17,7 @@ from bench import (
     pipeline,
     realrun,
     relay,
+    review_candidates,
     review_queue,
     writes,
 )
@@ -38,6 +39,7 @@ OPT_IN = {
     "migration": migration.run,
     "guarantees": guarantees.run,
     "llm": pipeline.bench_llm,
+    "candidates": review_candidates.run,
 }
 """Longer than the quick `make bench` (minutes to an hour), or one figure of a suite (``llm``:
 the pipeline suite's llm figure alone): run only when named (`make bench-growth`)."""

@@ -3,7 +3,8 @@
 A reviewer logs in on Airflow's own login page (the SimpleAuthManager, as under ``make up``),
 opens the "Triage" entry of the navigation, opens a job from the queue, sees its document (as
 text: a script in it stays text) and its transitions, and labels it; the ledger then shows the
-move with the reviewer as its actor. The report tab of a ``reconcile_jobs`` run page shows that
+move with the reviewer as its actor. On the one-at-a-time page (least sure first) a key press
+labels the document with the model's first candidate and the next document opens; ``s`` skips. The report tab of a ``reconcile_jobs`` run page shows that
 run's report, rendered from the database.
 
 ``TRIAGE_SCREENSHOTS=DIR`` keeps the screenshots (docs/review.md's are made so); else they go to
@@ -51,8 +52,20 @@ def seed_reviews(deployment: Deployment, n: int) -> list[str]:
         store = JobStore(engine)
         registered = store.register(docs, batch_key=BATCH, step="classify", max_attempts=3)
         claim = store.claim(batch_key=BATCH, step="classify", limit=n, lease_seconds=60, owner="test-worker")
-        model = ClassificationRecord("billing", 0.38, "inconclusive", "keyword-v1")
-        store.record(claim, [SendToReview(j.id, j.attempt, "inconclusive", classification=model) for j in claim.jobs])
+        # the same label, closer calls first: margins 0.03, 0.13, 0.23 (in the order registered)
+        models = {
+            j.id: ClassificationRecord(
+                "billing",
+                0.38,
+                "inconclusive",
+                "keyword-v1",
+                candidates=(("billing", 0.38), ("shipping", 0.35 - i / 10)),
+            )
+            for i, j in enumerate(sorted(claim.jobs, key=lambda j: j.id))
+        }
+        store.record(
+            claim, [SendToReview(j.id, j.attempt, "inconclusive", classification=models[j.id]) for j in claim.jobs]
+        )
     finally:
         engine.dispose()
     return [str(i) for i in registered.new_ids]
@@ -114,6 +127,28 @@ def test_a_reviewer_labels_a_job_in_the_airflow_ui(deployment: Deployment, tmp_p
         assert "Decision applied" in page.text("#notice")
         assert "labelled by reviewer" in page.text("#decided")
 
+        # one at a time, least sure first: a key decides and the next document opens
+        page.go(f"{af.base_url}/triage/review/next")
+        first = page.text("#subject")
+        assert first.startswith("Parcel question")
+        assert "shipping" in page.text("#candidates")
+        assert page.evaluate("document.querySelector('[data-key=\"1\"]').value") == "label:billing"
+        assert "Keys:" in page.text("#keys")
+        page.screenshot(shots / "review-next.png")
+        page.evaluate("window.__leaving = true")
+        page.press("1")
+        page.wait_for("window.__leaving === undefined && document.readyState === 'complete'")
+        assert "decided=applied" in page.url()
+        assert "Decision applied" in page.text("#notice")
+        second = page.text("#subject")
+        assert second.startswith("Parcel question")
+        assert second != first
+        keyed = page.evaluate("document.querySelector('#decide').action.split('/').pop()")
+        page.evaluate("window.__leaving = true")
+        page.press("s")  # skip: the queue has nothing after it
+        page.wait_for("window.__leaving === undefined && document.readyState === 'complete'")
+        assert page.evaluate("!!document.querySelector('#empty')")
+
         # a reconcile_jobs run page's report tab (the DAG runs on creation, every 15 minutes)
         api = api_client(af.base_url, "reviewer", password)
         run = wait_for_first_run(api, "reconcile_jobs", timeout=300)
@@ -142,6 +177,18 @@ def test_a_reviewer_labels_a_job_in_the_airflow_ui(deployment: Deployment, tmp_p
                 sa.text("SELECT label, classifier_version FROM triage.document_labels WHERE job_id = :id"),
                 {"id": job_id},
             ).one()
+            by_key = conn.execute(
+                sa.text(
+                    "SELECT r.resolved_by, l.label FROM triage.manual_review r JOIN triage.document_labels l"
+                    " ON l.job_id = r.job_id WHERE r.resolution = 'labelled' AND r.job_id <> :id"
+                ),
+                {"id": job_id},
+            ).all()
+            still_open = (
+                conn.execute(sa.text("SELECT job_id::text FROM triage.manual_review WHERE resolved_at IS NULL"))
+                .scalars()
+                .all()
+            )
             recorded = conn.execute(
                 sa.text("SELECT count(*) FROM triage.reconciliation_runs WHERE dag_run_id = :run"), {"run": run_id}
             ).scalar_one()
@@ -151,3 +198,5 @@ def test_a_reviewer_labels_a_job_in_the_airflow_ui(deployment: Deployment, tmp_p
     assert tuple(review) == ("labelled", "reviewer", "a parcel, not an invoice")
     assert tuple(label) == ("shipping", "human:reviewer")
     assert recorded == 1
+    assert [tuple(r) for r in by_key] == [("reviewer", "billing")]  # the key "1": the first candidate
+    assert still_open == [keyed]  # skipped, still open

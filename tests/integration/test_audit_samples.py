@@ -112,6 +112,14 @@ def test_a_share_of_completions_is_audited_without_holding_back_their_label(
     )
     assert {r[0] for r in open_rows} == expected
     assert {r[1:4] for r in open_rows} == {(MODEL_LABEL, 0.93, VERSION)}
+    # Each takes its place in the queue least sure first like any review: the answer's
+    # uncertainty (its confidence, with no second candidate) is the key, not "no answer".
+    keys = q(
+        worker,
+        "SELECT DISTINCT (context ->> 'uncertainty')::float FROM triage.manual_review WHERE reason = :r",
+        r=AUDIT_REASON,
+    )
+    assert keys == [(0.93,)]
     # Every job completed, labelled and published as usual, audited or not.
     assert q(worker, "SELECT status::text, count(*) FROM triage.jobs GROUP BY 1") == [("completed", 40)]
     assert q(worker, "SELECT count(*) FROM triage.document_labels WHERE label = :l", l=MODEL_LABEL) == [(40,)]

@@ -75,11 +75,24 @@ def is_open_audit_sample() -> ColumnElement[bool]:
 @cache
 def open_audit_samples() -> Any:
     """The open audit row of each just-completed job of ``given`` (id, label, confidence,
-    classifier_version), in the completion's transaction; a job with an open review keeps it
+    classifier_version, uncertainty), in the completion's transaction; a job with an open review keeps it
     (a retry writes nothing twice)."""
-    given = recordset("given", id=UUID, label=sa.Text, confidence=sa.Float, classifier_version=sa.Text)
-    context = sa.func.jsonb_build_object(
-        "label", given.c.label, "confidence", given.c.confidence, "classifier_version", given.c.classifier_version
+    given = recordset(
+        "given", id=UUID, label=sa.Text, confidence=sa.Float, classifier_version=sa.Text, uncertainty=sa.Float
+    )
+    # ``uncertainty``: the queue's key least sure first (:mod:`.review_uncertainty`), left out
+    # when there is none, as for every review row.
+    context = sa.func.jsonb_strip_nulls(
+        sa.func.jsonb_build_object(
+            "label",
+            given.c.label,
+            "confidence",
+            given.c.confidence,
+            "classifier_version",
+            given.c.classifier_version,
+            "uncertainty",
+            given.c.uncertainty,
+        )
     )
     chosen = sa.select(jobs.c.id, sa.literal(AUDIT_REASON), jobs.c.attempt, context).join_from(
         given, jobs, sa.and_(jobs.c.id == given.c.id, jobs.c.status == status_literal(S.COMPLETED))

@@ -35,6 +35,16 @@ job_status = pg.ENUM(
 
 NOW = sa.text("now()")
 ARRIVED_UNSUPPORTED = "(context ->> 'malformed_reason') = 'unsupported_schema_version'"  # routed on arrival (0020)
+REVIEW_UNCERTAINTY = (
+    "(\nCASE\n    WHEN jsonb_typeof(context -> 'uncertainty'::text) = 'number'::text"
+    " THEN GREATEST(LEAST((context -> 'uncertainty'::text)::numeric, 2::numeric), '-1'::integer::numeric)"
+    "::double precision\n    ELSE 2::double precision\nEND)"
+)
+"""An open review's uncertainty (0028): ``context.uncertainty`` (written with the review from the
+model's answer, :func:`triage.jobs.review_uncertainty.answer_uncertainty`), else 2 (no answer:
+after every margin and confidence). Read as numeric and bounded before it becomes a float, so no
+value a context can hold fails the insert that indexes it. Spelled as PostgreSQL prints it back
+(``pg_indexes``), so that the migrated index compares equal to this metadata."""
 
 jobs = sa.Table(
     "jobs",
@@ -198,6 +208,9 @@ classifications = sa.Table(
     sa.Column("input_sha256", sa.Text),
     sa.Column("reused_job_id", pg.UUID(as_uuid=True)),
     sa.Column("reused_attempt", sa.Integer),
+    # The model's top candidate labels, best first (0028): at most three {"label", "score"}; NULL
+    # where the classifier scores one label only (an LLM) or the row is older.
+    sa.Column("candidates", pg.JSONB),
     sa.UniqueConstraint("job_id", "attempt"),
     sa.CheckConstraint("outcome IN ('accepted', 'inconclusive', 'rejected')", name="outcome_known"),
     sa.CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
@@ -205,6 +218,10 @@ classifications = sa.Table(
         "output_mode IS NULL OR output_mode IN ('json_schema', 'json_object')", name="output_mode_known"
     ),
     sa.CheckConstraint("(reused_job_id IS NULL) = (reused_attempt IS NULL)", name="reused_whole"),
+    sa.CheckConstraint(
+        "candidates IS NULL OR (jsonb_typeof(candidates) = 'array' AND jsonb_array_length(candidates) <= 3)",
+        name="candidates_shape",
+    ),
     sa.Index("classifications_rejected_idx", "created_at", postgresql_where=sa.text("outcome = 'rejected'")),  # 0020
     # Serves the quality figures' window of days (0026): rows arrive in time order, so a BRIN
     # index finds a day's pages at almost no cost to the hot path's inserts.
@@ -272,6 +289,23 @@ manual_review = sa.Table(
     sa.Index("manual_review_open_queue_idx", "created_at", "id", postgresql_where=sa.text("resolved_at IS NULL")),
     sa.Index(
         "manual_review_open_reason_idx", "reason", "created_at", "id", postgresql_where=sa.text("resolved_at IS NULL")
+    ),
+    # Serve the queue least sure first (0028): open reviews by uncertainty, then oldest, as a whole
+    # or of one reason (triage.jobs.review_uncertainty).
+    sa.Index(
+        "manual_review_open_uncertainty_idx",
+        sa.text(REVIEW_UNCERTAINTY),
+        "created_at",
+        "id",
+        postgresql_where=sa.text("resolved_at IS NULL"),
+    ),
+    sa.Index(
+        "manual_review_open_reason_uncertainty_idx",
+        "reason",
+        sa.text(REVIEW_UNCERTAINTY),
+        "created_at",
+        "id",
+        postgresql_where=sa.text("resolved_at IS NULL"),
     ),
     # Serves the content cache's refusal to answer for content a reviewer labelled (0013).
     sa.Index("manual_review_labelled_idx", "job_id", postgresql_where=sa.text("resolution = 'labelled'")),

@@ -129,6 +129,7 @@ def _record(
         output_mode=output.output_mode,
         input_sha256=key,
         reused_from=reused_from,
+        candidates=output.candidates or None,
     )
 
 
