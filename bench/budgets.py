@@ -14,9 +14,9 @@ from bench.common import Figure, scratch_database, server_cpu_seconds
 from tests.fakes.server_process import ServerProcess
 from triage.classifiers import Taxonomy, build_classifier
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.budgets import BudgetSettings, ModelBudget
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.store.budgets import BudgetSettings, ModelBudget
+from triage.jobs.vocabulary.states import JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.retrieve import retrieve
@@ -120,7 +120,7 @@ def bench_budgeted_throughput() -> Figure:
 def bench_take_cost() -> Figure:
     """One reservation's round trip (one slot each: a rate of 10/s, whose slots are reserved ahead
     without sleeping), from one thread: wall time and the CPU it costs, beside a model call. A
-    worker reserves 0.1 s of the rate at once (:class:`~triage.jobs.budgets.ModelBudget`), so a
+    worker reserves 0.1 s of the rate at once (:class:`~triage.jobs.store.budgets.ModelBudget`), so a
     call pays this once per block: every call at 10/s or less, one in 5 at 50/s, one in 64 at
     640/s or more; ``blocks_per_second_capacity`` is what one worker could reserve."""
     with scratch_database() as url:

@@ -20,10 +20,10 @@ from triage.classifiers import Taxonomy, build_classifier
 from triage.classifiers.base import ClassifyRequest, decide_outcome
 from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.budgets import BudgetSettings, ModelBudget
-from triage.jobs.checks import in_state
-from triage.jobs.states import SETTLED, JobStatus
+from triage.jobs.sql.reads.checks import in_state
 from triage.jobs.store import JobStore
+from triage.jobs.store.budgets import BudgetSettings, ModelBudget
+from triage.jobs.vocabulary.states import SETTLED, JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.persist import PersistHandler

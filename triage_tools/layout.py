@@ -135,7 +135,6 @@ KNOWN_EXCEPTIONS: dict[str, str] = {
     "triage.sources.synthetic -> triage.classifiers.taxonomy": "synthetic tickets use the taxonomy's keywords",
     "triage.classifiers -> triage.learning.registry": "type only: the loaded model's type lives in the registry",
     "triage.classifiers.learned -> triage.learning.registry": "type only: the loaded model's type lives in the registry",
-    "triage.classifiers.llm -> triage.jobs.usage": "usage bounds were moved into jobs/, not next to the classifiers",
     "triage.payloads -> airflow": "ObjectStoragePath, when the operators pass one as the payload base",
     "triage.reconciliation.airflow_view -> Airflow's REST API": "reconciliation holds Airflow's REST client",
 }
@@ -145,7 +144,7 @@ KNOWN_EXCEPTIONS: dict[str, str] = {
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
-    """``plugins/triage/jobs/store.py`` → ``triage.jobs.store`` (``plugins/`` is on the path);
+    """``plugins/triage/jobs/store/__init__.py`` → ``triage.jobs.store`` (``plugins/`` is on the path);
     ``dags/reconcile_jobs.py`` → ``dags.reconcile_jobs``; a package's ``__init__`` is the package."""
     parts = path.relative_to(root).with_suffix("").parts
     parts = parts[1:] if parts[0] == "plugins" else parts
@@ -238,7 +237,7 @@ class Checkout:
     def local_imports(self, source: Source) -> set[str]:
         """The names of this checkout's modules that ``source`` imports (not itself). A package
         whose module is imported too is left out: ``from triage.jobs import states`` is an import
-        of ``triage.jobs.states``, one break and not two."""
+        of ``triage.jobs.vocabulary.states``, one break and not two."""
         found = {r.name for name in source.imports if (r := self.resolve(name)) is not None and r is not source}
         return {name for name in found if not any(other.startswith(f"{name}.") for other in found)}
 
@@ -342,7 +341,7 @@ LEDGER = "plugins/triage/jobs/"
 NOT_THE_LEDGER = {
     "reconciliation_runs": "reconciliation's own run history: its runner records a run, its report reads them",
 }
-"""Tables ``jobs/schema.py`` declares that are not the ledger's: their owner writes them."""
+"""Tables ``jobs/schema/__init__.py`` declares that are not the ledger's: their owner writes them."""
 WRITES_EXEMPT = {
     "plugins/triage/migrations/": "the schema itself: its DDL, and the trigger that writes job_events",
     "bench/simulation/": (
@@ -356,10 +355,10 @@ SQL_WRITE = re.compile(
     r"(?:\"?triage\"?\s*\.\s*)?\"?(\w+)\"?",
     re.IGNORECASE,
 )
-WRITE_MODULES = ("transitions", "recovery", "review_transitions", "outputs", "repairs", "session")
-WRITE_BUILDERS = frozenset(f"triage.jobs.{m}" for m in WRITE_MODULES) | {
-    "triage.jobs.expressions.outbox_insert",
-    "triage.jobs.expressions.review_rows",
+WRITE_MODULES = ("moves.worker", "moves.recovery", "moves.review", "writes.outputs", "moves.repairs", "session")
+WRITE_BUILDERS = frozenset(f"triage.jobs.sql.{m}" for m in WRITE_MODULES) | {
+    "triage.jobs.sql.expressions.outbox_insert",
+    "triage.jobs.sql.expressions.review_rows",
 }
 """The ledger's writes (and its transaction settings): only :class:`~triage.jobs.store.JobStore` runs them."""
 

@@ -95,7 +95,7 @@ def migrate_job_database(url: DatabaseUrl, to: str = "head") -> tuple[str | None
 def status_report(url: DatabaseUrl) -> str:
     """Jobs by state and open reviews by reason, as a small table."""
     from triage.jobs.schema import jobs, manual_review
-    from triage.jobs.states import JobStatus
+    from triage.jobs.vocabulary.states import JobStatus
 
     engine = create_engine(url, poolclass=sa.NullPool)
     try:

@@ -18,10 +18,10 @@ from triage import migrations
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.drill import DrillSettings
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.errors import MoveNotPermitted
-from triage.jobs.models import RetryLater
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import MoveNotPermitted
+from triage.jobs.vocabulary.models import RetryLater
+from triage.jobs.vocabulary.states import JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.publish import JsonlEventSink, publish_all
@@ -156,7 +156,7 @@ def test_a_replay_by_filter_runs_as_the_review_role_not_the_app_role(
     app_store: JobStore, review_store: JobStore
 ) -> None:
     from triage.contracts.replay import ReplayFilter
-    from triage.jobs.models import Fail
+    from triage.jobs.vocabulary.models import Fail
 
     app_store.register(new_jobs(2, prefix="replay"), batch_key=BATCH, step="classify", max_attempts=3)
     claim = app_store.claim(batch_key=BATCH, step="classify", limit=10, lease_seconds=60, owner="w")

@@ -18,8 +18,8 @@ from triage.classifiers.batch_api import BatchClient
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.batches import BatchLedger
 from triage.jobs.store import JobStore
+from triage.jobs.store.batches import BatchLedger
 from triage.payloads import PayloadStore
 from triage.pipeline.batch_mode import collect, given_answers, submission_key, submit
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -232,7 +232,7 @@ def test_a_submission_another_run_is_writing_is_left_to_it(
     """Two runs of one data interval (a scheduled run waiting on its batch, a run triggered for
     the same day): the second must not settle the first's submission as lost while the first
     holds its jobs and is still asking the provider, or the batch is paid and never read."""
-    from triage.jobs.states import Step
+    from triage.jobs.vocabulary.states import Step
 
     ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
     ids = register(store, payloads, client.classifier.version, ["a", "b"])

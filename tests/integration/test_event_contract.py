@@ -13,7 +13,8 @@ import jsonschema
 from tests.integration.helpers import new_jobs
 from tests.unit.frozen import V1_TYPES, v1_consumer
 from triage.contracts.events import SCHEMA_VERSION, WorkEvent
-from triage.jobs.models import (
+from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import (
     ClassificationRecord,
     Complete,
     Fail,
@@ -22,8 +23,7 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
-from triage.jobs.states import JobStatus
-from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.states import JobStatus
 from triage_tools.schemas import SCHEMAS
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"

@@ -17,8 +17,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from tests.fakes.provider import FakeProvider
 from tests.integration.test_review_operators import context, seamed
 from triage.contracts.events import parse_event
-from triage.jobs.models import Advance, ClaimedJob, ClassificationRecord, NewJob, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Advance, ClaimedJob, ClassificationRecord, NewJob, SendToReview
 from triage.operators.review import ReviewJobsOperator
 from triage.pipeline.actions import WebhookLabelAction, label_order
 from triage.pipeline.persist import PersistHandler

@@ -22,9 +22,9 @@ from triage.classifiers import build_classifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl
-from triage.jobs.errors import LedgerError
-from triage.jobs.models import ClassificationRecord, NewJob, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import LedgerError
+from triage.jobs.vocabulary.models import ClassificationRecord, NewJob, SendToReview
 from triage.learning.examples import LabelledDocument, import_examples
 from triage.learning.model import ArtifactRefused, ArtifactTampered
 from triage.learning.registry import (

@@ -18,9 +18,9 @@ from hypothesis.stateful import (
 )
 
 from tests.integration.helpers import new_jobs
-from triage.jobs.errors import LeaseLost, LedgerError, NotInReview, ReplayLimitReached
-from triage.jobs.models import Claim, Complete, LabelWrite, RetryLater, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import LeaseLost, LedgerError, NotInReview, ReplayLimitReached
+from triage.jobs.vocabulary.models import Claim, Complete, LabelWrite, RetryLater, SendToReview
 
 ACTORS = ("alice", "bob", "carol")
 JOBS = 6

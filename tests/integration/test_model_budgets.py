@@ -20,8 +20,8 @@ from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.budgets import BudgetSettings, ModelBudget
 from triage.jobs.store import JobStore
+from triage.jobs.store.budgets import BudgetSettings, ModelBudget
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.retrieve import to_new_jobs

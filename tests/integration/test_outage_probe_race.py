@@ -20,8 +20,8 @@ from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.helpers import counts
 from tests.integration.test_outage import Switch, classify, llm, register
 from tests.integration.test_outage_probe import BATCH, PARK
-from triage.jobs.ledger import DEFAULT_ACTOR
 from triage.jobs.store import JobStore
+from triage.jobs.store.ledger import DEFAULT_ACTOR
 from triage.payloads import PayloadStore
 from triage.pipeline.steps import CircuitOpen
 

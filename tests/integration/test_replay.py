@@ -19,10 +19,10 @@ from tests.integration.helpers import new_jobs
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.backoff import RetryPolicy
-from triage.jobs.models import RetryLater
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.backoff import RetryPolicy
+from triage.jobs.vocabulary.models import RetryLater
+from triage.jobs.vocabulary.states import JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.actions import WebhookLabelAction
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -204,7 +204,7 @@ def test_requeued_twice_then_accepted_the_job_completes_with_label_action_and_hi
 @pytest.mark.parametrize("replays", [pytest.param(1, id="one-requeue"), pytest.param(3, id="three-requeues")])
 def test_attempts_stay_unique_over_requeues(store: JobStore, replays: int) -> None:
     """Whatever the number of requeues, no two claims of a job share an attempt number."""
-    from triage.jobs.models import ClassificationRecord, SendToReview
+    from triage.jobs.vocabulary.models import ClassificationRecord, SendToReview
 
     [job_id] = store.register(new_jobs(1), batch_key=BATCH, step="classify", max_attempts=3).new_ids
     for n in range(replays + 1):

@@ -14,9 +14,9 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.replay import MAX_REPLAY_LIMIT, InvalidReplayFilter, ReplayFilter
-from triage.jobs.models import Fail, SendToReview
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Fail, SendToReview
+from triage.jobs.vocabulary.states import JobStatus
 
 DAY1 = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 DAY2 = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
@@ -191,7 +191,7 @@ def test_a_second_identical_apply_changes_nothing(store: JobStore, ledger: dict[
 def test_the_limit_bounds_an_apply_in_batches(store: JobStore) -> None:
     ids = failed(store, 7)
     selection = flt(reason="retries_exhausted", limit=5, dry_run=False, note="bounded")
-    from triage.jobs import replays
+    from triage.jobs.store import replays
 
     done = replays.apply(store.transaction, selection, actor="alice", max_replays=3, batch_size=2)
     assert (done.outcome, done.replayed_now, done.request.replayed) == ("applied", 5, 5)
@@ -268,7 +268,7 @@ def test_the_key_is_the_submission() -> None:
 def test_two_identical_submissions_at_once_share_the_bound(store: JobStore) -> None:
     import threading
 
-    from triage.jobs import replays
+    from triage.jobs.store import replays
 
     failed(store, 6)
     selection = flt(reason="retries_exhausted", limit=4, dry_run=False, note="twice at once")

@@ -21,9 +21,9 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import age_rows, drop_legacy_partitions, new_jobs, past_day_partitions
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, NewJob
-from triage.jobs.retention import LedgerRetention
 from triage.jobs.store import JobStore
+from triage.jobs.store.retention import LedgerRetention
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, NewJob
 from triage.maintenance.retention import apply_retention
 from triage.payloads import PayloadStore
 from triage.reconciliation.params import ReconcileParams
@@ -431,7 +431,7 @@ def test_no_job_reopens_while_retention_decides_its_days(
     """A replay (``terminal_failed -> queued``) is the one move that makes a closed job open
     again: while retention holds its lock (between the check of a day and its drop) the move is
     refused with a retryable error, so no day is dropped under a job that just reopened."""
-    from triage.jobs.errors import RetentionBusy
+    from triage.jobs.vocabulary.errors import RetentionBusy
 
     store.register(new_jobs(1, prefix="failed"), batch_key="failed", step="classify", max_attempts=3)
     (job_id,) = _ids(engine, "failed")

@@ -11,10 +11,10 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.events import WorkEvent
-from triage.jobs.errors import JobNotFound, LabelNotInTaxonomy, LedgerError, NotInReview, ReplayLimitReached
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, ReviewResult, SendToReview
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import JobNotFound, LabelNotInTaxonomy, LedgerError, NotInReview, ReplayLimitReached
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, ReviewResult, SendToReview
+from triage.jobs.vocabulary.states import JobStatus
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = frozenset({"billing", "shipping", "refund_request"})

@@ -20,10 +20,10 @@ from tests.integration.helpers import new_jobs
 from triage import migrations
 from triage.classifiers import Taxonomy
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.errors import ConstraintViolated, MoveNotPermitted, RoleRefused
-from triage.jobs.models import SendToReview
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import ConstraintViolated, MoveNotPermitted, RoleRefused
+from triage.jobs.vocabulary.models import SendToReview
+from triage.jobs.vocabulary.states import JobStatus
 from triage.roles import (
     MAINTAINER_ROLE,
     REVIEWER_ROLE,

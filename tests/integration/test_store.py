@@ -9,7 +9,8 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.events import parse_event
-from triage.jobs.errors import (
+from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import (
     DuplicateKey,
     JobNotFound,
     LeaseExpired,
@@ -18,7 +19,7 @@ from triage.jobs.errors import (
     StaleAttempt,
     UnknownStatus,
 )
-from triage.jobs.models import (
+from triage.jobs.vocabulary.models import (
     Advance,
     ClassificationRecord,
     Complete,
@@ -29,8 +30,7 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
-from triage.jobs.states import JobStatus, parse_status
-from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.states import JobStatus, parse_status
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 

@@ -1,5 +1,5 @@
 """The job ledger: states, schema, the named transitions and the store. No Airflow imports."""
 
-# The tables of who may do what live on the schema's metadata in a module of their own; imported
-# with the package so that the metadata is whole wherever any part of the ledger is imported.
-from triage.jobs import access_schema as _access_schema  # noqa: F401
+# The schema's metadata is whole (its access and learning tables included) wherever any part of
+# the ledger is imported.
+from triage.jobs import schema as _schema  # noqa: F401

@@ -19,8 +19,8 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from triage.contracts.documents import DocumentPayload, MalformedDocument
-from triage.jobs import learning as statements
-from triage.jobs.learning_tables import classifier_models
+from triage.jobs.schema.learning import classifier_models
+from triage.jobs.sql.writes import learning as statements
 from triage.learning.model import ArtifactRefused, LinearTextModel
 from triage.learning.training import DEFAULT_SETTINGS, Example, TrainedModel, TrainSettings, evaluate_model, train
 from triage.payloads import PayloadError, PayloadStore

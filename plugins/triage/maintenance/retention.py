@@ -19,7 +19,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs.retention import PARTITIONED, LedgerRetention
+from triage.jobs.store.retention import PARTITIONED, LedgerRetention
 from triage.maintenance import files
 from triage.payload_refs import PayloadRefInvalid, parse_ref
 from triage.payloads import PayloadStore

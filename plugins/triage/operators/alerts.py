@@ -265,8 +265,8 @@ class RunAlertsOperator(TriageOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.alerts import run_alerts
-        from triage.jobs.alert_reads import run_moves
-        from triage.jobs.states import JobStatus
+        from triage.jobs.sql.reads.alerts import run_moves
+        from triage.jobs.vocabulary.states import JobStatus
 
         ti = context["ti"]
         key = batch_key(context)

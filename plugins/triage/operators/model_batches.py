@@ -166,7 +166,7 @@ class ModelBatches:
 
     def wait_for_model_batches(self, context: Context) -> None:
         """In batch mode: submit, and defer while a batch runs (resumed in :meth:`execute_complete`)."""
-        from triage.jobs.batches import BatchLedger
+        from triage.jobs.store.batches import BatchLedger
         from triage.pipeline.batch_mode import submit
 
         config = self.run_config(context)
@@ -208,7 +208,7 @@ class ModelBatches:
         return self.after_model_batches(context)
 
     def _collect_or_wait(self, context: Context, client: BatchClient) -> None:
-        from triage.jobs.batches import BatchLedger
+        from triage.jobs.store.batches import BatchLedger
         from triage.pipeline.batch_mode import BATCH_WINDOW_SECONDS, collect
 
         ledger, key = BatchLedger(self.store.engine), batch_key(context)

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from triage.classifiers.base import ModelOutput
 from triage.classifiers.batch_api import BatchClient
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.batches import BatchLedger, Submission
-from triage.jobs.models import ClaimedJob, Outcome, Park, Release
-from triage.jobs.states import Step
 from triage.jobs.store import JobStore
+from triage.jobs.store.batches import BatchLedger, Submission
+from triage.jobs.vocabulary.models import ClaimedJob, Outcome, Park, Release
+from triage.jobs.vocabulary.states import Step
 from triage.payloads import PayloadStore
 from triage.pipeline.reading import read_document
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from triage.contracts.intake import INTAKE_BATCH, IntakeDocument
-from triage.jobs.intake import Accepted
-from triage.jobs.models import NewJob
-from triage.jobs.states import Step
 from triage.jobs.store import JobStore
+from triage.jobs.store.intake import Accepted
+from triage.jobs.vocabulary.models import NewJob
+from triage.jobs.vocabulary.states import Step
 from triage.payloads import PayloadStore
 from triage.pipeline.retrieve import idempotency_key
 

@@ -1,9 +1,9 @@
 """The reconciliation rules. Each takes the store and the run's params and returns a
 :class:`~triage.reconciliation.findings.RuleResult`; with ``dry_run`` it only reads.
 
-A rule reads through the ledger's named checks (:mod:`triage.jobs.checks`, on the store's
+A rule reads through the ledger's named checks (:mod:`triage.jobs.sql.reads.checks`, on the store's
 read-only connection) and repairs only where the repair is certain, through the store's named
-repairs (:mod:`triage.jobs.repairs`: allowed transitions, fenced statements); anything it cannot
+repairs (:mod:`triage.jobs.sql.moves.repairs`: allowed transitions, fenced statements); anything it cannot
 settle with certainty is a :class:`Conflict` for a human. ``docs/reconciliation.md`` gives the reasoning
 behind each decision.
 """
@@ -16,11 +16,10 @@ from typing import Any
 import httpx
 
 from triage.contracts.events import WorkEvent
-from triage.jobs import checks as Q
-from triage.jobs import last_tries
-from triage.jobs.models import REPAIRER
-from triage.jobs.states import JobStatus
-from triage.jobs.store import JobStore
+from triage.jobs.sql.reads import checks as Q
+from triage.jobs.store import JobStore, last_tries
+from triage.jobs.vocabulary.models import REPAIRER
+from triage.jobs.vocabulary.states import JobStatus
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 from triage.reconciliation.params import ReconcileParams
 
@@ -72,7 +71,7 @@ def expired_leases(store: JobStore, params: ReconcileParams) -> RuleResult:
 
 
 STUCK_STATES = (JobStatus.RECEIVED, JobStatus.QUEUED, JobStatus.RETRYABLE_FAILED, JobStatus.WAITING, JobStatus.RUNNING)
-"""The unfinished states (:data:`~triage.jobs.states.UNFINISHED`; a test keeps them equal) in
+"""The unfinished states (:data:`~triage.jobs.vocabulary.states.UNFINISHED`; a test keeps them equal) in
 the order their stuck checks run and the report lists them."""
 
 

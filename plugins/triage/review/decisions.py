@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from triage import markdown as md
-from triage.jobs.errors import LedgerError
-from triage.jobs.label_actions import reviewed_label
-from triage.jobs.models import ReviewResult
+from triage.jobs.sql.reads.label_actions import reviewed_label
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import LedgerError
+from triage.jobs.vocabulary.models import ReviewResult
 from triage.pipeline.actions import ActionFailed, LabelRequest
 from triage.review.config import ReviewRunConfig
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from triage import markdown as md
 from triage.contracts.replay import ReplayFilter
-from triage.jobs.replays import ReplayApplied, ReplayPreview, ReplayRequest
 from triage.jobs.store import JobStore
+from triage.jobs.store.replays import ReplayApplied, ReplayPreview, ReplayRequest
 
 LISTED_IDS = 100
 """How many of an apply's moved job ids the report lists (all of them are in ``job_events``)."""

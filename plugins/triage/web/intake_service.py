@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from triage import settings
 from triage.contracts.intake import INTAKE_ASSET_NAME, INTAKE_ASSET_URI, IntakeDocument
-from triage.jobs.intake import Accepted
-from triage.jobs.states import JobStatus
+from triage.jobs.store.intake import Accepted
+from triage.jobs.vocabulary.states import JobStatus
 from triage.web.service import TriageService
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Path
 
-from triage.jobs.review_queue import MAX_PAGE, Cursor, QueueFilter
+from triage.jobs.sql.reads.review_queue import MAX_PAGE, Cursor, QueueFilter
 
 DEFAULT_PAGE = 50
 MAX_REVIEW_ID = 2**63 - 1

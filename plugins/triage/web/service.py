@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from triage.jobs.errors import (
+from triage.jobs.sql.reads.review_queue import Cursor, QueueFilter, QueuePage, job_detail, queue_page
+from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import (
     JobNotFound,
     LabelNotInTaxonomy,
     LedgerError,
@@ -26,8 +28,6 @@ from triage.jobs.errors import (
     ReplayLimitReached,
     RoleRefused,
 )
-from triage.jobs.review_queue import Cursor, QueueFilter, QueuePage, job_detail, queue_page
-from triage.jobs.store import JobStore
 from triage.payload_refs import PayloadError
 from triage.pipeline.actions import WebhookLabelAction
 from triage.reconciliation import history
