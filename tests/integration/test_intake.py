@@ -418,7 +418,7 @@ def test_the_queue_depth_is_read_from_the_batch_index_and_bounded(store: JobStor
     assert store.unfinished_depth(bound=1000) == 1000
     assert store.unfinished_depth(bound=10**7) == 3000
     from tests.integration.test_plans import _explain
-    from triage.jobs.store.intake import unfinished_depth
+    from triage.jobs.sql.reads.intake import unfinished_depth
 
     with store.engine.connect() as conn:
         for bound in (1000, 50_000):

@@ -1,4 +1,4 @@
-"""Intake's registration statement on the real database (:func:`triage.jobs.store.intake.accept_jobs`):
+"""Intake's registration statement on the real database (:func:`triage.jobs.sql.moves.registration.accept_jobs`):
 a key whose job a concurrent request committed after the statement's snapshot is answered with
 that job, not lost and not registered twice."""
 
@@ -10,8 +10,8 @@ import time
 import sqlalchemy as sa
 
 from triage.jobs.sql.expressions import event_ids, rowset
+from triage.jobs.sql.moves.registration import accept_jobs, compiled
 from triage.jobs.store import JobStore
-from triage.jobs.store.intake import accept_jobs, compiled
 from triage.jobs.vocabulary.models import NewJob
 
 KEY = "helpdesk/3:R-1/" + "a" * 64 + "/v1"

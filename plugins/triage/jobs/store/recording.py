@@ -17,6 +17,7 @@ from uuid6 import uuid7
 from triage.contracts import usage as usage_bounds
 from triage.jobs.sql import session
 from triage.jobs.sql.expressions import context_json, event_ids, rowset
+from triage.jobs.sql.moves import registration
 from triage.jobs.sql.moves import worker as T
 from triage.jobs.sql.reads import queries
 from triage.jobs.sql.writes import outputs
@@ -53,7 +54,7 @@ def register_txn(
     new_ids: list[uuid.UUID] = []
     if queued:
         rows = rowset("new", (_new_job_row(j) for j in queued))
-        new_ids += conn.execute(T.register_queued(), {**scalars, **rows}).scalars().all()
+        new_ids += conn.execute(registration.register_queued(), {**scalars, **rows}).scalars().all()
     if review:
         rows = rowset(
             "new",
@@ -67,7 +68,7 @@ def register_txn(
                 for j in review
             ),
         )
-        new_ids += conn.execute(T.register_for_review(), {**scalars, **rows}).scalars().all()
+        new_ids += conn.execute(registration.register_for_review(), {**scalars, **rows}).scalars().all()
     return Registered(new=len(new_ids), existing=len(new_jobs) - len(new_ids), new_ids=tuple(new_ids))
 
 

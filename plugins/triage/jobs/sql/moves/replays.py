@@ -92,6 +92,9 @@ def preview_rows(selection: ReplayFilter) -> Any:
     )
 
 
+_REPLAY_REASON = sa.bindparam("p_replay_reason", type_=sa.Text)
+
+
 def replay_batch(selection: ReplayFilter) -> Any:
     """Up to ``:batch`` selected jobs ``-> queued`` as fresh jobs (the moves ``manual_review ->
     queued`` and ``terminal_failed -> queued``): a new attempt budget, no lease rescues or last
@@ -116,12 +119,23 @@ def replay_batch(selection: ReplayFilter) -> Any:
         .with_for_update(of=jobs, skip_locked=True)
         .cte("picked")
     )
+    return requeued([jobs.c.id.in_(sa.select(picked.c.id)), conditions[0]], _REPLAY_REASON, with_reason=True)
+
+
+def requeued(where: list[ColumnElement[bool]], reason: ColumnElement[Any], *, with_reason: bool = False) -> Any:
+    """The jobs ``where`` holds (replays still allowed: ``:max_replays``) ``-> queued`` as fresh
+    jobs: a new attempt budget, no lease, lease rescues or last error, a replay counted,
+    ``status_reason`` ``reason``; each open review row resolved ``requeued`` by ``:p_actor``
+    with ``:p_note``, and a ``job.requeued`` event each (naming the reason ``with_reason``).
+    Returns the moved ids. A reviewer's requeue of one job is this move of one
+    (:func:`triage.jobs.sql.moves.review.requeue_from_review`), a replay by filter of a batch
+    (:func:`replay_batch`)."""
     moved = (
         sa.update(jobs)
-        .where(jobs.c.id.in_(sa.select(picked.c.id)), conditions[0], _replays_left())
+        .where(*where, _replays_left())
         .values(
             status=status_literal(S.QUEUED),
-            status_reason=sa.bindparam("p_replay_reason", type_=sa.Text),
+            status_reason=reason,
             replays=jobs.c.replays + 1,
             lease_rescues=0,
             last_error_class=None,
@@ -145,13 +159,9 @@ def replay_batch(selection: ReplayFilter) -> Any:
         )
         .cte("resolved")
     )
+    named = ("reason", sa.cast(reason, sa.Text)) if with_reason else ()
     payload = sa.func.jsonb_build_object(
-        "resolution",
-        "requeued",
-        "resolved_by",
-        sa.cast(sa.bindparam("p_actor", type_=sa.Text), sa.Text),
-        "reason",
-        sa.cast(sa.bindparam("p_replay_reason", type_=sa.Text), sa.Text),
+        "resolution", "requeued", "resolved_by", sa.cast(sa.bindparam("p_actor", type_=sa.Text), sa.Text), *named
     )
     return outbox_insert(moved, EventType.REQUEUED, payload).returning(outbox.c.job_id).add_cte(resolved)
 

@@ -20,10 +20,9 @@ from triage.jobs.sql.expressions import (
     EVENT_SCHEMA_VERSION,
     NOW,
     UUID,
-    fresh_budget,
-    outbox_insert,
     status_literal,
 )
+from triage.jobs.sql.moves.replays import requeued
 from triage.jobs.vocabulary.states import EventType
 from triage.jobs.vocabulary.states import JobStatus as S
 
@@ -32,40 +31,10 @@ from triage.jobs.vocabulary.states import JobStatus as S
 def requeue_from_review() -> Any:
     """Review decision "requeue": ``manual_review -> queued`` as a fresh job (a new attempt
     budget, no lease rescues, no last error: the review row and the log keep those), a replay
-    counted (bounded by ``:max_replays``), the review row resolved and a ``job.requeued`` event."""
-    moved = (
-        sa.update(jobs)
-        .where(
-            jobs.c.id == sa.bindparam("p_job_id", type_=UUID),
-            jobs.c.status == status_literal(S.MANUAL_REVIEW),
-            jobs.c.replays < sa.bindparam("max_replays", type_=sa.Integer),
-        )
-        .values(
-            status=status_literal(S.QUEUED),
-            status_reason="requeued",
-            replays=jobs.c.replays + 1,
-            lease_rescues=0,
-            last_error_class=None,
-            last_error=None,
-            updated_at=NOW,
-            **fresh_budget(),
-        )
-        .returning(*EVENT_COLUMNS)
-        .cte("moved")
-    )
-    resolved = (
-        sa.update(manual_review)
-        .where(manual_review.c.job_id == sa.select(moved.c.id).scalar_subquery(), manual_review.c.resolved_at.is_(None))
-        .values(
-            resolved_at=NOW,
-            resolution="requeued",
-            resolved_by=sa.bindparam("p_actor", type_=sa.Text),
-            note=sa.bindparam("p_note", type_=sa.Text),
-        )
-        .cte("resolved")
-    )
-    payload = sa.func.jsonb_build_object("resolution", "requeued", "resolved_by", _text("p_actor"))
-    return outbox_insert(moved, EventType.REQUEUED, payload).returning(outbox.c.job_id).add_cte(resolved)
+    counted (bounded by ``:max_replays``), the review row resolved and a ``job.requeued`` event:
+    the replay of one job (:func:`triage.jobs.sql.moves.replays.requeued`)."""
+    one = [jobs.c.id == sa.bindparam("p_job_id", type_=UUID), jobs.c.status == status_literal(S.MANUAL_REVIEW)]
+    return requeued(one, sa.literal("requeued"))
 
 
 def _text(name: str) -> ColumnElement[Any]:

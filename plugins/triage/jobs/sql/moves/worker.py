@@ -1,5 +1,5 @@
-"""Every way a worker's job moves, as named SQLAlchemy Core statements: registration, the
-claim and its lease, and the outcome of an attempt.
+"""Every way a worker's job moves, as named SQLAlchemy Core statements: the claim and its lease,
+and the outcome of an attempt (registration is :mod:`.registration`).
 
 Each statement is one fenced, set-based write: ``UPDATE … WHERE <expected state and lease> …
 RETURNING``, a batch read from one JSON document (:func:`triage.jobs.sql.expressions.rowset`). The
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
-from triage.jobs.schema import jobs, manual_review, outbox
+from triage.jobs.schema import jobs, outbox
 from triage.jobs.sql import state_events as E
 from triage.jobs.sql.expressions import (
     EVENT_COLUMNS,
@@ -39,93 +39,6 @@ from triage.jobs.sql.expressions import (
 from triage.jobs.sql.moves.outages import outage_due
 from triage.jobs.vocabulary.states import OUTAGE_PREFIX, EventType
 from triage.jobs.vocabulary.states import JobStatus as S
-
-NEW_JOB_COLUMNS = dict(
-    id=UUID,
-    idempotency_key=sa.Text,
-    source=sa.Text,
-    external_id=sa.Text,
-    content_sha256=sa.Text,
-    payload_ref=sa.Text,
-    classifier_version=sa.Text,
-    correlation_id=sa.Text,
-)
-
-
-@cache
-def register_queued() -> Any:
-    """Register new jobs as ``queued`` with their ``job.registered`` outbox events.
-
-    ``ON CONFLICT (idempotency_key) DO NOTHING``: a key seen before registers nothing, so
-    re-running a date is free. Returns the ids of the new jobs only.
-    """
-    new = recordset("new", **NEW_JOB_COLUMNS)
-    inserted = (
-        pg.insert(jobs)
-        .from_select(
-            [*NEW_JOB_COLUMNS, "batch_key", "step", "status", "status_reason", "max_attempts"],
-            sa.select(
-                *[new.c[name] for name in NEW_JOB_COLUMNS],
-                sa.bindparam("batch_key", type_=sa.Text),
-                sa.bindparam("step", type_=sa.Text),
-                status_literal(S.QUEUED),
-                sa.literal("registered"),
-                sa.bindparam("max_attempts", type_=sa.Integer),
-            ),
-        )
-        .on_conflict_do_nothing(index_elements=["idempotency_key"])
-        .returning(*EVENT_COLUMNS)
-        .cte("inserted")
-    )
-    return outbox_insert(inserted, EventType.REGISTERED).returning(outbox.c.job_id)
-
-
-@cache
-def register_for_review() -> Any:
-    """Register input that was malformed on arrival straight into ``manual_review``, with its
-    review row and its outbox event: nothing is lost, and a human sees why."""
-    columns = dict(NEW_JOB_COLUMNS, reason=sa.Text, error=sa.Text, context=sa.Text)
-    new = recordset("new", **columns)
-    inserted = (
-        pg.insert(jobs)
-        .from_select(
-            [
-                *NEW_JOB_COLUMNS,
-                "batch_key",
-                "step",
-                "status",
-                "status_reason",
-                "last_error_class",
-                "last_error",
-                "max_attempts",
-            ],
-            sa.select(
-                *[new.c[name] for name in NEW_JOB_COLUMNS],
-                sa.bindparam("batch_key", type_=sa.Text),
-                sa.bindparam("step", type_=sa.Text),
-                status_literal(S.MANUAL_REVIEW),
-                new.c.reason,
-                new.c.reason,
-                new.c.error,
-                sa.bindparam("max_attempts", type_=sa.Integer),
-            ),
-        )
-        .on_conflict_do_nothing(index_elements=["idempotency_key"])
-        .returning(*MOVED)
-        .cte("inserted")
-    )
-    reviews = (
-        sa.insert(manual_review)
-        .from_select(
-            ["job_id", "reason", "error_class", "attempts", "last_error", "context"],
-            sa.select(
-                inserted.c.id, new.c.reason, new.c.reason, sa.literal(0), new.c.error, sa.cast(new.c.context, pg.JSONB)
-            ).join_from(inserted, new, new.c.id == inserted.c.id),
-        )
-        .cte("reviews")
-    )
-    events = E.needs_review(inserted)
-    return outbox_insert(inserted, EventType.REGISTERED).returning(outbox.c.job_id).add_cte(reviews, events)
 
 
 @cache
