@@ -415,8 +415,8 @@ def test_the_queue_depth_is_read_from_the_batch_index_and_bounded(store: JobStor
         )
     with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE triage.jobs"))
-    assert store.unfinished_depth(bound=1000) == 1000
-    assert store.unfinished_depth(bound=10**7) == 3000
+    assert store.intake.unfinished_depth(bound=1000) == 1000
+    assert store.intake.unfinished_depth(bound=10**7) == 3000
     from tests.integration.test_plans import _explain
     from triage.jobs.sql.reads.intake import unfinished_depth
 

@@ -274,8 +274,8 @@ def test_the_review_operator_sends_through_the_label_action_connection_and_retri
 
 def test_published_review_events_carry_the_label_and_the_reviewer(store: JobStore, tmp_path: Path) -> None:
     labelled, rejected = to_review(store, "T-25"), to_review(store, "T-26")
-    store.resolve_with_label(labelled, "shipping", actor="alice", taxonomy_names=TAXONOMY)
-    store.reject(rejected, actor="bob", note="spam")
+    store.review.resolve_with_label(labelled, "shipping", actor="alice", taxonomy_names=TAXONOMY)
+    store.review.reject(rejected, actor="bob", note="spam")
     path = tmp_path / "events.jsonl"
     publish_all(store, JsonlEventSink(path))
     events = [parse_event(line) for line in path.read_bytes().splitlines()]

@@ -116,7 +116,7 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
             if not in_review:
                 return
             with contextlib.suppress(ReplayLimitReached, NotInReview):
-                store.resolve_with_requeue(in_review[pick % len(in_review)][0], actor="reviewer", max_replays=2)
+                store.review.resolve_with_requeue(in_review[pick % len(in_review)][0], actor="reviewer", max_replays=2)
 
         @invariant()
         def nothing_lost_or_doubled(self) -> None:

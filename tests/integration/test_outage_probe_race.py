@@ -85,7 +85,9 @@ def test_two_workers_at_once_take_exactly_one_probe(store: JobStore, payloads: P
         try:
             if after is not None:
                 assert after.wait(30), "the first worker never wrote its probe"
-            taken[name] = ledger.probe_parked(BATCH, "classify", actor=f"{name}/try2", classifier_version=version)
+            taken[name] = ledger.probes.probe_parked(
+                BATCH, "classify", actor=f"{name}/try2", classifier_version=version
+            )
         except BaseException as exc:  # noqa: BLE001 (handed to the test thread, asserted empty)
             errors.append(exc)
         finally:

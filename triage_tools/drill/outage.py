@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from triage.jobs.schema import classifications, job_events, jobs, reconciliation_runs
-from triage.jobs.sql.moves.outages import parked
+from triage.jobs.sql.expressions import parked
 from triage.jobs.sql.reads.checks import in_state
 from triage.jobs.vocabulary.states import UNFINISHED
 from triage.jobs.vocabulary.states import JobStatus as S

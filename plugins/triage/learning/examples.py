@@ -34,7 +34,8 @@ from typing import Any, BinaryIO, Final
 import sqlalchemy as sa
 
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.sql.writes.learning import REVIEW_SOURCE, insert_examples
+from triage.jobs.schema.learning import REVIEW_SOURCE
+from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.sources.jsonl import MAX_LINE_BYTES, parse_line
 from triage.sources.lines import bounded_lines
@@ -269,8 +270,7 @@ def _store(
         }
         for example, (sha, ref) in zip(unique, stored, strict=True)
     ]
-    with engine.begin() as conn:
-        added = conn.execute(insert_examples(), rows).scalars().all() if rows else []
+    added = JobStore(engine).learning.add_examples(rows)
     report.added += len(added)
     report.already += len(chunk) - len(added)
     report.added_ids.update(added)

@@ -60,7 +60,7 @@ def accept_documents(
         )
         for (doc, _payload), (digest, ref) in zip(documents, stored, strict=True)
     ]
-    accepted = store.accept(
+    accepted = store.intake.accept(
         new_jobs, step=Step.CLASSIFY, max_attempts=settings.max_attempts, actor=actor, batch_key=settings.batch_key
     )
     by_key = {a.idempotency_key: a for a in accepted}

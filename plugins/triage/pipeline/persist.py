@@ -21,7 +21,6 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 
-from triage.jobs.sql.reads.label_actions import superseded
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, Park, RetryLater
 from triage.jobs.vocabulary.states import Step
@@ -73,8 +72,7 @@ class PersistHandler:
         labels = self.store.accepted_labels([j.id for j in jobs])
         stale: set[uuid.UUID] = set()
         if self.action is not None:
-            with self.store.engine.connect() as conn:
-                stale = superseded(conn, [j.id for j in jobs if j.id in labels])
+            stale = self.store.superseded([j.id for j in jobs if j.id in labels])
         outcomes: list[Outcome] = []
         for job in jobs:
             label = labels.get(job.id)

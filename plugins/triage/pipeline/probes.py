@@ -64,7 +64,9 @@ class OutageProbe:
         if self.tried:
             return False
         self.tried = True
-        taken = self.store.probe_parked(self.batch_key, self.step, actor=self.owner, classifier_version=self.version)
+        taken = self.store.probes.probe_parked(
+            self.batch_key, self.step, actor=self.owner, classifier_version=self.version
+        )
         if taken is None:
             return False
         self.job_id, self.dependency = taken
@@ -111,7 +113,7 @@ class OutageProbe:
         answered, self.verdict, self.job_id = bool(self.verdict), None, None
         if not answered:
             return False
-        resumed = self.store.resume_after_probe(
+        resumed = self.store.probes.resume_after_probe(
             self.batch_key, self.step, dependency=self.dependency, actor=self.owner, classifier_version=self.version
         )
         log.info(

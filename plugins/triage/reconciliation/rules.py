@@ -17,7 +17,8 @@ import httpx
 
 from triage.contracts.events import WorkEvent
 from triage.jobs.sql.reads import checks as Q
-from triage.jobs.store import JobStore, last_tries
+from triage.jobs.sql.reads import last_tries
+from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import REPAIRER
 from triage.jobs.vocabulary.states import JobStatus
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
@@ -294,7 +295,7 @@ def dead_last_tries(
 ) -> RuleResult:
     """Retryable jobs whose last holder was its task's final try (``final_try``: the classifying
     tasks' retries + 1), due for ``last_try_seconds`` in a batch idle for as long, go to
-    ``manual_review`` (``airflow_task_failed``): :meth:`JobStore.send_dead_last_tries_to_review`,
+    ``manual_review`` (``airflow_task_failed``): :meth:`JobStore.last_tries.send_dead_last_tries_to_review`,
     fenced. A ledger-only rule: it needs no Airflow API, and says in its finding whether the API
     answered (``api_skipped``: why the Airflow view was skipped, or None). When the view ran, the
     holders of its DAG (``viewed_dag``) are left to it: it knows the batch's other runs, and
@@ -332,7 +333,7 @@ def dead_last_tries(
     findings = (Finding("last_try_dead", int(row.n), detail, sample(row.job_ids), "last_try_dead_to_review", data),)
     if params.dry_run:
         return RuleResult("dead_last_tries", findings=findings)
-    ids = store.send_dead_last_tries_to_review(
+    ids = store.last_tries.send_dead_last_tries_to_review(
         idle_seconds=params.last_try_seconds, final_try=final_try, viewed_dag=viewed_dag
     )
     repairs = (

@@ -7,7 +7,10 @@ from sqlalchemy.dialects import postgresql as pg
 
 from triage.jobs.schema import NOW, metadata
 
-__all__ = ["classifier_models", "labelled_examples"]
+REVIEW_SOURCE = "review"
+"""The source of the examples reviewers' ``label`` decisions make; no import may use it."""
+
+__all__ = ["REVIEW_SOURCE", "classifier_models", "labelled_examples"]
 
 # Human ground truth for the learned classifier (migration 0025, triage.learning): one row per
 # labelled document, idempotent by (source, external_id). Imported history names its file's

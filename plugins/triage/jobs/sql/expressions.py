@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
 from triage.jobs.schema import classifications, job_status, jobs, manual_review, outbox
-from triage.jobs.vocabulary.states import EventType
+from triage.jobs.vocabulary.states import OUTAGE_PREFIX, EventType
 from triage.jobs.vocabulary.states import JobStatus as S
 
 EVENT_SCHEMA_VERSION = 1
@@ -162,3 +162,8 @@ def latest_answer() -> Any:
         .limit(1)
         .lateral("model")
     )
+
+
+def parked() -> ColumnElement[bool]:
+    """The job is parked on an outage (whatever its due time)."""
+    return sa.and_(jobs.c.status == status_literal(S.WAITING), sa.func.starts_with(jobs.c.status_reason, OUTAGE_PREFIX))

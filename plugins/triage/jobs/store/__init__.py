@@ -2,11 +2,13 @@
 
 Every public method owns one transaction (:meth:`~triage.jobs.store.ledger.Ledger.transaction`),
 names who acts in it (the trigger logs the actor of every transition), runs named statements
-(the moves of :mod:`.transitions`, :mod:`.recovery` and :mod:`.outages`, reconciliation's
-:mod:`.repairs`, the writes of :mod:`.outputs`, the reads of :mod:`.queries`), and translates
+(the moves of :mod:`triage.jobs.sql.moves`, the writes of :mod:`triage.jobs.sql.writes`, the
+reads of :mod:`triage.jobs.sql.reads`), and translates
 database errors into :mod:`triage.jobs.vocabulary.errors`. A reviewer's decisions (a job's label, reject
-or requeue; a replay by filter) are :class:`~triage.jobs.store.review.ReviewDecisions`, which the
-store inherits. The transaction bodies (``register_txn``, ``record_txn`` of :mod:`.recording`;
+or requeue; a replay by filter) are its part ``store.review``
+(:class:`~triage.jobs.store.review.ReviewDecisions`); intake, outage probes, dead last tries,
+provider batches, model call budgets and retention are parts likewise: no code outside this
+package opens a transaction on the ledger. The transaction bodies (``register_txn``, ``record_txn`` of :mod:`.recording`;
 :mod:`.review_results`) never commit, so a caller that needs several writes in one transaction
 composes them; the outbox relay is :mod:`.relay`.
 
@@ -30,13 +32,19 @@ from triage.jobs.sql.expressions import context_json, rowset
 from triage.jobs.sql.moves import outages, recovery, repairs
 from triage.jobs.sql.moves import worker as T
 from triage.jobs.sql.reads import answers, queries
+from triage.jobs.sql.reads.alerts import RunMoves, run_moves
 from triage.jobs.sql.reads.answers import Answer
+from triage.jobs.sql.reads.label_actions import superseded
+from triage.jobs.store.batches import BatchLedger
+from triage.jobs.store.budgets import BudgetRows
 from triage.jobs.store.intake import IntakeLedger
 from triage.jobs.store.last_tries import DeadLastTries
-from triage.jobs.store.ledger import DEFAULT_ACTOR
+from triage.jobs.store.learning import LearningRows
+from triage.jobs.store.ledger import DEFAULT_ACTOR, Ledger
 from triage.jobs.store.probes import OutageProbes
 from triage.jobs.store.recording import check_fenced, record_txn, register_txn
 from triage.jobs.store.relay import relay_events
+from triage.jobs.store.retention import LedgerRetention
 from triage.jobs.store.review import ReviewDecisions
 from triage.jobs.vocabulary.backoff import RetryPolicy
 from triage.jobs.vocabulary.errors import JobNotFound
@@ -54,10 +62,12 @@ from triage.jobs.vocabulary.models import (
 from triage.jobs.vocabulary.states import JobStatus, parse_status
 
 
-class JobStore(IntakeLedger, ReviewDecisions, DeadLastTries, OutageProbes):
+class JobStore(Ledger):
     """The ledger over one engine: a worker's moves, recovery, repairs, the relay and reads here;
-    inherited: a reviewer's decisions (:class:`~triage.jobs.store.review.ReviewDecisions`), intake's
-    (:class:`~triage.jobs.store.intake.IntakeLedger`), dead last tries (:mod:`.last_tries`), outage probes (:mod:`.outage_probes`).
+    the rest in named parts over its transactions, each a :class:`~triage.jobs.store.ledger.Part`:
+    ``review`` (a reviewer's decisions), ``intake``, ``probes`` (outage probes), ``last_tries``
+    (dead last tries), ``batches`` (provider batches), ``budgets`` (model call budgets),
+    ``retention`` and ``learning`` (labelled examples, the model registry).
 
     :param engine: a SQLAlchemy engine on the job database (psycopg 3).
     :param retry_policy: backoff for :class:`RetryLater` outcomes that carry no delay.
@@ -70,6 +80,22 @@ class JobStore(IntakeLedger, ReviewDecisions, DeadLastTries, OutageProbes):
         super().__init__(engine)
         self.retry_policy = retry_policy or RetryPolicy()
         self._rng = rng or random.Random()
+        self.review = ReviewDecisions(self)
+        """A reviewer's decisions: label, reject, requeue, a replay by filter (:mod:`.review`)."""
+        self.intake = IntakeLedger(self)
+        """Documents posted over HTTP: accept them, the work they wait behind (:mod:`.intake`)."""
+        self.probes = OutageProbes(self)
+        """The half-open probe of an outage (:mod:`.probes`)."""
+        self.last_tries = DeadLastTries(self)
+        """The jobs a task's dead final try held (:mod:`.last_tries`)."""
+        self.batches = BatchLedger(self)
+        """The provider batches a backfill's jobs wait on (:mod:`.batches`)."""
+        self.budgets = BudgetRows(self)
+        """The model connections' shared call budgets (:mod:`.budgets`)."""
+        self.retention = LedgerRetention(self)
+        """Retention's removals, for an engine of the maintenance role (:mod:`.retention`)."""
+        self.learning = LearningRows(self)
+        """Labelled examples and the model registry's rows (:mod:`.learning`)."""
 
     # -- retrieval ------------------------------------------------------------------------
 
@@ -392,6 +418,27 @@ class JobStore(IntakeLedger, ReviewDecisions, DeadLastTries, OutageProbes):
             if r.eligible and r.from_job_id is not None
         }
         return eligible, found
+
+    def open_review_reasons(self) -> list[tuple[str, int]]:
+        """Open reviews by reason, most first."""
+        with self.engine.connect() as conn:
+            return [(reason, n) for reason, n in conn.execute(queries.open_review_reasons())]
+
+    def payload_of(self, job_id: uuid.UUID) -> tuple[str, str] | None:
+        """The job's payload reference and content hash; None: no such job."""
+        with self.engine.connect() as conn:
+            row = conn.execute(queries.payload_of(), {"p_job_id": job_id}).first()
+        return None if row is None else (row.payload_ref, row.content_sha256)
+
+    def superseded(self, job_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Of ``job_ids``, those whose document has a newer job's label (:mod:`.label_actions`)."""
+        with self.engine.connect() as conn:
+            return superseded(conn, job_ids)
+
+    def run_moves(self, *, batch_key: str, run_prefix: str) -> RunMoves:
+        """What one DAG run moved into the states that need a person (:mod:`triage.jobs.sql.reads.alerts`)."""
+        with self.engine.connect() as conn:
+            return run_moves(conn, batch_key=batch_key, run_prefix=run_prefix)
 
     def get_status(self, job_id: uuid.UUID) -> JobStatus:
         with self.engine.connect() as conn:

@@ -1,260 +1,47 @@
-"""A model connection's requests-per-minute and tokens-per-minute budget, shared by every worker
-through one row of ``triage.model_budgets`` (migration 0017).
+"""The store's budget part (``JobStore.budgets``): the rows of ``triage.model_budgets`` that every
+worker's model calls share, read and written by the statements of
+:mod:`triage.jobs.sql.writes.budgets`, each in a short transaction of its own. The worker's side
+(blocks of slots handed to its threads, patience, a 429's block) is
+:class:`triage.classifiers.budgets.ModelBudget`, which asks this part by name.
 
-The row is a generic cell rate algorithm (GCRA) for requests and one for tokens: ``request_tat``
-is when the request budget would be full again if no call came ("theoretical arrival time"); a
-call of ``n`` requests moves it on by ``n × 60 / requests_per_minute`` seconds, and may start as
-soon as it is at most ``burst_seconds`` ahead of now. Tokens likewise, with the call's estimated
-tokens (corrected by the next call once the provider reported what it used). ``blocked_until`` is
-the provider's word: a 429's ``Retry-After`` or an ``x-ratelimit-reset-*`` when nothing is left,
-pushed by the worker that got it and honoured by every worker's next call.
-
-A call's slot is taken by one ``UPDATE`` of the row that returns how long to wait before sending
-(:meth:`ModelBudget.take`); it reserves the slot only if that wait is within the caller's
-patience, so a worker that gives up (the job is parked until the budget has room) has spent
-nothing of the budget. Waits are computed by the database's clock only: hosts' clocks never meet.
-
-What it costs: one round trip per call on a row every worker updates; the row lock is held for
-the statement only, and the table is ``UNLOGGED`` (no WAL flush per call; after a crash it comes
-back empty and the next call writes the row again, with a full budget). Measured in
-``make bench`` (``docs/model-calls.md``).
+What it costs: one round trip per reservation on a row every worker updates; the row lock is
+held for the statement only, and the table is ``UNLOGGED`` (no WAL flush per call; after a crash
+it comes back empty and the next call writes the row again, with a full budget).
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import dataclass
-from functools import cache
-from typing import Any
+from triage.jobs.sql.writes import budgets as B
+from triage.jobs.store.ledger import Part
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
-
-from triage.jobs.schema import model_budgets as b
-
-__all__ = ["BudgetSettings", "ModelBudget"]
-
-NOW = sa.func.clock_timestamp()  # not now(): a statement may wait for the row lock
-BLOCK_SECONDS = 0.1
-"""How much of the budget's rate a worker reserves at once (see :class:`ModelBudget`)."""
-MAX_BLOCK = 64
-"""The most slots reserved at once, however high the rate."""
+__all__ = ["BudgetRows"]
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetSettings:
-    """A connection's budget as configured (the ``triage_llm`` connection's extra).
+class BudgetRows(Part):
+    """The shared budget rows, by connection name: the store's part ``JobStore.budgets``."""
 
-    :param requests_per_minute: None: no request budget.
-    :param tokens_per_minute: None: no token budget.
-    :param burst_seconds: how far ahead of its rate the budget may run (a burst of
-        ``burst_seconds × rate``); providers meter over short windows, so keep it small.
-    """
+    def configure(
+        self, name: str, *, requests_per_minute: float | None, tokens_per_minute: float | None, burst_seconds: float
+    ) -> None:
+        """Create the row ``name``, or set its rates to these (the last configured wins)."""
+        params = {"budget": name, "rpm": requests_per_minute, "tpm": tokens_per_minute, "burst": burst_seconds}
+        with self.transaction(None) as conn:
+            conn.execute(B.configure_statement(), params)
 
-    requests_per_minute: float | None = None
-    tokens_per_minute: float | None = None
-    burst_seconds: float = 1.0
+    def reserve(self, name: str, *, requests: float, tokens: float, patience: float) -> tuple[bool, float] | None:
+        """Reserve ``requests`` of ``tokens`` in all if they may start within ``patience`` seconds:
+        (reserved, seconds to wait before sending, never below 0); not reserved: the wait they
+        would have had. None: the row ``name`` is missing (the unlogged table came back empty)."""
+        params = {"budget": name, "requests": requests, "tokens": tokens, "patience": patience}
+        with self.transaction(None) as conn:
+            row = conn.execute(B.take_statement(), params).first()
+            if row is not None:
+                return True, max(float(row.wait or 0.0), 0.0)
+            wait = conn.execute(B.wait_statement(), params).scalar()
+        return None if wait is None else (False, max(float(wait), 0.0))
 
-    def __post_init__(self) -> None:
-        for name in ("requests_per_minute", "tokens_per_minute"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be a positive number or unset")
-        if not self.burst_seconds >= 0:
-            raise ValueError("burst_seconds must be >= 0")
-
-    @property
-    def enabled(self) -> bool:
-        return self.requests_per_minute is not None or self.tokens_per_minute is not None
-
-
-SECOND: Any = sa.literal_column("interval '1 second'")
-
-
-def _seconds(value: Any) -> Any:
-    return value * SECOND
-
-
-def _step(per_minute: Any, amount: Any) -> Any:
-    return _seconds(sa.cast(amount, sa.Float) * 60.0 / per_minute)
-
-
-def _next(tat: Any, per_minute: Any, amount: Any) -> Any:
-    """The budget's ``tat`` once a call of ``amount`` took its slot (unchanged when not set)."""
-    base = sa.func.greatest(tat, NOW, b.c.blocked_until + _seconds(b.c.burst_seconds))
-    return sa.case((per_minute.is_(None), tat), else_=base + _step(per_minute, amount))
-
-
-def _start(next_tat: Any, per_minute: Any, amount: Any) -> Any:
-    """When the call whose slot ended at ``next_tat`` may start (NULL: the budget is not set)."""
-    start = next_tat - _step(per_minute, amount) - _seconds(b.c.burst_seconds)
-    return sa.case((per_minute.is_(None), None), else_=start)
-
-
-def _params() -> tuple[Any, Any]:
-    return sa.bindparam("requests", type_=sa.Float), sa.bindparam("tokens", type_=sa.Float)
-
-
-@cache
-def take_statement() -> Any:
-    """Reserve a call's slot if it starts within ``:patience`` seconds; returns ``wait`` (seconds
-    from now, may be below 0: go). No row: not within patience (:func:`wait_statement` says how
-    long). The condition and the new values are computed on the latest row (a concurrent taker
-    holds its lock until it commits); the wait is read back from the new row, not a snapshot."""
-    requests, tokens = _params()
-    r, t = b.c.requests_per_minute, b.c.tokens_per_minute
-    next_request, next_token = _next(b.c.request_tat, r, requests), _next(b.c.token_tat, t, tokens)
-    before = sa.func.greatest(_start(next_request, r, requests), _start(next_token, t, tokens), b.c.blocked_until)
-    after = sa.func.greatest(_start(b.c.request_tat, r, requests), _start(b.c.token_tat, t, tokens), b.c.blocked_until)
-    patience = _seconds(sa.bindparam("patience", type_=sa.Float))
-    return (
-        sa.update(b)
-        .where(b.c.name == sa.bindparam("budget"), before <= NOW + patience)
-        .values(request_tat=next_request, token_tat=next_token, updated_at=NOW)
-        .returning(sa.extract("epoch", after - NOW).label("wait"))
-    )
-
-
-@cache
-def wait_statement() -> Any:
-    """How long until a call of ``:requests``/``:tokens`` could start (seconds from now)."""
-    requests, tokens = _params()
-    r, t = b.c.requests_per_minute, b.c.tokens_per_minute
-    start = sa.func.greatest(
-        _start(_next(b.c.request_tat, r, requests), r, requests),
-        _start(_next(b.c.token_tat, t, tokens), t, tokens),
-        b.c.blocked_until,
-    )
-    return sa.select(sa.extract("epoch", start - NOW).label("wait")).where(b.c.name == sa.bindparam("budget"))
-
-
-@cache
-def configure_statement() -> Any:
-    """Create the connection's row, or set its rates to this worker's configuration."""
-    insert = pg.insert(b).values(
-        name=sa.bindparam("budget"),
-        requests_per_minute=sa.bindparam("rpm", type_=sa.Float),
-        tokens_per_minute=sa.bindparam("tpm", type_=sa.Float),
-        burst_seconds=sa.bindparam("burst", type_=sa.Float),
-    )
-    rates = ("requests_per_minute", "tokens_per_minute", "burst_seconds")
-    return insert.on_conflict_do_update(
-        index_elements=[b.c.name],
-        set_={**{r: insert.excluded[r] for r in rates}, "updated_at": NOW},
-        where=sa.tuple_(*(b.c[r] for r in rates)).is_distinct_from(sa.tuple_(*(insert.excluded[r] for r in rates))),
-    )
-
-
-@cache
-def block_statement() -> Any:
-    """The provider asked to be left alone for ``:seconds``: every worker's next call waits."""
-    return (
-        sa.update(b)
-        .where(b.c.name == sa.bindparam("budget"))
-        .values(
-            blocked_until=sa.func.greatest(b.c.blocked_until, NOW + _seconds(sa.bindparam("seconds", type_=sa.Float))),
-            rate_limited=b.c.rate_limited + sa.bindparam("counted", type_=sa.BigInteger),
-            updated_at=NOW,
-        )
-    )
-
-
-class ModelBudget:
-    """The shared budget of one model connection (``name``, its Airflow connection id), as one
-    worker process sees it; thread-safe.
-
-    A worker reserves slots in blocks of up to :data:`BLOCK_SECONDS` of the budget's rate (one
-    ``UPDATE`` for the block) and hands them out to its threads one rate interval apart: at
-    1,000 calls/s that is one round trip per 100 calls, at 50/s one per 5 calls, at 10/s or less
-    one per call. A worker holds at most that much of the budget ahead of the others; a 429 drops
-    what it holds (the block pushed ``blocked_until`` past it).
-    """
-
-    def __init__(self, engine: sa.Engine, name: str, settings: BudgetSettings) -> None:
-        self.engine, self.name, self.settings = engine, name, settings
-        self._configured = False
-        self._lock = threading.Lock()  # the fields below
-        self._reserving = threading.Lock()  # one block reserved at a time per process
-        self._left, self._next_start, self._spacing = 0, 0.0, 0.0
-        self.reservations = 0
-        """Blocks reserved (round trips to the row) by this worker, for the benchmark."""
-
-    def configure(self) -> None:
-        """Write this worker's rates to the row (once per instance; the last configured wins)."""
-        with self._lock:
-            if self._configured:
-                return
-        s = self.settings
-        with self.engine.begin() as conn:
-            conn.execute(
-                configure_statement(),
-                {
-                    "budget": self.name,
-                    "rpm": s.requests_per_minute,
-                    "tpm": s.tokens_per_minute,
-                    "burst": s.burst_seconds,
-                },
-            )
-        with self._lock:
-            self._configured = True
-
-    def _interval(self, tokens: float) -> float:
-        """Seconds between two calls of ``tokens`` at the budget's rates."""
-        s = self.settings
-        by_requests = 60.0 / s.requests_per_minute if s.requests_per_minute else 0.0
-        by_tokens = 60.0 * tokens / s.tokens_per_minute if s.tokens_per_minute else 0.0
-        return max(by_requests, by_tokens)
-
-    def _held(self, patience: float) -> float | None:
-        """The wait of the next slot this worker holds, if it has one within ``patience``."""
-        with self._lock:
-            now = time.monotonic()
-            if self._left <= 0 or self._next_start - now > patience:
-                return None
-            start, self._next_start, self._left = self._next_start, self._next_start + self._spacing, self._left - 1
-            return max(start - now, 0.0)
-
-    def take(self, tokens: float, patience: float) -> tuple[bool, float]:
-        """Reserve one request of ``tokens`` if it may start within ``patience`` seconds:
-        (reserved, seconds to wait before sending); not reserved: the wait it would have had."""
-        held = self._held(patience)
-        if held is not None:
-            return True, held
-        with self._reserving:
-            held = self._held(patience)  # another thread reserved a block meanwhile
-            if held is not None:
-                return True, held
-            interval = self._interval(max(tokens, 0.0))
-            size = max(1, min(MAX_BLOCK, int(BLOCK_SECONDS / interval))) if interval > 0 else MAX_BLOCK
-            reserved, wait = self._reserve(size, max(tokens, 0.0) * size, patience)
-            if reserved:
-                with self._lock:
-                    self.reservations += 1
-                    self._left, self._spacing = size - 1, interval
-                    self._next_start = time.monotonic() + wait + interval
-            return reserved, wait
-
-    def _reserve(self, requests: int, tokens: float, patience: float) -> tuple[bool, float]:
-        params = {"budget": self.name, "requests": float(requests), "tokens": tokens, "patience": patience}
-        for _ in range(2):
-            self.configure()
-            with self.engine.begin() as conn:
-                row = conn.execute(take_statement(), params).first()
-                if row is not None:
-                    return True, max(float(row.wait or 0.0), 0.0)
-                wait = conn.execute(wait_statement(), params).scalar()
-            if wait is not None:
-                return False, max(float(wait), 0.0)
-            with self._lock:  # no row: the unlogged table came back empty after a crash
-                self._configured = False
-        raise RuntimeError(f"model budget {self.name!r} could not be written")
-
-    def block(self, seconds: float, *, counted: bool = True) -> None:
-        """Push ``blocked_until`` to ``seconds`` from now (never earlier than it is), dropping
-        the slots this worker holds; ``counted``: a 429, added to ``rate_limited``."""
-        with self._lock:
-            self._left = 0
-        self.configure()
-        with self.engine.begin() as conn:
-            conn.execute(block_statement(), {"budget": self.name, "seconds": seconds, "counted": int(counted)})
+    def block(self, name: str, *, seconds: float, counted: bool) -> None:
+        """Push the row's ``blocked_until`` to ``seconds`` from now (never earlier than it is);
+        ``counted``: a 429, added to ``rate_limited``."""
+        with self.transaction(None) as conn:
+            conn.execute(B.block_statement(), {"budget": name, "seconds": seconds, "counted": int(counted)})

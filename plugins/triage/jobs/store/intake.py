@@ -26,7 +26,7 @@ from triage.contracts.intake import INTAKE_BATCH
 from triage.jobs.sql.expressions import event_ids, rowset
 from triage.jobs.sql.moves.registration import accept_jobs, compiled
 from triage.jobs.sql.reads.intake import intake_status, jobs_by_key, unfinished_depth
-from triage.jobs.store.ledger import Ledger
+from triage.jobs.store.ledger import Part
 from triage.jobs.vocabulary.errors import translate
 from triage.jobs.vocabulary.models import NewJob
 
@@ -65,7 +65,7 @@ def _value(status: Any) -> str:
     return str(getattr(status, "value", status))
 
 
-class IntakeLedger(Ledger):
+class IntakeLedger(Part):
     """Intake's part of the store (:class:`~triage.jobs.store.JobStore` inherits it)."""
 
     def accept(

@@ -1,12 +1,12 @@
-"""The ledger over one engine: its transaction and its read-only connection, which every part
-of the store (:class:`~triage.jobs.store.JobStore`, :class:`~triage.jobs.store.review.ReviewDecisions`)
-runs its named statements in. No Airflow imports.
+"""The ledger over one engine: its transaction and its read-only connection, which the store
+(:class:`~triage.jobs.store.JobStore`) and every part of it (:class:`Part`: ``store.review``,
+``store.intake``, ...) run their named statements in. No Airflow imports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import sqlalchemy as sa
 
@@ -49,3 +49,22 @@ class Ledger:
         transactions begin ``READ ONLY``, so the database refuses any write (no extra round trip)."""
         with self.engine.connect().execution_options(postgresql_readonly=True) as conn:
             yield conn
+
+
+class Part(Ledger):
+    """A named part of the store (``store.review``, ``store.batches``, ...): its transactions and
+    reads are the store's own, so a store that wraps :meth:`~Ledger.transaction` (a test's seam)
+    wraps its parts' too.
+
+    :param store: the store this is a part of.
+    """
+
+    def __init__(self, store: Ledger) -> None:
+        super().__init__(store.engine)
+        self.store = store
+
+    def transaction(self, actor: str | None = DEFAULT_ACTOR) -> AbstractContextManager[sa.Connection]:  # type: ignore[override]
+        return self.store.transaction(actor)
+
+    def reading(self) -> AbstractContextManager[sa.Connection]:  # type: ignore[override]
+        return self.store.reading()

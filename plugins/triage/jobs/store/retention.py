@@ -1,5 +1,6 @@
-"""The ledger's side of retention: the statements ``triage_maintenance`` runs, each in a
-transaction of its own, as the maintenance role (the only one that may: migration 0022).
+"""The store's retention part (``JobStore.retention``): the statements ``triage_maintenance`` runs
+(:mod:`triage.jobs.sql.writes.retention`), each in a transaction of its own, as the maintenance
+role (the only one that may: migration 0022).
 
 The removals are the database's own functions: each checks its own rule (expired under the
 owner's ``triage.retention_policy``, and nothing open in what it removes), so this module only
@@ -13,40 +14,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-import sqlalchemy as sa
-
-from triage.jobs.schema import jobs
-from triage.jobs.schema.learning import labelled_examples
-from triage.jobs.vocabulary.states import OPEN
-
-BATCH = 10_000
-"""Classifications examined per transaction (each removes at most this many rows)."""
-
-PARTITIONED = ("job_events", "outbox")
-
-ENSURE_PARTITIONS = sa.text("SELECT partition_name, created FROM triage.ensure_day_partitions(:days_ahead)")
-DROP_EXPIRED = sa.text(
-    "SELECT partition_name, action, rows_removed, bytes_removed FROM triage.drop_expired_partitions(:parent, :before)"
+from triage.jobs.sql.writes.retention import (
+    BATCH,
+    DEFAULT_ROWS,
+    DROP_EXPIRED,
+    ENSURE_PARTITIONS,
+    PARTITIONED,
+    POLICY,
+    PURGE_CLASSIFICATIONS,
+    PURGE_RUNS,
+    TABLE_BYTES,
+    open_payload_refs,
 )
-POLICY = sa.text("SELECT kind, keep_days FROM triage.retention_policy")
-PURGE_CLASSIFICATIONS = sa.text(
-    "SELECT deleted, last_id FROM triage.purge_classifications(:before, :after_id, :max_rows)"
-)
-PURGE_RUNS = sa.text("SELECT triage.purge_reconciliation_runs(:before)")
-TABLE_BYTES = sa.text("SELECT pg_total_relation_size(CAST(:table AS regclass))")
-DEFAULT_ROWS = sa.text(
-    "SELECT (SELECT count(*) FROM triage.job_events_default) + (SELECT count(*) FROM triage.outbox_default)"
-)
+from triage.jobs.store.ledger import Part
 
-
-def open_payload_refs() -> Any:
-    """The payload references still needed: those of the jobs that are not terminal
-    (``jobs_open_idx``) and those of the labelled examples, the learned classifier's training
-    set, kept as long as the examples are (a reviewed job's example points at its document)."""
-    open_jobs = sa.select(jobs.c.payload_ref).where(jobs.c.status.in_(sorted(s.value for s in OPEN)))
-    return sa.union(open_jobs, sa.select(labelled_examples.c.payload_ref))
+__all__ = ["PARTITIONED", "LedgerRetention", "PartitionOutcome"]
 
 
 @dataclass(frozen=True)
@@ -66,16 +49,14 @@ class PartitionOutcome:
         return self.action == "dropped"
 
 
-class LedgerRetention:
-    """Runs the retention statements on ``engine`` (a login of the maintenance role: 0022)."""
-
-    def __init__(self, engine: sa.Engine) -> None:
-        self.engine = engine
+class LedgerRetention(Part):
+    """Runs the retention statements: the store's part ``JobStore.retention`` (on an engine
+    whose login is the maintenance role's: 0022)."""
 
     def ensure_partitions(self, days_ahead: int) -> list[str]:
         """Make today's and the next ``days_ahead`` days' partitions; the names made now.
         A day whose rows already sit in a default partition is left to it (named with ``!``)."""
-        with self.engine.begin() as conn:
+        with self.transaction(None) as conn:
             rows = conn.execute(ENSURE_PARTITIONS, {"days_ahead": days_ahead}).all()
         return [r.partition_name if r.created else f"!{r.partition_name}" for r in rows]
 
@@ -88,7 +69,7 @@ class LedgerRetention:
             raise ValueError(f"{table} is not partitioned by day")
         removed: list[PartitionOutcome] = []
         while True:
-            with self.engine.begin() as conn:
+            with self.transaction(None) as conn:
                 rows = conn.execute(DROP_EXPIRED, {"parent": table, "before": before}).all()
             outcomes = [
                 PartitionOutcome(table, r.partition_name, r.action, r.rows_removed, r.bytes_removed) for r in rows
@@ -108,7 +89,7 @@ class LedgerRetention:
         transaction; how many went."""
         deleted, after = 0, 0
         while True:
-            with self.engine.begin() as conn:
+            with self.transaction(None) as conn:
                 row = conn.execute(
                     PURGE_CLASSIFICATIONS, {"before": before, "after_id": after, "max_rows": batch}
                 ).one()
@@ -118,7 +99,7 @@ class LedgerRetention:
             after = row.last_id
 
     def purge_reconciliation_runs(self, before: datetime | None = None) -> int:
-        with self.engine.begin() as conn:
+        with self.transaction(None) as conn:
             return int(conn.execute(PURGE_RUNS, {"before": before}).scalar_one())
 
     def open_payload_refs(self) -> set[str]:

@@ -19,14 +19,15 @@ from triage.contracts.replay import ReplayFilter
 from triage.jobs.sql.expressions import rowset
 from triage.jobs.sql.moves import review as review_transitions
 from triage.jobs.sql.reads import queries
+from triage.jobs.sql.reads.label_actions import ReviewedLabel, reviewed_label
 from triage.jobs.sql.writes import learning, outputs
 from triage.jobs.store import replays, review_results
-from triage.jobs.store.ledger import Ledger
+from triage.jobs.store.ledger import Part
 from triage.jobs.vocabulary.errors import LabelNotInTaxonomy
 from triage.jobs.vocabulary.models import ReviewCase, ReviewResult
 
 
-class ReviewDecisions(Ledger):
+class ReviewDecisions(Part):
     """The store's review and replay decisions (part of :class:`~triage.jobs.store.JobStore`)."""
 
     def resolve_with_label(
@@ -98,6 +99,12 @@ class ReviewDecisions(Ledger):
         each (:mod:`.replays`). Jobs replayed ``max_replays`` times are left alone. The same
         filter and note again changes nothing and returns ``already_applied``."""
         return replays.apply(self.transaction, selection, actor=actor, max_replays=max_replays)
+
+    def reviewed_label(self, job_id: uuid.UUID) -> ReviewedLabel | None:
+        """The label a reviewer completed ``job_id`` with, if that decision stands
+        (:func:`triage.jobs.sql.reads.label_actions.reviewed_label`)."""
+        with self.engine.connect() as conn:
+            return reviewed_label(conn, job_id)
 
     def open_reviews(self, job_ids: Sequence[uuid.UUID] | None = None, *, limit: int = 100) -> list[ReviewCase]:
         """Jobs waiting for a reviewer (of ``job_ids``, or all), oldest review first."""

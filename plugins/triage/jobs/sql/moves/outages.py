@@ -18,15 +18,9 @@ import sqlalchemy as sa
 from sqlalchemy.sql.elements import ColumnElement
 
 from triage.jobs.schema import job_events, jobs
-from triage.jobs.sql.expressions import NOW, UUID, in_version, recordset, status_literal
+from triage.jobs.sql.expressions import NOW, UUID, in_version, parked, recordset, status_literal
 from triage.jobs.vocabulary.states import OUTAGE_PREFIX
 from triage.jobs.vocabulary.states import JobStatus as S
-
-
-def parked() -> ColumnElement[bool]:
-    """The job is parked on an outage (whatever its due time)."""
-    return sa.and_(jobs.c.status == status_literal(S.WAITING), sa.func.starts_with(jobs.c.status_reason, OUTAGE_PREFIX))
-
 
 MAX_OUTAGE_BACKOFF_SECONDS = 3600.0
 """The longest a job is parked on an outage by the backoff (a ``Retry-After`` is the model's own
@@ -122,3 +116,24 @@ def resume_parked() -> Any:
 def next_parked_due() -> Any:
     """When the earliest parked job of a batch and step is due, and the database's now."""
     return sa.select(sa.func.min(jobs.c.next_attempt_at), NOW).where(*_in_step(), parked())
+
+
+BATCH_REASON = f"{OUTAGE_PREFIX}batch"
+"""The ``status_reason`` of a job waiting on a provider batch (:mod:`triage.jobs.store.batches`)."""
+
+
+@cache
+def make_batch_due() -> Any:
+    """The jobs ``:ids`` of a provider batch that was collected or lost, still parked on it
+    (``waiting``, :data:`BATCH_REASON`), made due now: the next claim of their step queues them
+    and takes each one's answer, or asks the model again. Returns the ids made due."""
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.id.in_(sa.bindparam("ids", expanding=True)),
+            jobs.c.status == "waiting",
+            jobs.c.status_reason == BATCH_REASON,
+        )
+        .values(next_attempt_at=sa.func.now())
+        .returning(jobs.c.id)
+    )

@@ -13,8 +13,7 @@ from sqlalchemy.dialects import postgresql as pg
 
 from triage.jobs.schema import job_events, jobs
 from triage.jobs.sql import state_events as E
-from triage.jobs.sql.expressions import MOVED, NO_LEASE, NOW, status_literal
-from triage.jobs.sql.moves.outages import parked
+from triage.jobs.sql.expressions import MOVED, NO_LEASE, NOW, parked, status_literal
 from triage.jobs.vocabulary.states import UNLEASED
 from triage.jobs.vocabulary.states import JobStatus as S
 

@@ -18,9 +18,8 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement, Grouping
 
 from triage.jobs.schema import document_labels, job_events, jobs, manual_review, outbox
-from triage.jobs.sql.expressions import NOW, status_literal
+from triage.jobs.sql.expressions import NOW, parked, status_literal
 from triage.jobs.sql.expressions import seconds_param as seconds
-from triage.jobs.sql.moves.outages import parked
 from triage.jobs.vocabulary.states import CLAIMABLE, TERMINAL, UNFINISHED, EventType, Step
 from triage.jobs.vocabulary.states import JobStatus as S
 

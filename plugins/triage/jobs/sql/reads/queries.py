@@ -151,3 +151,20 @@ def open_review_cases() -> Any:
         .order_by(manual_review.c.created_at, manual_review.c.id)
         .limit(sa.bindparam("limit", type_=sa.Integer))
     )
+
+
+@cache
+def open_review_reasons() -> Any:
+    """Open reviews by reason, most first: ``(reason, count)``."""
+    return (
+        sa.select(manual_review.c.reason, sa.func.count())
+        .where(manual_review.c.resolved_at.is_(None))
+        .group_by(manual_review.c.reason)
+        .order_by(sa.func.count().desc())
+    )
+
+
+@cache
+def payload_of() -> Any:
+    """The payload reference and content hash of the job ``:p_job_id``."""
+    return sa.select(jobs.c.payload_ref, jobs.c.content_sha256).where(jobs.c.id == sa.bindparam("p_job_id", type_=UUID))

@@ -1,7 +1,8 @@
 """The learning loop's named statements: labelled examples and the model registry.
 
-Statements only (nothing here executes anything): :mod:`triage.learning.examples` and
-:mod:`triage.learning.registry` run them, and :meth:`~triage.jobs.store.review.ReviewDecisions.resolve_with_label`
+Statements only (nothing here executes anything): the store's learning part
+(:mod:`triage.jobs.store.learning`) runs them for :mod:`triage.learning.examples` and
+:mod:`triage.learning.registry`, and :meth:`~triage.jobs.store.review.ReviewDecisions.resolve_with_label`
 runs :func:`example_from_review` inside the reviewer's decision.
 """
 
@@ -14,23 +15,21 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from triage.jobs.schema import jobs
-from triage.jobs.schema.learning import classifier_models, labelled_examples
+from triage.jobs.schema.learning import REVIEW_SOURCE, classifier_models, labelled_examples
 from triage.jobs.sql.expressions import NOW, UUID
 
 __all__ = [
-    "REVIEW_SOURCE",
     "champion",
+    "champion_version",
     "example_from_review",
     "insert_examples",
     "insert_model",
     "model",
+    "model_status",
     "models",
     "promote",
     "training_examples",
 ]
-
-REVIEW_SOURCE = "review"
-"""The source of the examples reviewers' ``label`` decisions make; no import may use it."""
 
 
 @cache
@@ -107,6 +106,18 @@ def model() -> Any:
 def champion() -> Any:
     """The champion, artifact included (none: no row)."""
     return sa.select(classifier_models).where(classifier_models.c.status == "champion")
+
+
+def champion_version() -> Any:
+    """The champion's version, its artifact not read (none: no row)."""
+    return sa.select(classifier_models.c.version).where(classifier_models.c.status == "champion")
+
+
+def model_status() -> Any:
+    """The status of the version ``:p_version`` (none: no such version)."""
+    return sa.select(classifier_models.c.status).where(
+        classifier_models.c.version == sa.bindparam("p_version", type_=sa.Text)
+    )
 
 
 @cache
