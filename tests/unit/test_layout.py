@@ -241,6 +241,10 @@ def test_a_new_break_fails_and_a_fixed_one_goes_stale(tmp_path: Path) -> None:
                 '"""Asks GET /api/v2/dags (prose)."""\nPATH = f"/api/v2/dags/{1}/dagRuns"\n'
             ),
             "plugins/triage/newroom.py": "",
+            "plugins/triage/review/reads.py": "def f(engine):\n    with engine.connect() as conn:\n        return conn\n",
+            "plugins/triage/jobs/store/__init__.py": (
+                "Q = 'DELETE FROM triage.outbox'\ndef g(engine):\n    with engine.begin() as conn:\n        return conn\n"
+            ),
             "dags/a_dag.py": "from triage.operators import base\n",
             "bench/load.py": "from triage.jobs.sql.moves import repairs\nQ = 'DELETE FROM triage.outbox'\n",
         },
@@ -256,7 +260,9 @@ def test_a_new_break_fails_and_a_fixed_one_goes_stale(tmp_path: Path) -> None:
         "only the ledger writes its tables": [
             "bench.load -> triage.jobs.sql.moves.repairs",
             "bench.load -> writes outbox",
+            "triage.jobs.store -> writes outbox",
         ],
+        "only the store opens ledger transactions": ["triage.review.reads -> opens a transaction"],
     }
     assert [v.key for v in report.verdicts[0].known] == ["triage.web.service -> triage.operators.base"]
     assert report.stale == ["triage.gone -> triage.jobs"]
