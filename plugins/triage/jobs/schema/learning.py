@@ -1,4 +1,4 @@
-"""The learning loop's tables (migration 0025), in the job tables' metadata (:mod:`.schema`)."""
+"""The learning loop's tables (migration 0025), in the job tables' metadata (:mod:`triage.jobs.schema`)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ a reviewer), in the statement of the move: the same transaction, through the out
 ``job.completed``. Payloads carry codes and labels, never document text or an error's text
 (which may echo input): :mod:`triage.contracts.events` names each type's keys.
 
-Nothing here executes anything: the statements of :mod:`.transitions`, :mod:`.recovery`,
-:mod:`.repairs` and :mod:`.review_transitions` include these.
+Nothing here executes anything: the statements of :mod:`.moves.worker`, :mod:`.moves.recovery`,
+:mod:`.moves.repairs` and :mod:`.moves.review` include these.
 """
 
 from __future__ import annotations

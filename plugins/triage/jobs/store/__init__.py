@@ -301,7 +301,7 @@ class JobStore(Ledger):
 
     # -- reconciliation's repairs -------------------------------------------------------
     # One transaction each, under the repairs' lock, actor ``reconciliation``, fenced on the very condition its check
-    # counts (:mod:`.repairs`, :mod:`.checks`): a job that moved on since is not matched. Each returns the ids it moved.
+    # counts (:mod:`triage.jobs.sql.moves.repairs`, :mod:`triage.jobs.sql.reads.checks`): a job that moved on since is not matched. Each returns the ids it moved.
 
     def queue_stuck_received(self, *, older_than_seconds: float) -> list[uuid.UUID]:
         """``received -> queued`` (``reconciliation_queued``) with the ``job.registered`` event,
@@ -405,7 +405,7 @@ class JobStore(Ledger):
     def reusable_answers(
         self, inputs: Mapping[uuid.UUID, str], *, classifier_version: str, threshold: float
     ) -> tuple[frozenset[uuid.UUID], dict[uuid.UUID, Answer]]:
-        """The content cache (:mod:`.answers`) for jobs and the hash of their classifier input:
+        """The content cache (:mod:`triage.jobs.sql.reads.answers`) for jobs and the hash of their classifier input:
         the jobs that may take a reused answer, and the entry each of those has now."""
         given = rowset("given", ({"id": job_id, "input_sha256": key} for job_id, key in inputs.items()))
         params = {**given, "classifier_version": classifier_version, "threshold": threshold}
@@ -431,7 +431,7 @@ class JobStore(Ledger):
         return None if row is None else (row.payload_ref, row.content_sha256)
 
     def superseded(self, job_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-        """Of ``job_ids``, those whose document has a newer job's label (:mod:`.label_actions`)."""
+        """Of ``job_ids``, those whose document has a newer job's label (:mod:`triage.jobs.sql.reads.label_actions`)."""
         with self.engine.connect() as conn:
             return superseded(conn, job_ids)
 

@@ -1,7 +1,7 @@
 """Intake on the ledger: accept documents posted over HTTP, measure the work they wait behind, and
 tell a client where its document is. No Airflow imports.
 
-:class:`IntakeLedger` is part of :class:`~triage.jobs.store.JobStore` (callers ask the store).
+:class:`IntakeLedger` is the store's part ``JobStore.intake`` (callers ask ``store.intake``).
 Accepting is the retrieval step's registration (``INSERT … ON CONFLICT (idempotency_key) DO
 NOTHING``, job and ``job.registered`` outbox event together, the trigger logging each new job)
 and the answer for every key, in one statement (:func:`accept_jobs`) that is its own
@@ -66,7 +66,7 @@ def _value(status: Any) -> str:
 
 
 class IntakeLedger(Part):
-    """Intake's part of the store (:class:`~triage.jobs.store.JobStore` inherits it)."""
+    """Intake's part of the store: ``JobStore.intake``."""
 
     def accept(
         self, new_jobs: Sequence[NewJob], *, step: str, max_attempts: int, actor: str, batch_key: str = INTAKE_BATCH

@@ -14,7 +14,7 @@ from triage.jobs.vocabulary.models import REPAIRER
 
 
 class DeadLastTries(Part):
-    """The store's repair of dead last tries (:class:`~triage.jobs.store.JobStore` inherits it)."""
+    """The store's repair of dead last tries: its part ``JobStore.last_tries``."""
 
     def send_dead_last_tries_to_review(
         self, *, idle_seconds: float, final_try: int, viewed_dag: str | None = None

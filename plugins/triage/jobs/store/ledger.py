@@ -45,7 +45,7 @@ class Ledger:
 
     @contextmanager
     def reading(self) -> Iterator[sa.Connection]:
-        """A read-only connection for the ledger's named reads (:mod:`.checks`, a report's): its
+        """A read-only connection for the ledger's named reads (:mod:`triage.jobs.sql.reads.checks`, a report's): its
         transactions begin ``READ ONLY``, so the database refuses any write (no extra round trip)."""
         with self.engine.connect().execution_options(postgresql_readonly=True) as conn:
             yield conn

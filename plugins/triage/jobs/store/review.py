@@ -5,9 +5,9 @@ Each decision is one transaction with the reviewer as its actor (a replay: one p
 batch, :mod:`.replays`). Applying the same decision again changes nothing and returns
 ``already_applied``; a different decision on a job that is no longer in review raises
 :class:`~triage.jobs.vocabulary.errors.NotInReview`. Every refusal rolls back whole. The moves are
-:mod:`.review_transitions` and :mod:`.replay_transitions`; what a decision returns,
-:mod:`.review_results`. :class:`~triage.jobs.store.JobStore` inherits these methods: callers
-ask the store.
+:mod:`triage.jobs.sql.moves.review` and :mod:`triage.jobs.sql.moves.replays`; what a decision returns,
+:mod:`.review_results`. This is the store's part ``JobStore.review``: callers ask
+``store.review``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class ReviewDecisions(Part):
         ``human:<actor>``, no confidence) under the usual rule: a newer job's label stands.
         No ``classifications`` row: those are the model's attempts, and a human label in them
         would skew its acceptance rate, latency and cost. The decision is also a labelled
-        example (source ``review``, :func:`.learning.example_from_review`), in the same
+        example (source ``review``, :func:`triage.jobs.sql.writes.learning.example_from_review`), in the same
         transaction: the learned classifier trains on what reviewers decide.
 
         :raises LabelNotInTaxonomy: ``label`` is not in ``taxonomy_names`` (checked first).

@@ -1,6 +1,6 @@
 """Moves that take work back from whoever held it, as named SQLAlchemy Core statements: leases
 that ran out (and earlier tries of a retried task), and the unfinished jobs of a batch whose
-task Airflow gave up on. Fenced like every move (:mod:`.transitions`); nothing here executes.
+task Airflow gave up on. Fenced like every move (:mod:`.worker`); nothing here executes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reconciliation's repairs, as named, fenced SQLAlchemy Core statements of the ledger.
 
 Each repair's WHERE clause is the whole condition that makes it certain: the very condition
-the matching check of :mod:`.checks` counts (shared from there, with its ``:grace`` or
+the matching check of :mod:`triage.jobs.sql.reads.checks` counts (shared from there, with its ``:grace`` or
 ``:threshold``): ``UPDATE … WHERE <expected state> … RETURNING`` or ``INSERT … SELECT … WHERE
 NOT EXISTS …``. A job that moved on since the check is simply not matched, and the ids
 returned are exactly what changed. State changes go through the transitions the database

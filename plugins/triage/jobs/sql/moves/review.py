@@ -83,7 +83,7 @@ def _review_event(moved: Any, event_type: EventType, payload: ColumnElement[Any]
 def label_from_review() -> Any:
     """Review decision "label": ``manual_review -> completed``, the review row resolved
     ``labelled`` (the label kept in its context as ``resolved_label``) and a ``job.completed``
-    event. The business output is written by :func:`.outputs.upsert_labels` in the same transaction, so a
+    event. The business output is written by :func:`triage.jobs.sql.writes.outputs.upsert_labels` in the same transaction, so a
     newer job's label is never overwritten by a reviewer either."""
     moved = _decided(S.COMPLETED, "labelled")
     resolved = _resolve_review(moved, "labelled", sa.func.jsonb_build_object("resolved_label", _text("p_label")))

@@ -6,7 +6,7 @@ RETURNING``, a batch read from one JSON document (:func:`triage.jobs.sql.express
 trigger on ``triage.jobs`` checks each move against ``triage.job_transitions`` and logs it in
 ``triage.job_events``; these statements set ``status_reason``, which the trigger copies into
 the log. The other moves are :mod:`.recovery` (leases that ran out, a failed task's batch)
-and :mod:`.review_transitions` (a reviewer's decisions).
+and :mod:`.review` (a reviewer's decisions).
 
 Nothing here executes anything: :mod:`triage.jobs.store` runs these inside its transactions.
 Each builder is cached: a statement is built once per process and reused (rebuilding the

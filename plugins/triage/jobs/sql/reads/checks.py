@@ -4,7 +4,7 @@ conditions they count.
 Each check answers one question of :mod:`triage.reconciliation.rules` with a count, the age of
 the oldest case and a bounded sample of job ids, so a check costs one round trip whatever the
 number of jobs it finds. Thresholds arrive as seconds (``:threshold``, ``:grace``) and are
-compared with the database's ``now()``. A repair of :mod:`.repairs` matches exactly what its
+compared with the database's ``now()``. A repair of :mod:`triage.jobs.sql.moves.repairs` matches exactly what its
 check counts: both are built from the conditions here, which nothing restates.
 """
 

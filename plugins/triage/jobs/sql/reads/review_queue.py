@@ -1,5 +1,5 @@
 """The review pages' reads of the ledger: the open-review queue a page at a time, and everything
-about one job. Nothing here writes (the decisions are :class:`~triage.jobs.store.JobStore`'s).
+about one job. Nothing here writes (the decisions are the store's part ``JobStore.review``).
 
     page = queue_page(conn, QueueFilter(reason="inconclusive"), limit=50)
     more = queue_page(conn, QueueFilter(reason="inconclusive"), limit=50, after=page.next_after)
