@@ -13,10 +13,10 @@ from typing import Any
 from bench.common import Figure, scratch_database, server_cpu_seconds
 from tests.fakes.server_process import ServerProcess
 from triage.classifiers import Taxonomy, build_classifier
+from triage.classifiers.budgets import BudgetSettings, ModelBudget
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.budgets import BudgetSettings, ModelBudget
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.states import JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.retrieve import retrieve
@@ -39,7 +39,7 @@ def _settings(base_url: str) -> dict[str, Any]:
 def _worker(url: DatabaseUrl, base_url: str, payload_base: str, batch: str, worker: int, out: Any) -> None:
     """One classify task instance within the shared budget; reports when it started and ended."""
     engine = create_engine(url, pool_size=4)
-    budget = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=RATE * 60))
+    budget = ModelBudget(JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=RATE * 60))
     classifier = build_classifier(
         "llm", taxonomy=Taxonomy.load(), llm_settings={**_settings(base_url), "budget": budget}
     )
@@ -120,12 +120,12 @@ def bench_budgeted_throughput() -> Figure:
 def bench_take_cost() -> Figure:
     """One reservation's round trip (one slot each: a rate of 10/s, whose slots are reserved ahead
     without sleeping), from one thread: wall time and the CPU it costs, beside a model call. A
-    worker reserves 0.1 s of the rate at once (:class:`~triage.jobs.budgets.ModelBudget`), so a
+    worker reserves 0.1 s of the rate at once (:class:`~triage.classifiers.budgets.ModelBudget`), so a
     call pays this once per block: every call at 10/s or less, one in 5 at 50/s, one in 64 at
     640/s or more; ``blocks_per_second_capacity`` is what one worker could reserve."""
     with scratch_database() as url:
         engine = create_engine(url, pool_size=2)
-        budget = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=600))
+        budget = ModelBudget(JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=600))
         budget.take(100, patience=1e7)
         latencies: list[float] = []
         cpu, server_cpu, began = time.process_time(), server_cpu_seconds(), time.perf_counter()

@@ -39,10 +39,10 @@ from bench.review_queue import median_ms, middle_cursor
 from bench.simulation import bulk
 from tests.integration.helpers import drop_legacy_partitions, new_jobs, past_day_partitions
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite
-from triage.jobs.review_queue import QueueFilter, queue_statement
 from triage.jobs.schema import manual_review
+from triage.jobs.sql.reads.review_queue import QueueFilter, queue_statement
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 from triage.web.service import TriageService

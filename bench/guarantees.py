@@ -27,7 +27,7 @@ from bench import ledger as L
 from bench.common import Figure, scratch_database
 from bench.simulation import stripped
 from tests.integration.helpers import new_jobs
-from triage.jobs.models import Complete
+from triage.jobs.vocabulary.models import Complete
 from triage_tools import embedded
 
 LOOPS = ("bare", "ledger", "no log", "no event", "neither")

@@ -15,8 +15,8 @@ from uuid6 import uuid7
 from bench.common import Figure, scratch_database, server_cpu_seconds, timed
 from tests.integration.helpers import new_jobs
 from triage.database import create_engine
-from triage.jobs.models import Complete
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete
 
 REGISTER_N = 100_000
 CLAIM_N = 30_000

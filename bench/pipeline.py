@@ -18,12 +18,12 @@ from tests.fakes.openai_server import FakeOpenAIServer, keyword_responder
 from tests.fakes.server_process import ServerProcess
 from triage.classifiers import Taxonomy, build_classifier
 from triage.classifiers.base import ClassifyRequest, decide_outcome
+from triage.classifiers.budgets import BudgetSettings, ModelBudget
 from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.budgets import BudgetSettings, ModelBudget
-from triage.jobs.checks import in_state
-from triage.jobs.states import SETTLED, JobStatus
+from triage.jobs.sql.reads.checks import in_state
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.states import SETTLED, JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.persist import PersistHandler
@@ -242,7 +242,9 @@ def bench_llm(budget: bool = False) -> list[Figure]:
         engine = create_engine(url, pool_size=4)
         store = JobStore(engine)
         limits = (
-            {"budget": ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=1e6))} if budget else {}
+            {"budget": ModelBudget(JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=1e6))}
+            if budget
+            else {}
         )
         classifier = build_classifier(
             "llm",

@@ -10,7 +10,7 @@ least sure first.
   ``classifications.candidates``, and as an LLM's answers still are), alternating rounds, the
   fastest round of each compared;
 - **the queue least sure first**: ``BENCH_REVIEWS`` open reviews (default 100,000), each with a
-  model answer of three candidates, paged by :func:`triage.jobs.review_uncertainty.uncertain_page`
+  model answer of three candidates, paged by :func:`triage.jobs.sql.reads.review_uncertainty.uncertain_page`
   (50 rows) at the head, deep (a cursor half-way) and for one reason, beside the default order's
   head page; each with its ``EXPLAIN (ANALYZE, BUFFERS)`` plan in the details.
 """
@@ -29,10 +29,10 @@ from bench.common import Figure, scratch_database
 from bench.review_queue import median_ms
 from tests.integration.helpers import new_jobs
 from triage.database import create_engine
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, SendToReview
-from triage.jobs.review_queue import QueueFilter, queue_page
-from triage.jobs.review_uncertainty import uncertain_page, uncertainty_statement
+from triage.jobs.sql.reads.review_queue import QueueFilter, queue_page
+from triage.jobs.sql.reads.review_uncertainty import uncertain_page, uncertainty_statement
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, SendToReview
 
 CLAIM = 1_000
 PAGE = 50

@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from bench.common import Figure, scratch_database, timed
 from tests.integration.helpers import new_jobs
 from triage.database import create_engine
-from triage.jobs.review_queue import QueueFilter, queue_statement
 from triage.jobs.schema import manual_review
+from triage.jobs.sql.reads.review_queue import QueueFilter, queue_statement
 from triage.jobs.store import JobStore
 from triage.web.service import TriageService
 

@@ -65,7 +65,7 @@ class DistributedRun:
     tries: list[TaskTry]
     claims_by_map_index: dict[int, int]
     invariants: list[Invariant]
-    summary: Any  # triage.jobs.batch_summary.BatchSummary
+    summary: Any  # triage.jobs.sql.reads.batch_summary.BatchSummary
     timings: dict[str, float]
     deployment: str
     workers: list[str]  # the Celery node names, which the workers report as hostname
@@ -127,9 +127,9 @@ def _ledger(
     import sqlalchemy as sa
 
     from triage.database import DatabaseUrl, create_engine
-    from triage.jobs.batch_summary import batch_summary
     from triage.jobs.schema import job_events
-    from triage.jobs.states import JobStatus
+    from triage.jobs.sql.reads.batch_summary import batch_summary
+    from triage.jobs.vocabulary.states import JobStatus
     from triage_tools.drill.invariants import check_invariants
 
     # Claims are logged with the lease owner as actor: dag/run/task/map_index/tryN.
@@ -212,7 +212,7 @@ def run_distributed(
 
 
 def format_run(run: DistributedRun) -> str:
-    from triage.jobs.batch_summary import format_summary
+    from triage.jobs.sql.reads.batch_summary import format_summary
     from triage_tools.drill.invariants import format_invariants
 
     lines = [

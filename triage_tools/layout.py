@@ -98,11 +98,45 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "stores",
         (
-            Room("jobs", ("plugins/triage/jobs/",), "the ledger: states, statements, the store (no Airflow)"),
+            Room(
+                "jobs.store",
+                ("plugins/triage/jobs/store/",),
+                "the ledger's JobStore and its named parts: the only code that opens ledger transactions",
+            ),
             Room(
                 "payloads",
                 ("plugins/triage/payloads.py", "plugins/triage/payload_packs.py", "plugins/triage/payload_refs.py"),
                 "the claim check: payload bytes by content hash, beside the ledger that holds their refs",
+            ),
+        ),
+    ),
+    Layer(
+        "ledger statements",
+        (
+            Room(
+                "jobs.sql",
+                ("plugins/triage/jobs/sql/",),
+                "every named statement of the ledger: moves, writes, reads (built here, run by the store)",
+            ),
+        ),
+    ),
+    Layer(
+        "ledger schema",
+        (
+            Room(
+                "jobs.schema",
+                ("plugins/triage/jobs/schema/", "plugins/triage/jobs/__init__.py"),
+                "the ledger's tables as SQLAlchemy metadata, which the migrations create",
+            ),
+        ),
+    ),
+    Layer(
+        "ledger vocabulary",
+        (
+            Room(
+                "jobs.vocabulary",
+                ("plugins/triage/jobs/vocabulary/",),
+                "states, errors, backoff, the store's domain objects (no SQL)",
             ),
         ),
     ),
@@ -135,7 +169,6 @@ KNOWN_EXCEPTIONS: dict[str, str] = {
     "triage.sources.synthetic -> triage.classifiers.taxonomy": "synthetic tickets use the taxonomy's keywords",
     "triage.classifiers -> triage.learning.registry": "type only: the loaded model's type lives in the registry",
     "triage.classifiers.learned -> triage.learning.registry": "type only: the loaded model's type lives in the registry",
-    "triage.classifiers.llm -> triage.jobs.usage": "usage bounds were moved into jobs/, not next to the classifiers",
     "triage.payloads -> airflow": "ObjectStoragePath, when the operators pass one as the payload base",
     "triage.reconciliation.airflow_view -> Airflow's REST API": "reconciliation holds Airflow's REST client",
 }
@@ -145,7 +178,7 @@ KNOWN_EXCEPTIONS: dict[str, str] = {
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
-    """``plugins/triage/jobs/store.py`` → ``triage.jobs.store`` (``plugins/`` is on the path);
+    """``plugins/triage/jobs/store/__init__.py`` → ``triage.jobs.store`` (``plugins/`` is on the path);
     ``dags/reconcile_jobs.py`` → ``dags.reconcile_jobs``; a package's ``__init__`` is the package."""
     parts = path.relative_to(root).with_suffix("").parts
     parts = parts[1:] if parts[0] == "plugins" else parts
@@ -238,7 +271,7 @@ class Checkout:
     def local_imports(self, source: Source) -> set[str]:
         """The names of this checkout's modules that ``source`` imports (not itself). A package
         whose module is imported too is left out: ``from triage.jobs import states`` is an import
-        of ``triage.jobs.states``, one break and not two."""
+        of ``triage.jobs.vocabulary.states``, one break and not two."""
         found = {r.name for name in source.imports if (r := self.resolve(name)) is not None and r is not source}
         return {name for name in found if not any(other.startswith(f"{name}.") for other in found)}
 
@@ -342,7 +375,7 @@ LEDGER = "plugins/triage/jobs/"
 NOT_THE_LEDGER = {
     "reconciliation_runs": "reconciliation's own run history: its runner records a run, its report reads them",
 }
-"""Tables ``jobs/schema.py`` declares that are not the ledger's: their owner writes them."""
+"""Tables ``jobs/schema/__init__.py`` declares that are not the ledger's: their owner writes them."""
 WRITES_EXEMPT = {
     "plugins/triage/migrations/": "the schema itself: its DDL, and the trigger that writes job_events",
     "bench/simulation/": (
@@ -356,12 +389,16 @@ SQL_WRITE = re.compile(
     r"(?:\"?triage\"?\s*\.\s*)?\"?(\w+)\"?",
     re.IGNORECASE,
 )
-WRITE_MODULES = ("transitions", "recovery", "review_transitions", "outputs", "repairs", "session")
-WRITE_BUILDERS = frozenset(f"triage.jobs.{m}" for m in WRITE_MODULES) | {
-    "triage.jobs.expressions.outbox_insert",
-    "triage.jobs.expressions.review_rows",
-}
-"""The ledger's writes (and its transaction settings): only :class:`~triage.jobs.store.JobStore` runs them."""
+STATEMENTS = "plugins/triage/jobs/sql/"
+"""Where the ledger's SQL is built: the only place in the ledger a write of its tables is spelled."""
+STORE = "plugins/triage/jobs/store/"
+"""Where the ledger's SQL runs: :class:`~triage.jobs.store.JobStore` and its named parts."""
+WRITE_FOLDERS = ("plugins/triage/jobs/sql/moves", "plugins/triage/jobs/sql/writes")
+WRITE_BUILDERS = frozenset(
+    module_name(path) for folder in WRITE_FOLDERS for path in (ROOT / folder).glob("*.py") if path.name != "__init__.py"
+) | {"triage.jobs.sql.session", "triage.jobs.sql.expressions.outbox_insert", "triage.jobs.sql.expressions.review_rows"}
+"""The ledger's writes (every module of ``sql/moves/`` and ``sql/writes/``) and its transaction
+settings: only :class:`~triage.jobs.store.JobStore` runs them."""
 
 
 def _last_name(node: ast.expr) -> str:
@@ -411,7 +448,11 @@ def writes_outside_the_ledger(checkout: Checkout) -> Iterator[Violation]:
         yield Violation(LEDGER, "no tables", "the scan found no sa.Table in the ledger: follow the schema")
     for source in checkout.sources:
         relative = source.path.relative_to(checkout.root).as_posix()
-        if relative.startswith(LEDGER) or any(relative.startswith(exempt) for exempt in WRITES_EXEMPT):
+        if relative.startswith(STATEMENTS) or any(relative.startswith(exempt) for exempt in WRITES_EXEMPT):
+            continue
+        if relative.startswith(LEDGER):  # the store runs statements, the vocabulary and schema have none
+            for line, table, what in ledger_writes(source.path, tables=tables)[:1]:
+                yield Violation(source.name, f"writes {table}", f"line {line}: {what}: build it in {STATEMENTS}")
             continue
         seen: set[str] = set()
         for line, table, what in ledger_writes(source.path, tables=tables):
@@ -420,6 +461,36 @@ def writes_outside_the_ledger(checkout: Checkout) -> Iterator[Violation]:
                 yield Violation(source.name, f"writes {table}", f"line {line}: {what}")
         for builder in sorted(source.imports & WRITE_BUILDERS):
             yield Violation(source.name, builder, "builds the ledger's writes: ask the store")
+
+
+OPENERS = frozenset({"begin", "connect"})
+"""A SQLAlchemy engine's ways to open a transaction or a connection (called with no argument)."""
+TRANSACTIONS_EXEMPT = {
+    "plugins/triage/migrations/": "the schema's history: Alembic's connection, as the migrating owner",
+}
+"""Outside the transactions contract's scope (not debts: they stay)."""
+
+
+def transactions_outside_the_store(checkout: Checkout) -> Iterator[Violation]:
+    """A product module outside :data:`STORE` that calls ``x.begin()`` or ``x.connect()``: it
+    opens a transaction of its own on the job database, instead of asking the store by name."""
+    for source in checkout.under(*PRODUCT_TREES):
+        relative = source.path.relative_to(checkout.root).as_posix()
+        if relative.startswith(STORE) or any(relative.startswith(exempt) for exempt in TRANSACTIONS_EXEMPT):
+            continue
+        calls = [
+            node
+            for node in ast.walk(_parse(source.path, None))
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in OPENERS
+            and not node.args
+            and not node.keywords
+        ]
+        if calls:
+            first = min(calls, key=lambda node: node.lineno)
+            what = f"line {first.lineno}: .{_last_name(first.func)}()"
+            yield Violation(source.name, "opens a transaction", f"{what}: ask the store (JobStore or a part)")
 
 
 CONTRACTS: tuple[Contract, ...] = (
@@ -445,9 +516,15 @@ CONTRACTS: tuple[Contract, ...] = (
     ),
     Contract(
         "only the ledger writes its tables",
-        f"outside {LEDGER} (and {', '.join(WRITES_EXEMPT)}) no SQL writes a ledger table and no module "
-        "imports the ledger's write builders: the store runs them",
+        f"outside {STATEMENTS} (and {', '.join(WRITES_EXEMPT)}) no SQL writes a ledger table, and outside "
+        f"{LEDGER} no module imports the ledger's write builders: the store runs them",
         writes_outside_the_ledger,
+    ),
+    Contract(
+        "only the store opens ledger transactions",
+        f"outside {STORE} (and {', '.join(TRANSACTIONS_EXEMPT)}) no product module calls an engine's begin() or "
+        "connect(): it asks JobStore or one of its named parts",
+        transactions_outside_the_store,
     ),
 )
 

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TextIO
 
-from triage.jobs.states import SETTLED, JobStatus
+from triage.jobs.vocabulary.states import SETTLED, JobStatus
 
 Counts = Mapping[JobStatus, int]
 

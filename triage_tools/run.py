@@ -27,8 +27,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.batch_summary import batch_counts, batch_summary, format_summary
-from triage.jobs.models import batch_key_for
+from triage.jobs.sql.reads.batch_summary import batch_counts, batch_summary, format_summary
+from triage.jobs.vocabulary.models import batch_key_for
 from triage.reconciliation.runner import latest_run
 from triage.settings import project_root
 from triage_tools import local

@@ -9,14 +9,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs import transitions as T
-from triage.jobs.expressions import NO_LEASE, NOW, UUID, recordset, status_literal
 from triage.jobs.schema import jobs
-from triage.jobs.states import JobStatus as S
+from triage.jobs.sql.expressions import NO_LEASE, NOW, UUID, recordset, status_literal
+from triage.jobs.sql.moves import worker as T
+from triage.jobs.vocabulary.states import JobStatus as S
 
 
 def complete_without_event() -> Any:
-    """:func:`triage.jobs.transitions.complete` without its outbox insert: the fenced update alone."""
+    """:func:`triage.jobs.sql.moves.worker.complete` without its outbox insert: the fenced update alone."""
     held = recordset("held", **T.HELD, event_id=UUID, label=sa.Text, confidence=sa.Float, classifier_version=sa.Text)
     return (
         sa.update(jobs)

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from triage.jobs.alert_reads import RunMoves
-from triage.jobs.states import JobStatus
+from triage.jobs.sql.reads.alerts import RunMoves
+from triage.jobs.vocabulary.states import JobStatus
 
 log = logging.getLogger(__name__)
 

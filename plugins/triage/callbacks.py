@@ -57,7 +57,7 @@ def on_task_failure(context: Any) -> None:
 
     Jobs parked on a dependency outage (``waiting``, reason ``outage:…``) are never moved: the
     task failed because the dependency is down, not because of them, and the next run of the
-    date takes them up again (:mod:`triage.jobs.outages`). Jobs leased by other live tasks are
+    date takes them up again (:mod:`triage.jobs.sql.moves.outages`). Jobs leased by other live tasks are
     left alone. A map index of a mapped task (``classify``)
     takes the unleased jobs only when no sibling map index can still claim them (asked through
     the Task SDK's ``get_task_states``); otherwise it moves only what it held and its run's

@@ -94,21 +94,14 @@ def migrate_job_database(url: DatabaseUrl, to: str = "head") -> tuple[str | None
 
 def status_report(url: DatabaseUrl) -> str:
     """Jobs by state and open reviews by reason, as a small table."""
-    from triage.jobs.schema import jobs, manual_review
-    from triage.jobs.states import JobStatus
+    from triage.jobs.store import JobStore
+    from triage.jobs.vocabulary.states import JobStatus
 
     engine = create_engine(url, poolclass=sa.NullPool)
     try:
-        with engine.connect() as conn:
-            by_state: dict[str, int] = dict(
-                conn.execute(sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)).tuples().all()
-            )
-            reasons = conn.execute(
-                sa.select(manual_review.c.reason, sa.func.count())
-                .where(manual_review.c.resolved_at.is_(None))
-                .group_by(manual_review.c.reason)
-                .order_by(sa.func.count().desc())
-            ).all()
+        store = JobStore(engine)
+        by_state = {status.value: n for status, n in store.status_counts().items()}
+        reasons = store.open_review_reasons()
     finally:
         engine.dispose()
     lines = [f"job ledger at {url.libpq_redacted()}", "", f"{'state':<18}{'jobs':>10}"]
@@ -130,7 +123,7 @@ def job_payload(url: DatabaseUrl, job_id: str, payload_base: str | None = None) 
         missing or does not match its hash.
     """
     from triage import settings
-    from triage.jobs.schema import jobs
+    from triage.jobs.store import JobStore
     from triage.payloads import read_payload
 
     try:
@@ -139,13 +132,13 @@ def job_payload(url: DatabaseUrl, job_id: str, payload_base: str | None = None) 
         raise LookupError(f"{job_id!r} is not a job id (a UUID)") from None
     engine = create_engine(url, pool_size=1)
     try:
-        with engine.connect() as conn:
-            row = conn.execute(sa.select(jobs.c.payload_ref, jobs.c.content_sha256).where(jobs.c.id == wanted)).first()
+        found = JobStore(engine).payload_of(wanted)
     finally:
         engine.dispose()
-    if row is None:
+    if found is None:
         raise LookupError(f"no job {job_id}")
-    return read_payload(row.payload_ref, row.content_sha256, settings.payload_base(payload_base))
+    payload_ref, content_sha256 = found
+    return read_payload(payload_ref, content_sha256, settings.payload_base(payload_base))
 
 
 def replay(url: DatabaseUrl, args: argparse.Namespace, prog: str = PROG) -> int:

@@ -34,8 +34,18 @@ from typing import Any, Protocol
 
 from structlog.contextvars import bound_contextvars
 
-from triage.jobs.models import Advance, ClaimedJob, Complete, Fail, Outcome, Park, Release, RetryLater, SendToReview
-from triage.jobs.states import JobStatus
+from triage.jobs.vocabulary.models import (
+    Advance,
+    ClaimedJob,
+    Complete,
+    Fail,
+    Outcome,
+    Park,
+    Release,
+    RetryLater,
+    SendToReview,
+)
+from triage.jobs.vocabulary.states import JobStatus
 
 PREFIX = "triage"
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from opentelemetry import propagate, trace
 
-from triage.jobs.models import ClaimedJob
+from triage.jobs.vocabulary.models import ClaimedJob
 
 TRACER = "triage"
 _HEADER_SAFE = re.compile(r"[!-~]{1,128}")

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from tests.dags.airflow_harness import AIRFLOW, free_port
 from tests.dags.conftest import Deployment
 from tests.integration.helpers import insert_job, new_jobs
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.states import JobStatus
 
 BATCH = "2026-11-10T00:00:00+00:00/2026-11-11T00:00:00+00:00"
 

@@ -221,8 +221,8 @@ def test_the_triage_pages_answer_as_fab_says(fab: Fab) -> None:
     user who may not read review_jobs (reconcile_jobs' own) gets 403, nobody gets 401."""
     from tests.integration.helpers import new_jobs
     from triage.database import create_engine
-    from triage.jobs.models import ClassificationRecord, SendToReview
     from triage.jobs.store import JobStore
+    from triage.jobs.vocabulary.models import ClassificationRecord, SendToReview
 
     engine = create_engine(fab.jobs_url)
     try:

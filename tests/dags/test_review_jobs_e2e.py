@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def fresh_batch() -> str:
     """A batch key no other test of the module uses (the deployment, and its job database, are shared)."""
-    from triage.jobs.models import batch_key_for
+    from triage.jobs.vocabulary.models import batch_key_for
 
     start = datetime(2026, 10, 1, tzinfo=UTC) + timedelta(minutes=uuid.uuid4().int % 10**7)
     return batch_key_for(start, start + timedelta(days=1))
@@ -35,8 +35,8 @@ def jobs_in_review(deployment: Deployment, n: int, batch: str | None = None) -> 
     its batch, and a shared batch holds the jobs an earlier test requeued (``queued``), which the
     claim would take instead of these, leaving these ``queued`` and not in review.
     """
-    from triage.jobs.models import ClassificationRecord, SendToReview
     from triage.jobs.store import JobStore
+    from triage.jobs.vocabulary.models import ClassificationRecord, SendToReview
 
     batch = batch or fresh_batch()
     engine = deployment.engine()

@@ -37,8 +37,8 @@ pytestmark = pytest.mark.slow
 def seed_reviews(deployment: Deployment, n: int) -> list[str]:
     """``n`` documents in the deployment's payload store, registered and sent to review."""
     from triage.contracts.documents import canonical_json_bytes
-    from triage.jobs.models import ClassificationRecord, NewJob, SendToReview
     from triage.jobs.store import JobStore
+    from triage.jobs.vocabulary.models import ClassificationRecord, NewJob, SendToReview
     from triage.payloads import PayloadStore
 
     payloads = PayloadStore(deployment.home / "payloads")  # TRIAGE_HOME/payloads: the server's default

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.models import NewJob, Registered
-from triage.jobs.states import JobStatus, Step
+from triage.jobs.vocabulary.models import NewJob, Registered
+from triage.jobs.vocabulary.states import JobStatus, Step
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.retrieve import to_new_jobs
 from triage.pipeline.reuse import ContentCache

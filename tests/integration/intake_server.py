@@ -23,8 +23,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from triage.jobs.intake import Accepted
 from triage.jobs.store import JobStore
+from triage.jobs.store.intake import Accepted
 from triage.web.intake_service import IntakeService
 from triage.web.service import POOL_SIZE, TriageService
 

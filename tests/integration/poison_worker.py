@@ -16,8 +16,8 @@ from triage.classifiers.keyword import KeywordClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.drill import DrillSettings
 from triage.database import configured_url, create_engine
-from triage.jobs.models import Complete, LabelWrite
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete, LabelWrite
 
 
 def main() -> None:

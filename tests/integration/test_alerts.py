@@ -23,9 +23,9 @@ from tests.integration.test_callbacks import failure_context
 from triage.alerts import Thresholds
 from triage.callbacks import on_task_failure
 from triage.database import DatabaseUrl
-from triage.jobs.models import Complete, Fail, SendToReview
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete, Fail, SendToReview
+from triage.jobs.vocabulary.states import JobStatus
 from triage.observability import RecordingMetrics
 from triage.operators.alerts import RunAlertsOperator, alert_on_orphans
 from triage.reconciliation.params import ReconcileParams

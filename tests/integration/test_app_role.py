@@ -18,10 +18,10 @@ from triage import migrations
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.drill import DrillSettings
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.errors import MoveNotPermitted
-from triage.jobs.models import RetryLater
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import MoveNotPermitted
+from triage.jobs.vocabulary.models import RetryLater
+from triage.jobs.vocabulary.states import JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.publish import JsonlEventSink, publish_all
@@ -116,15 +116,15 @@ def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, review_stor
     sent = publish_all(app_store, JsonlEventSink(tmp_path / "events.jsonl"))
     assert sent > 0
 
-    reviews = app_store.open_reviews(limit=10)
+    reviews = app_store.review.open_reviews(limit=10)
     assert len(reviews) >= 3
     names = Taxonomy.load().names
-    labelled = review_store.resolve_with_label(
+    labelled = review_store.review.resolve_with_label(
         reviews[0].job_id, sorted(names)[0], actor="reviewer", taxonomy_names=names
     )
     assert labelled.status is JobStatus.COMPLETED
-    review_store.resolve_with_requeue(reviews[1].job_id, actor="reviewer")
-    assert review_store.reject(reviews[2].job_id, actor="reviewer").status is JobStatus.TERMINAL_FAILED
+    review_store.review.resolve_with_requeue(reviews[1].job_id, actor="reviewer")
+    assert review_store.review.reject(reviews[2].job_id, actor="reviewer").status is JobStatus.TERMINAL_FAILED
     app_store.release_expired_leases()
 
     with app_store.engine.connect() as conn:
@@ -156,17 +156,17 @@ def test_a_replay_by_filter_runs_as_the_review_role_not_the_app_role(
     app_store: JobStore, review_store: JobStore
 ) -> None:
     from triage.contracts.replay import ReplayFilter
-    from triage.jobs.models import Fail
+    from triage.jobs.vocabulary.models import Fail
 
     app_store.register(new_jobs(2, prefix="replay"), batch_key=BATCH, step="classify", max_attempts=3)
     claim = app_store.claim(batch_key=BATCH, step="classify", limit=10, lease_seconds=60, owner="w")
     app_store.record(claim, [Fail(j.id, j.attempt, "permanent_error") for j in claim.jobs])
     selection = ReplayFilter.parse({"batch_key": BATCH, "states": ["terminal_failed"], "dry_run": False, "note": "n"})
-    assert app_store.preview_replay(selection).matching == 2
+    assert app_store.review.preview_replay(selection).matching == 2
     with pytest.raises(MoveNotPermitted, match="that move is role triage_review's"):
-        app_store.replay(selection, actor="alice")
-    assert review_store.replay(selection, actor="alice").replayed_now == 2
-    assert review_store.replay(selection, actor="alice").outcome == "already_applied"
+        app_store.review.replay(selection, actor="alice")
+    assert review_store.review.replay(selection, actor="alice").replayed_now == 2
+    assert review_store.review.replay(selection, actor="alice").outcome == "already_applied"
 
 
 @pytest.mark.parametrize(

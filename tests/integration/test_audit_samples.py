@@ -17,11 +17,11 @@ from tests.fakes.provider import FakeProvider
 from tests.integration.helpers import new_jobs
 from tests.integration.test_roles import logins, stores  # noqa: F401 - fixtures
 from triage.database import DatabaseUrl
-from triage.jobs.audit_samples import AUDIT_REASON, is_audit_sample
-from triage.jobs.errors import AuditSampleDecisionRefused, MoveNotPermitted, NotInReview, RoleRefused
-from triage.jobs.models import Advance, ClassificationRecord
-from triage.jobs.states import JobStatus
+from triage.jobs.sql.audit_samples import AUDIT_REASON, is_audit_sample
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import AuditSampleDecisionRefused, MoveNotPermitted, NotInReview, RoleRefused
+from triage.jobs.vocabulary.models import Advance, ClassificationRecord
+from triage.jobs.vocabulary.states import JobStatus
 from triage.pipeline.actions import WebhookLabelAction, label_order
 from triage.pipeline.persist import PersistHandler
 from triage.reconciliation import rules

@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from tests.integration.helpers import new_jobs
 from triage import migrations
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, NewJob, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, NewJob, SendToReview
 from triage.payloads import PayloadStore
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile

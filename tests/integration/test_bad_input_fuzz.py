@@ -22,8 +22,8 @@ from tests.strategies import OUT_OF_RANGE_TIMESTAMPS, timestamps
 from triage.classifiers import Taxonomy, build_classifier
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.backoff import RetryPolicy
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.backoff import RetryPolicy
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.retrieve import retrieve, to_new_jobs

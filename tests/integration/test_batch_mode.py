@@ -18,8 +18,8 @@ from triage.classifiers.batch_api import BatchClient
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.batches import BatchLedger
 from triage.jobs.store import JobStore
+from triage.jobs.store.batches import BatchLedger
 from triage.payloads import PayloadStore
 from triage.pipeline.batch_mode import collect, given_answers, submission_key, submit
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -87,7 +87,7 @@ def classify(store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, 
 def test_jobs_wait_on_their_batch_and_take_its_answers_per_job(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ledger, client = store.batches, BatchClient(llm(server), server.base_url, "k")
     ids = register(store, payloads, client.classifier.version, ["a", "b", "c broken", "d unsure"])
     [key] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit")
     assert key == submission_key(BATCH, ids)
@@ -114,7 +114,7 @@ def test_jobs_wait_on_their_batch_and_take_its_answers_per_job(
 def test_a_batch_the_provider_loses_sends_its_jobs_back_to_be_asked(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, how: str, kept: int
 ) -> None:
-    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ledger, client = store.batches, BatchClient(llm(server), server.base_url, "k")
     register(store, payloads, client.classifier.version, ["a", "b", "c", "d"])
     submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit")
     [batch_id] = server.batches.batches
@@ -132,7 +132,7 @@ def test_a_batch_the_provider_loses_sends_its_jobs_back_to_be_asked(
 def test_a_resubmission_after_a_crash_adopts_the_batch_the_provider_accepted(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ledger, client = store.batches, BatchClient(llm(server), server.base_url, "k")
     ids = register(store, payloads, client.classifier.version, ["a", "b"])
     key = submission_key(BATCH, ids)
     # A worker wrote its row and the provider accepted the batch; the worker died before it
@@ -152,7 +152,7 @@ def test_a_resubmission_after_a_crash_adopts_the_batch_the_provider_accepted(
 def test_the_same_jobs_submitted_after_their_batch_finished_make_a_new_batch(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
-    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ledger, client = store.batches, BatchClient(llm(server), server.base_url, "k")
     ids = register(store, payloads, client.classifier.version, ["a", "b"])
     [first] = submit(store, ledger, client, payloads, batch_key=BATCH, owner="submit")
     [batch_id] = server.batches.batches
@@ -175,7 +175,7 @@ def test_a_submission_the_provider_does_not_take_gives_the_claim_back(
     running under the claim's lease), and a later submission of them goes through."""
     from triage.classifiers.base import ClassifierError
 
-    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ledger, client = store.batches, BatchClient(llm(server), server.base_url, "k")
     register(store, payloads, client.classifier.version, ["a", "b", "c"])
     server.batches.refuse = status
     with pytest.raises(ClassifierError) as caught:
@@ -197,7 +197,7 @@ def test_a_batch_adopted_after_the_first_lease_ran_out_answers_the_next_attempt(
     """A submitter died after the provider took its batch and before it parked the jobs; their
     lease ran out (that attempt counted) and the next submission adopts the batch at the next
     attempt. Its answers, asked at the first attempt, still answer the jobs: no call paid twice."""
-    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ledger, client = store.batches, BatchClient(llm(server), server.base_url, "k")
     ids = register(store, payloads, client.classifier.version, ["a", "b"])
     claim = store.claim(
         batch_key=BATCH,
@@ -232,9 +232,9 @@ def test_a_submission_another_run_is_writing_is_left_to_it(
     """Two runs of one data interval (a scheduled run waiting on its batch, a run triggered for
     the same day): the second must not settle the first's submission as lost while the first
     holds its jobs and is still asking the provider, or the batch is paid and never read."""
-    from triage.jobs.states import Step
+    from triage.jobs.vocabulary.states import Step
 
-    ledger, client = BatchLedger(store.engine), BatchClient(llm(server), server.base_url, "k")
+    ledger, client = store.batches, BatchClient(llm(server), server.base_url, "k")
     ids = register(store, payloads, client.classifier.version, ["a", "b"])
     version = client.classifier.version
     claim = store.claim(

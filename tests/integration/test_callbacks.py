@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from tests.integration.helpers import new_jobs
 from triage.callbacks import on_task_failure
 from triage.database import DatabaseUrl
-from triage.jobs.models import Advance, Complete, Release
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Advance, Complete, Release
+from triage.jobs.vocabulary.states import JobStatus
 from triage.operators import (
     ClassifyDocumentsOperator,
     PersistLabelsOperator,

@@ -17,9 +17,9 @@ from sqlalchemy.dialects import postgresql
 from tests.integration.helpers import new_jobs
 from triage.classifiers import KeywordClassifier, Taxonomy
 from triage.contracts.documents import DocumentPayload
-from triage.jobs import transitions as T
-from triage.jobs.models import RetryLater
+from triage.jobs.sql.moves import worker as T
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import RetryLater
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.retrieve import to_new_jobs

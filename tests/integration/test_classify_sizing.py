@@ -12,8 +12,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tests.integration.helpers import new_jobs
 from tests.integration.test_trigger_limits import DAY, context, seamed
-from triage.jobs.models import Complete, batch_key_for
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete, batch_key_for
 from triage.operators.sizing import SizeClassifyOperator
 
 BATCH = batch_key_for(DAY, DAY + timedelta(days=1))

@@ -8,8 +8,8 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.models import Complete, LabelWrite
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete, LabelWrite
 
 BATCH = "concurrency"
 JOBS = 10_000

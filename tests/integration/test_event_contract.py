@@ -13,7 +13,8 @@ import jsonschema
 from tests.integration.helpers import new_jobs
 from tests.unit.frozen import V1_TYPES, v1_consumer
 from triage.contracts.events import SCHEMA_VERSION, WorkEvent
-from triage.jobs.models import (
+from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import (
     ClassificationRecord,
     Complete,
     Fail,
@@ -22,8 +23,7 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
-from triage.jobs.states import JobStatus
-from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.states import JobStatus
 from triage_tools.schemas import SCHEMAS
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
@@ -76,9 +76,9 @@ def every_kind_of_event(store: JobStore) -> None:
             SendToReview(j[6].id, j[6].attempt, "malformed_output", "malformed_output"),
         ],
     )
-    store.resolve_with_label(j[2].id, "shipping", actor="alice", taxonomy_names=TAXONOMY)
-    store.reject(j[3].id, actor="bob", note="spam")
-    store.resolve_with_requeue(j[5].id, actor="carol")
+    store.review.resolve_with_label(j[2].id, "shipping", actor="alice", taxonomy_names=TAXONOMY)
+    store.review.reject(j[3].id, actor="bob", note="spam")
+    store.review.resolve_with_requeue(j[5].id, actor="carol")
 
 
 def test_a_v1_consumer_reads_every_event_triage_publishes_and_skips_the_new_types(store: JobStore) -> None:

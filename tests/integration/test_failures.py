@@ -21,10 +21,10 @@ from tests.fakes.provider import FakeProvider
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.documents import DocumentPayload
 from triage.contracts.events import UnsupportedSchemaVersion, parse_event
-from triage.jobs.backoff import RetryPolicy
-from triage.jobs.errors import LeaseLost
-from triage.jobs.models import Complete, LabelWrite, NewJob, RetryLater, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.backoff import RetryPolicy
+from triage.jobs.vocabulary.errors import LeaseLost
+from triage.jobs.vocabulary.models import Complete, LabelWrite, NewJob, RetryLater, SendToReview
 from triage.payloads import PayloadStore
 from triage.pipeline.actions import WebhookLabelAction
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings

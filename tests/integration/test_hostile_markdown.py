@@ -39,7 +39,7 @@ def question_rows(body: str) -> dict[str, list[Token]]:
 @pytest.mark.parametrize("hostile", IDS)
 def test_a_hostile_external_id_stays_in_its_cell_of_the_question(store: JobStore, hostile: str) -> None:
     to_review(store, prefix=hostile)
-    [case] = store.open_reviews()
+    [case] = store.review.open_reviews()
     assert case.external_id == f"{hostile}-0"  # stored verbatim
 
     rows = question_rows(describe(case)["body"])
@@ -70,7 +70,7 @@ def test_a_hostile_id_in_a_malformed_lines_context_stays_in_its_span(
     head = json.dumps({"id": hostile, "body": "x" * 200}).encode()
     [doc] = JsonlSource("/unused", max_line_bytes=64).read_lines("2026-11-01/f.jsonl", io.BytesIO(head + b"\n"))
     store.register(to_new_jobs([doc], PayloadStore(tmp_path), "v1"), batch_key="b", step="classify", max_attempts=3)
-    [case] = store.open_reviews()
+    [case] = store.review.open_reviews()
     assert case.context["claimed_id"] == hostile
 
     context = question_rows(describe(case)["body"])["context"]
@@ -81,7 +81,7 @@ def test_a_hostile_id_in_a_malformed_lines_context_stays_in_its_span(
 def test_the_question_has_no_link_html_or_emphasis_from_an_id(store: JobStore) -> None:
     for n, hostile in enumerate(IDS):
         to_review(store, prefix=f"{n}{hostile}")
-    for case in store.open_reviews(limit=len(IDS)):
+    for case in store.review.open_reviews(limit=len(IDS)):
         tokens = PARSER.parse(describe(case)["body"])
         kinds = {child.type for t in tokens for child in (t.children or [])}
         assert kinds <= {"text", "code_inline", "strong_open", "strong_close", "softbreak"}, (case.external_id, kinds)

@@ -26,8 +26,8 @@ import sqlalchemy as sa
 
 from tests.integration.intake_server import ROOT_PATH, ThreadServer, free_port, root_app, wait_listening
 from tests.integration.test_triage_web import airflow_auth, as_user  # noqa: F401 - the module's auth fixture
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, SendToReview
 from triage.web import intake_service
 
 URL = f"{ROOT_PATH}/api/documents"
@@ -415,10 +415,10 @@ def test_the_queue_depth_is_read_from_the_batch_index_and_bounded(store: JobStor
         )
     with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE triage.jobs"))
-    assert store.unfinished_depth(bound=1000) == 1000
-    assert store.unfinished_depth(bound=10**7) == 3000
+    assert store.intake.unfinished_depth(bound=1000) == 1000
+    assert store.intake.unfinished_depth(bound=10**7) == 3000
     from tests.integration.test_plans import _explain
-    from triage.jobs.intake import unfinished_depth
+    from triage.jobs.sql.reads.intake import unfinished_depth
 
     with store.engine.connect() as conn:
         for bound in (1000, 50_000):

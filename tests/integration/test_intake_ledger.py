@@ -1,4 +1,4 @@
-"""Intake's registration statement on the real database (:func:`triage.jobs.intake.accept_jobs`):
+"""Intake's registration statement on the real database (:func:`triage.jobs.sql.moves.registration.accept_jobs`):
 a key whose job a concurrent request committed after the statement's snapshot is answered with
 that job, not lost and not registered twice."""
 
@@ -9,10 +9,10 @@ import time
 
 import sqlalchemy as sa
 
-from triage.jobs.expressions import event_ids, rowset
-from triage.jobs.intake import accept_jobs, compiled
-from triage.jobs.models import NewJob
+from triage.jobs.sql.expressions import event_ids, rowset
+from triage.jobs.sql.moves.registration import accept_jobs, compiled
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import NewJob
 
 KEY = "helpdesk/3:R-1/" + "a" * 64 + "/v1"
 
@@ -46,7 +46,7 @@ def test_a_key_committed_by_a_concurrent_request_after_the_snapshot_answers_with
         first.exec_driver_sql(sql, {**params, "max_attempts": 3})  # inserted, not committed yet
         second = threading.Thread(
             target=lambda: answers.extend(
-                store.accept([_job()], step="classify", max_attempts=3, actor="intake:second")
+                store.intake.accept([_job()], step="classify", max_attempts=3, actor="intake:second")
             )
         )
         second.start()
@@ -66,8 +66,8 @@ def test_a_key_committed_by_a_concurrent_request_after_the_snapshot_answers_with
 
 def test_a_batch_answers_each_distinct_key_once_in_order_with_new_and_known(store: JobStore) -> None:
     jobs = [_job(f"k/{i}") for i in range(5)]
-    first = store.accept(jobs[:2], step="classify", max_attempts=3, actor="intake:a")
-    again = store.accept([jobs[1], jobs[4], jobs[0], jobs[3]], step="classify", max_attempts=3, actor="intake:b")
+    first = store.intake.accept(jobs[:2], step="classify", max_attempts=3, actor="intake:a")
+    again = store.intake.accept([jobs[1], jobs[4], jobs[0], jobs[3]], step="classify", max_attempts=3, actor="intake:b")
     assert [(a.idempotency_key, a.new) for a in again] == [("k/1", False), ("k/4", True), ("k/0", False), ("k/3", True)]
     assert {a.idempotency_key: a.job_id for a in first} == {
         a.idempotency_key: a.job_id for a in again if a.idempotency_key in ("k/0", "k/1")

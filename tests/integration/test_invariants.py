@@ -6,8 +6,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
-from triage.jobs.models import Complete, LabelWrite, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete, LabelWrite, SendToReview
 from triage_tools.drill.invariants import check_invariants
 
 BATCH = "inv"

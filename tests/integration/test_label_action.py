@@ -17,8 +17,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from tests.fakes.provider import FakeProvider
 from tests.integration.test_review_operators import context, seamed
 from triage.contracts.events import parse_event
-from triage.jobs.models import Advance, ClaimedJob, ClassificationRecord, NewJob, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Advance, ClaimedJob, ClassificationRecord, NewJob, SendToReview
 from triage.operators.review import ReviewJobsOperator
 from triage.pipeline.actions import WebhookLabelAction, label_order
 from triage.pipeline.persist import PersistHandler
@@ -274,8 +274,8 @@ def test_the_review_operator_sends_through_the_label_action_connection_and_retri
 
 def test_published_review_events_carry_the_label_and_the_reviewer(store: JobStore, tmp_path: Path) -> None:
     labelled, rejected = to_review(store, "T-25"), to_review(store, "T-26")
-    store.resolve_with_label(labelled, "shipping", actor="alice", taxonomy_names=TAXONOMY)
-    store.reject(rejected, actor="bob", note="spam")
+    store.review.resolve_with_label(labelled, "shipping", actor="alice", taxonomy_names=TAXONOMY)
+    store.review.reject(rejected, actor="bob", note="spam")
     path = tmp_path / "events.jsonl"
     publish_all(store, JsonlEventSink(path))
     events = [parse_event(line) for line in path.read_bytes().splitlines()]

@@ -20,8 +20,8 @@ from tests.fakes.provider import FakeProvider
 from tests.integration.helpers import counts, failure_callback_context
 from triage.callbacks import on_task_failure
 from triage.database import DatabaseUrl
-from triage.jobs.models import Advance, ClassificationRecord, NewJob
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Advance, ClassificationRecord, NewJob
 from triage.operators import PersistLabelsOperator
 from triage.pipeline.actions import WebhookLabelAction
 from triage.pipeline.persist import PersistHandler

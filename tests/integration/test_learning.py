@@ -22,9 +22,9 @@ from triage.classifiers import build_classifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl
-from triage.jobs.errors import LedgerError
-from triage.jobs.models import ClassificationRecord, NewJob, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import LedgerError
+from triage.jobs.vocabulary.models import ClassificationRecord, NewJob, SendToReview
 from triage.learning.examples import LabelledDocument, import_examples
 from triage.learning.model import ArtifactRefused, ArtifactTampered
 from triage.learning.registry import (
@@ -170,10 +170,10 @@ def to_review(store: JobStore, payloads: PayloadStore, n: int) -> list[uuid.UUID
 
 def test_a_reviewer_s_label_becomes_an_example_and_nothing_else_does(store: JobStore, payloads: PayloadStore) -> None:
     labelled, rejected, requeued = to_review(store, payloads, 3)
-    store.resolve_with_label(labelled, "shipping", actor="ada", note="a parcel", taxonomy_names=NAMES)
-    store.resolve_with_label(labelled, "shipping", actor="ada", note="a parcel", taxonomy_names=NAMES)  # again
-    store.reject(rejected, actor="ada", note="spam")
-    store.resolve_with_requeue(requeued, actor="ada", note="retry")
+    store.review.resolve_with_label(labelled, "shipping", actor="ada", note="a parcel", taxonomy_names=NAMES)
+    store.review.resolve_with_label(labelled, "shipping", actor="ada", note="a parcel", taxonomy_names=NAMES)  # again
+    store.review.reject(rejected, actor="ada", note="spam")
+    store.review.resolve_with_requeue(requeued, actor="ada", note="retry")
     assert examples_of(store) == [("review", str(labelled), "shipping", "ada", labelled)]
     with store.engine.connect() as conn:
         example = conn.execute(sa.text("SELECT content_sha256, payload_ref FROM triage.labelled_examples")).one()
@@ -733,8 +733,8 @@ def test_the_worker_role_imports_reviews_trains_promotes_and_loads(
         assert report.added == 300
         [job_id] = to_review(app, payloads, 1)
         with pytest.raises(LedgerError, match="may not record a review decision"):
-            app.resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
-        JobStore(review_engine).resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
+            app.review.resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
+        JobStore(review_engine).review.resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
         with review_engine.connect() as conn:
             written = conn.execute(
                 sa.text("SELECT count(*) FROM triage.labelled_examples WHERE source = 'review' AND external_id = :id"),
@@ -769,7 +769,7 @@ def test_retention_keeps_the_payloads_of_labelled_examples(store: JobStore, tmp_
     payloads = PayloadStore(tmp_path / "payloads")
     import_examples(store.engine, payloads, synthetic_examples(5, 30, payloads), source="a", labelled_by="me")
     [job_id] = to_review(store, payloads, 1)
-    store.resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
+    store.review.resolve_with_label(job_id, "billing", actor="ada", taxonomy_names=NAMES)
     unlabelled = payloads.put(b"an old document nobody labelled")[1]
     old = (datetime.now(UTC) - timedelta(days=90)).timestamp()
     for path in (tmp_path / "payloads").rglob("*"):

@@ -18,9 +18,9 @@ from hypothesis.stateful import (
 )
 
 from tests.integration.helpers import new_jobs
-from triage.jobs.errors import LeaseLost, LedgerError, NotInReview, ReplayLimitReached
-from triage.jobs.models import Claim, Complete, LabelWrite, RetryLater, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import LeaseLost, LedgerError, NotInReview, ReplayLimitReached
+from triage.jobs.vocabulary.models import Claim, Complete, LabelWrite, RetryLater, SendToReview
 
 ACTORS = ("alice", "bob", "carol")
 JOBS = 6
@@ -116,7 +116,7 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
             if not in_review:
                 return
             with contextlib.suppress(ReplayLimitReached, NotInReview):
-                store.resolve_with_requeue(in_review[pick % len(in_review)][0], actor="reviewer", max_replays=2)
+                store.review.resolve_with_requeue(in_review[pick % len(in_review)][0], actor="reviewer", max_replays=2)
 
         @invariant()
         def nothing_lost_or_doubled(self) -> None:

@@ -18,8 +18,8 @@ from tests.fakes.openai_server import FakeOpenAIServer, Reply
 from tests.integration.helpers import classify_try, documents, new_jobs, register_documents
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifySettings
 from triage.pipeline.steps import RunSettings

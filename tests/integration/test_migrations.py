@@ -99,7 +99,7 @@ def test_0006_upgrades_a_database_of_0005_with_jobs_mid_life(fresh_database: Dat
         ).scalar_one()
     migrations.upgrade(fresh_database)
     assert _diff(fresh_database) == []
-    JobStore(engine).resolve_with_requeue(job_id, actor="alice")
+    JobStore(engine).review.resolve_with_requeue(job_id, actor="alice")
     with engine.connect() as conn:
         row = conn.execute(sa.text("SELECT status::text, attempt, attempt_base, max_attempts FROM triage.jobs")).one()
     engine.dispose()

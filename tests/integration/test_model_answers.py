@@ -212,7 +212,7 @@ def test_a_doubtful_answer_is_reused_within_a_claim_and_an_accepted_one_wins_ove
     assert statuses == {ids["A"]: "manual_review", ids["B"]: "manual_review"}
     assert classification_of(store, ids["B"]).reused_job_id == ids["A"]
     # A reviewer requeues A: the model is asked again and accepts; that answer is the entry now.
-    store.resolve_with_requeue(ids["A"], actor="alice", note="ask again")
+    store.review.resolve_with_requeue(ids["A"], actor="alice", note="ask again")
     classify(store, llm_classifier(server), payloads)
     assert server.request_count == 2
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
@@ -245,7 +245,7 @@ def test_the_cache_never_answers_for_content_a_reviewer_labelled(
     server.enqueue(Reply.ok("billing", 0.3))
     ids = register(store, payloads, classifier.version, {"A": "money back please"})
     classify(store, classifier, payloads)
-    store.resolve_with_label(ids["A"], "refund_request", actor="alice", taxonomy_names=TAXONOMY.names)
+    store.review.resolve_with_label(ids["A"], "refund_request", actor="alice", taxonomy_names=TAXONOMY.names)
     # The same content under another id: the model says billing, accepted (an entry exists now).
     later = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
     ids |= register(store, payloads, classifier.version, {"B": "money back please"}, batch=later)
@@ -274,7 +274,7 @@ def test_a_job_a_reviewer_requeued_is_asked_again_not_answered_from_the_cache(
     classify(store, llm_classifier(server), payloads, batch=later)  # B: A's doubtful answer, to review
     assert server.request_count == 1
     assert classification_of(store, ids["B"]).reused_job_id == ids["A"]
-    store.resolve_with_requeue(ids["A"], actor="alice", note="ask again")
+    store.review.resolve_with_requeue(ids["A"], actor="alice", note="ask again")
     classify(store, llm_classifier(server), payloads)
     assert server.request_count == 2  # the reviewer asked for the model, not the cache
     [again] = rows(store, "SELECT * FROM triage.classifications WHERE job_id = :j AND attempt = 2", j=ids["A"])

@@ -16,11 +16,11 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, fixed_label
+from triage.classifiers.budgets import BudgetSettings, ModelBudget
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.budgets import BudgetSettings, ModelBudget
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -65,7 +65,9 @@ def statuses(engine: sa.Engine) -> dict[str, int]:
 
 
 def test_takes_are_spaced_at_the_rate_after_the_burst(engine: sa.Engine) -> None:
-    budget = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=600, burst_seconds=0.5))
+    budget = ModelBudget(
+        JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=600, burst_seconds=0.5)
+    )
     began = time.monotonic()
     starts, took = [], []
     for _ in range(15):
@@ -85,15 +87,19 @@ def test_takes_are_spaced_at_the_rate_after_the_burst(engine: sa.Engine) -> None
 
 
 def test_a_token_budget_spaces_calls_by_their_tokens(engine: sa.Engine) -> None:
-    budget = ModelBudget(engine, "triage_llm", BudgetSettings(tokens_per_minute=60_000, burst_seconds=0))
+    budget = ModelBudget(
+        JobStore(engine).budgets, "triage_llm", BudgetSettings(tokens_per_minute=60_000, burst_seconds=0)
+    )
     waits = [budget.take(500, patience=60)[1] for _ in range(4)]  # 1,000 tokens/s: 0.5 s per call
     assert waits[0] == 0.0
     assert waits[3] == pytest.approx(1.5, abs=0.2)
 
 
 def test_a_block_holds_every_taker_and_a_take_beyond_patience_reserves_nothing(engine: sa.Engine) -> None:
-    mine = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=6000))
-    theirs = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=6000))  # another worker
+    mine = ModelBudget(JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=6000))
+    theirs = ModelBudget(
+        JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=6000)
+    )  # another worker
     mine.block(2.0)
     reserved, wait = theirs.take(1, patience=0.5)
     assert (reserved, wait) == (False, pytest.approx(2.0, abs=0.3))
@@ -109,7 +115,9 @@ def test_a_block_holds_every_taker_and_a_take_beyond_patience_reserves_nothing(e
 
 
 def test_concurrent_takers_never_share_a_slot(engine: sa.Engine) -> None:
-    budget = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=6000, burst_seconds=0))
+    budget = ModelBudget(
+        JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=6000, burst_seconds=0)
+    )
     budget.block(1.0, counted=False)  # the slots start a second from now, whoever comes first
 
     def span() -> float:
@@ -130,7 +138,9 @@ def test_concurrent_takers_never_share_a_slot(engine: sa.Engine) -> None:
 def test_a_429_is_sent_again_and_blocks_the_budget_no_attempt_is_spent(engine: sa.Engine, tmp_path: Path) -> None:
     store, payloads = JobStore(engine), PayloadStore(tmp_path / "payloads")
     with FakeOpenAIServer(responder=fixed_label("billing"), requests_per_second=20.0, burst_seconds=0.25) as server:
-        budget = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=6000))  # above the server's
+        budget = ModelBudget(
+            JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=6000)
+        )  # above the server's
         llm = classifier(server.base_url, budget)
         register(store, payloads, llm.version, 60)
         handler = ClassifyHandler(llm, payloads, ClassifySettings(0.7, 8))
@@ -151,7 +161,7 @@ def test_a_429_is_sent_again_and_blocks_the_budget_no_attempt_is_spent(engine: s
 def test_a_call_that_would_wait_too_long_parks_its_job_not_review(engine: sa.Engine, tmp_path: Path) -> None:
     store, payloads = JobStore(engine), PayloadStore(tmp_path / "payloads")
     with FakeOpenAIServer(responder=fixed_label("billing")) as server:
-        budget = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=60))
+        budget = ModelBudget(JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=60))
         budget.block(120.0)  # another worker was told to wait two minutes
         llm = classifier(server.base_url, budget, budget_max_wait_seconds=1.0)
         register(store, payloads, llm.version, 3)
@@ -174,7 +184,9 @@ def _worker(
     """One Celery worker's classify task: its own process, engine, classifier and budget object."""
     engine = create_engine(url, pool_size=2)
     payloads = PayloadStore(Path(payload_base))
-    budget = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=rpm, burst_seconds=0.25))
+    budget = ModelBudget(
+        JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=rpm, burst_seconds=0.25)
+    )
     llm = classifier(base_url, budget)
     handler = ClassifyHandler(llm, payloads, ClassifySettings(0.7, 8))
     try:
@@ -221,7 +233,7 @@ def test_two_worker_processes_share_one_budget(db_url: DatabaseUrl, engine: sa.E
 
 
 def test_a_budget_row_lost_in_a_crash_is_written_again(engine: sa.Engine) -> None:
-    budget = ModelBudget(engine, "triage_llm", BudgetSettings(requests_per_minute=600))
+    budget = ModelBudget(JobStore(engine).budgets, "triage_llm", BudgetSettings(requests_per_minute=600))
     assert budget.take(1, patience=1)[0]
     with engine.begin() as conn:  # an unlogged table after a crash: empty
         conn.execute(sa.text("DELETE FROM triage.model_budgets"))

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.drill import DrillSettings
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.states import JobStatus
 from triage.observability import NULL_METRICS, RecordingMetrics
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings

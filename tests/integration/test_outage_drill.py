@@ -12,8 +12,8 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.run_config import ClassifyRunConfig
-from triage.jobs.models import ClassificationRecord, Complete, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, SendToReview
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 from triage_tools.drill.outage import (

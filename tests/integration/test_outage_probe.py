@@ -92,7 +92,7 @@ def test_at_most_one_prober_at_a_time(store: JobStore, payloads: PayloadStore) -
             classify(store, llm(fake), payloads, try_number=1)
 
     def probe(worker: str) -> Any:
-        return store.probe_parked(BATCH, "classify", actor=worker, classifier_version=version)
+        return store.probes.probe_parked(BATCH, "classify", actor=worker, classifier_version=version)
 
     # Jobs a provider batch is answering, or that wait for the shared budget, are never probed.
     for reason in ("outage:batch", "outage:rate_limit"):
@@ -113,8 +113,11 @@ def test_at_most_one_prober_at_a_time(store: JobStore, payloads: PayloadStore) -
     assert probe("w2") is None  # its call is in flight under a live lease
     assert counts(store, "SELECT status, count(*) FROM triage.jobs GROUP BY 1") == {("waiting",): 4, ("running",): 1}
     # Parked jobs of another dependency are not resumed by this one's answer.
-    assert store.resume_after_probe(BATCH, "classify", dependency="label_provider", actor="w1") == 0
-    assert store.resume_after_probe(BATCH, "classify", dependency="model", actor="w1", classifier_version=version) == 4
+    assert store.probes.resume_after_probe(BATCH, "classify", dependency="label_provider", actor="w1") == 0
+    assert (
+        store.probes.resume_after_probe(BATCH, "classify", dependency="model", actor="w1", classifier_version=version)
+        == 4
+    )
 
 
 class FirstThen:
@@ -202,11 +205,14 @@ def test_only_outages_of_a_probed_dependency_are_probed_or_resumed(store: JobSto
             conn.execute(
                 sa.text("UPDATE triage.jobs SET status_reason = :r WHERE id = ANY(:ids)"), {"r": reason, "ids": chosen}
             )
-    taken = store.probe_parked(BATCH, "classify", actor="w1", classifier_version=version)
+    taken = store.probes.probe_parked(BATCH, "classify", actor="w1", classifier_version=version)
     assert taken is not None
     assert taken[0] in ids[4:]
     assert taken[1] == "model"
-    assert store.resume_after_probe(BATCH, "classify", dependency="model", actor="w1", classifier_version=version) == 1
+    assert (
+        store.probes.resume_after_probe(BATCH, "classify", dependency="model", actor="w1", classifier_version=version)
+        == 1
+    )
     assert counts(store, "SELECT status, status_reason, count(*) FROM triage.jobs GROUP BY 1, 2") == {
         ("queued", "outage_probe"): 1,
         ("queued", "probe_answered"): 1,
@@ -229,7 +235,7 @@ def test_a_job_its_dead_prober_held_is_parked_with_the_rest_not_charged_each_try
         with pytest.raises(CircuitOpen):
             classify(store, llm(fake), payloads, try_number=1)
         prober = f"classify_documents/{RUN}/classify/0/try2"
-        taken = store.probe_parked(BATCH, "classify", actor=prober, classifier_version=version)
+        taken = store.probes.probe_parked(BATCH, "classify", actor=prober, classifier_version=version)
         assert taken is not None
         claim = store.claim(
             batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner=prober, classifier_version=version

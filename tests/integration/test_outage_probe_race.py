@@ -20,8 +20,8 @@ from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.helpers import counts
 from tests.integration.test_outage import Switch, classify, llm, register
 from tests.integration.test_outage_probe import BATCH, PARK
-from triage.jobs.ledger import DEFAULT_ACTOR
 from triage.jobs.store import JobStore
+from triage.jobs.store.ledger import DEFAULT_ACTOR
 from triage.payloads import PayloadStore
 from triage.pipeline.steps import CircuitOpen
 
@@ -85,7 +85,9 @@ def test_two_workers_at_once_take_exactly_one_probe(store: JobStore, payloads: P
         try:
             if after is not None:
                 assert after.wait(30), "the first worker never wrote its probe"
-            taken[name] = ledger.probe_parked(BATCH, "classify", actor=f"{name}/try2", classifier_version=version)
+            taken[name] = ledger.probes.probe_parked(
+                BATCH, "classify", actor=f"{name}/try2", classifier_version=version
+            )
         except BaseException as exc:  # noqa: BLE001 (handed to the test thread, asserted empty)
             errors.append(exc)
         finally:

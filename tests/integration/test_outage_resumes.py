@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from tests.fakes.openai_server import FakeOpenAIServer, Reply
 from tests.integration.helpers import new_jobs
 from tests.integration.test_outage import BATCH, RUN, Switch, classify, counts, llm, register, reviews
-from triage.jobs.outages import MAX_OUTAGE_BACKOFF_SECONDS
+from triage.jobs.sql.moves.outages import MAX_OUTAGE_BACKOFF_SECONDS
 from triage.jobs.store import JobStore
 from triage.operators.outage_resume import resume_requests
 from triage.payloads import PayloadStore

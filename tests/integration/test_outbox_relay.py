@@ -25,7 +25,7 @@ from tests.integration.helpers import new_jobs
 from triage import migrations
 from triage.contracts.events import WorkEvent, parse_event
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs import outbox as O
+from triage.jobs.sql.writes import outbox as O
 from triage.jobs.store import JobStore
 from triage.pipeline import publish as P
 from triage.pipeline.publish import JsonlEventSink, WebhookEventSink, publish_all

@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from tests.fakes.provider import FakeProvider
 from triage.classifiers import Taxonomy, build_classifier
 from triage.database import DatabaseUrl
-from triage.jobs.models import ClaimedJob, LabelWrite
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClaimedJob, LabelWrite
 from triage.payloads import PayloadStore
 from triage.pipeline.actions import WebhookLabelAction
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings

@@ -29,10 +29,10 @@ from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload, canonical_json_bytes
 from triage.contracts.drill import DrillSettings
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.backoff import RetryPolicy
-from triage.jobs.models import Advance, NewJob
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.backoff import RetryPolicy
+from triage.jobs.vocabulary.models import Advance, NewJob
+from triage.jobs.vocabulary.states import JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.persist import PersistHandler

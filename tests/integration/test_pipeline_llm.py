@@ -18,9 +18,9 @@ from tests.fakes.openai_server import FakeOpenAIServer, Reply, keyword_responder
 from tests.integration.helpers import classify_try, documents, llm_classifier, register_documents
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
-from triage.jobs.backoff import RetryPolicy
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.backoff import RetryPolicy
+from triage.jobs.vocabulary.states import JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifySettings
 from triage.pipeline.steps import (

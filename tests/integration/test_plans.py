@@ -17,12 +17,12 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
-from triage.jobs import session
-from triage.jobs import transitions as T
-from triage.jobs.expressions import event_ids, rowset
-from triage.jobs.models import Release
-from triage.jobs.recording import record_txn
+from triage.jobs.sql import session
+from triage.jobs.sql.expressions import event_ids, rowset
+from triage.jobs.sql.moves import worker as T
 from triage.jobs.store import JobStore
+from triage.jobs.store.recording import record_txn
+from triage.jobs.vocabulary.models import Release
 
 N = 500
 REGISTERED = 40 * N  # at 10 * N the planner still chose well without the setting

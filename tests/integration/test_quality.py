@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import new_jobs
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, SendToReview
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.quality import figures, wilson_interval
 from triage.reconciliation.runner import reconcile

@@ -17,8 +17,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.states import JobStatus
 from triage.reconciliation.airflow_view import AirflowApi, AirflowApiUnavailable, airflow_view, batch_key_of
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from tests.integration.test_reconcile_rules import q, sql
-from triage.jobs.models import Complete, LabelWrite, RetryLater
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete, LabelWrite, RetryLater
 from triage.reconciliation.airflow_view import AirflowApi
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile

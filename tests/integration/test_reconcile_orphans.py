@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from tests.integration.helpers import new_jobs
 from tests.integration.test_reconcile_rules import q, sql
 from triage.alerts import ORPHAN_REPAIRS, orphans_of
-from triage.jobs.models import Complete, LabelWrite
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete, LabelWrite
 from triage.reconciliation import rules
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
-from triage.jobs.models import Complete, LabelWrite
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete, LabelWrite
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 

@@ -17,9 +17,17 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import insert_job, new_jobs
-from triage.jobs.models import ClassificationRecord, Complete, Fail, LabelWrite, NewJob, RetryLater, SendToReview
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import (
+    ClassificationRecord,
+    Complete,
+    Fail,
+    LabelWrite,
+    NewJob,
+    RetryLater,
+    SendToReview,
+)
+from triage.jobs.vocabulary.states import JobStatus
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.render import TEMPLATE_ENV
 from triage.reconciliation.runner import RunOutcome, reconcile

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import insert_job, job_in, move, new_jobs
 from triage.contracts.events import WorkEvent
-from triage.jobs.models import Complete, LabelWrite
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Complete, LabelWrite
+from triage.jobs.vocabulary.states import JobStatus
 from triage.reconciliation import rules
 from triage.reconciliation.findings import RuleResult
 from triage.reconciliation.params import ReconcileParams
@@ -410,7 +410,7 @@ def test_the_label_checks_probe_per_row_and_never_hash_the_history(store: JobSto
     day's labels outnumber a few thousand it hashed the whole other table: at 1M jobs a parallel
     scan of every completed job ever (1.2 s), every 15 minutes. The plan must keep the probe a
     subplan (OFFSET 0), whatever the statistics say."""
-    from triage.jobs import checks
+    from triage.jobs.sql.reads import checks
 
     jobs = new_jobs(3)
     store.register(jobs, batch_key="b", step="classify", max_attempts=3)

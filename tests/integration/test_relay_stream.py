@@ -154,7 +154,7 @@ def test_a_sink_that_fails_mid_stream_gives_its_batch_back_at_once(counting: Cou
 def test_only_the_relays_own_transactions_skip_the_commit_flush(store: JobStore) -> None:
     """The claim lock turns ``synchronous_commit`` off for its transaction alone (a lost claim or
     mark is a resend, which at-least-once allows); the connection's next transaction flushes again."""
-    from triage.jobs import outbox as O
+    from triage.jobs.sql.writes import outbox as O
 
     with store.engine.connect() as conn:
         conn.execute(sa.text("SET synchronous_commit = on"))  # as deployed (the test server runs without)
@@ -248,7 +248,7 @@ def test_a_mark_probes_the_outbox_by_key_whatever_the_statistics_say(store: JobS
     191,000, measured in a real run's database)."""
     import uuid
 
-    from triage.jobs import outbox as O
+    from triage.jobs.sql.writes import outbox as O
 
     register_in_chunks(store, 1, 200)
     assert store.relay_all(JsonlEventSink(tmp_path / "events.jsonl").publish) == 200

@@ -19,10 +19,10 @@ from tests.integration.helpers import new_jobs
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.backoff import RetryPolicy
-from triage.jobs.models import RetryLater
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.backoff import RetryPolicy
+from triage.jobs.vocabulary.models import RetryLater
+from triage.jobs.vocabulary.states import JobStatus
 from triage.payloads import PayloadStore
 from triage.pipeline.actions import WebhookLabelAction
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -65,7 +65,7 @@ def test_a_requeued_job_gets_a_fresh_budget_and_a_short_backoff(engine: sa.Engin
         store.record(got, [RetryLater(job_id, got.jobs[0].attempt, "rate_limited", "HTTP 429")])
         make_due(store)
     assert store.get_status(job_id) == JobStatus.MANUAL_REVIEW
-    store.resolve_with_requeue(job_id, actor="alice")
+    store.review.resolve_with_requeue(job_id, actor="alice")
 
     got = claim_one(store)
     assert (got.jobs[0].attempt, got.jobs[0].max_attempts, got.jobs[0].attempt_in_budget) == (3, 4, 1)
@@ -95,7 +95,7 @@ def test_a_requeued_job_starts_without_lease_rescues_or_last_error(store: JobSto
     assert rows(store, "SELECT status::text, status_reason, lease_rescues FROM triage.jobs") == [
         ("manual_review", "poison", 2)
     ]
-    store.resolve_with_requeue(job_id, actor="alice")
+    store.review.resolve_with_requeue(job_id, actor="alice")
     assert rows(
         store,
         "SELECT status::text, lease_rescues, last_error_class, last_error, attempt, attempt_base,"
@@ -149,7 +149,7 @@ def test_requeued_twice_then_accepted_the_job_completes_with_label_action_and_hi
             for reviewer in ("alice", "bob"):
                 run(store, handler)
                 assert store.get_status(job_id) == JobStatus.MANUAL_REVIEW
-                store.resolve_with_requeue(job_id, actor=reviewer)
+                store.review.resolve_with_requeue(job_id, actor=reviewer)
             run(store, handler)
             run(store, PersistHandler(store, action))
         finally:
@@ -204,7 +204,7 @@ def test_requeued_twice_then_accepted_the_job_completes_with_label_action_and_hi
 @pytest.mark.parametrize("replays", [pytest.param(1, id="one-requeue"), pytest.param(3, id="three-requeues")])
 def test_attempts_stay_unique_over_requeues(store: JobStore, replays: int) -> None:
     """Whatever the number of requeues, no two claims of a job share an attempt number."""
-    from triage.jobs.models import ClassificationRecord, SendToReview
+    from triage.jobs.vocabulary.models import ClassificationRecord, SendToReview
 
     [job_id] = store.register(new_jobs(1), batch_key=BATCH, step="classify", max_attempts=3).new_ids
     for n in range(replays + 1):
@@ -212,6 +212,6 @@ def test_attempts_stay_unique_over_requeues(store: JobStore, replays: int) -> No
         record = ClassificationRecord("billing", 0.2, "inconclusive", "keyword-v1")
         store.record(got, [SendToReview(job_id, got.jobs[0].attempt, "inconclusive", classification=record)])
         if n < replays:
-            store.resolve_with_requeue(job_id, actor="alice", max_replays=replays)
+            store.review.resolve_with_requeue(job_id, actor="alice", max_replays=replays)
     attempts = [a for (a,) in rows(store, "SELECT attempt FROM triage.classifications ORDER BY id")]
     assert attempts == list(range(1, replays + 2))

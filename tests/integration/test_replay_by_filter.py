@@ -14,9 +14,9 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.replay import MAX_REPLAY_LIMIT, InvalidReplayFilter, ReplayFilter
-from triage.jobs.models import Fail, SendToReview
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Fail, SendToReview
+from triage.jobs.vocabulary.states import JobStatus
 
 DAY1 = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 DAY2 = "2026-11-02T00:00:00+00:00/2026-11-03T00:00:00+00:00"
@@ -67,7 +67,7 @@ def flt(**data: Any) -> ReplayFilter:
 
 
 def selected(store: JobStore, **data: Any) -> set[uuid.UUID]:
-    preview = store.preview_replay(flt(**data))
+    preview = store.review.preview_replay(flt(**data))
     assert preview.matching == len(preview.jobs)  # the tests stay under the preview's rows
     return {j.job_id for j in preview.jobs}
 
@@ -110,7 +110,7 @@ def test_each_field_selects_exactly_its_jobs(store: JobStore, ledger: dict[str, 
 
 def test_a_preview_changes_nothing_and_lists_the_jobs(store: JobStore, ledger: dict[str, list[uuid.UUID]]) -> None:
     before = snapshot(store)
-    preview = store.preview_replay(flt(reason="retries_exhausted", batch_key=DAY1, limit=2))
+    preview = store.review.preview_replay(flt(reason="retries_exhausted", batch_key=DAY1, limit=2))
     assert snapshot(store) == before
     assert (preview.matching, preview.would_replay, preview.request) == (4, 2, None)
     first = preview.jobs[0]
@@ -133,7 +133,7 @@ def test_apply_requeues_through_the_state_machine_with_actor_and_note(
         dry_run=False,
         note="model API was down 02:00-03:00",
     )
-    done = store.replay(selection, actor="alice")
+    done = store.review.replay(selection, actor="alice")
     wanted = set(ledger["base"] + ledger["terminal"])
     assert (done.outcome, done.replayed_now, set(done.job_ids)) == ("applied", 4, wanted)
     assert done.request.requested_by == "alice"
@@ -172,42 +172,44 @@ def test_apply_requeues_through_the_state_machine_with_actor_and_note(
 
 def test_a_second_identical_apply_changes_nothing(store: JobStore, ledger: dict[str, list[uuid.UUID]]) -> None:
     selection = flt(reason="retries_exhausted", batch_key=DAY1, dry_run=False, note="retry")
-    assert store.replay(selection, actor="alice").outcome == "applied"
+    assert store.review.replay(selection, actor="alice").outcome == "applied"
     # one of the replayed jobs fails again: the same submission still leaves it alone
     claim = store.claim(batch_key=DAY1, step="classify", limit=1, lease_seconds=60, owner="worker-2")
     store.record(
         claim, [SendToReview(claim.jobs[0].id, claim.jobs[0].attempt, "retries_exhausted", error_class="ModelTimeout")]
     )
     before = snapshot(store)
-    again = store.replay(selection, actor="bob")
+    again = store.review.replay(selection, actor="bob")
     assert (again.outcome, again.replayed_now, again.request.requested_by) == ("already_applied", 0, "alice")
     assert snapshot(store) == before
-    assert store.preview_replay(selection).request is not None  # the preview says so too
+    assert store.review.preview_replay(selection).request is not None  # the preview says so too
     # a new note is a new request: it takes the job that came back
-    fresh = store.replay(flt(reason="retries_exhausted", batch_key=DAY1, dry_run=False, note="again"), actor="bob")
+    fresh = store.review.replay(
+        flt(reason="retries_exhausted", batch_key=DAY1, dry_run=False, note="again"), actor="bob"
+    )
     assert (fresh.outcome, fresh.job_ids) == ("applied", (claim.jobs[0].id,))
 
 
 def test_the_limit_bounds_an_apply_in_batches(store: JobStore) -> None:
     ids = failed(store, 7)
     selection = flt(reason="retries_exhausted", limit=5, dry_run=False, note="bounded")
-    from triage.jobs import replays
+    from triage.jobs.store import replays
 
     done = replays.apply(store.transaction, selection, actor="alice", max_replays=3, batch_size=2)
     assert (done.outcome, done.replayed_now, done.request.replayed) == ("applied", 5, 5)
     assert set(done.job_ids) < set(ids)
     assert store.status_counts()[JobStatus.MANUAL_REVIEW] == 2
-    assert store.replay(selection, actor="alice").outcome == "already_applied"
+    assert store.review.replay(selection, actor="alice").outcome == "already_applied"
 
 
 def test_jobs_replayed_max_replays_times_are_left_alone(store: JobStore) -> None:
     [job] = failed(store, 1)
-    store.replay(flt(reason="retries_exhausted", dry_run=False, note="first"), actor="a", max_replays=1)
+    store.review.replay(flt(reason="retries_exhausted", dry_run=False, note="first"), actor="a", max_replays=1)
     claim = store.claim(batch_key=DAY1, step="classify", limit=1, lease_seconds=60, owner="w")
     store.record(claim, [Fail(job, claim.jobs[0].attempt, "retries_exhausted", error_class="ModelTimeout")])
-    preview = store.preview_replay(flt(reason="retries_exhausted", states=["terminal_failed"]), max_replays=1)
+    preview = store.review.preview_replay(flt(reason="retries_exhausted", states=["terminal_failed"]), max_replays=1)
     assert (preview.matching, preview.at_replay_limit) == (0, 1)
-    done = store.replay(
+    done = store.review.replay(
         flt(reason="retries_exhausted", states=["terminal_failed"], dry_run=False, note="second"),
         actor="a",
         max_replays=1,
@@ -268,7 +270,7 @@ def test_the_key_is_the_submission() -> None:
 def test_two_identical_submissions_at_once_share_the_bound(store: JobStore) -> None:
     import threading
 
-    from triage.jobs import replays
+    from triage.jobs.store import replays
 
     failed(store, 6)
     selection = flt(reason="retries_exhausted", limit=4, dry_run=False, note="twice at once")

@@ -21,9 +21,8 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import age_rows, drop_legacy_partitions, new_jobs, past_day_partitions
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, NewJob
-from triage.jobs.retention import LedgerRetention
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, NewJob
 from triage.maintenance.retention import apply_retention
 from triage.payloads import PayloadStore
 from triage.reconciliation.params import ReconcileParams
@@ -240,7 +239,7 @@ def test_retention_removes_what_expired_keeps_what_is_open_and_reconciliation_ag
     assert _count(engine, f"SELECT count(*) FROM triage.job_events WHERE job_id = '{queued[0]}'") == 2
     # Once it is closed (a reviewer rejects it) and its old event sent, what the default
     # partition kept for it is expired like the rest: the next run removes it.
-    store.reject(queued[0], actor="reviewer", note="gone")
+    store.review.reject(queued[0], actor="reviewer", note="gone")
     store.relay(lambda events: None, limit=100)
     third = apply_retention(
         app_engine,
@@ -379,7 +378,7 @@ def test_an_owner_shortened_policy_is_what_the_functions_apply(
     ids = list(_ids(engine, "ten"))
     _publish_all_but(db_url, keep_unsent=[])
     _age(db_url, ids, 10)
-    ledger = LedgerRetention(app_engine)
+    ledger = JobStore(app_engine).retention
     assert [o.action for o in ledger.drop_expired_partitions("job_events", TODAY)] == []  # policy: 30 days
     with _owner(db_url) as conn:
         conn.execute("UPDATE triage.retention_policy SET keep_days = 8 WHERE kind = 'job_events'")
@@ -431,7 +430,7 @@ def test_no_job_reopens_while_retention_decides_its_days(
     """A replay (``terminal_failed -> queued``) is the one move that makes a closed job open
     again: while retention holds its lock (between the check of a day and its drop) the move is
     refused with a retryable error, so no day is dropped under a job that just reopened."""
-    from triage.jobs.errors import RetentionBusy
+    from triage.jobs.vocabulary.errors import RetentionBusy
 
     store.register(new_jobs(1, prefix="failed"), batch_key="failed", step="classify", max_attempts=3)
     (job_id,) = _ids(engine, "failed")
@@ -445,6 +444,6 @@ def test_no_job_reopens_while_retention_decides_its_days(
     with app_engine.connect() as maintenance:
         maintenance.execute(sa.text("SELECT * FROM triage.drop_expired_partitions('job_events', now())")).all()
         with pytest.raises(RetentionBusy, match="retention is deciding"):
-            store.replay(selection, actor="alice")
+            store.review.replay(selection, actor="alice")
         maintenance.commit()
-    assert store.replay(selection, actor="alice").replayed_now == 1
+    assert store.review.replay(selection, actor="alice").replayed_now == 1

@@ -17,8 +17,8 @@ from tests.integration import test_triage_web
 from tests.integration.helpers import new_jobs
 from tests.integration.test_triage_web import BATCH, HOSTILE, as_user, ledger, token
 from triage.contracts.documents import canonical_json_bytes
-from triage.jobs.models import ClassificationRecord, NewJob, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, NewJob, SendToReview
 from triage.payloads import PayloadStore
 
 airflow_auth = test_triage_web.airflow_auth  # the fixtures: Airflow's auth manager, the app under /triage
@@ -232,7 +232,7 @@ def test_the_page_s_decisions_keep_the_form_s_rules(
     assert client.post(target, data={"decision": "reject", "csrf_token": "x"}).status_code == 403
     client.cookies.clear()
     # the second of two reviewers: 409, the next review opens with the reason
-    store.reject(ids["close"], actor="second", note=None)
+    store.review.reject(ids["close"], actor="second", note=None)
     client.cookies.set("_token", token(airflow_auth, "editor", "user"))  # a new session: its own form token
     fresh = csrf(client.get("/triage/review/next").text)
     late = client.post(target, data={"decision": "label:billing", "csrf_token": fresh})

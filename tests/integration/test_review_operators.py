@@ -74,7 +74,7 @@ def test_every_option_is_a_whole_decision() -> None:
 
 def test_a_case_shows_ids_reason_and_model_answer_never_the_document(store: JobStore) -> None:
     (job_id,) = to_review(store)
-    shown = describe(store.open_reviews()[0])
+    shown = describe(store.review.open_reviews()[0])
     assert shown["job_id"] == str(job_id)
     assert "inconclusive" in shown["subject"]
     for expected in (str(job_id), "`billing` (confidence 0.41", "file:///payloads/", BATCH):

@@ -11,10 +11,10 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.events import WorkEvent
-from triage.jobs.errors import JobNotFound, LabelNotInTaxonomy, LedgerError, NotInReview, ReplayLimitReached
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, ReviewResult, SendToReview
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import JobNotFound, LabelNotInTaxonomy, LedgerError, NotInReview, ReplayLimitReached
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, ReviewResult, SendToReview
+from triage.jobs.vocabulary.states import JobStatus
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = frozenset({"billing", "shipping", "refund_request"})
@@ -70,7 +70,9 @@ def snapshot(store: JobStore) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def label(store: JobStore, job_id: uuid.UUID, name: str = "billing", actor: str = "alice") -> ReviewResult:
-    return store.resolve_with_label(job_id, name, actor=actor, note="clearly an invoice", taxonomy_names=TAXONOMY)
+    return store.review.resolve_with_label(
+        job_id, name, actor=actor, note="clearly an invoice", taxonomy_names=TAXONOMY
+    )
 
 
 def last_event(store: JobStore, job_id: uuid.UUID) -> tuple[Any, ...]:
@@ -124,7 +126,7 @@ def test_a_label_completes_the_job_with_its_label_review_row_and_event(store: Jo
 
 def test_a_reject_fails_the_job_for_good(store: JobStore) -> None:
     (job_id,) = to_review(store)
-    result = store.reject(job_id, actor="bob", note="spam")
+    result = store.review.reject(job_id, actor="bob", note="spam")
     assert (result.already_applied, result.status, result.resolved_by) == (False, JobStatus.TERMINAL_FAILED, "bob")
     assert last_event(store, job_id) == ("manual_review", "terminal_failed", "bob", "rejected")
     assert rows(store, "SELECT resolution, resolved_by, note FROM triage.manual_review") == [
@@ -141,7 +143,7 @@ def test_a_reject_fails_the_job_for_good(store: JobStore) -> None:
 
 def test_a_requeue_gives_a_fresh_budget_and_counts_a_replay(store: JobStore) -> None:
     (job_id,) = to_review(store)
-    result = store.resolve_with_requeue(job_id, actor="carol", note="model was down", max_replays=2)
+    result = store.review.resolve_with_requeue(job_id, actor="carol", note="model was down", max_replays=2)
     assert (result.already_applied, result.status, result.resolved_by) == (False, JobStatus.QUEUED, "carol")
     assert last_event(store, job_id) == ("manual_review", "queued", "carol", "requeued")
     # attempt 1 stays attempt 1; the next budget (3 attempts, as before) runs from 2 to 4
@@ -153,8 +155,8 @@ def test_a_requeue_gives_a_fresh_budget_and_counts_a_replay(store: JobStore) -> 
     "decide",
     [
         pytest.param(lambda s, j: label(s, j), id="label"),
-        pytest.param(lambda s, j: s.reject(j, actor="alice"), id="reject"),
-        pytest.param(lambda s, j: s.resolve_with_requeue(j, actor="alice"), id="requeue"),
+        pytest.param(lambda s, j: s.review.reject(j, actor="alice"), id="reject"),
+        pytest.param(lambda s, j: s.review.resolve_with_requeue(j, actor="alice"), id="requeue"),
     ],
 )
 def test_the_same_decision_twice_changes_nothing_and_says_so(store: JobStore, decide) -> None:  # type: ignore[no-untyped-def]
@@ -170,8 +172,8 @@ def test_the_same_decision_twice_changes_nothing_and_says_so(store: JobStore, de
 DECISIONS = {
     "label": lambda s, j: label(s, j),
     "other-label": lambda s, j: label(s, j, "shipping"),
-    "reject": lambda s, j: s.reject(j, actor="dave"),
-    "requeue": lambda s, j: s.resolve_with_requeue(j, actor="dave"),
+    "reject": lambda s, j: s.review.reject(j, actor="dave"),
+    "requeue": lambda s, j: s.review.resolve_with_requeue(j, actor="dave"),
 }
 
 
@@ -225,20 +227,20 @@ def test_a_label_outside_the_taxonomy_is_refused(store: JobStore) -> None:
 
 def test_requeues_are_bounded_and_a_spent_job_stays_in_review(store: JobStore) -> None:
     (job_id,) = to_review(store)
-    store.resolve_with_requeue(job_id, actor="alice", max_replays=1)
+    store.review.resolve_with_requeue(job_id, actor="alice", max_replays=1)
     claim = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="worker-2")
     store.record(claim, [SendToReview(job_id, claim.jobs[0].attempt, "inconclusive")])
     before = snapshot(store)
     with pytest.raises(ReplayLimitReached, match="requeued 1 times"):
-        store.resolve_with_requeue(job_id, actor="alice", max_replays=1)
+        store.review.resolve_with_requeue(job_id, actor="alice", max_replays=1)
     assert snapshot(store) == before
     # the reviewer can still decide otherwise
-    assert store.reject(job_id, actor="alice").status == JobStatus.TERMINAL_FAILED
+    assert store.review.reject(job_id, actor="alice").status == JobStatus.TERMINAL_FAILED
 
 
 def test_a_job_back_in_review_after_a_requeue_can_be_decided_again(store: JobStore) -> None:
     (job_id,) = to_review(store)
-    store.resolve_with_requeue(job_id, actor="alice")
+    store.review.resolve_with_requeue(job_id, actor="alice")
     claim = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="worker-2")
     store.record(claim, [SendToReview(job_id, claim.jobs[0].attempt, "inconclusive")])
     assert label(store, job_id).already_applied is False
@@ -269,8 +271,8 @@ def test_a_reviewer_label_on_the_newer_job_replaces_an_older_label(store: JobSto
 def test_decision_events_are_valid_work_events(store: JobStore) -> None:
     ids = to_review(store, 3)
     label(store, ids[0])
-    store.reject(ids[1], actor="alice")
-    store.resolve_with_requeue(ids[2], actor="alice")
+    store.review.reject(ids[1], actor="alice")
+    store.review.resolve_with_requeue(ids[2], actor="alice")
     sent: list[WorkEvent] = []
     store.relay(sent.extend)
     decided = sorted(e.event_type for e in sent if e.event_type not in ("job.registered", "job.needs_review"))
@@ -307,7 +309,7 @@ def test_two_reviewers_at_once_one_decision_wins(store: JobStore) -> None:
 
 def test_open_reviews_show_what_a_reviewer_needs_and_never_the_document(store: JobStore) -> None:
     ids = to_review(store, 2)
-    cases = store.open_reviews()
+    cases = store.review.open_reviews()
     assert [c.job_id for c in cases] == ids
     case = cases[0]
     assert (case.reason, case.model_label, case.model_confidence, case.model_outcome) == (
@@ -317,6 +319,6 @@ def test_open_reviews_show_what_a_reviewer_needs_and_never_the_document(store: J
         "inconclusive",
     )
     assert case.payload_ref.startswith("file:///payloads/")
-    assert [c.job_id for c in store.open_reviews([ids[1]])] == [ids[1]]
+    assert [c.job_id for c in store.review.open_reviews([ids[1]])] == [ids[1]]
     label(store, ids[0])
-    assert [c.job_id for c in store.open_reviews()] == [ids[1]]
+    assert [c.job_id for c in store.review.open_reviews()] == [ids[1]]

@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, SendToReview
-from triage.jobs.review_queue import QueueFilter
-from triage.jobs.review_uncertainty import NO_ANSWER, uncertain_page, uncertainty_statement
+from triage.jobs.sql.reads.review_queue import QueueFilter
+from triage.jobs.sql.reads.review_uncertainty import NO_ANSWER, uncertain_page, uncertainty_statement
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, SendToReview
 
 BATCH = "2026-11-03T00:00:00+00:00/2026-11-04T00:00:00+00:00"
 
@@ -92,8 +92,8 @@ def test_a_decision_between_pages_skips_nothing_and_repeats_nothing(
     with store.engine.connect() as conn:
         first = uncertain_page(conn, QueueFilter(), limit=3)
     assert names(queue, first.rows) == EXPECTED[:3]
-    store.reject(queue["close"], actor="reviewer", note="seen")  # on the page already shown
-    store.reject(queue["llm"], actor="reviewer", note="not yet shown")
+    store.review.reject(queue["close"], actor="reviewer", note="seen")  # on the page already shown
+    store.review.reject(queue["llm"], actor="reviewer", note="not yet shown")
     with store.engine.connect() as conn:
         rest = uncertain_page(conn, QueueFilter(), limit=50, after=first.next_after)
     assert names(queue, rest.rows) == [n for n in EXPECTED[3:] if n != "llm"]

@@ -20,10 +20,10 @@ from tests.integration.helpers import new_jobs
 from triage import migrations
 from triage.classifiers import Taxonomy
 from triage.database import DatabaseUrl, create_engine
-from triage.jobs.errors import ConstraintViolated, MoveNotPermitted, RoleRefused
-from triage.jobs.models import SendToReview
-from triage.jobs.states import JobStatus
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import ConstraintViolated, MoveNotPermitted, RoleRefused
+from triage.jobs.vocabulary.models import SendToReview
+from triage.jobs.vocabulary.states import JobStatus
 from triage.roles import (
     MAINTAINER_ROLE,
     REVIEWER_ROLE,
@@ -86,11 +86,11 @@ def test_the_app_role_cannot_resolve_a_job_in_review(stores: dict[str, JobStore]
     (job_id,) = in_review(stores["worker"])
     # The decision's review row is refused first (a row trigger), or its move (the statement's).
     with pytest.raises(RoleRefused, match=r"login triage_worker may not .* job .*: that .* role triage_review's"):
-        stores["worker"].resolve_with_label(job_id, LABEL, actor="alice", taxonomy_names=NAMES)
+        stores["worker"].review.resolve_with_label(job_id, LABEL, actor="alice", taxonomy_names=NAMES)
     with pytest.raises(RoleRefused, match="role triage_review's"):
-        stores["worker"].reject(job_id, actor="alice")
+        stores["worker"].review.reject(job_id, actor="alice")
     with pytest.raises(RoleRefused):
-        stores["worker"].resolve_with_requeue(job_id, actor="alice")
+        stores["worker"].review.resolve_with_requeue(job_id, actor="alice")
     # The move alone, no review row touched.
     with (
         pytest.raises(MoveNotPermitted, match=r"may not move job .* from manual_review to terminal_failed"),
@@ -150,7 +150,7 @@ def test_the_log_tells_the_login_from_the_actor_it_claims(
             "UPDATE triage.jobs SET status = 'terminal_failed', status_reason = 'x' WHERE batch_key = 'claims'"
             " RETURNING id"
         ).fetchone()  # type: ignore[misc]
-    stores["reviewer"].reject(reviewed, actor="alice", note="no")
+    stores["reviewer"].review.reject(reviewed, actor="alice", note="no")
     assert events(logins["worker"], queued)[-1] == ("queued", "terminal_failed", "alice", WORKER_ROLE)
     assert events(logins["worker"], reviewed) == [
         (None, "queued", "triage", WORKER_ROLE),
@@ -168,10 +168,10 @@ def test_the_review_role_decides_and_is_logged_as_itself(
 ) -> None:
     labelled, requeued, rejected = in_review(stores["worker"], 3)
     reviewer = stores["reviewer"]
-    result = reviewer.resolve_with_label(labelled, LABEL, actor="alice", taxonomy_names=NAMES)
+    result = reviewer.review.resolve_with_label(labelled, LABEL, actor="alice", taxonomy_names=NAMES)
     assert (result.status, result.label_written) == (JobStatus.COMPLETED, True)
-    assert reviewer.resolve_with_requeue(requeued, actor="bob").status is JobStatus.QUEUED
-    assert reviewer.reject(rejected, actor="carol").status is JobStatus.TERMINAL_FAILED
+    assert reviewer.review.resolve_with_requeue(requeued, actor="bob").status is JobStatus.QUEUED
+    assert reviewer.review.reject(rejected, actor="carol").status is JobStatus.TERMINAL_FAILED
     for job_id, actor in ((labelled, "alice"), (requeued, "bob"), (rejected, "carol")):
         assert events(logins["reviewer"], job_id)[-1][2:] == (actor, REVIEWER_ROLE)
     with connect(logins["reviewer"]) as conn:
@@ -276,7 +276,7 @@ def test_a_reviewers_label_outside_the_taxonomy_is_refused_by_the_database(
     """Python's list said yes (a stale taxonomy in a process); the table says no."""
     (job_id,) = in_review(stores["worker"])
     with pytest.raises(ConstraintViolated, match="manual_review_label_in_taxonomy"):
-        stores["reviewer"].resolve_with_label(job_id, "pizza", actor="alice", taxonomy_names={"pizza"})
+        stores["reviewer"].review.resolve_with_label(job_id, "pizza", actor="alice", taxonomy_names={"pizza"})
     assert stores["reviewer"].get_status(job_id) is JobStatus.MANUAL_REVIEW
 
 
@@ -338,7 +338,7 @@ def test_an_existing_ledger_migrates_with_its_data(fresh_database: DatabaseUrl, 
     ensure_worker_role(pg_server)
     engine = create_engine(reviewer_url(fresh_database), poolclass=sa.NullPool)
     try:
-        JobStore(engine).resolve_with_label(job_id, LABEL, actor="alice", taxonomy_names=NAMES)
+        JobStore(engine).review.resolve_with_label(job_id, LABEL, actor="alice", taxonomy_names=NAMES)
     finally:
         engine.dispose()
     assert [e[3] for e in events(fresh_database, job_id)] == [None, REVIEWER_ROLE]

@@ -8,8 +8,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.helpers import insert_job, job_in, move
-from triage.jobs.errors import AppendOnly, ConstraintViolated, IllegalTransition, translate
-from triage.jobs.states import INITIAL_STATES, TRANSITION_ROLES, TRANSITIONS, JobStatus, is_allowed
+from triage.jobs.vocabulary.errors import AppendOnly, ConstraintViolated, IllegalTransition, translate
+from triage.jobs.vocabulary.states import INITIAL_STATES, TRANSITION_ROLES, TRANSITIONS, JobStatus, is_allowed
 
 PAIRS = list(itertools.product(JobStatus, JobStatus))
 

@@ -9,7 +9,8 @@ import sqlalchemy as sa
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.events import parse_event
-from triage.jobs.errors import (
+from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import (
     DuplicateKey,
     JobNotFound,
     LeaseExpired,
@@ -18,7 +19,7 @@ from triage.jobs.errors import (
     StaleAttempt,
     UnknownStatus,
 )
-from triage.jobs.models import (
+from triage.jobs.vocabulary.models import (
     Advance,
     ClassificationRecord,
     Complete,
@@ -29,8 +30,7 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
-from triage.jobs.states import JobStatus, parse_status
-from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.states import JobStatus, parse_status
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
@@ -350,7 +350,9 @@ def test_requeue_from_review_is_audited_and_bounded(store: JobStore) -> None:
     got = claim(store)
     job_id = got.jobs[0].id
     store.record(got, [SendToReview(job_id, 1, "inconclusive")])
-    assert not store.resolve_with_requeue(job_id, actor="alice", note="looks fine", max_replays=1).already_applied
+    assert not store.review.resolve_with_requeue(
+        job_id, actor="alice", note="looks fine", max_replays=1
+    ).already_applied
     assert store.get_status(job_id) == JobStatus.QUEUED
     review = rows(store, "SELECT resolution, resolved_by, note FROM triage.manual_review")
     assert [tuple(r) for r in review] == [("requeued", "alice", "looks fine")]
@@ -359,14 +361,14 @@ def test_requeue_from_review_is_audited_and_bounded(store: JobStore) -> None:
         scalar(store, "SELECT actor FROM triage.job_events WHERE to_status = 'queued' ORDER BY id DESC LIMIT 1")
         == "alice"
     )
-    assert store.resolve_with_requeue(job_id, actor="alice").already_applied  # a repeat changes nothing
+    assert store.review.resolve_with_requeue(job_id, actor="alice").already_applied  # a repeat changes nothing
     again = claim(store)
     assert again.jobs[0].attempt == 2
     store.record(again, [SendToReview(job_id, 2, "inconclusive")])
     with pytest.raises(ReplayLimitReached):
-        store.resolve_with_requeue(job_id, actor="alice", max_replays=1)
+        store.review.resolve_with_requeue(job_id, actor="alice", max_replays=1)
     with pytest.raises(JobNotFound):
-        store.resolve_with_requeue(uuid.uuid4(), actor="alice")
+        store.review.resolve_with_requeue(uuid.uuid4(), actor="alice")
 
 
 def test_unknown_status_is_a_named_error(store: JobStore) -> None:

@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 
 from tests.integration.helpers import new_jobs
 from triage.contracts.documents import canonical_json_bytes
-from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, NewJob, SendToReview
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, NewJob, SendToReview
 from triage.payloads import PayloadStore
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from airflow.sdk.exceptions import AirflowFailException
 
 from triage import settings
-from triage.jobs.models import batch_key_for
+from triage.jobs.vocabulary.models import batch_key_for
 from triage.operators import ClassifyDocumentsOperator, PersistLabelsOperator, RetrieveDocumentsOperator
 
 DAY = datetime(2026, 11, 1, tzinfo=UTC)

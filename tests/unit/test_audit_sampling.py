@@ -7,7 +7,7 @@ import uuid
 import pytest
 from uuid6 import uuid7
 
-from triage.jobs.audit_samples import audit_fraction, is_audit_sample
+from triage.jobs.sql.audit_samples import audit_fraction, is_audit_sample
 
 IDS = [uuid7() for _ in range(20_000)]
 

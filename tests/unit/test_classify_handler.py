@@ -28,7 +28,7 @@ from triage.classifiers.base import (
     TransientClassifierError,
 )
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.models import (
+from triage.jobs.vocabulary.models import (
     Advance,
     ClaimedJob,
     ClassificationRecord,

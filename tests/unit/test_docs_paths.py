@@ -220,7 +220,7 @@ def test_the_check_finds_what_is_not_there(tmp_path: Path) -> None:
         "plugins/triage/nowhere.py, `triage.jobs.nowhere`, `triage.jobs.store.NoSuchName`,\n"
         "[gone](gone.md) or https://example.org/plugins/triage/x.py (a URL), tests/dags/MODULE.py.\n"
         "## A heading: here\n[here](#a-heading-here), [there](#no-such-heading)\n"
-        "`store.py` is a file, `nowhere_at_all.py` is not.\n",
+        "`recording.py` is a file, `nowhere_at_all.py` is not.\n",
         encoding="utf-8",
     )
     (tmp_path / "adr").mkdir()

@@ -1,4 +1,4 @@
-"""The outbox event ids a batch brings (triage.jobs.expressions.event_ids): UUIDv7, distinct,
+"""The outbox event ids a batch brings (triage.jobs.sql.expressions.event_ids): UUIDv7, distinct,
 time-ordered from one batch to the next."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from triage.jobs.expressions import event_ids
+from triage.jobs.sql.expressions import event_ids
 
 
 def test_event_ids_are_distinct_uuidv7_of_this_millisecond() -> None:

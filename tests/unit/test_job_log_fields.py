@@ -31,7 +31,7 @@ from airflow.sdk.log import configure_logging, logging_processors
 channel = io.BytesIO()
 configure_logging(json_output=True, output=channel, sending_to_supervisor=True)
 
-from triage.jobs.models import ClaimedJob, Fail, RetryLater, SendToReview
+from triage.jobs.vocabulary.models import ClaimedJob, Fail, RetryLater, SendToReview
 from triage.observability import log_job_outcomes
 
 def job(n, correlation):

@@ -173,9 +173,9 @@ def test_the_write_scan_sees_every_form() -> None:
     ]
     assert ledger_tables() >= {"jobs", "job_events", "manual_review", "outbox", "replay_requests", "model_budgets"}
     assert "reconciliation_runs" not in ledger_tables()  # reconciliation's own (NOT_THE_LEDGER)
-    imports = "from triage.jobs.expressions import NOW, outbox_insert\nfrom triage.jobs import repairs\n"
+    imports = "from triage.jobs.sql.expressions import NOW, outbox_insert\nfrom triage.jobs.sql.moves import repairs\n"
     found_imports = imported_modules(ROOT / "plugins" / "triage" / "probe.py", imports) & WRITE_BUILDERS
-    assert found_imports == {"triage.jobs.expressions.outbox_insert", "triage.jobs.repairs"}
+    assert found_imports == {"triage.jobs.sql.expressions.outbox_insert", "triage.jobs.sql.moves.repairs"}
 
 
 # -- the rooms and their contracts -------------------------------------------------------------
@@ -228,32 +228,41 @@ def test_a_new_break_fails_and_a_fixed_one_goes_stale(tmp_path: Path) -> None:
             "plugins/triage/operators/base.py": "import airflow.sdk\n",
             "plugins/triage/web/service.py": "from triage.operators.base import variable\n",
             "plugins/triage/jobs/__init__.py": "",
-            "plugins/triage/jobs/repairs.py": "Q = 'UPDATE triage.jobs SET x = 1'\n",
-            "plugins/triage/jobs/schema.py": (
+            "plugins/triage/jobs/sql/moves/repairs.py": "Q = 'UPDATE triage.jobs SET x = 1'\n",
+            "plugins/triage/jobs/schema/__init__.py": (
                 "import sqlalchemy as sa\njobs = sa.Table('jobs', m)\noutbox = sa.Table('outbox', m)\n"
                 "runs = sa.Table('reconciliation_runs', m)\n"
             ),
             "plugins/triage/reconciliation/runner.py": "Q = 'INSERT INTO triage.reconciliation_runs (x) VALUES (1)'\n",
-            "plugins/triage/jobs/states.py": "from triage.pipeline import steps\n",
+            "plugins/triage/jobs/vocabulary/states.py": "from triage.pipeline import steps\n",
             "plugins/triage/pipeline/steps.py": "import triage_tools.local\n",
-            "plugins/triage/classifiers/llm.py": "from ..jobs import states\n",
+            "plugins/triage/classifiers/llm.py": "from ..jobs.vocabulary import states\n",
             "plugins/triage/reconciliation/view.py": (
                 '"""Asks GET /api/v2/dags (prose)."""\nPATH = f"/api/v2/dags/{1}/dagRuns"\n'
             ),
             "plugins/triage/newroom.py": "",
+            "plugins/triage/review/reads.py": "def f(engine):\n    with engine.connect() as conn:\n        return conn\n",
+            "plugins/triage/jobs/store/__init__.py": (
+                "Q = 'DELETE FROM triage.outbox'\ndef g(engine):\n    with engine.begin() as conn:\n        return conn\n"
+            ),
             "dags/a_dag.py": "from triage.operators import base\n",
-            "bench/load.py": "from triage.jobs import repairs\nQ = 'DELETE FROM triage.outbox'\n",
+            "bench/load.py": "from triage.jobs.sql.moves import repairs\nQ = 'DELETE FROM triage.outbox'\n",
         },
     )
     excused = {"triage.web.service -> triage.operators.base": "known", "triage.gone -> triage.jobs": "fixed"}
     report = check(Checkout(root), excused)
     new = {v.contract.name: sorted(x.key for x in v.new) for v in report.verdicts}
     assert new == {
-        "layers": ["triage.jobs.states -> triage.pipeline.steps", "triage.newroom -> no room"],
+        "layers": ["triage.jobs.vocabulary.states -> triage.pipeline.steps", "triage.newroom -> no room"],
         "Airflow stays in the adapters": ["triage.reconciliation.view -> Airflow's REST API"],
-        "the domain does not need the ledger": ["triage.classifiers.llm -> triage.jobs.states"],
+        "the domain does not need the ledger": ["triage.classifiers.llm -> triage.jobs.vocabulary.states"],
         "the product needs no tooling": ["triage.pipeline.steps -> triage_tools"],
-        "only the ledger writes its tables": ["bench.load -> triage.jobs.repairs", "bench.load -> writes outbox"],
+        "only the ledger writes its tables": [
+            "bench.load -> triage.jobs.sql.moves.repairs",
+            "bench.load -> writes outbox",
+            "triage.jobs.store -> writes outbox",
+        ],
+        "only the store opens ledger transactions": ["triage.review.reads -> opens a transaction"],
     }
     assert [v.key for v in report.verdicts[0].known] == ["triage.web.service -> triage.operators.base"]
     assert report.stale == ["triage.gone -> triage.jobs"]

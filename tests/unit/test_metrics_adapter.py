@@ -59,7 +59,7 @@ def test_calls_reach_the_backend_with_names_values_and_tags(backend: Backend) ->
 
 
 def test_state_gauges_cover_every_state(backend: Backend) -> None:
-    from triage.jobs.states import JobStatus
+    from triage.jobs.vocabulary.states import JobStatus
 
     observe_states(AirflowStatsMetrics(enabled=True), "classify", "b", {JobStatus.COMPLETED: 5})
     sent = {stat: value for _kind, stat, value, _tags in backend.calls}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from triage.jobs.budgets import BudgetSettings
+from triage.classifiers.budgets import BudgetSettings
 from triage.operators import model_connection
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from triage.jobs.states import JobStatus
+from triage.jobs.vocabulary.states import JobStatus
 from triage_tools.progress import HEARTBEAT_EVERY, LINE_EVERY, Progress, progress_line
 
 S = JobStatus

@@ -11,7 +11,7 @@ import random
 import pytest
 from pytest_mock import MockerFixture
 
-from triage.jobs.backoff import RetryPolicy
+from triage.jobs.vocabulary.backoff import RetryPolicy
 
 POLICY = RetryPolicy(base_seconds=2.0, cap_seconds=300.0, multiplier=2.0)
 
@@ -53,7 +53,7 @@ def test_delay_is_half_the_ceiling_plus_a_draw_from_the_other_half(mocker: Mocke
 
 
 def test_delay_without_a_generator_draws_from_the_random_module(mocker: MockerFixture) -> None:
-    uniform = mocker.patch("triage.jobs.backoff.random.uniform", return_value=0.25)
+    uniform = mocker.patch("triage.jobs.vocabulary.backoff.random.uniform", return_value=0.25)
     assert POLICY.delay(3) == 4.0 + 0.25
     uniform.assert_called_once_with(0, 4.0)
 

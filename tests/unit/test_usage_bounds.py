@@ -1,4 +1,4 @@
-"""The bounds of a classifier's usage figures (triage.jobs.usage), its float fast path included."""
+"""The bounds of a classifier's usage figures (triage.contracts.usage), its float fast path included."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from triage.jobs import usage
+from triage.contracts import usage
 
 
 class Seconds(float):

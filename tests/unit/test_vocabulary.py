@@ -1,4 +1,4 @@
-"""The ledger's vocabulary is declared once (``triage.jobs.states``) and every other layer that
+"""The ledger's vocabulary is declared once (``triage.jobs.vocabulary.states``) and every other layer that
 names it agrees: the event contract's literal, the groups of states, the report's order of the
 stuck checks. The database's enum and transitions are compared in tests/integration."""
 
@@ -9,7 +9,7 @@ from typing import get_args
 import pytest
 
 from triage.contracts.events import EventType as ContractEventType
-from triage.jobs.states import (
+from triage.jobs.vocabulary.states import (
     CLAIMABLE,
     OPEN,
     SETTLED,

@@ -212,9 +212,9 @@ class Drill(RunWatcher):
     def unfinished(self) -> dict[str, int]:
         import sqlalchemy as sa
 
-        from triage.jobs.checks import in_state
         from triage.jobs.schema import jobs
-        from triage.jobs.states import UNFINISHED
+        from triage.jobs.sql.reads.checks import in_state
+        from triage.jobs.vocabulary.states import UNFINISHED
 
         by_batch = sa.select(jobs.c.batch_key, sa.func.count()).where(in_state(*UNFINISHED)).group_by(jobs.c.batch_key)
         with self.engine.connect() as conn:

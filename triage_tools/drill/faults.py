@@ -106,9 +106,9 @@ class FaultInjector:
     def _running_claims(self, run_id: str) -> int:
         import sqlalchemy as sa
 
-        from triage.jobs.checks import in_state
         from triage.jobs.schema import jobs
-        from triage.jobs.states import JobStatus, Step
+        from triage.jobs.sql.reads.checks import in_state
+        from triage.jobs.vocabulary.states import JobStatus, Step
 
         day = self.run_ids[run_id]
         running = sa.select(sa.func.count()).where(
@@ -122,8 +122,8 @@ class FaultInjector:
     def _completed(self) -> int:
         import sqlalchemy as sa
 
-        from triage.jobs.checks import in_state
-        from triage.jobs.states import JobStatus
+        from triage.jobs.sql.reads.checks import in_state
+        from triage.jobs.vocabulary.states import JobStatus
 
         with self.engine.connect() as conn:
             return int(conn.execute(sa.select(sa.func.count()).where(in_state(JobStatus.COMPLETED))).scalar_one())

@@ -4,8 +4,8 @@ Each invariant is one read-only query that counts violations; zero means it hold
 checker never repairs: it is the judge of the drill (``make chaos``) and of the tests.
 
 The queries are built from the ledger's own definitions, never restated: its groups of states
-(:mod:`triage.jobs.states`), and the conditions and the completion events of reconciliation's
-checks (:mod:`triage.jobs.checks`), so the judge and reconciliation mean the same by "settled",
+(:mod:`triage.jobs.vocabulary.states`), and the conditions and the completion events of reconciliation's
+checks (:mod:`triage.jobs.sql.reads.checks`), so the judge and reconciliation mean the same by "settled",
 "running" or "a completion event". The judge asks stricter questions than the checks do: at
 rest (no grace), and "exactly one" where a check asks "none missing".
 """
@@ -21,12 +21,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
-from triage.jobs.audit_samples import is_open_audit_sample
-from triage.jobs.checks import COMPLETION_EVENTS, in_state
-from triage.jobs.expressions import status_literal
 from triage.jobs.schema import document_labels, job_events, jobs, manual_review, outbox
-from triage.jobs.states import SETTLED
-from triage.jobs.states import JobStatus as S
+from triage.jobs.sql.audit_samples import is_open_audit_sample
+from triage.jobs.sql.expressions import status_literal
+from triage.jobs.sql.reads.checks import COMPLETION_EVENTS, in_state
+from triage.jobs.vocabulary.states import SETTLED
+from triage.jobs.vocabulary.states import JobStatus as S
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,7 @@ def one_open_review_per_review_job() -> sa.Select[Any]:
             manual_review.c.job_id == jobs.c.id,
             manual_review.c.resolved_at.is_(None),
             manual_review.c.reason != "",
-            ~is_open_audit_sample(),  # beside a completed job by design (triage.jobs.audit_samples)
+            ~is_open_audit_sample(),  # beside a completed job by design (triage.jobs.sql.audit_samples)
         )
         .scalar_subquery()
     )

@@ -18,9 +18,9 @@ def judge(drill: Drill) -> None:
     """Count every invariant's violations and the outcomes into ``drill.report``."""
     import sqlalchemy as sa
 
-    from triage.jobs.checks import in_state
     from triage.jobs.schema import document_labels, jobs
-    from triage.jobs.states import JobStatus
+    from triage.jobs.sql.reads.checks import in_state
+    from triage.jobs.vocabulary.states import JobStatus
     from triage_tools.drill.invariants import Invariant, check_invariants
 
     with drill.engine.connect() as conn:

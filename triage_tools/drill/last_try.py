@@ -29,10 +29,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs.models import REPAIRER
 from triage.jobs.schema import job_events, jobs, manual_review, outbox
-from triage.jobs.states import UNFINISHED
-from triage.jobs.states import JobStatus as S
+from triage.jobs.vocabulary.models import REPAIRER
+from triage.jobs.vocabulary.states import UNFINISHED
+from triage.jobs.vocabulary.states import JobStatus as S
 from triage.reconciliation.airflow_view import REASON
 from triage_tools.drill.invariants import Invariant
 from triage_tools.run import batch_key_of

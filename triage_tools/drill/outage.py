@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from triage.jobs.checks import in_state
-from triage.jobs.outages import parked
 from triage.jobs.schema import classifications, job_events, jobs, reconciliation_runs
-from triage.jobs.states import UNFINISHED
-from triage.jobs.states import JobStatus as S
+from triage.jobs.sql.expressions import parked
+from triage.jobs.sql.reads.checks import in_state
+from triage.jobs.vocabulary.states import UNFINISHED
+from triage.jobs.vocabulary.states import JobStatus as S
 from triage.reconciliation.outage_resumes import RESUME, RULE, planned_resumes
 from triage_tools.drill.invariants import Invariant
 from triage_tools.drill.report import say

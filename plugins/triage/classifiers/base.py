@@ -68,7 +68,7 @@ class ModelOutput:
     completion_tokens: int | None = None
     cost_usd: float | None = None
     usage_discarded: tuple[str, ...] = ()
-    """Usage figures the model reported out of bounds (:mod:`triage.jobs.usage`), left out above."""
+    """Usage figures the model reported out of bounds (:mod:`triage.contracts.usage`), left out above."""
     output_mode: str | None = None
     """How the answer's shape was asked for (``json_schema``, ``json_object``); None: no model."""
     threshold: float | None = None

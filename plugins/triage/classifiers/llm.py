@@ -52,7 +52,7 @@ from triage.classifiers.base import (
 from triage.classifiers.provider_errors import error_detail, refuses_schema, retry_after
 from triage.classifiers.rate_limits import CallBudget, RateLimiter
 from triage.classifiers.taxonomy import Taxonomy
-from triage.jobs.usage import model_usage
+from triage.contracts.usage import model_usage
 from triage.tracing import correlation_header, inject_trace_headers, model_call_span, set_attributes, set_error
 
 __all__ = [
@@ -98,7 +98,7 @@ class _Choice(BaseModel):
 
 class _ChatCompletion(BaseModel):
     """The part of the OpenAI chat-completion response Triage reads. ``usage`` is taken as
-    sent and bounded by :func:`~triage.jobs.usage.model_usage`: a strange figure there never rejects the answer."""
+    sent and bounded by :func:`~triage.contracts.usage.model_usage`: a strange figure there never rejects the answer."""
 
     model_config = ConfigDict(extra="ignore")
     choices: list[_Choice] = Field(min_length=1)

@@ -2,7 +2,7 @@
 headers say.
 
 :class:`RateLimiter` sends a call once the budget has room for it (the budget itself is shared by
-every worker: :class:`triage.jobs.budgets.ModelBudget` behind the :class:`CallBudget` protocol, so
+every worker: :class:`triage.classifiers.budgets.ModelBudget` behind the :class:`CallBudget` protocol, so
 no classifier touches the database). A 429 is not the job's failure: the limiter pushes the
 budget's ``blocked_until`` by the provider's word (``retry-after-ms``, ``Retry-After``, or the
 ``x-ratelimit-reset-*`` of what is exhausted), so every worker's next call waits, and sends the
@@ -44,7 +44,7 @@ _UNIT: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class CallBudget(Protocol):
-    """A requests/tokens budget shared by every worker (:class:`triage.jobs.budgets.ModelBudget`)."""
+    """A requests/tokens budget shared by every worker (:class:`triage.classifiers.budgets.ModelBudget`)."""
 
     def take(self, tokens: float, patience: float) -> tuple[bool, float]:
         """Reserve one request of ``tokens`` if it may start within ``patience`` seconds:

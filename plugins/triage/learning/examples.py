@@ -18,7 +18,7 @@ may begin with a UTF-8 byte order mark, as editors on Windows write it; lines ma
 time stands in, which changes nothing a classifier reads.
 
 A reviewer's ``label`` decision makes its example in the decision's own transaction
-(:func:`triage.jobs.learning.example_from_review`); a model's own labels never become examples.
+(:func:`triage.jobs.sql.writes.learning.example_from_review`); a model's own labels never become examples.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from typing import Any, BinaryIO, Final
 import sqlalchemy as sa
 
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.learning import REVIEW_SOURCE, insert_examples
+from triage.jobs.schema.learning import REVIEW_SOURCE
+from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.sources.jsonl import MAX_LINE_BYTES, parse_line
 from triage.sources.lines import bounded_lines
@@ -269,8 +270,7 @@ def _store(
         }
         for example, (sha, ref) in zip(unique, stored, strict=True)
     ]
-    with engine.begin() as conn:
-        added = conn.execute(insert_examples(), rows).scalars().all() if rows else []
+    added = JobStore(engine).learning.add_examples(rows)
     report.added += len(added)
     report.already += len(chunk) - len(added)
     report.added_ids.update(added)

@@ -19,8 +19,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from triage.contracts.documents import DocumentPayload, MalformedDocument
-from triage.jobs import learning as statements
-from triage.jobs.learning_tables import classifier_models
+from triage.jobs.store import JobStore
 from triage.learning.model import ArtifactRefused, LinearTextModel
 from triage.learning.training import DEFAULT_SETTINGS, Example, TrainedModel, TrainSettings, evaluate_model, train
 from triage.payloads import PayloadError, PayloadStore
@@ -110,8 +109,7 @@ def load_training_examples(
     """The ledger's examples with their texts (the newest label of each content), and how many
     were skipped and why: a label no longer in the taxonomy, a payload missing or not matching
     its hash, a document that is not a version-1 payload."""
-    with engine.connect() as conn:
-        rows = conn.execute(statements.training_examples()).all()
+    rows = JobStore(engine).learning.training_examples()
     names = frozenset(taxonomy_names)
     skipped = {"label_outside_taxonomy": 0, "payload_unreadable": 0, "malformed_document": 0}
     kept = [row for row in rows if row.label in names]
@@ -213,16 +211,11 @@ def _store(engine: sa.Engine, candidate: TrainedModel, actor: str) -> bool:
         "artifact_sha256": candidate.artifact_sha256,
         "created_by": actor,
     }
-    with engine.begin() as conn:
-        return conn.execute(statements.insert_model(), row).first() is not None
+    return JobStore(engine).learning.add_model(row)
 
 
 def _status(engine: sa.Engine, version: str) -> str:
-    with engine.connect() as conn:
-        found = conn.execute(
-            sa.select(classifier_models.c.status).where(classifier_models.c.version == version)
-        ).scalar_one_or_none()
-    return str(found)
+    return str(JobStore(engine).learning.model_status(version))
 
 
 def promote(engine: sa.Engine, version: str, *, actor: str, reason: str) -> dict[str, str]:
@@ -230,12 +223,7 @@ def promote(engine: sa.Engine, version: str, *, actor: str, reason: str) -> dict
 
     :raises UnknownModel: no such version, or it is the champion already.
     """
-    with engine.begin() as conn:
-        changed = dict(
-            conn.execute(statements.promote(), {"p_version": version, "p_actor": actor, "p_reason": reason})
-            .tuples()
-            .all()
-        )
+    changed = JobStore(engine).learning.promote(version, actor=actor, reason=reason)
     if version not in changed:
         raise UnknownModel(
             f"no model {version!r} to promote (unknown, or the champion already): see triage models list"
@@ -245,8 +233,7 @@ def promote(engine: sa.Engine, version: str, *, actor: str, reason: str) -> dict
 
 def list_models(engine: sa.Engine) -> list[dict[str, Any]]:
     """Every version, newest first, without artifacts."""
-    with engine.connect() as conn:
-        return [dict(row._mapping) for row in conn.execute(statements.models())]
+    return JobStore(engine).learning.models()
 
 
 def _loaded(row: Any) -> LoadedModel:
@@ -273,11 +260,7 @@ def _thresholds(stored: Any, model: LinearTextModel) -> dict[str, float | None]:
 
 def champion_version(engine: sa.Engine) -> str | None:
     """The champion's version (its artifact not read); None: there is none."""
-    with engine.connect() as conn:
-        found = conn.execute(
-            sa.select(classifier_models.c.version).where(classifier_models.c.status == "champion")
-        ).scalar_one_or_none()
-    return None if found is None else str(found)
+    return JobStore(engine).learning.champion_version()
 
 
 def resolve_classifier(name: str, engine: sa.Engine) -> str:
@@ -300,8 +283,7 @@ def load_champion(engine: sa.Engine) -> LoadedModel:
     :raises NoChampion: there is none.
     :raises triage.learning.model.ArtifactRefused: its artifact is tampered with or unreadable.
     """
-    with engine.connect() as conn:
-        row = conn.execute(statements.champion()).first()
+    row = JobStore(engine).learning.champion()
     if row is None:
         raise NoChampion(
             "no learned model is champion yet: train one with `triage train` (or trigger the train_classifier DAG)"
@@ -314,8 +296,7 @@ def load_model(engine: sa.Engine, version: str) -> LoadedModel:
 
     :raises UnknownModel: no such version.
     """
-    with engine.connect() as conn:
-        row = conn.execute(statements.model(), {"p_version": version}).first()
+    row = JobStore(engine).learning.model(version)
     if row is None:
         raise UnknownModel(f"no model {version!r}: see triage models list")
     return _loaded(row)

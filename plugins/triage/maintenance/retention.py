@@ -19,7 +19,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs.retention import PARTITIONED, LedgerRetention
+from triage.jobs.store import JobStore
+from triage.jobs.store.retention import PARTITIONED, LedgerRetention
 from triage.maintenance import files
 from triage.payload_refs import PayloadRefInvalid, parse_ref
 from triage.payloads import PayloadStore
@@ -137,7 +138,7 @@ def apply_retention(
     """Apply ``retention`` once, as of ``now`` (the database's own clock floors what it drops)."""
     now = now or datetime.now(UTC)
     started = time.perf_counter()
-    ledger = LedgerRetention(engine)
+    ledger = JobStore(engine).retention
     report = MaintenanceReport(started_at=now.isoformat(timespec="seconds"))
     report.partitions_made = ledger.ensure_partitions(retention.partitions_ahead)
     report.rows_in_default_partitions = ledger.rows_in_default_partitions()

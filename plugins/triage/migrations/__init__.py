@@ -45,7 +45,7 @@ def sync_taxonomy(url: DatabaseUrl) -> None:
 
     from triage.classifiers.taxonomy import Taxonomy
     from triage.database import create_engine
-    from triage.jobs.taxonomy_table import sync_taxonomy as sync
+    from triage.jobs.sql.writes.taxonomy import sync_taxonomy as sync
 
     engine = create_engine(url, poolclass=sa.NullPool)
     try:

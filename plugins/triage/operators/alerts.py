@@ -265,14 +265,12 @@ class RunAlertsOperator(TriageOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.alerts import run_alerts
-        from triage.jobs.alert_reads import run_moves
-        from triage.jobs.states import JobStatus
+        from triage.jobs.vocabulary.states import JobStatus
 
         ti = context["ti"]
         key = batch_key(context)
         try:
-            with self.engine.connect() as conn:
-                moves = run_moves(conn, batch_key=key, run_prefix=run_prefix(context))
+            moves = self.store.run_moves(batch_key=key, run_prefix=run_prefix(context))
         finally:
             self.dispose()
         review, terminal = moves.of(JobStatus.MANUAL_REVIEW), moves.of(JobStatus.TERMINAL_FAILED)

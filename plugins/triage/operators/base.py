@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from triage.contracts.run_config import ClassifyRunConfig
-    from triage.jobs.states import Step
     from triage.jobs.store import JobStore
+    from triage.jobs.vocabulary.states import Step
     from triage.operators.lineage import Lineage
     from triage.pipeline.actions import WebhookLabelAction
     from triage.pipeline.ownership import Drain
@@ -123,7 +123,7 @@ def batch_key(context: Context) -> str:
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if start is None or end is None:
         raise AirflowFailException("this run has no data interval; classify_documents needs one to know its documents")
-    from triage.jobs.models import batch_key_for
+    from triage.jobs.vocabulary.models import batch_key_for
 
     return batch_key_for(start, end)
 

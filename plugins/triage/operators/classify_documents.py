@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from triage.jobs.states import Step
+from triage.jobs.vocabulary.states import Step
 from triage.operators import lineage
 from triage.operators.base import (
     LABEL_ACTION_CONN_ID,
@@ -211,7 +211,6 @@ class ClassifyDocumentsOperator(TriageOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from triage.jobs.batches import BatchLedger
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.batch_mode import given_answers
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -247,7 +246,7 @@ class ClassifyDocumentsOperator(TriageOperator):
             ClassifySettings(config.confidence_threshold, concurrency, separate, config.audit_rate),
             cache=cache,
             # Answers a provider batch gave (batch mode, triage.operators.model_batches): no call.
-            given=given_answers(BatchLedger(self.store.engine)) if config.classifier == "llm" else None,
+            given=given_answers(self.store.batches) if config.classifier == "llm" else None,
         )
         settings = RunSettings(
             owner=lease_owner(context),

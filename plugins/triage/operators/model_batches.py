@@ -166,7 +166,6 @@ class ModelBatches:
 
     def wait_for_model_batches(self, context: Context) -> None:
         """In batch mode: submit, and defer while a batch runs (resumed in :meth:`execute_complete`)."""
-        from triage.jobs.batches import BatchLedger
         from triage.pipeline.batch_mode import submit
 
         config = self.run_config(context)
@@ -182,7 +181,7 @@ class ModelBatches:
             with _batch_interface_errors():
                 keys = submit(
                     self.store,
-                    BatchLedger(self.store.engine),
+                    self.store.batches,
                     client,
                     _payloads(self.payload_base),
                     batch_key=key,
@@ -208,10 +207,9 @@ class ModelBatches:
         return self.after_model_batches(context)
 
     def _collect_or_wait(self, context: Context, client: BatchClient) -> None:
-        from triage.jobs.batches import BatchLedger
         from triage.pipeline.batch_mode import BATCH_WINDOW_SECONDS, collect
 
-        ledger, key = BatchLedger(self.store.engine), batch_key(context)
+        ledger, key = self.store.batches, batch_key(context)
         with _batch_interface_errors():
             result = collect(ledger, client, batch_key=key, actor=lease_owner(context))
         running = [s.provider_batch_id for s in ledger.open_batches(key) if s.provider_batch_id]

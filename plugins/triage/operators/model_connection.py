@@ -84,7 +84,8 @@ def connection_budget(engine: sa.Engine, conn_id: str = "triage_llm") -> dict[st
     """The classifier settings of the connection's shared budget (its extra's
     ``requests_per_minute``, ``tokens_per_minute``, ``budget_burst_seconds``,
     ``budget_max_wait_seconds``), kept in the job database ``engine``; {} when neither rate is set."""
-    from triage.jobs.budgets import BudgetSettings, ModelBudget
+    from triage.classifiers.budgets import BudgetSettings, ModelBudget
+    from triage.jobs.store import JobStore
 
     extra = BaseHook.get_connection(conn_id).extra_dejson or {}
 
@@ -99,7 +100,7 @@ def connection_budget(engine: sa.Engine, conn_id: str = "triage_llm") -> dict[st
     )
     if not settings.enabled:
         return {}
-    budget = {"budget": ModelBudget(engine, conn_id, settings)}
+    budget = {"budget": ModelBudget(JobStore(engine).budgets, conn_id, settings)}
     wait = number("budget_max_wait_seconds")
     return budget if wait is None else {**budget, "budget_max_wait_seconds": wait}
 

@@ -194,7 +194,7 @@ class PickReviewCaseOperator(TriageOperator):
         except ValueError:
             raise AirflowFailException(f"job_id {raw!r} is not a UUID") from None
         try:
-            cases = self.store.open_reviews(wanted, limit=1)
+            cases = self.store.review.open_reviews(wanted, limit=1)
             if not cases and wanted:
                 status = self.store.get_status(wanted[0]).value
                 raise AirflowFailException(f"job {raw} is {status}, not waiting for review")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from triage.jobs.states import Step
+from triage.jobs.vocabulary.states import Step
 from triage.operators.base import TriageOperator, batch_key, variable
 from triage.operators.model_batches import ModelBatches
 

@@ -10,7 +10,7 @@ to, the same order in which ``document_labels`` lets a newer job's label replace
 An edited document is a newer job; when two of its jobs' actions are in flight at once, a
 provider that keeps the label of the highest order ends with the newest, as the ledger does.
 (The persist step does not send an older job's label at all once a newer one is recorded:
-:func:`triage.jobs.label_actions.superseded`.)
+:func:`triage.jobs.sql.reads.label_actions.superseded`.)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from triage.jobs.models import ClaimedJob, LabelWrite
+from triage.jobs.vocabulary.models import ClaimedJob, LabelWrite
 from triage.tracing import correlation_header
 
 ORDER_HEADER = "X-Label-Order"

@@ -15,7 +15,7 @@ price, answers within 24 h) instead of one interactive call each, with the ledge
    answer (:func:`given_answers`) instead of calling the model; a job whose request failed inside
    the batch, or that the batch never reached or lost, is asked interactively like any other.
 
-A job's answer is taken within the attempt budget it was submitted in (:meth:`BatchLedger.answers`:
+A job's answer is taken within the attempt budget it was submitted in (:func:`answers_within_budget`:
 a reviewer's requeue asks afresh); it is recorded as the model's own answer (its tokens, no cost
 figure: the batch's price is the provider's).
 """
@@ -27,14 +27,15 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from triage.classifiers.base import ModelOutput
 from triage.classifiers.batch_api import BatchClient
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.batches import BatchLedger, Submission
-from triage.jobs.models import ClaimedJob, Outcome, Park, Release
-from triage.jobs.states import Step
 from triage.jobs.store import JobStore
+from triage.jobs.store.batches import BatchLedger, Submission
+from triage.jobs.vocabulary.models import ClaimedJob, Outcome, Park, Release
+from triage.jobs.vocabulary.states import Step
 from triage.payloads import PayloadStore
 from triage.pipeline.reading import read_document
 
@@ -198,11 +199,27 @@ def _answer_row(
     }
 
 
+def answers_within_budget(jobs: Sequence[ClaimedJob], rows: Sequence[Any]) -> dict[uuid.UUID, Any]:
+    """The batch answer (row) each claimed job takes: the latest one asked within its current
+    attempt budget, ``attempt_base < asked <= attempt`` (a failed request: none; ``rows`` by
+    attempt). Not only at the claim's own attempt: a submission adopted after the jobs' first
+    lease ran out (that attempt counted, the next one claimed) is answered at the attempt it was
+    submitted at, and is not paid for again; a reviewer's requeue starts a new budget, so the
+    model is asked afresh."""
+    budgets = {job.id: (job.attempt, job.attempt_base) for job in jobs}
+    found: dict[uuid.UUID, Any] = {}
+    for row in rows:  # by attempt: the latest within the budget wins
+        attempt, base = budgets[row.job_id]
+        if base < row.attempt <= attempt:
+            found[row.job_id] = row
+    return found
+
+
 def given_answers(ledger: BatchLedger) -> Callable[[Sequence[ClaimedJob]], Mapping[uuid.UUID, ModelOutput]]:
     """The classify handler's ``given``: a claim's batch answers at the jobs' attempts."""
 
     def given(jobs: Sequence[ClaimedJob]) -> Mapping[uuid.UUID, ModelOutput]:
-        rows = ledger.answers((job.id, job.attempt, job.attempt_base) for job in jobs)
+        rows = answers_within_budget(jobs, ledger.answers(job.id for job in jobs))
         return {
             job_id: ModelOutput(
                 r.label,

@@ -21,7 +21,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 
-from triage.jobs.models import Outcome, Park, Release, RetryLater
+from triage.jobs.vocabulary.models import Outcome, Park, Release, RetryLater
 
 __all__ = ["DEPENDENCY_DOWN", "CircuitBreaker", "OutageGuard"]
 

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from triage.jobs.models import Claim, ClaimedJob, Outcome
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Claim, ClaimedJob, Outcome
 from triage.pipeline.ownership import Drain, Heartbeat, Ownership
 
 __all__ = ["Handling"]

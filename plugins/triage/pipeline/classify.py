@@ -39,7 +39,7 @@ raises                         ``max_attempts``, then manual review; never a stu
 A circuit breaker (:mod:`triage.pipeline.breaker`) watches the calls: when transient failures
 dominate, or every call of a smaller try failed with 5xx/timeouts/refused connections across a
 few distinct jobs, the model is down (an outage), not the jobs. Every job of the batch that did not finish, the failed calls
-included, is parked (:class:`~triage.jobs.models.Park`: ``waiting``, reason ``outage:model``, the
+included, is parked (:class:`~triage.jobs.vocabulary.models.Park`: ``waiting``, reason ``outage:model``, the
 attempt given back) until the model's ``Retry-After`` (bounded) or :data:`OUTAGE_SECONDS`,
 doubled for each time the job was parked on an outage before (at most an hour), and
 the step stops with :class:`CircuitOpen`, so Airflow retries it later instead of burning every
@@ -60,8 +60,8 @@ from dataclasses import dataclass
 from triage.classifiers.base import Classifier, ClassifierError, ClassifyRequest, ModelOutput, decide_outcome
 from triage.classifiers.rate_limits import BUDGET_EXHAUSTED
 from triage.contracts.documents import DocumentPayload
-from triage.jobs.audit_samples import is_audit_sample
-from triage.jobs.models import (
+from triage.jobs.sql.audit_samples import is_audit_sample
+from triage.jobs.vocabulary.models import (
     Advance,
     ClaimedJob,
     ClassificationRecord,
@@ -73,7 +73,7 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
-from triage.jobs.states import Step
+from triage.jobs.vocabulary.states import Step
 from triage.observability import log_job
 from triage.payloads import PayloadBaseMissing, PayloadError, PayloadStore
 from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker, OutageGuard
@@ -103,7 +103,7 @@ class ClassifySettings:
     external action) instead of being completed here, label and event in the same
     transaction as the classification.
     :param audit_rate: share of accepted jobs completed as audit samples (the run's
-        ``audit_rate``; :func:`triage.jobs.audit_samples.is_audit_sample`). Completed here or by
+        ``audit_rate``; :func:`triage.jobs.sql.audit_samples.is_audit_sample`). Completed here or by
         the persist step, whichever completes them."""
 
     confidence_threshold: float = 0.7

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from triage.contracts.intake import INTAKE_BATCH, IntakeDocument
-from triage.jobs.intake import Accepted
-from triage.jobs.models import NewJob
-from triage.jobs.states import Step
 from triage.jobs.store import JobStore
+from triage.jobs.store.intake import Accepted
+from triage.jobs.vocabulary.models import NewJob
+from triage.jobs.vocabulary.states import Step
 from triage.payloads import PayloadStore
 from triage.pipeline.retrieve import idempotency_key
 
@@ -60,7 +60,7 @@ def accept_documents(
         )
         for (doc, _payload), (digest, ref) in zip(documents, stored, strict=True)
     ]
-    accepted = store.accept(
+    accepted = store.intake.accept(
         new_jobs, step=Step.CLASSIFY, max_attempts=settings.max_attempts, actor=actor, batch_key=settings.batch_key
     )
     by_key = {a.idempotency_key: a for a in accepted}

@@ -25,9 +25,9 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from triage.jobs.errors import LeaseLost
-from triage.jobs.models import Claim, ClaimedJob, Outcome, Release
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import LeaseLost
+from triage.jobs.vocabulary.models import Claim, ClaimedJob, Outcome, Release
 
 log = logging.getLogger(__name__)
 

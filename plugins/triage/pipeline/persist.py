@@ -21,11 +21,10 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 
-from triage.jobs.audit_samples import is_audit_sample
-from triage.jobs.label_actions import superseded
-from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, Park, RetryLater
-from triage.jobs.states import Step
+from triage.jobs.sql.audit_samples import is_audit_sample
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, Park, RetryLater
+from triage.jobs.vocabulary.states import Step
 from triage.observability import log_job
 from triage.pipeline.actions import ActionFailed
 from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker, OutageGuard
@@ -39,7 +38,7 @@ log = logging.getLogger(__name__)
 DEPENDENCY = "label_provider"
 OUTAGE_SECONDS = 30.0
 """How long jobs stay parked when the provider is down (doubled for each earlier outage parking
-of a job, up to an hour: :func:`triage.jobs.outages.outage_due`): about the persist task's first
+of a job, up to an hour: :func:`triage.jobs.sql.moves.outages.outage_due`): about the persist task's first
 Airflow retry delay, so its retry finds them due."""
 BREAKER_MIN_JOBS = 5
 """Distinct jobs whose first attempt's action failed with the provider down, and nothing
@@ -80,8 +79,7 @@ class PersistHandler:
         labels = self.store.accepted_labels([j.id for j in jobs])
         stale: set[uuid.UUID] = set()
         if self.action is not None:
-            with self.store.engine.connect() as conn:
-                stale = superseded(conn, [j.id for j in jobs if j.id in labels])
+            stale = self.store.superseded([j.id for j in jobs if j.id in labels])
         outcomes: list[Outcome] = []
         for job in jobs:
             label = labels.get(job.id)

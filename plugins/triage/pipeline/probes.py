@@ -1,6 +1,6 @@
 """The half-open probe of an outage, as the step runner (:func:`triage.pipeline.steps.run_step`)
 uses it: once a dependency that parked a batch's work answers again, the work is retried at
-once instead of after its whole park delay (the ledger's half: :mod:`triage.jobs.outage_probes`).
+once instead of after its whole park delay (the ledger's half: :mod:`triage.jobs.store.probes`).
 
 A circuit breaker has three states: closed (calls go through), open (none do: the work is
 parked, :mod:`triage.pipeline.breaker`), and half-open, where one call tries the dependency and
@@ -16,8 +16,8 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-from triage.jobs.models import Outcome, Park, Release, RetryLater
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Outcome, Park, Release, RetryLater
 
 if TYPE_CHECKING:
     from triage.pipeline.steps import CircuitOpen
@@ -27,12 +27,12 @@ log = logging.getLogger(__name__)
 
 PROBE_PARK_SECONDS = 30.0
 """A failed probe's job is parked again this long (the classify step's default outage wait), grown
-with its earlier parkings (:func:`~triage.jobs.outages.outage_due`), unless the dependency said
+with its earlier parkings (:func:`~triage.jobs.sql.moves.outages.outage_due`), unless the dependency said
 how long (``Retry-After``)."""
 
 
 class OutageProbe:
-    """The half-open probe of one run of a step (:mod:`triage.jobs.outage_probes`).
+    """The half-open probe of one run of a step (:mod:`triage.jobs.store.probes`).
 
     When the step finds nothing to claim but work of its batch parked on an outage that is not
     yet due, it takes one parked job out (:meth:`take`, at most once a run, and only if no other
@@ -64,7 +64,9 @@ class OutageProbe:
         if self.tried:
             return False
         self.tried = True
-        taken = self.store.probe_parked(self.batch_key, self.step, actor=self.owner, classifier_version=self.version)
+        taken = self.store.probes.probe_parked(
+            self.batch_key, self.step, actor=self.owner, classifier_version=self.version
+        )
         if taken is None:
             return False
         self.job_id, self.dependency = taken
@@ -111,7 +113,7 @@ class OutageProbe:
         answered, self.verdict, self.job_id = bool(self.verdict), None, None
         if not answered:
             return False
-        resumed = self.store.resume_after_probe(
+        resumed = self.store.probes.resume_after_probe(
             self.batch_key, self.step, dependency=self.dependency, actor=self.owner, classifier_version=self.version
         )
         log.info(

@@ -4,7 +4,7 @@ that reading it failed with (shared by the classify step and the batch mode's su
 from __future__ import annotations
 
 from triage.contracts.documents import DocumentPayload, MalformedDocument
-from triage.jobs.models import ClaimedJob, Fail, Outcome, RetryLater, SendToReview
+from triage.jobs.vocabulary.models import ClaimedJob, Fail, Outcome, RetryLater, SendToReview
 from triage.payloads import PayloadError, PayloadMissing, PayloadRefInvalid, PayloadUnavailable
 
 

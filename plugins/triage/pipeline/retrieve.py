@@ -15,9 +15,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 
-from triage.jobs.models import NewJob
-from triage.jobs.states import JobStatus, Step
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import NewJob
+from triage.jobs.vocabulary.states import JobStatus, Step
 from triage.payloads import PayloadStore
 from triage.sources.base import Source, SourceDocument
 

@@ -6,7 +6,7 @@ one sends it to review at once, naming the answer it reused.
 
 Per claim, one lookup (:meth:`~triage.jobs.store.JobStore.reusable_answers`) says which jobs may
 take a reused answer and which entry the ledger holds for each; the entry is an answer of the model for
-that input and version, accepted ones first (:mod:`triage.jobs.answers` says what an entry is,
+that input and version, accepted ones first (:mod:`triage.jobs.sql.reads.answers` says what an entry is,
 which jobs may not take one, and what invalidates one). Within the claim, the first job of an
 input not answered yet is asked (:meth:`ContentCache.split`), the others wait for it and take its
 answer if it was accepted or doubtful, or are asked themselves if it was rejected or the call
@@ -34,9 +34,9 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 from triage.contracts.documents import DocumentPayload, MalformedDocument
-from triage.jobs.answers import Answer
-from triage.jobs.models import Advance, ClaimedJob, Complete, Outcome, SendToReview
+from triage.jobs.sql.reads.answers import Answer
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Advance, ClaimedJob, Complete, Outcome, SendToReview
 
 __all__ = ["ContentCache", "input_key"]
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from triage.jobs.models import Claim, ClaimedJob, Outcome, Recorded, Release
-from triage.jobs.states import Step
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import Claim, ClaimedJob, Outcome, Recorded, Release
+from triage.jobs.vocabulary.states import Step
 from triage.observability import (
     NULL_METRICS,
     Metrics,

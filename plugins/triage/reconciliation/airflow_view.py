@@ -30,8 +30,8 @@ from urllib.parse import quote
 
 import httpx
 
-from triage.jobs.models import REPAIRER, batch_key_for
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import REPAIRER, batch_key_for
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.rules import unfinished_by_batch

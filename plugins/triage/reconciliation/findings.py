@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from triage.jobs.checks import SAMPLE
+from triage.jobs.sql.reads.checks import SAMPLE
 
 
 def sample(ids: Iterable[uuid.UUID | str]) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from triage.jobs.schema import reconciliation_runs as runs
-from triage.jobs.states import UNFINISHED
+from triage.jobs.vocabulary.states import UNFINISHED
 
 TREND_RUNS = 60
 """How many of the latest finished runs the trend shows."""

@@ -34,7 +34,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from triage.contracts.intake import INTAKE_BATCH, INTAKE_DAG_ID
-from triage.jobs import checks as Q
+from triage.jobs.sql.reads import checks as Q
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 
 if TYPE_CHECKING:

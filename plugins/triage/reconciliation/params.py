@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from triage.contracts.params import DagParams, InvalidParams
-from triage.jobs.states import JobStatus
+from triage.jobs.vocabulary.states import JobStatus
 
 
 class InvalidReconcileParams(InvalidParams):

@@ -2,7 +2,7 @@
 day, as far as the ledger can tell (issue #27, "quality in production"). Reads only.
 
 - **coverage**: of the jobs a version classified, the share it auto-accepted;
-- **audited precision**: of the audit samples reviewers decided (:mod:`triage.jobs.audit_samples`),
+- **audited precision**: of the audit samples reviewers decided (:mod:`triage.jobs.sql.audit_samples`),
   the share they confirmed, with its 95 % Wilson score interval. Audit samples are a uniform
   sample of the accepted jobs, so this estimates the precision of every accepted label;
 - **inconclusive agreement**: of the inconclusive jobs a reviewer resolved with a label, the share
@@ -24,8 +24,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs import quality_reads as Q
 from triage.jobs.schema import reconciliation_runs as runs
+from triage.jobs.sql.reads import quality as Q
 
 WINDOW_DAYS = 14
 """Days back the figures cover (each run reads only these: the indexes of migration 0026)."""

@@ -1,7 +1,7 @@
 """The reconciliation report's read-only questions of the ledger, as named SQLAlchemy Core
 statements: counts by state and step, queue ages, time in state, attempts, retry reasons, the
 review queue, schema mismatches and rejected outputs. Windowed (``:window`` seconds) where the
-history grows without bound. Nothing here writes; the checks are :mod:`triage.jobs.checks`.
+history grows without bound. Nothing here writes; the checks are :mod:`triage.jobs.sql.reads.checks`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import ColumnElement
 
-from triage.jobs.checks import age_seconds, entered_at
-from triage.jobs.expressions import NOW, status_literal
-from triage.jobs.expressions import seconds_param as seconds
 from triage.jobs.schema import ARRIVED_UNSUPPORTED, classifications, job_events, jobs, manual_review
-from triage.jobs.states import OPEN, TERMINAL, Step
-from triage.jobs.states import JobStatus as S
+from triage.jobs.sql.expressions import NOW, status_literal
+from triage.jobs.sql.expressions import seconds_param as seconds
+from triage.jobs.sql.reads.checks import age_seconds, entered_at
+from triage.jobs.vocabulary.states import OPEN, TERMINAL, Step
+from triage.jobs.vocabulary.states import JobStatus as S
 
 
 def _window() -> ColumnElement[Any]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs import checks
-from triage.jobs.states import JobStatus
+from triage.jobs.sql.reads import checks
+from triage.jobs.vocabulary.states import JobStatus
 from triage.reconciliation import quality
 from triage.reconciliation import report_queries as Q
 from triage.reconciliation.findings import RuleResult

@@ -1,9 +1,9 @@
 """The reconciliation rules. Each takes the store and the run's params and returns a
 :class:`~triage.reconciliation.findings.RuleResult`; with ``dry_run`` it only reads.
 
-A rule reads through the ledger's named checks (:mod:`triage.jobs.checks`, on the store's
+A rule reads through the ledger's named checks (:mod:`triage.jobs.sql.reads.checks`, on the store's
 read-only connection) and repairs only where the repair is certain, through the store's named
-repairs (:mod:`triage.jobs.repairs`: allowed transitions, fenced statements); anything it cannot
+repairs (:mod:`triage.jobs.sql.moves.repairs`: allowed transitions, fenced statements); anything it cannot
 settle with certainty is a :class:`Conflict` for a human. ``docs/reconciliation.md`` gives the reasoning
 behind each decision.
 """
@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 
 from triage.contracts.events import WorkEvent
-from triage.jobs import checks as Q
-from triage.jobs import last_tries
-from triage.jobs.models import REPAIRER
-from triage.jobs.states import JobStatus
+from triage.jobs.sql.reads import checks as Q
+from triage.jobs.sql.reads import last_tries
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.models import REPAIRER
+from triage.jobs.vocabulary.states import JobStatus
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 from triage.reconciliation.params import ReconcileParams
 
@@ -72,7 +72,7 @@ def expired_leases(store: JobStore, params: ReconcileParams) -> RuleResult:
 
 
 STUCK_STATES = (JobStatus.RECEIVED, JobStatus.QUEUED, JobStatus.RETRYABLE_FAILED, JobStatus.WAITING, JobStatus.RUNNING)
-"""The unfinished states (:data:`~triage.jobs.states.UNFINISHED`; a test keeps them equal) in
+"""The unfinished states (:data:`~triage.jobs.vocabulary.states.UNFINISHED`; a test keeps them equal) in
 the order their stuck checks run and the report lists them."""
 
 
@@ -207,7 +207,7 @@ def consistency(store: JobStore, params: ReconcileParams) -> RuleResult:
     without a completion event (``job.completed`` appended). Conflicts (a human decides): a
     completed job without its label, a label whose job is not completed, an open review row of
     a job back in automatic hands. An audit sample (an open review row, reason ``audit_sample``,
-    of a completed job: :mod:`triage.jobs.audit_samples`) is none of these.
+    of a completed job: :mod:`triage.jobs.sql.audit_samples`) is none of these.
     """
     findings: list[Finding] = []
     repairs: list[Repair] = []
@@ -296,7 +296,7 @@ def dead_last_tries(
 ) -> RuleResult:
     """Retryable jobs whose last holder was its task's final try (``final_try``: the classifying
     tasks' retries + 1), due for ``last_try_seconds`` in a batch idle for as long, go to
-    ``manual_review`` (``airflow_task_failed``): :meth:`JobStore.send_dead_last_tries_to_review`,
+    ``manual_review`` (``airflow_task_failed``): :meth:`JobStore.last_tries.send_dead_last_tries_to_review`,
     fenced. A ledger-only rule: it needs no Airflow API, and says in its finding whether the API
     answered (``api_skipped``: why the Airflow view was skipped, or None). When the view ran, the
     holders of its DAG (``viewed_dag``) are left to it: it knows the batch's other runs, and
@@ -334,7 +334,7 @@ def dead_last_tries(
     findings = (Finding("last_try_dead", int(row.n), detail, sample(row.job_ids), "last_try_dead_to_review", data),)
     if params.dry_run:
         return RuleResult("dead_last_tries", findings=findings)
-    ids = store.send_dead_last_tries_to_review(
+    ids = store.last_tries.send_dead_last_tries_to_review(
         idle_seconds=params.last_try_seconds, final_try=final_try, viewed_dag=viewed_dag
     )
     repairs = (

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from triage import markdown as md
-from triage.jobs.models import ReviewCase
+from triage.jobs.vocabulary.models import ReviewCase
 
 LABEL_OPTION = "Label: "
 REQUEUE_OPTION = "Requeue"

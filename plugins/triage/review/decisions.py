@@ -21,10 +21,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from triage import markdown as md
-from triage.jobs.errors import LedgerError
-from triage.jobs.label_actions import reviewed_label
-from triage.jobs.models import ReviewResult
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import LedgerError
+from triage.jobs.vocabulary.models import ReviewResult
 from triage.pipeline.actions import ActionFailed, LabelRequest
 from triage.review.config import ReviewRunConfig
 
@@ -139,8 +138,7 @@ def _one(
 def send_reviewed_label(store: JobStore, job_id: uuid.UUID, send_label: SendLabel) -> str:
     """Send the label a reviewer completed ``job_id`` with (the decision has committed: this
     runs outside any transaction); returns what happened, for the report."""
-    with store.engine.connect() as conn:
-        reviewed = reviewed_label(conn, job_id)
+    reviewed = store.review.reviewed_label(job_id)
     if reviewed is None:  # only after a label decision that stands; a concurrent change otherwise
         return "skipped: the job is not completed with a reviewer's label"
     if reviewed.superseded:
@@ -172,12 +170,12 @@ def decide(
     """One job, one transaction: the store method of ``config.decision``."""
     if config.decision == "label":
         assert config.label is not None  # the config refuses a label decision without one
-        return store.resolve_with_label(
+        return store.review.resolve_with_label(
             job_id, config.label, actor=reviewer, note=config.note, taxonomy_names=taxonomy_names
         )
     if config.decision == "reject":
-        return store.reject(job_id, actor=reviewer, note=config.note)
-    return store.resolve_with_requeue(job_id, actor=reviewer, note=config.note, max_replays=config.max_replays)
+        return store.review.reject(job_id, actor=reviewer, note=config.note)
+    return store.review.resolve_with_requeue(job_id, actor=reviewer, note=config.note, max_replays=config.max_replays)
 
 
 def _reported(result: ReviewResult) -> JobReport:

@@ -13,8 +13,8 @@ from typing import Any
 
 from triage import markdown as md
 from triage.contracts.replay import ReplayFilter
-from triage.jobs.replays import ReplayApplied, ReplayPreview, ReplayRequest
 from triage.jobs.store import JobStore
+from triage.jobs.store.replays import ReplayApplied, ReplayPreview, ReplayRequest
 
 LISTED_IDS = 100
 """How many of an apply's moved job ids the report lists (all of them are in ``job_events``)."""
@@ -153,5 +153,5 @@ def _request_dict(request: ReplayRequest | None) -> dict[str, Any] | None:
 def run_replay(store: JobStore, selection: ReplayFilter, *, actor: str, max_replays: int = 3) -> ReplayReport:
     """The filter's preview when it is a dry run, else its apply (as ``actor``)."""
     if selection.dry_run:
-        return ReplayReport(selection, actor, preview=store.preview_replay(selection, max_replays=max_replays))
-    return ReplayReport(selection, actor, applied=store.replay(selection, actor=actor, max_replays=max_replays))
+        return ReplayReport(selection, actor, preview=store.review.preview_replay(selection, max_replays=max_replays))
+    return ReplayReport(selection, actor, applied=store.review.replay(selection, actor=actor, max_replays=max_replays))

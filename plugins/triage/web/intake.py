@@ -35,7 +35,7 @@ from starlette.concurrency import run_in_threadpool
 
 from triage import settings
 from triage.contracts.intake import INTAKE_DAG_ID, IntakeDocument, Problem, parse_documents, validate_body
-from triage.jobs.intake import Accepted
+from triage.jobs.store.intake import Accepted
 from triage.web.access import READ, refusal, same_origin, session_of
 from triage.web.intake_bindings import BindingError, configured, roles_of
 from triage.web.intake_service import IntakeService, NoIntakeClassifier, NotAnnounced

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from triage import settings
 from triage.contracts.intake import INTAKE_ASSET_NAME, INTAKE_ASSET_URI, IntakeDocument
-from triage.jobs.intake import Accepted
-from triage.jobs.states import JobStatus
+from triage.jobs.store.intake import Accepted
+from triage.jobs.vocabulary.states import JobStatus
 from triage.web.service import TriageService
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ class IntakeService:
         with self._lock:
             known = self._depth
         if known is None or time.monotonic() - known[0] > DEPTH_TTL_SECONDS:
-            known = (time.monotonic(), self.triage.store.unfinished_depth(bound=bound))
+            known = (time.monotonic(), self.triage.store.intake.unfinished_depth(bound=bound))
             with self._lock:
                 self._depth = known
         return known[1] >= bound
@@ -240,5 +240,5 @@ class IntakeService:
         return accepted
 
     def status(self, job_id: uuid.UUID) -> dict[str, Any] | None:
-        found = self.triage.store.intake_status(job_id)
+        found = self.triage.store.intake.intake_status(job_id)
         return dataclasses.asdict(found) if found is not None else None

@@ -24,8 +24,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
-from triage.jobs.review_queue import QueuePage
-from triage.jobs.review_uncertainty import UncertainPage
+from triage.jobs.sql.reads.review_queue import QueuePage
+from triage.jobs.sql.reads.review_uncertainty import UncertainPage
 from triage.reconciliation import render
 from triage.reconciliation.charts import duration, line_chart
 from triage.web.access import CSRF_FIELD, REPORT_DAG, Caller, ReportReader, ReviewReader, check_decider
@@ -87,7 +87,7 @@ def home(request: Request) -> Response:
 def queue(request: Request, caller: ReviewReader, where: Filter, position: OrderedPosition) -> HTMLResponse:
     size, uncertain = position.size, position.order == "uncertainty"
     result: QueuePage | UncertainPage
-    if uncertain:  # least sure first (triage.jobs.review_uncertainty): the order kept in every link
+    if uncertain:  # least sure first (triage.jobs.sql.reads.review_uncertainty): the order kept in every link
         result = service(request).queue_by_uncertainty(where, limit=size, after=position.after_uncertain)
         query = {**filter_query(where), "order": position.order}
         cursor = encode_uncertain_cursor(result.next_after) if result.next_after else None

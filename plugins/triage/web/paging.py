@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Path
 
-from triage.jobs.review_queue import MAX_PAGE, Cursor, QueueFilter
-from triage.jobs.review_uncertainty import UncertainCursor
+from triage.jobs.sql.reads.review_queue import MAX_PAGE, Cursor, QueueFilter
+from triage.jobs.sql.reads.review_uncertainty import UncertainCursor
 
 DEFAULT_PAGE = 50
 MAX_REVIEW_ID = 2**63 - 1
@@ -56,7 +56,7 @@ def decode_cursor(text: str) -> Cursor:
 
 ORDERS = ("oldest", "uncertainty")
 """The queue's orders: ``oldest`` (the default: open reviews oldest first) and ``uncertainty``
-(what the model is least sure of first, :mod:`triage.jobs.review_uncertainty`)."""
+(what the model is least sure of first, :mod:`triage.jobs.sql.reads.review_uncertainty`)."""
 UNCERTAIN_TAG = "u"
 
 

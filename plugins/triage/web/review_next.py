@@ -11,7 +11,7 @@ checked against its hash, as the job page), why it is in review, and the model's
 labels with their scores (``classifications.candidates``; an answer without them shows its one
 label and confidence). The reviewer chooses a label (the candidates first, then the rest of the
 taxonomy), requeues, rejects or skips, with an optional note; the next review in uncertainty
-order (:mod:`triage.jobs.review_uncertainty`) opens. Skipping moves the cursor past the review
+order (:mod:`triage.jobs.sql.reads.review_uncertainty`) opens. Skipping moves the cursor past the review
 (it stays open for others, and for this reviewer when they start over); a decision keeps the
 cursor, so the decided review is simply gone and the next takes its place.
 
@@ -34,8 +34,8 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from triage.jobs.review_queue import QueueFilter
-from triage.jobs.review_uncertainty import UncertainCursor
+from triage.jobs.sql.reads.review_queue import QueueFilter
+from triage.jobs.sql.reads.review_uncertainty import UncertainCursor
 from triage.web.access import CSRF_FIELD, Caller, ReviewReader, check_decider
 from triage.web.pages import DECIDED, TEMPLATES, link, page, service
 from triage.web.paging import (

@@ -18,7 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from triage.jobs.errors import (
+from triage.jobs.sql.reads.review_queue import Cursor, QueueFilter, QueuePage, job_detail, queue_page
+from triage.jobs.sql.reads.review_uncertainty import UncertainCursor, UncertainPage, uncertain_page
+from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import (
     JobNotFound,
     LabelNotInTaxonomy,
     LedgerError,
@@ -26,9 +29,6 @@ from triage.jobs.errors import (
     ReplayLimitReached,
     RoleRefused,
 )
-from triage.jobs.review_queue import Cursor, QueueFilter, QueuePage, job_detail, queue_page
-from triage.jobs.review_uncertainty import UncertainCursor, UncertainPage, uncertain_page
-from triage.jobs.store import JobStore
 from triage.payload_refs import PayloadError
 from triage.pipeline.actions import WebhookLabelAction
 from triage.reconciliation import history
@@ -176,7 +176,7 @@ class TriageService:
     def queue_by_uncertainty(
         self, where: QueueFilter, *, limit: int, after: UncertainCursor | None = None
     ) -> UncertainPage:
-        """The queue least sure first (:func:`triage.jobs.review_uncertainty.uncertain_page`)."""
+        """The queue least sure first (:func:`triage.jobs.sql.reads.review_uncertainty.uncertain_page`)."""
         with self.review_store.reading() as conn:
             return uncertain_page(conn, where, limit=limit, after=after)
 

@@ -1,0 +1,1 @@
+"""The ledger's named SQLAlchemy Core statements: built here, executed only by the store."""

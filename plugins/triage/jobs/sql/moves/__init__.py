@@ -1,0 +1,1 @@
+"""Every way a job's state changes, as fenced statements."""

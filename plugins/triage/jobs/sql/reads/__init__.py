@@ -1,0 +1,1 @@
+"""Read-only questions asked of the ledger by name."""
