@@ -18,6 +18,7 @@ from bench import (
     realrun,
     relay,
     review_queue,
+    writes,
 )
 from bench.common import Figure, write_results
 
@@ -29,6 +30,7 @@ SUITES = {
     "realrun": realrun.run,
     "relay": relay.run,
     "learning": learning.run,
+    "writes": writes.run,
 }
 OPT_IN = {
     "footprint": footprint.run,
