@@ -72,14 +72,15 @@ def outbox_insert(
     payload: ColumnElement[Any] | None = None,
     where: ColumnElement[bool] | None = None,
 ) -> Any:
-    """INSERT one outbox event per row of ``rows`` (a CTE returning the job's id and attempt,
-    and the ``event_id`` when the batch brings one: :func:`event_ids`; else the column's
-    ``gen_random_uuid()``), for the rows ``where`` holds.
+    """INSERT one outbox event per row of ``rows`` (a CTE returning the job's id, attempt,
+    correlation id and payload reference: :data:`EVENT_COLUMNS`, and the ``event_id`` when the
+    batch brings one: :func:`event_ids`; else the column's ``gen_random_uuid()``), for the rows
+    ``where`` holds.
 
-    The envelope goes into columns; :func:`triage.jobs.sql.writes.outbox.claim_events` joins the job's
-    correlation id and payload reference when the relay claims it. ``payload`` is the event
-    type's data (a JSONB expression over ``rows``; none: ``{}``), what
-    :mod:`triage.contracts.events` names for each type, never document text.
+    The whole envelope goes into the row with the fact, so the relay reads the outbox alone
+    (:func:`triage.jobs.sql.writes.outbox.claim_events`). ``payload`` is the event type's data (a
+    JSONB expression over ``rows``; none: ``{}``), what :mod:`triage.contracts.events` names for
+    each type, never document text.
     """
     given = ["event_id"] if "event_id" in rows.c else []
     extra = [] if payload is None else [payload]
@@ -89,11 +90,14 @@ def outbox_insert(
         sa.literal(event_type.value),
         sa.literal(EVENT_SCHEMA_VERSION),
         rows.c.attempt,
+        rows.c.correlation_id,
+        rows.c.payload_ref,
         *extra,
     )
     if where is not None:
         select = select.where(where)
-    columns = [*given, "job_id", "event_type", "schema_version", "attempt", *(["payload"] if extra else [])]
+    envelope = ["job_id", "event_type", "schema_version", "attempt", "correlation_id", "payload_ref"]
+    columns = [*given, *envelope, *(["payload"] if extra else [])]
     return sa.insert(outbox).from_select(columns, select)
 
 
@@ -116,8 +120,9 @@ _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 """The RFC 9562 variant (binary ``10``) in the nibble that carries it, from a random hex digit."""
 
 
-EVENT_COLUMNS = (jobs.c.id, jobs.c.attempt)
-MOVED = (jobs.c.id, jobs.c.status, jobs.c.status_reason, jobs.c.attempt, jobs.c.last_error_class, jobs.c.last_error)
+EVENT_COLUMNS = (jobs.c.id, jobs.c.attempt, jobs.c.correlation_id, jobs.c.payload_ref)
+"""What a move that writes an event returns: the job's part of the event's envelope."""
+MOVED = (*EVENT_COLUMNS, jobs.c.status, jobs.c.status_reason, jobs.c.last_error_class, jobs.c.last_error)
 """What a move that may end in ``manual_review`` returns: enough for :func:`review_rows`."""
 
 

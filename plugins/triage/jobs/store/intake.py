@@ -124,7 +124,7 @@ def accept_jobs() -> Any:
         .cte("inserted")
     )
     registered = (
-        sa.select(given.c.event_id, inserted.c.id, inserted.c.attempt)
+        sa.select(given.c.event_id, inserted.c.id, inserted.c.attempt, inserted.c.correlation_id, given.c.payload_ref)
         .join_from(inserted, given, given.c.id == inserted.c.id)
         .cte("registered")
     )

@@ -21,6 +21,7 @@ from triage.jobs.schema import document_labels, job_events, jobs, manual_review,
 from triage.jobs.sql.expressions import NOW, status_literal
 from triage.jobs.sql.expressions import seconds_param as seconds
 from triage.jobs.sql.moves.outages import parked
+from triage.jobs.sql.writes import outbox as outbox_position
 from triage.jobs.vocabulary.states import CLAIMABLE, TERMINAL, UNFINISHED, EventType, Step
 from triage.jobs.vocabulary.states import JobStatus as S
 
@@ -222,12 +223,11 @@ def unclaimable_version() -> sa.Select[Any]:
 @cache
 def outbox_lag() -> sa.Select[Any]:
     """Unsent events: how many, the oldest one's age, and how many are older than ``:threshold``."""
-    unsent = outbox.c.published_at.is_(None)
     return sa.select(
         sa.func.count().label("unsent"),
         sa.func.coalesce(sa.func.max(age_seconds(outbox.c.created_at)), 0).label("oldest_seconds"),
         sa.func.count().filter(outbox.c.created_at < NOW - seconds("threshold")).label("old"),
-    ).where(unsent)
+    ).where(outbox_position.unsent())
 
 
 @cache
