@@ -213,6 +213,19 @@ def test_a_relay_waits_for_a_running_transaction_that_holds_committed_events_bac
     assert scalar(store, UNSENT) == 0
 
 
+def test_a_write_transaction_in_another_database_holds_nothing_back(store: JobStore, pg_server: DatabaseUrl) -> None:
+    """Airflow's metadata database may share the server: its open write transaction cannot
+    write the outbox, so the relay does not wait for it (``triage.outbox_horizon()``)."""
+    with psycopg.connect(pg_server.libpq()) as elsewhere:  # the server's ``postgres`` database
+        elsewhere.execute("SELECT pg_current_xact_id()")  # a write transaction, open throughout
+        store.register(new_jobs(5), batch_key=BATCH, step="classify", max_attempts=3)
+        sent: list[str] = []
+        started = time.monotonic()
+        assert _relay(store, sent, settle_seconds=10.0) == 5
+        assert time.monotonic() - started < 5.0
+        elsewhere.rollback()
+
+
 def test_the_unsent_counts_follow_the_watermark(store: JobStore) -> None:
     """The reconciliation's outbox lag and the batch summary count the events after the watermark."""
     from triage.jobs.sql.reads import checks

@@ -99,6 +99,26 @@ CREATE TABLE {S}.outbox_watermark (
 COMMENT ON TABLE {S}.outbox_watermark IS
     'How far the outbox relay has published: the (txid, event_id) of its last event in order';
 INSERT INTO {S}.outbox_watermark (txid, event_id) VALUES (0, '00000000-0000-0000-0000-000000000000');
+
+-- The relay's horizon: the oldest transaction running now that may have written this database's
+-- tables, as a txid (none: the next one's). A transaction of the snapshot is left out only when
+-- pg_stat_activity shows it running in another database (a backend never changes database, so
+-- that is never wrong; one it cannot place, or that ended since the snapshot, is kept: the
+-- horizon is then lower, never higher). Without it, a long write transaction in Airflow's
+-- metadata database on the same server would hold every event back.
+CREATE FUNCTION {S}.outbox_horizon() RETURNS bigint
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH s AS (SELECT pg_current_snapshot() AS snap),
+    elsewhere AS (
+        SELECT a.backend_xid::text::bigint AS xid FROM pg_stat_activity a
+         WHERE a.backend_xid IS NOT NULL
+           AND a.datid IS DISTINCT FROM (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+    )
+    SELECT least(pg_snapshot_xmax(s.snap)::text::bigint,
+                 (SELECT min(x::text::bigint) FROM pg_snapshot_xip(s.snap) AS x
+                   WHERE x::text::bigint % 4294967296 NOT IN (SELECT e.xid FROM elsewhere e)))
+      FROM s
+$$;
 """
 
 
@@ -121,10 +141,12 @@ def upgrade() -> None:
     # The review role reads every table (0021) and the reports count unsent events.
     op.execute(f"GRANT SELECT ON {S}.outbox_claims, {S}.outbox_watermark TO {REVIEW}")
     op.execute(f"GRANT SELECT ON {S}.outbox_watermark TO {MAINTENANCE}")
+    op.execute(f"GRANT EXECUTE ON FUNCTION {S}.outbox_horizon() TO {APP}, {REVIEW}, {MAINTENANCE}")
     op.execute(_drop_expired_partitions(NEW_KEEP))
 
 
 def downgrade() -> None:
+    op.execute(f"DROP FUNCTION {S}.outbox_horizon()")
     op.execute(_drop_expired_partitions(OLD_KEEP))
     op.execute(
         f"UPDATE {S}.outbox o SET published_at = now() FROM {S}.outbox_watermark w"

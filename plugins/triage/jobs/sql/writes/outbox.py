@@ -12,12 +12,13 @@ identity, a time) are drawn when a row is written, not when its transaction comm
 transaction that drew a lower id and commits after one that drew a higher id puts its event
 *behind* a watermark that has already passed the higher one: skipped, never sent. Here a claim
 reads only the events of transactions older than every transaction still running
-(``txid < pg_snapshot_xmin(pg_current_snapshot())``, in the claim's own statement): each such
+(``txid < pg_snapshot_xmin(pg_current_snapshot())``, in the claim's own statement; leaving out
+transactions running in another database of the server, which cannot write these tables): each such
 transaction has committed (its events visible to the claim) or aborted (it has none), and any
 transaction that commits later has a ``txid`` at or above that horizon, so no event can ever
 appear at or before a position the relay has read past. The price is latency, never loss: an
-open write transaction (anywhere in the cluster) holds back the events of transactions younger
-than it until it ends.
+open write transaction in this database holds back the events of transactions younger than it
+until it ends.
 
 A relay claims the next range after the last claim (or the watermark): one ``outbox_claims`` row
 (a token, the range, ``claimed_until``), and commits; sends it; then marks the claim sent and
@@ -151,8 +152,11 @@ def _chain_end() -> Any:
 
 
 def _horizon() -> ColumnElement[Any]:
-    """The oldest transaction running now, as a ``txid``: every transaction below it has ended."""
-    return sa.cast(sa.cast(sa.func.pg_snapshot_xmin(sa.func.pg_current_snapshot()), sa.Text), sa.BigInteger)
+    """The oldest transaction running now that may write this database, as a ``txid``: every
+    transaction below it that wrote an event has ended (``triage.outbox_horizon()``, migration
+    0029: ``pg_snapshot_xmin`` of the statement's snapshot, leaving out the transactions that
+    ``pg_stat_activity`` shows running in another database of the server)."""
+    return sa.func.triage.outbox_horizon(type_=sa.BigInteger)
 
 
 def _until() -> ColumnElement[Any]:
