@@ -237,7 +237,10 @@ def published_events(url: DatabaseUrl) -> int:
     import psycopg
 
     with psycopg.connect(url.libpq()) as conn:
-        row = conn.execute("SELECT count(*) FROM triage.outbox WHERE published_at IS NOT NULL").fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM triage.outbox"
+            " WHERE (txid, event_id) <= (SELECT txid, event_id FROM triage.outbox_watermark)"
+        ).fetchone()
     return int(row[0]) if row else 0
 
 

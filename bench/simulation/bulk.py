@@ -95,6 +95,18 @@ HISTORY = [
 ]
 
 
+def publish_loaded(conn: psycopg.Connection) -> None:
+    """The loaded history published: the relay's watermark (migration 0029) past its last event.
+    Nothing at a revision before 0029 (its events are published by their ``published_at``)."""
+    row = conn.execute("SELECT to_regclass('triage.outbox_watermark') IS NOT NULL").fetchone()
+    if row and row[0]:
+        conn.execute(
+            "UPDATE triage.outbox_watermark SET (txid, event_id) = (SELECT txid, event_id FROM triage.outbox"
+            " WHERE txid IS NOT NULL ORDER BY txid DESC, event_id DESC LIMIT 1)"
+            " WHERE EXISTS (SELECT FROM triage.outbox WHERE txid IS NOT NULL)"
+        )
+
+
 def load_retained(url: DatabaseUrl, lo: int, hi: int) -> float:
     """Jobs ``lo``..``hi`` of the simulation (job ``i`` is ``1 + i // DAILY`` days old: a ledger
     of ``n`` jobs holds ``n / DAILY`` days), and what the default retention keeps of their rows:
@@ -108,6 +120,7 @@ def load_retained(url: DatabaseUrl, lo: int, hi: int) -> float:
         for a in range(lo, hi, LOAD_CHUNK):
             conn.execute(statement, {"lo": a, "hi": min(hi, a + LOAD_CHUNK)})  # type: ignore[arg-type]
         conn.execute("SET session_replication_role = origin")
+        publish_loaded(conn)
         conn.execute("VACUUM ANALYZE")
     return time.perf_counter() - started
 
@@ -121,6 +134,7 @@ def load_history(conn: psycopg.Connection, n: int) -> None:
     for statement in HISTORY:
         conn.execute(statement)
     conn.execute("SET session_replication_role = origin")
+    publish_loaded(conn)
     conn.execute("VACUUM ANALYZE")
 
 

@@ -76,7 +76,10 @@ def ledger(deployment: Deployment, day: str) -> dict[str, object]:
             " WHERE starts_with(j.batch_key, :b)",
             b=b,
         ),
-        "unpublished": q("SELECT count(*) FROM triage.outbox WHERE published_at IS NULL"),
+        "unpublished": q(
+            "SELECT count(*) FROM triage.outbox"
+            " WHERE (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)"
+        ),
         "batches": q(
             "SELECT string_agg(status, ',' ORDER BY status) FROM triage.model_batches WHERE starts_with(batch_key, :b)",
             b=b,

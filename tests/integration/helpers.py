@@ -217,11 +217,23 @@ def age_rows(
         conn.execute(f"UPDATE triage.jobs SET created_at = %s, updated_at = %s {jobs_where}", (at, at, *args))
     conn.execute(f"UPDATE triage.job_events SET at = %s {where}", (at, *args))
     conn.execute(
-        "UPDATE triage.outbox SET created_at = %s, published_at = CASE WHEN published_at IS NOT NULL THEN %s END "
-        + where,
-        (at, at, *args),
+        "UPDATE triage.outbox SET created_at = %s " + where,
+        (at, *args),
     )
     conn.execute(f"UPDATE triage.classifications SET created_at = %s {where}", (at, *args))
     if jobs:
         conn.execute(f"UPDATE triage.document_labels SET updated_at = %s, job_created_at = %s {where}", (at, at, *args))
     conn.execute("SET session_replication_role = origin")
+
+
+def settle_outbox(store: Any) -> None:
+    """Wait until no committed outbox event waits behind a running transaction (another test's,
+    elsewhere in the cluster): a claim taken directly (not through the relay, which waits
+    itself) then sees every event committed so far."""
+    from triage.jobs.sql.writes import outbox as O
+    from triage.jobs.store.relay import settle
+
+    with store.transaction(None) as conn:
+        target = conn.execute(O.held_back()).scalar()
+    if target is not None:
+        settle(store.transaction, target, 10.0)

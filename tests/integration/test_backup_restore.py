@@ -74,7 +74,13 @@ def _counts(url: DatabaseUrl) -> dict[str, object]:
         out = {
             "by_state": dict(conn.execute(sa.text("SELECT status::text, count(*) FROM triage.jobs GROUP BY 1")).all()),
             "events": conn.execute(sa.text("SELECT count(*) FROM triage.job_events")).scalar(),
-            "outbox": conn.execute(sa.text("SELECT count(*), count(published_at) FROM triage.outbox")).one()._tuple(),
+            "outbox": conn.execute(
+                sa.text(
+                    "SELECT count(*), count(*) FILTER (WHERE (txid, event_id) <= (SELECT txid, event_id FROM triage.outbox_watermark)) FROM triage.outbox"
+                )
+            )
+            .one()
+            ._tuple(),
             "labels": conn.execute(sa.text("SELECT count(*) FROM triage.document_labels")).scalar(),
             "reviews": conn.execute(sa.text("SELECT count(*) FROM triage.manual_review")).scalar(),
             "partitions": conn.execute(

@@ -25,7 +25,7 @@ def settle(store: JobStore) -> None:
             *[Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "v")) for j in rest],
         ],
     )
-    store.relay(lambda events: None)
+    store.relay_all(lambda events: None)
 
 
 def broken(store: JobStore) -> dict[str, int]:
@@ -57,7 +57,7 @@ def test_a_settled_batch_keeps_every_invariant(store: JobStore) -> None:
         ),
         pytest.param(
             [
-                "UPDATE triage.outbox SET published_at = NULL WHERE event_id = (SELECT event_id FROM"
+                "UPDATE triage.outbox SET txid = pg_current_xact_id()::text::bigint WHERE event_id = (SELECT event_id FROM"
                 " triage.outbox WHERE event_type = 'job.completed' LIMIT 1)"
             ],
             {"one_published_event_per_completion": 1},

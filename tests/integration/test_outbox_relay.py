@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from tests.integration.helpers import new_jobs
+from tests.integration.helpers import new_jobs, settle_outbox
 from triage import migrations
 from triage.contracts.events import WorkEvent, parse_event
 from triage.database import DatabaseUrl, create_engine
@@ -88,7 +88,13 @@ def test_two_relays_at_once_append_every_event_once(store: JobStore, tmp_path: P
     ids = file_ids(path)
     assert set(ids) == outbox_ids(store)  # nothing lost ...
     assert len(ids) == len(set(ids)) == 24_000  # ... and, with no crash, nothing twice
-    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 0
+    assert (
+        scalar(
+            store,
+            "SELECT count(*) FROM triage.outbox WHERE (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)",
+        )
+        == 0
+    )
     assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0
 
 
@@ -248,7 +254,13 @@ def test_a_relay_holds_no_transaction_while_the_webhook_is_called(
             sink.close()
     assert hook.seen == {"open_transactions": 0, "lockable": True, "second_relay_sent": 0}
     assert sorted(hook.received) == sorted(outbox_ids(store))
-    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 0
+    assert (
+        scalar(
+            store,
+            "SELECT count(*) FROM triage.outbox WHERE (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)",
+        )
+        == 0
+    )
 
 
 def test_a_relay_that_died_mid_send_leaves_its_events_to_the_next_once_its_claim_runs_out(
@@ -256,6 +268,7 @@ def test_a_relay_that_died_mid_send_leaves_its_events_to_the_next_once_its_claim
 ) -> None:
     register(store, 30)
     dead = uuid.uuid4()
+    settle_outbox(store)
     with store.transaction(None) as conn:  # what the relay committed before it died sending
         conn.execute(O.claim_lock())
         claimed = conn.execute(O.claim_events(), {"limit": 20, "token": dead, "lease_seconds": 0.5}).all()
@@ -266,7 +279,7 @@ def test_a_relay_that_died_mid_send_leaves_its_events_to_the_next_once_its_claim
         conn.execute(sa.text("SELECT pg_sleep(0.6)"))
     assert publish_all(store, JsonlEventSink(path)) == 20
     with store.transaction(None) as conn:  # the "dead" relay was only slow: its late mark is fenced
-        assert conn.execute(O.mark_published(), {"token": dead}).rowcount == 0
+        assert conn.execute(O.mark_published(), {"claim_token": dead}).rowcount == 0
     ids = file_ids(path)
     assert sorted(ids) == sorted(outbox_ids(store))
     assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0
@@ -275,18 +288,25 @@ def test_a_relay_that_died_mid_send_leaves_its_events_to_the_next_once_its_claim
 # -- the upgrade ---------------------------------------------------------------------------
 
 
-def test_events_left_unsent_before_the_upgrade_are_relayed_after_it(
+def test_events_left_unsent_across_the_watermark_migration_are_relayed_after_it(
     fresh_database: DatabaseUrl, tmp_path: Path
 ) -> None:
-    migrations.upgrade(fresh_database, "0006")
+    """3 of 7 events published, then down to 0025 (the watermark becomes ``published_at``) and
+    up again (the 4 unsent get their envelope from their jobs and a position after the
+    watermark): exactly those 4 are relayed, each a whole event."""
+    migrations.upgrade(fresh_database)
     engine = create_engine(fresh_database, poolclass=sa.NullPool)
     try:
-        old = JobStore(engine)
-        register(old, 7)
+        store = JobStore(engine)
+        register(store, 7)
+        first = tmp_path / "first.jsonl"
+        assert store.relay(JsonlEventSink(first).publish, limit=3) == 3
+        migrations.downgrade(fresh_database, "0025")
+        assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 4
         migrations.upgrade(fresh_database)
-        path = tmp_path / "events.jsonl"
-        assert publish_all(old, JsonlEventSink(path)) == 7
-        assert sorted(file_ids(path)) == sorted(outbox_ids(old))
+        second = tmp_path / "second.jsonl"
+        assert publish_all(store, JsonlEventSink(second)) == 4
+        assert sorted(file_ids(first) + file_ids(second)) == sorted(outbox_ids(store))
     finally:
         engine.dispose()
 
@@ -301,5 +321,11 @@ def test_a_file_that_does_not_end_in_an_event_line_is_refused_not_cut(store: Job
     with pytest.raises(P.EventLogDamaged, match="does not end in an event line"):
         publish_all(store, JsonlEventSink(path))
     assert path.stat().st_size == P.MAX_TORN_BYTES + 10
-    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 3
+    assert (
+        scalar(
+            store,
+            "SELECT count(*) FROM triage.outbox WHERE (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)",
+        )
+        == 3
+    )
     assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0  # released at once

@@ -47,7 +47,7 @@ def file_ids(path: Path) -> list[str]:
 
 def unpublish_all(store: JobStore) -> None:
     with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE triage.outbox SET published_at = NULL"))
+        conn.execute(sa.text("UPDATE triage.outbox SET txid = pg_current_xact_id()::text::bigint"))
 
 
 class Failing:
@@ -72,7 +72,13 @@ def test_jsonl_sink_writes_each_event_exactly_once(store: JobStore, tmp_path: Pa
     ids = file_ids(path)
     assert len(ids) == len(set(ids)) == 10
     assert set(ids) == outbox_ids(store)
-    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 0
+    assert (
+        scalar(
+            store,
+            "SELECT count(*) FROM triage.outbox WHERE (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)",
+        )
+        == 0
+    )
     events = [parse_event(line) for line in path.read_bytes().splitlines()]
     refs = {r.id: (r.correlation_id, r.payload_ref) for r in rows(store, "SELECT * FROM triage.jobs")}
     assert all((e.correlation_id, e.payload_ref) == refs[e.job_id] for e in events)
@@ -90,7 +96,13 @@ def test_a_failing_sink_leaves_events_unsent_and_a_later_run_sends_them_once(sto
     with pytest.raises(ConnectionError):
         publish_all(store, failing)
     assert failing.calls == 1
-    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 6
+    assert (
+        scalar(
+            store,
+            "SELECT count(*) FROM triage.outbox WHERE (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)",
+        )
+        == 6
+    )
     path = tmp_path / "out.jsonl"
     assert publish_all(store, JsonlEventSink(path)) == 6
     assert publish_all(store, JsonlEventSink(path)) == 0
@@ -116,7 +128,13 @@ def test_jsonl_sink_skips_ids_already_written_after_a_crash_before_marking(
     assert after.startswith(before)
     ids = file_ids(path)
     assert len(ids) == len(set(ids)) == 7  # ... but only the two new ones written
-    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 0
+    assert (
+        scalar(
+            store,
+            "SELECT count(*) FROM triage.outbox WHERE (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)",
+        )
+        == 0
+    )
 
 
 def test_jsonl_sink_recovers_from_a_torn_last_line(store: JobStore, tmp_path: Path) -> None:
@@ -129,7 +147,10 @@ def test_jsonl_sink_recovers_from_a_torn_last_line(store: JobStore, tmp_path: Pa
     torn = file_ids(path)[-1]
     path.write_bytes(whole[: len(whole) - 40])  # the last event torn mid-line, no newline
     with store.engine.begin() as conn:  # the commit that would have marked it never happened
-        conn.execute(sa.text("UPDATE triage.outbox SET published_at = NULL WHERE event_id = :id"), {"id": torn})
+        conn.execute(
+            sa.text("UPDATE triage.outbox SET txid = pg_current_xact_id()::text::bigint WHERE event_id = :id"),
+            {"id": torn},
+        )
     assert publish_all(store, JsonlEventSink(path)) == 1
     good = []
     for line in path.read_bytes().splitlines():
@@ -222,7 +243,13 @@ def test_webhook_failure_marks_nothing_and_the_retry_repeats_keys(store: JobStor
     try:
         with pytest.raises(httpx.HTTPStatusError):
             publish_all(store, sink)
-        assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 4
+        assert (
+            scalar(
+                store,
+                "SELECT count(*) FROM triage.outbox WHERE (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)",
+            )
+            == 4
+        )
         first_try = hook.keys()
         assert len(first_try) == 3
         assert publish_all(store, sink) == 4
@@ -234,4 +261,10 @@ def test_webhook_failure_marks_nothing_and_the_retry_repeats_keys(store: JobStor
     assert set(keys) == outbox_ids(store)
     assert len(keys) == 3 + 4
     assert set(keys[3:]) == outbox_ids(store)
-    assert scalar(store, "SELECT count(*) FROM triage.outbox WHERE published_at IS NULL") == 0
+    assert (
+        scalar(
+            store,
+            "SELECT count(*) FROM triage.outbox WHERE (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)",
+        )
+        == 0
+    )

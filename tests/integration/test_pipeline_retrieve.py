@@ -185,7 +185,7 @@ def test_every_registered_job_has_one_registered_event(store: JobStore, tmp_path
     assert rows(
         store,
         """
-        SELECT count(*) FILTER (WHERE o.event_type = 'job.registered' AND o.attempt = 0 AND o.published_at IS NULL),
+        SELECT count(*) FILTER (WHERE o.event_type = 'job.registered' AND o.attempt = 0 AND (o.txid, o.event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)),
                count(*)
         FROM triage.jobs j LEFT JOIN triage.outbox o ON o.job_id = j.id
     """,

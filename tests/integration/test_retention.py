@@ -58,8 +58,13 @@ def _age(url: DatabaseUrl, job_ids: list[uuid.UUID], days_ago: int) -> None:
 
 def _publish_all_but(url: DatabaseUrl, keep_unsent: list[uuid.UUID]) -> None:
     with _owner(url) as conn:
+        # The watermark past every event, then the kept ones after it (written by a later transaction).
         conn.execute(
-            "UPDATE triage.outbox SET published_at = created_at WHERE job_id <> ALL(%s::uuid[])",
+            "UPDATE triage.outbox_watermark SET (txid, event_id) ="
+            " (SELECT txid, event_id FROM triage.outbox ORDER BY txid DESC, event_id DESC LIMIT 1)"
+        )
+        conn.execute(
+            "UPDATE triage.outbox SET txid = pg_current_xact_id()::text::bigint WHERE job_id = ANY(%s::uuid[])",
             ([str(i) for i in keep_unsent],),
         )
 
@@ -194,7 +199,7 @@ def test_retention_removes_what_expired_keeps_what_is_open_and_reconciliation_ag
     # The outbox: OLD's published day went; OLDISH's holds the unsent event: kept whole.
     assert kinds["outbox"].removed == 6
     assert kinds["outbox"].kept_open == 1
-    unsent = f"SELECT count(*) FROM triage.outbox WHERE job_id = '{queued[0]}' AND published_at IS NULL"
+    unsent = f"SELECT count(*) FROM triage.outbox WHERE job_id = '{queued[0]}' AND (txid, event_id) > (SELECT txid, event_id FROM triage.outbox_watermark)"
     assert _count(engine, unsent) == 1
     assert _count(engine, "SELECT count(*) FROM triage.outbox") == 5 + 4  # and the recent jobs' 4
     # Classifications: the five old completed jobs'; the recent ones stay.

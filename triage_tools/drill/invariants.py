@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from triage.jobs.schema import document_labels, job_events, jobs, manual_review, outbox
 from triage.jobs.sql.audit_samples import is_open_audit_sample
-from triage.jobs.sql.expressions import status_literal
+from triage.jobs.sql.expressions import published_event, status_literal
 from triage.jobs.sql.reads.checks import COMPLETION_EVENTS, in_state
 from triage.jobs.vocabulary.states import SETTLED
 from triage.jobs.vocabulary.states import JobStatus as S
@@ -128,9 +128,7 @@ def one_open_review_per_review_job() -> sa.Select[Any]:
 def one_published_event_per_completion() -> sa.Select[Any]:
     published = (
         sa.select(sa.func.count())
-        .where(
-            outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS), outbox.c.published_at.is_not(None)
-        )
+        .where(outbox.c.job_id == jobs.c.id, outbox.c.event_type.in_(COMPLETION_EVENTS), published_event())
         .scalar_subquery()
     )
     return _count(_moves_into_completed() != published)

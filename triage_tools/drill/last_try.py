@@ -30,6 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from triage.jobs.schema import job_events, jobs, manual_review, outbox
+from triage.jobs.sql.expressions import unsent_event
 from triage.jobs.vocabulary.models import REPAIRER
 from triage.jobs.vocabulary.states import UNFINISHED
 from triage.jobs.vocabulary.states import JobStatus as S
@@ -136,7 +137,7 @@ def last_try_invariants(
     unsent = conn.execute(
         sa.select(sa.func.count())
         .select_from(outbox.join(jobs, jobs.c.id == outbox.c.job_id))
-        .where(of_batch, outbox.c.published_at.is_(None))
+        .where(of_batch, unsent_event())
     ).scalar_one()
     tries = f"try {kill.try_number} of {kill.max_tries + 1}" if kill is not None else "no kill"
     return [

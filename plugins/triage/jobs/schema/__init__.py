@@ -324,29 +324,60 @@ outbox = sa.Table(
     sa.Column("event_type", sa.Text, nullable=False),
     sa.Column("schema_version", sa.Integer, nullable=False),
     sa.Column("attempt", sa.Integer, nullable=False),
-    # Extra data of the event type. The envelope (ids, attempt, time) lives in columns and the
-    # job's correlation_id and payload_ref are joined at relay time: building a JSON document
-    # per event inside the completing transaction cost more than the job update itself.
+    # Extra data of the event type. The envelope (ids, attempt, time, and the job's correlation
+    # id and payload reference, migration 0029) lives in columns of the row, written with the
+    # fact: the relay joins nothing. A JSON document per event built inside the completing
+    # transaction cost more than the job update itself; the relay builds it from these columns.
     sa.Column("payload", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.Column("created_at", sa.DateTime(timezone=True), primary_key=True, server_default=NOW),
+    # Set for the events published before migration 0029 only; since, an event is published once
+    # ``outbox_watermark`` has passed its (txid, event_id) (:mod:`triage.jobs.sql.writes.outbox`).
     sa.Column("published_at", sa.DateTime(timezone=True)),
-    # Serves the outbox relay: unsent events, oldest first.
-    sa.Index("outbox_unpublished_idx", "created_at", postgresql_where=sa.text("published_at IS NULL")),
+    # Written with the fact (0029); NULL only in rows published before 0029 (their envelope was joined).
+    sa.Column("correlation_id", sa.Text),
+    sa.Column("payload_ref", sa.Text),
+    # The id of the transaction that wrote the event (``pg_current_xact_id()``), NULL only in rows
+    # published before 0029: the relay's order and watermark are (txid, event_id), read only below
+    # the oldest transaction still running, so no event can commit behind the watermark (0029).
+    sa.Column("txid", sa.BigInteger, server_default=sa.text("(pg_current_xact_id())::text::bigint")),
+    # Serves the outbox relay (the events after the watermark, in order) and the unsent counts.
+    sa.Index("outbox_relay_order_idx", "txid", "event_id"),
     sa.Index("outbox_job_id_idx", "job_id"),
     postgresql_partition_by="RANGE (created_at)",  # one partition per UTC day; retention drops whole days
 )
 
-# A relay's claim on a batch of unsent events while it sends them outside any transaction (migration
-# 0007): other relays leave the events alone until ``claimed_until``; marking them published deletes
-# the claim. One row per batch: a claim costs one insert, not a row update per event.
+# How far the relay has published (migration 0029): one row, the (txid, event_id) of the last
+# event of the longest run of sent batches from the start. Every event at or before it is
+# published; an event after it is not yet (or is in a sent batch behind one still being sent).
+outbox_watermark = sa.Table(
+    "outbox_watermark",
+    metadata,
+    sa.Column("id", sa.Boolean, primary_key=True, server_default=sa.true()),
+    sa.Column("txid", sa.BigInteger, nullable=False),
+    sa.Column("event_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("advanced_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.CheckConstraint("id", name="one_row"),
+    comment="How far the outbox relay has published: the (txid, event_id) of its last event in order",
+)
+
+# A relay's claim on a range of events while it sends them outside any transaction (0007; ranges
+# since 0029): the events after (after_txid, after_event_id) up to and with (upto_txid,
+# upto_event_id). The claims continue one another from the watermark; a sent claim is folded into
+# the watermark once every claim before it is sent. One row per batch, no write per event.
 outbox_claims = sa.Table(
     "outbox_claims",
     metadata,
     sa.Column("token", pg.UUID(as_uuid=True), primary_key=True),
     sa.Column("claimed_until", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("event_ids", pg.ARRAY(pg.UUID(as_uuid=True)), nullable=False),
+    sa.Column("after_txid", sa.BigInteger, nullable=False),
+    sa.Column("after_event_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("upto_txid", sa.BigInteger, nullable=False),
+    sa.Column("upto_event_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("events", sa.Integer, nullable=False),
+    sa.Column("sent", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
-    comment="A relay's claim on a batch of unsent outbox events while it sends them",
+    sa.UniqueConstraint("after_txid", "after_event_id", name="outbox_claims_after_key"),
+    comment="A relay's claim on a range of outbox events while it sends them",
 )
 
 # One row per replay by filter (migration 0008), keyed by a digest of its filter and note: the same submission

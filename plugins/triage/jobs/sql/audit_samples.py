@@ -189,7 +189,7 @@ def correct_audit_sample() -> Any:
             logged.select_from(sample).scalar_subquery().is_not(None),
         )
         .values(corrections=jobs.c.corrections + 1, status_reason=CORRECTED, updated_at=NOW)
-        .returning(jobs.c.id, jobs.c.attempt)
+        .returning(jobs.c.id, jobs.c.attempt, jobs.c.correlation_id, jobs.c.payload_ref)
         .cte("moved")
     )
     resolved = _resolve(sample, CORRECTED, only_if=moved).cte("resolved")
@@ -207,15 +207,18 @@ def correct_audit_sample() -> Any:
         "resolved_by",
         _text("p_actor"),
     )
+    # The whole envelope goes into the row with the fact: the relay reads the outbox alone (0029).
     event = sa.select(
-        moved.c.id, sa.literal(EventType.COMPLETED.value), sa.literal(EVENT_SCHEMA_VERSION), moved.c.attempt, payload
+        moved.c.id,
+        sa.literal(EventType.COMPLETED.value),
+        sa.literal(EVENT_SCHEMA_VERSION),
+        moved.c.attempt,
+        moved.c.correlation_id,
+        moved.c.payload_ref,
+        payload,
     )
-    return (
-        sa.insert(outbox)
-        .from_select(["job_id", "event_type", "schema_version", "attempt", "payload"], event)
-        .returning(outbox.c.job_id)
-        .add_cte(resolved)
-    )
+    columns = ["job_id", "event_type", "schema_version", "attempt", "correlation_id", "payload_ref", "payload"]
+    return sa.insert(outbox).from_select(columns, event).returning(outbox.c.job_id).add_cte(resolved)
 
 
 def awaits_decision() -> ColumnElement[bool]:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
-from triage.jobs.schema import classifications, job_status, jobs, manual_review, outbox
+from triage.jobs.schema import classifications, job_status, jobs, manual_review, outbox, outbox_watermark
 from triage.jobs.vocabulary.states import OUTAGE_PREFIX, EventType
 from triage.jobs.vocabulary.states import JobStatus as S
 
@@ -72,14 +72,15 @@ def outbox_insert(
     payload: ColumnElement[Any] | None = None,
     where: ColumnElement[bool] | None = None,
 ) -> Any:
-    """INSERT one outbox event per row of ``rows`` (a CTE returning the job's id and attempt,
-    and the ``event_id`` when the batch brings one: :func:`event_ids`; else the column's
-    ``gen_random_uuid()``), for the rows ``where`` holds.
+    """INSERT one outbox event per row of ``rows`` (a CTE returning the job's id, attempt,
+    correlation id and payload reference: :data:`EVENT_COLUMNS`, and the ``event_id`` when the
+    batch brings one: :func:`event_ids`; else the column's ``gen_random_uuid()``), for the rows
+    ``where`` holds.
 
-    The envelope goes into columns; :func:`triage.jobs.sql.writes.outbox.claim_events` joins the job's
-    correlation id and payload reference when the relay claims it. ``payload`` is the event
-    type's data (a JSONB expression over ``rows``; none: ``{}``), what
-    :mod:`triage.contracts.events` names for each type, never document text.
+    The whole envelope goes into the row with the fact, so the relay reads the outbox alone
+    (:func:`triage.jobs.sql.writes.outbox.claim_events`). ``payload`` is the event type's data (a
+    JSONB expression over ``rows``; none: ``{}``), what :mod:`triage.contracts.events` names for
+    each type, never document text.
     """
     given = ["event_id"] if "event_id" in rows.c else []
     extra = [] if payload is None else [payload]
@@ -89,11 +90,14 @@ def outbox_insert(
         sa.literal(event_type.value),
         sa.literal(EVENT_SCHEMA_VERSION),
         rows.c.attempt,
+        rows.c.correlation_id,
+        rows.c.payload_ref,
         *extra,
     )
     if where is not None:
         select = select.where(where)
-    columns = [*given, "job_id", "event_type", "schema_version", "attempt", *(["payload"] if extra else [])]
+    envelope = ["job_id", "event_type", "schema_version", "attempt", "correlation_id", "payload_ref"]
+    columns = [*given, *envelope, *(["payload"] if extra else [])]
     return sa.insert(outbox).from_select(columns, select)
 
 
@@ -116,8 +120,9 @@ _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 """The RFC 9562 variant (binary ``10``) in the nibble that carries it, from a random hex digit."""
 
 
-EVENT_COLUMNS = (jobs.c.id, jobs.c.attempt)
-MOVED = (jobs.c.id, jobs.c.status, jobs.c.status_reason, jobs.c.attempt, jobs.c.last_error_class, jobs.c.last_error)
+EVENT_COLUMNS = (jobs.c.id, jobs.c.attempt, jobs.c.correlation_id, jobs.c.payload_ref)
+"""What a move that writes an event returns: the job's part of the event's envelope."""
+MOVED = (*EVENT_COLUMNS, jobs.c.status, jobs.c.status_reason, jobs.c.last_error_class, jobs.c.last_error)
 """What a move that may end in ``manual_review`` returns: enough for :func:`review_rows`."""
 
 
@@ -167,3 +172,27 @@ def latest_answer() -> Any:
 def parked() -> ColumnElement[bool]:
     """The job is parked on an outage (whatever its due time)."""
     return sa.and_(jobs.c.status == status_literal(S.WAITING), sa.func.starts_with(jobs.c.status_reason, OUTAGE_PREFIX))
+
+
+def outbox_position(txid: Any, event_id: Any) -> ColumnElement[Any]:
+    """A position in the relay's order, ``(txid, event_id)`` (:mod:`triage.jobs.sql.writes.outbox`)."""
+    return sa.tuple_(txid, event_id)
+
+
+def _outbox_watermark() -> ColumnElement[Any]:
+    """The watermark as a row of two InitPlans: an index condition, read once a statement."""
+    return outbox_position(
+        sa.select(outbox_watermark.c.txid).scalar_subquery(), sa.select(outbox_watermark.c.event_id).scalar_subquery()
+    )
+
+
+def unsent_event() -> ColumnElement[bool]:
+    """An outbox row not published yet: after the watermark (an event published before migration
+    0029 has no ``txid`` and is not). Served by ``outbox_relay_order_idx``: reads the unsent
+    events only, however long the history."""
+    return outbox_position(outbox.c.txid, outbox.c.event_id) > _outbox_watermark()
+
+
+def published_event() -> ColumnElement[bool]:
+    """An outbox row published: at or before the watermark, or published before 0029."""
+    return sa.or_(outbox.c.txid.is_(None), outbox_position(outbox.c.txid, outbox.c.event_id) <= _outbox_watermark())

@@ -346,15 +346,16 @@ class JobStore(Ledger):
         actor: str = "outbox_relay",
         claim_seconds: float = 300.0,
     ) -> int:
-        """Send up to ``limit`` unsent events through ``publish`` and mark them sent.
+        """Send up to ``limit`` unsent events through ``publish`` and advance the watermark past them.
 
-        Three short transactions, none open while ``publish`` runs (a webhook batch may take
-        long): claim the events (:func:`triage.jobs.sql.writes.outbox.claim_events`; other relays skip
-        them for ``claim_seconds``), send them, mark them published (fenced on the claim). If
-        ``publish`` raises, the claim is released and the events go out next time. If the
-        process dies between sending and marking, the claim runs out and another relay sends
-        them again: delivery is at least once, and the event id lets the receiver refuse a
-        duplicate. ``actor`` names the relay in its log lines (the outbox has no event log)."""
+        Two short transactions, none open while ``publish`` runs (a webhook batch may take
+        long): claim the next range of events (:func:`triage.jobs.sql.writes.outbox.claim_events`;
+        other relays skip it for ``claim_seconds``), send them, mark the claim sent and advance
+        the watermark (fenced on the claim). If ``publish`` raises, the claim is released and
+        the events go out next time. If the process dies between sending and marking, the claim
+        runs out and another relay takes it over and sends them again: delivery is at least
+        once, and the event id lets the receiver refuse a duplicate. ``actor`` names the relay
+        in its log lines (the outbox has no event log)."""
         return relay_events(self.transaction, publish, limit=limit, actor=actor, claim_seconds=claim_seconds)
 
     def relay_all(

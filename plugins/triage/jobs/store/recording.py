@@ -229,7 +229,7 @@ def _review_context(outcome: SendToReview) -> Mapping[str, Any]:
     """The review row's context, with the uncertainty of the answer that sent the job there: the
     key of the queue least sure first (:mod:`triage.jobs.sql.reads.review_uncertainty`)."""
     record = outcome.classification
-    if record is None:
+    if record is None or record.outcome == "rejected":  # no answer to be unsure of: it comes last
         return outcome.context
     value = answer_uncertainty(record.candidates, record.confidence)
     return outcome.context if value is None else {**outcome.context, "uncertainty": value}

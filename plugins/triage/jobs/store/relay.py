@@ -1,10 +1,12 @@
-"""The outbox relay: send unsent events through a sink and mark them published, batch after
-batch, one short transaction between two sends (:mod:`triage.jobs.sql.writes.outbox` has the statements).
+"""The outbox relay: send unsent events through a sink and advance the published-up-to
+watermark, batch after batch, one short transaction between two sends
+(:mod:`triage.jobs.sql.writes.outbox` has the statements and says why the watermark skips nothing).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -21,6 +23,11 @@ Transaction = Callable[[str | None], AbstractContextManager[sa.Connection]]
 
 log = logging.getLogger(__name__)
 
+SETTLE_SECONDS = 10.0
+"""How long a relay waits for a running transaction that holds committed events back (a write
+transaction open longer than this leaves them to the next relay; reconciliation reports them
+as outbox lag once they are old)."""
+
 
 def relay_events(
     transaction: Transaction,
@@ -30,22 +37,36 @@ def relay_events(
     actor: str,
     claim_seconds: float,
     batches: int | None = 1,
+    settle_seconds: float = SETTLE_SECONDS,
 ) -> int:
     """:meth:`triage.jobs.store.JobStore.relay` (one batch) and
     :meth:`~triage.jobs.store.JobStore.relay_all` (``batches=None``: until none is left), in the
     store's ``transaction``.
 
-    A stream of batches: claim a batch, send it, then mark it published and claim the next in
-    one transaction, so a batch costs one commit, none flushed (:func:`triage.jobs.sql.writes.outbox.claim_lock`
-    says why that is safe). No transaction is open while ``publish`` runs. Events go out
-    oldest first, batch after batch; each is sent once unless a claim ran out (at least once).
+    A stream of batches: claim a range, send it, then mark it sent, advance the watermark and
+    claim the next in one transaction, so a batch costs one commit, none flushed
+    (:func:`triage.jobs.sql.writes.outbox.claim_lock` says why that is safe), and no write per
+    event. No transaction is open while ``publish`` runs. Events go out in the order their
+    transactions wrote them, batch after batch; each is sent once unless a claim ran out (at
+    least once: a claim that ran out is taken over and sent again before anything new).
+
+    A claim takes only events of transactions older than every one still running (the
+    watermark's rule). So that a relay sends every event committed before it started, it first
+    waits (up to ``settle_seconds``, polling) for the transactions running then to end when
+    committed events wait behind one of them: a worker's commit in flight, a moment. Events
+    committed while it streams and held back at its end are the next relay's.
     """
     if limit < 1 or claim_seconds <= 0:
         raise ValueError("relay needs limit >= 1 and claim_seconds > 0")
     params = {"limit": limit, "lease_seconds": claim_seconds}
     token = uuid.uuid4()
     with transaction(None) as conn:  # no job moves here: no actor to set
-        rows = _claim(conn, token, params)
+        target = conn.execute(O.held_back()).scalar()
+        rows = _claim(conn, token, params) if target is None else []
+    if target is not None:
+        settle(transaction, target, settle_seconds)
+        with transaction(None) as conn:
+            rows = _claim(conn, token, params)
     sent = 0
     while rows:
         events = _send(transaction, publish, rows, token, actor)
@@ -53,13 +74,14 @@ def relay_events(
         done, batches = token, None if batches is None else batches - 1
         token = uuid.uuid4()
         with transaction(None) as conn:
-            marked = conn.execute(O.mark_published(), {"token": done}).rowcount
+            conn.execute(O.claim_lock())
+            marked = conn.execute(O.mark_published(), {"claim_token": done}).scalar()
+            conn.execute(O.advance_watermark())
             rows = _claim(conn, token, params) if batches != 0 else []
-        if marked < len(events):
+        if marked is None:
             log.warning(
-                "%s: %d of %d events sent under claim %s were claimed again after it ran out; they will be sent again",
+                "%s: the %d events sent under claim %s were taken over after it ran out; they will be sent again",
                 actor,
-                len(events) - marked,
                 len(events),
                 done,
             )
@@ -67,8 +89,25 @@ def relay_events(
 
 
 def _claim(conn: sa.Connection, token: uuid.UUID, params: dict[str, Any]) -> list[Any]:
+    """A claim that ran out first (its range is behind every other), else the next range."""
     conn.execute(O.claim_lock())
-    return list(conn.execute(O.claim_events(), {**params, "token": token}).all())
+    rows = list(conn.execute(O.take_over_expired(), {"lease_seconds": params["lease_seconds"], "new_token": token}))
+    return rows or list(conn.execute(O.claim_events(), {**params, "token": token}))
+
+
+def settle(transaction: Transaction, target: int, settle_seconds: float) -> None:
+    """Wait until the horizon reaches ``target`` (:func:`triage.jobs.sql.writes.outbox.held_back`:
+    every transaction running then has ended), polling 10 ms doubling to 200 ms, for up to
+    ``settle_seconds``. Never for transactions that start later: a busy ledger cannot starve
+    the relay."""
+    deadline = time.monotonic() + settle_seconds
+    pause = 0.01
+    while time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(2 * pause, 0.2)
+        with transaction(None) as conn:
+            if conn.execute(O.horizon()).scalar_one() >= target:
+                return
 
 
 def _send(
@@ -82,7 +121,7 @@ def _send(
     except BaseException:
         try:
             with transaction(None) as conn:
-                conn.execute(O.release_events(), {"token": token})
+                conn.execute(O.release_events(), {"claim_token": token})
         except Exception as exc:  # noqa: BLE001 - the sink's error is the one to raise; the claim runs out
             log.warning(
                 "%s: claim %s not released (%s); its events wait until it runs out", actor, token, type(exc).__name__

@@ -44,11 +44,12 @@ OPEN = "resolved_at IS NULL"
 BACKFILL = f"""
 UPDATE {S}.manual_review m
    SET context = m.context || jsonb_build_object('uncertainty', latest.confidence)
-  FROM (SELECT DISTINCT ON (c.job_id) c.job_id, c.confidence
+  FROM (SELECT DISTINCT ON (c.job_id) c.job_id, c.confidence, c.outcome
           FROM {S}.classifications c
           JOIN {S}.manual_review r ON r.job_id = c.job_id AND r.resolved_at IS NULL
          ORDER BY c.job_id, c.attempt DESC) latest
  WHERE m.job_id = latest.job_id AND m.resolved_at IS NULL AND latest.confidence IS NOT NULL
+   AND latest.outcome <> 'rejected'
    AND NOT m.context ? 'uncertainty'
 """
 

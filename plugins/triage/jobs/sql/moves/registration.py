@@ -141,7 +141,7 @@ def accept_jobs() -> Any:
         from_=given.join(actor, sa.true()),
     )
     registered = (
-        sa.select(given.c.event_id, inserted.c.id, inserted.c.attempt)
+        sa.select(given.c.event_id, inserted.c.id, inserted.c.attempt, inserted.c.correlation_id, given.c.payload_ref)
         .join_from(inserted, given, given.c.id == inserted.c.id)
         .cte("registered")
     )

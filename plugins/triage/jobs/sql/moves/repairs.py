@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from triage.jobs.schema import classifications, jobs, manual_review, outbox
 from triage.jobs.sql import state_events as E
 from triage.jobs.sql.expressions import (
+    EVENT_COLUMNS,
     MOVED,
     NOW,
     outbox_insert,
@@ -53,11 +54,11 @@ def queue_stuck_received() -> Any:
         sa.update(jobs)
         .where(jobs.c.status == status_literal(S.RECEIVED), jobs.c.updated_at < NOW - seconds_param("threshold"))
         .values(status=status_literal(S.QUEUED), status_reason="reconciliation_queued", updated_at=NOW)
-        .returning(jobs.c.id, jobs.c.attempt)
+        .returning(*EVENT_COLUMNS)
         .cte("moved")
     )
     has_event = sa.exists().where(outbox.c.job_id == moved.c.id, outbox.c.event_type == EventType.REGISTERED.value)
-    missing = sa.select(moved.c.id, moved.c.attempt).where(~has_event).cte("missing")
+    missing = sa.select(moved).where(~has_event).cte("missing")
     return sa.select(moved.c.id).add_cte(outbox_insert(missing, EventType.REGISTERED).cte("events"))
 
 
@@ -125,7 +126,7 @@ def append_missing_completion_events() -> Any:
         .lateral("answer")
     )
     rows = (
-        sa.select(jobs.c.id, jobs.c.attempt, answer.c.label, answer.c.confidence, answer.c.classifier_version)
+        sa.select(*EVENT_COLUMNS, answer.c.label, answer.c.confidence, answer.c.classifier_version)
         .outerjoin(answer, sa.true())
         .where(*C.completed_without_completion_event())
         .cte("rows")

@@ -20,7 +20,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from triage.contracts.replay import ReplayFilter
 from triage.jobs.schema import job_events, jobs, manual_review, outbox, replay_requests
-from triage.jobs.sql.expressions import NO_LEASE, NOW, fresh_budget, outbox_insert, status_literal
+from triage.jobs.sql.expressions import EVENT_COLUMNS, NO_LEASE, NOW, fresh_budget, outbox_insert, status_literal
 from triage.jobs.vocabulary.states import EventType
 from triage.jobs.vocabulary.states import JobStatus as S
 
@@ -145,7 +145,7 @@ def requeued(where: list[ColumnElement[bool]], reason: ColumnElement[Any], *, wi
             **NO_LEASE,
             **fresh_budget(),
         )
-        .returning(jobs.c.id, jobs.c.attempt)
+        .returning(*EVENT_COLUMNS)
         .cte("moved")
     )
     resolved = (

@@ -17,9 +17,9 @@ from sqlalchemy.sql.elements import ColumnElement
 from triage.jobs.schema import jobs, manual_review, outbox
 from triage.jobs.sql.expressions import (
     EVENT_COLUMNS,
-    EVENT_SCHEMA_VERSION,
     NOW,
     UUID,
+    outbox_insert,
     status_literal,
 )
 from triage.jobs.sql.moves.replays import requeued
@@ -73,10 +73,7 @@ def _resolve_review(moved: Any, resolution: str, context: ColumnElement[Any] | N
 
 def _review_event(moved: Any, event_type: EventType, payload: ColumnElement[Any]) -> Any:
     """The decision's outbox event; its payload says what was decided and by whom (never a document)."""
-    return sa.insert(outbox).from_select(
-        ["job_id", "event_type", "schema_version", "attempt", "payload"],
-        sa.select(moved.c.id, sa.literal(event_type.value), sa.literal(EVENT_SCHEMA_VERSION), moved.c.attempt, payload),
-    )
+    return outbox_insert(moved, event_type, payload)
 
 
 @cache

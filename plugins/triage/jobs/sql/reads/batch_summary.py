@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from triage.jobs.schema import job_events, jobs, manual_review, outbox
+from triage.jobs.sql.expressions import unsent_event
 from triage.jobs.vocabulary.states import SETTLED, JobStatus
 
 
@@ -69,7 +70,7 @@ def batch_summary(conn: sa.Connection, batch_key: str, since: datetime | None = 
         ).where(job_events.c.job_id.in_(in_batch), job_events.c.at >= (since or datetime.min.replace(tzinfo=UTC)))
     ).one()
     unpublished = conn.execute(
-        sa.select(sa.func.count()).where(outbox.c.job_id.in_(in_batch), outbox.c.published_at.is_(None))
+        sa.select(sa.func.count()).where(outbox.c.job_id.in_(in_batch), unsent_event())
     ).scalar_one()
     return BatchSummary(
         batch_key=batch_key,

@@ -19,7 +19,7 @@ from sqlalchemy.sql.elements import ColumnElement, Grouping
 
 from triage.jobs.schema import document_labels, job_events, jobs, manual_review, outbox
 from triage.jobs.sql.audit_samples import is_open_audit_sample
-from triage.jobs.sql.expressions import NOW, parked, status_literal
+from triage.jobs.sql.expressions import NOW, parked, status_literal, unsent_event
 from triage.jobs.sql.expressions import seconds_param as seconds
 from triage.jobs.vocabulary.states import CLAIMABLE, TERMINAL, UNFINISHED, EventType, Step
 from triage.jobs.vocabulary.states import JobStatus as S
@@ -229,12 +229,11 @@ def unclaimable_version() -> sa.Select[Any]:
 @cache
 def outbox_lag() -> sa.Select[Any]:
     """Unsent events: how many, the oldest one's age, and how many are older than ``:threshold``."""
-    unsent = outbox.c.published_at.is_(None)
     return sa.select(
         sa.func.count().label("unsent"),
         sa.func.coalesce(sa.func.max(age_seconds(outbox.c.created_at)), 0).label("oldest_seconds"),
         sa.func.count().filter(outbox.c.created_at < NOW - seconds("threshold")).label("old"),
-    ).where(unsent)
+    ).where(unsent_event())
 
 
 @cache

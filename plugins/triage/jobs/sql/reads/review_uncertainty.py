@@ -9,7 +9,7 @@ named two, else its confidence (:func:`answer_uncertainty`). It is written into 
 ``context`` (``uncertainty``) when the row is opened with an answer
 (:mod:`triage.jobs.store.recording`; migration 0028 filled the rows open then), so the order is a key
 of the review row alone (:data:`triage.jobs.schema.REVIEW_UNCERTAINTY`): a row without one (no
-answer: a malformed input, retries that ran out) counts as :data:`NO_ANSWER` and comes last.
+answer: a malformed input, retries that ran out, an answer rejected as malformed) counts as :data:`NO_ANSWER` and comes last.
 Smallest first, then oldest, then by review id: ``(uncertainty, created_at, id)`` is the page's
 key and its cursor, so a page starts exactly after the last row shown, whatever was decided
 meanwhile.
