@@ -17,7 +17,9 @@ from bench import (
     pipeline,
     realrun,
     relay,
+    review_candidates,
     review_queue,
+    writes,
 )
 from bench.common import Figure, write_results
 
@@ -29,6 +31,7 @@ SUITES = {
     "realrun": realrun.run,
     "relay": relay.run,
     "learning": learning.run,
+    "writes": writes.run,
 }
 OPT_IN = {
     "footprint": footprint.run,
@@ -36,6 +39,7 @@ OPT_IN = {
     "migration": migration.run,
     "guarantees": guarantees.run,
     "llm": pipeline.bench_llm,
+    "candidates": review_candidates.run,
 }
 """Longer than the quick `make bench` (minutes to an hour), or one figure of a suite (``llm``:
 the pipeline suite's llm figure alone): run only when named (`make bench-growth`)."""

@@ -228,7 +228,7 @@ def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagb
 
 
 def test_classify_documents_starts_paused(dagbag) -> None:  # type: ignore[no-untyped-def]
-    # README "What starts paused": its scheduled runs would classify the params' defaults daily.
+    # docs/running.md "What starts paused": its scheduled runs would classify the params' defaults daily.
     assert dagbag.dags["classify_documents"].is_paused_upon_creation is True
 
 
@@ -334,6 +334,7 @@ def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-
         pytest.param("source", "ftp", id="unknown-source"),
         pytest.param("documents", -5, id="negative-documents"),
         pytest.param("confidence_threshold", 1.5, id="threshold-above-one"),
+        pytest.param("audit_rate", 1.5, id="audit-rate-above-one"),
         pytest.param("classifier", "gpt", id="unknown-classifier"),
         pytest.param("max_attempts", 0, id="no-attempts"),
         pytest.param("drill", {"transient_error_rate": 2}, id="drill-rate-above-one"),

@@ -270,7 +270,7 @@ INTAKE_DOCS = [
 
 
 def curl(up: Up, document: dict[str, Any], token: str | None) -> tuple[int, dict[str, Any]]:
-    """``curl -X POST …/triage/api/documents`` as the README shows it; (HTTP status, JSON answer)."""
+    """``curl -X POST …/triage/api/documents`` as docs/intake.md shows it; (HTTP status, JSON answer)."""
     argv = ["curl", "-sS", "-w", "\n%{http_code}", "-X", "POST", f"{up.base_url}/triage/api/documents"]
     argv += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(document)]
     if token is not None:

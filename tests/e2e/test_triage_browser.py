@@ -3,8 +3,10 @@
 A reviewer logs in on Airflow's own login page (the SimpleAuthManager, as under ``make up``),
 opens the "Triage" entry of the navigation, opens a job from the queue, sees its document (as
 text: a script in it stays text) and its transitions, and labels it; the ledger then shows the
-move with the reviewer as its actor. The report tab of a ``reconcile_jobs`` run page shows that
-run's report, rendered from the database.
+move with the reviewer as its actor. On the one-at-a-time page (least sure first) a key press
+labels the document with the model's first candidate and the next document opens; ``s`` skips.
+The report tab of a ``reconcile_jobs`` run page shows that run's report, rendered from the
+database.
 
 Owns the batch :data:`BATCH` and ``reconcile_jobs``' run ``browser_report``; the queue it reads is
 filtered to its batch (other tests of the e2e deployment leave reviews of their own).
@@ -53,8 +55,20 @@ def seed_reviews(deployment: Deployment, n: int) -> list[str]:
         store = JobStore(engine)
         registered = store.register(docs, batch_key=BATCH, step="classify", max_attempts=3)
         claim = store.claim(batch_key=BATCH, step="classify", limit=n, lease_seconds=60, owner="test-worker")
-        model = ClassificationRecord("billing", 0.38, "inconclusive", "keyword-v1")
-        store.record(claim, [SendToReview(j.id, j.attempt, "inconclusive", classification=model) for j in claim.jobs])
+        # the same label, closer calls first: margins 0.03, 0.13, 0.23 (in the order registered)
+        models = {
+            j.id: ClassificationRecord(
+                "billing",
+                0.38,
+                "inconclusive",
+                "keyword-v1",
+                candidates=(("billing", 0.38), ("shipping", 0.35 - i / 10)),
+            )
+            for i, j in enumerate(sorted(claim.jobs, key=lambda j: j.id))
+        }
+        store.record(
+            claim, [SendToReview(j.id, j.attempt, "inconclusive", classification=models[j.id]) for j in claim.jobs]
+        )
     finally:
         engine.dispose()
     return [str(i) for i in registered.new_ids]
@@ -109,6 +123,29 @@ def test_a_reviewer_labels_a_job_in_the_airflow_ui(e2e: E2E, tmp_path: Path) -> 
         assert "Decision applied" in page.text("#notice")
         assert "labelled by reviewer" in page.text("#decided")
 
+        # one at a time, least sure first (filtered to this test's batch): a key decides and the
+        # next document opens
+        page.go(f"{af.base_url}/triage/review/next?batch={urllib.parse.quote(BATCH, safe='')}")
+        first = page.text("#subject")
+        assert first.startswith("Parcel question")
+        assert "shipping" in page.text("#candidates")
+        assert page.evaluate("document.querySelector('[data-key=\"1\"]').value") == "label:billing"
+        assert "Keys:" in page.text("#keys")
+        page.screenshot(shots / "review-next.png")
+        page.evaluate("window.__leaving = true")
+        page.press("1")
+        page.wait_for("window.__leaving === undefined && document.readyState === 'complete'")
+        assert "decided=applied" in page.url()
+        assert "Decision applied" in page.text("#notice")
+        second = page.text("#subject")
+        assert second.startswith("Parcel question")
+        assert second != first
+        keyed = page.evaluate("document.querySelector('#decide').action.split('/').pop()")
+        page.evaluate("window.__leaving = true")
+        page.press("s")  # skip: the batch's queue has nothing after it
+        page.wait_for("window.__leaving === undefined && document.readyState === 'complete'")
+        assert page.evaluate("!!document.querySelector('#empty')")
+
         # a reconcile_jobs run page's report tab (a run of this test's: the e2e deployment
         # schedules nothing)
         af.post("/api/v2/dags/reconcile_jobs/dagRuns", {"dag_run_id": REPORT_RUN, "logical_date": None})
@@ -138,6 +175,25 @@ def test_a_reviewer_labels_a_job_in_the_airflow_ui(e2e: E2E, tmp_path: Path) -> 
                 sa.text("SELECT label, classifier_version FROM triage.document_labels WHERE job_id = :id"),
                 {"id": job_id},
             ).one()
+            by_key = conn.execute(
+                sa.text(
+                    "SELECT r.resolved_by, l.label FROM triage.manual_review r JOIN triage.document_labels l"
+                    " ON l.job_id = r.job_id WHERE r.resolution = 'labelled' AND r.job_id <> :id"
+                    " AND r.job_id = ANY(CAST(:ours AS uuid[]))"
+                ),
+                {"id": job_id, "ours": job_ids},
+            ).all()
+            still_open = (
+                conn.execute(
+                    sa.text(
+                        "SELECT job_id::text FROM triage.manual_review"
+                        " WHERE resolved_at IS NULL AND job_id = ANY(CAST(:ours AS uuid[]))"
+                    ),
+                    {"ours": job_ids},
+                )
+                .scalars()
+                .all()
+            )
             recorded = conn.execute(
                 sa.text("SELECT count(*) FROM triage.reconciliation_runs WHERE dag_run_id = :run"), {"run": run_id}
             ).scalar_one()
@@ -147,3 +203,5 @@ def test_a_reviewer_labels_a_job_in_the_airflow_ui(e2e: E2E, tmp_path: Path) -> 
     assert tuple(review) == ("labelled", "reviewer", "a parcel, not an invoice")
     assert tuple(label) == ("shipping", "human:reviewer")
     assert recorded == 1
+    assert [tuple(r) for r in by_key] == [("reviewer", "billing")]  # the key "1": the first candidate
+    assert still_open == [keyed]  # skipped, still open

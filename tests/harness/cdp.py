@@ -128,6 +128,14 @@ class Chromium:
             raise BrowserError(f"no field {selector} on {self.url()}")
         self.send("Input.insertText", text=text)
 
+    def press(self, key: str) -> None:
+        """Press and release one printable key (a letter or digit) as a keyboard would: the page's
+        ``keydown`` listeners see it with its ``key`` and ``code``."""
+        code = f"Digit{key}" if key.isdigit() else f"Key{key.upper()}"
+        common = {"key": key, "code": code, "windowsVirtualKeyCode": ord(key.upper())}
+        self.send("Input.dispatchKeyEvent", type="keyDown", text=key, **common)
+        self.send("Input.dispatchKeyEvent", type="keyUp", **common)
+
     def text(self, selector: str = "body") -> str:
         return str(self.evaluate(f"document.querySelector({json.dumps(selector)})?.innerText ?? ''"))
 

@@ -197,7 +197,8 @@ def test_inconclusive_goes_to_review(store: JobStore, payloads: PayloadStore) ->
     assert (j.status, j.status_reason) == ("manual_review", "inconclusive")
     [review] = review_of(store, j.id)
     assert (review.reason, review.resolved_at, review.attempts) == ("inconclusive", None, 1)
-    assert review.context == {"label": None, "confidence": 0.0, "threshold": 0.7}
+    # the answer's uncertainty (its confidence: no candidates) orders the queue least sure first
+    assert review.context == {"label": None, "confidence": 0.0, "threshold": 0.7, "uncertainty": 0.0}
     assert [(c.outcome, c.label) for c in rows(store, "SELECT * FROM triage.classifications")] == [
         ("inconclusive", None)
     ]
@@ -245,7 +246,8 @@ def test_model_outputs_are_routed(
     assert len(review_of(store, j.id)) == (status == "manual_review")
     assert scalar(store, "SELECT count(*) FROM triage.document_labels") == (status == "completed")
     if outcome == "rejected":
-        assert review_of(store, j.id)[0].context == {"rejected_reason": output.rejected_reason}
+        context = {"rejected_reason": output.rejected_reason, "uncertainty": output.confidence}
+        assert review_of(store, j.id)[0].context == context
         assert j.last_error_class == output.rejected_reason
 
 

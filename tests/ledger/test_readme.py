@@ -1,5 +1,7 @@
 """The README cannot lie about its shell lines (issue #12, item 2): every line of its ``sh`` blocks
-is a command this checkout has, and those safe to run here run, against a test database.
+is a command this checkout has, and those safe to run here run, against a test database. The
+same holds for the pages the README's commands moved to (issue #26 item 5): docs/running.md
+(make targets, the ``triage`` command) and docs/intake.md (the ``curl`` calls).
 
 - ``.venv/bin/triage ...``: ``--help``, ``--version`` and the product's commands (``status``,
   ``db url``, ``payload``, ``replay`` as a dry run) run for real, on a migrated job database of this test; the other verbs
@@ -31,20 +33,22 @@ from triage.database import DatabaseUrl
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+SHELL_DOCUMENTS = (README, ROOT / "docs" / "running.md", ROOT / "docs" / "intake.md")
 TRIAGE = ".venv/bin/triage"
 RUN_HERE = {"--help", "--version", "status", "db", "payload", "replay"}  # the rest starts Airflow or a server
 
 
-def readme_shell_lines() -> list[str]:
-    """The command lines of the README's ``sh`` blocks, without their comments."""
+def readme_shell_lines(documents: tuple[Path, ...] = SHELL_DOCUMENTS) -> list[str]:
+    """The command lines of the documents' ``sh`` blocks, without their comments."""
     lines, inside = [], False
-    for line in README.read_text(encoding="utf-8").splitlines():
-        if line.startswith("```"):
-            inside = line.strip() == "```sh"
-            continue
-        command = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
-        if inside and command and not command.startswith("#"):
-            lines.append(command)
+    for document in documents:
+        for line in document.read_text(encoding="utf-8").splitlines():
+            if line.startswith("```"):
+                inside = line.strip() == "```sh"
+                continue
+            command = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
+            if inside and command and not command.startswith("#") and command not in lines:
+                lines.append(command)
     return lines
 
 
@@ -62,9 +66,11 @@ def checkout_env(db_url: DatabaseUrl, tmp_path: Path) -> dict[str, str]:
 
 
 def test_the_readme_shows_the_triage_command() -> None:
-    lines = readme_shell_lines()
+    lines = readme_shell_lines((README,))
     assert not [line for line in lines if "python -m triage" in line], "the README shows `triage`, not python -m"
     assert {f"{TRIAGE} --help", f"{TRIAGE} --version", f"{TRIAGE} status", f"{TRIAGE} db url"} <= set(lines)
+    assert {"make run", "make test"} <= set(lines), "the README's two commands"
+    assert [line for line in readme_shell_lines() if line.startswith("curl ")], "intake's calls are checked too"
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"triage": "triage_tools.cli:main"}  # what `python -m triage_tools` runs
 

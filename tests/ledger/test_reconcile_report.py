@@ -37,6 +37,7 @@ SECTIONS = [
     "Schema-version mismatches",
     "Model outputs rejected by validation",
     "Outbox",
+    "Quality (last 14 days)",
 ]
 
 
@@ -163,7 +164,7 @@ def test_the_html_page_has_its_charts_and_numbers_and_nothing_external(outcome: 
     assert outcome.html_path is not None
     page = outcome.html_path.read_text()
     assert (outcome.html_path.parent / "reconciliation-latest.html").read_text() == page
-    assert page.count("<svg") == 6
+    assert page.count("<svg") == 8
     for title in (
         "Jobs by state",
         "Oldest job per state",
@@ -171,6 +172,8 @@ def test_the_html_page_has_its_charts_and_numbers_and_nothing_external(outcome: 
         "Attempts per job",
         "Retry reasons",
         "Rejected model outputs",
+        "Coverage and audited precision per version (%)",
+        "Quality over runs (%)",
     ):
         assert f"<title>{title}</title>" in page
     assert '<div class="tile" id="total-jobs"><b>12</b>' in page
@@ -241,9 +244,9 @@ def test_chromium_renders_the_page_with_its_charts(outcome: RunOutcome, tmp_path
     assert shot.exists(), result.stderr[-2000:]
     data = shot.read_bytes()
     assert png_size(data) == (1200, 2000)
-    assert len(data) > 30_000  # text, tables and six charts, not a blank page
+    assert len(data) > 30_000  # text, tables and eight charts, not a blank page
     dom = headless(binary, tmp_path / "profile2", "--dump-dom", url).stdout
-    assert dom.count("<svg") == 6
+    assert dom.count("<svg") == 8
     text = re.sub(r"<[^>]+>", " ", dom)
     assert f"Triage reconciliation run {outcome.run_id}" in text
     assert re.search(r"\b12\s+jobs\b", text)

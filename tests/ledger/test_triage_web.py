@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from tests.ledger.helpers import new_jobs
 from triage.contracts.documents import canonical_json_bytes
-from triage.jobs.models import ClassificationRecord, NewJob, SendToReview
+from triage.jobs.models import ClassificationRecord, Complete, LabelWrite, NewJob, SendToReview
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.reconciliation.params import ReconcileParams
@@ -459,7 +459,7 @@ def test_reports_render_from_the_database(
     tab = client.get("/triage/reports/airflow/reconcile_jobs/manual__2026-12-01T00:00:00+00:00", headers=viewer)
     assert tab.status_code == 200
     assert f"Triage reconciliation run {first.run_id}" in tab.text
-    assert tab.text.count("<svg") == 6
+    assert tab.text.count("<svg") == 8  # six, and the Quality section's two
     assert "/triage/review/jobs/" in tab.text
     other = client.get("/triage/reports/airflow/classify_documents/manual__x", headers=viewer)
     assert other.status_code == 404
@@ -650,3 +650,60 @@ def test_a_cursor_at_the_top_of_the_columns_range_is_a_page(client: TestClient, 
     viewer = as_user(airflow_auth, "viewer", "viewer")
     assert client.get(f"/triage/api/reviews?cursor={cursor}", headers=viewer).status_code == 200
     assert client.get(f"/triage/api/reports/{2**63 - 1}", headers=viewer).status_code == 404
+
+
+# -- audit samples (issue #27, item 5) ----------------------------------------------------------
+
+
+def audit_sample(store: JobStore, payloads: PayloadStore) -> uuid.UUID:
+    """A document auto-accepted as ``shipping`` and completed as an audit sample."""
+    [job] = new_jobs(1, prefix="audit")
+    sha, ref = payloads.put(canonical_json_bytes({"subject": "Where is my parcel", "body": "It is late."}))
+    doc = NewJob(job.idempotency_key, job.source, job.external_id, sha, ref, job.classifier_version)
+    store.register([doc], batch_key=BATCH, step="classify", max_attempts=3)
+    claim = store.claim(batch_key=BATCH, step="classify", limit=1, lease_seconds=60, owner="worker-1")
+    model = ClassificationRecord("shipping", 0.95, "accepted", "keyword-v1")
+    label = LabelWrite("shipping", 0.95, "keyword-v1")
+    store.record(claim, [Complete(j.id, j.attempt, label, model, audit=True) for j in claim.jobs])
+    return claim.jobs[0].id
+
+
+def test_an_audit_sample_is_confirmed_or_corrected_never_requeued_or_rejected(
+    client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any
+) -> None:
+    job_id = audit_sample(store, payloads)
+    editor, viewer = as_user(airflow_auth, "editor", "user"), as_user(airflow_auth, "viewer", "viewer")
+    [in_review] = to_review(store, payloads, 1)
+    queue = client.get("/triage/api/reviews?reason=audit_sample", headers=viewer).json()
+    assert [r["job_id"] for r in queue["reviews"]] == [str(job_id)]
+    of_batch = client.get("/triage/api/reviews", params={"batch": BATCH}, headers=viewer).json()
+    assert {r["job_id"] for r in of_batch["reviews"]} == {str(job_id), str(in_review)}
+    page = client.get(f"/triage/review/jobs/{job_id}", headers=editor).text
+    assert 'id="audit-sample"' in page
+    assert 'id="decide"' in page
+    assert 'value="requeue"' not in page
+    assert 'value="reject"' not in page
+    before = ledger(store)
+    for action in ("reject", "requeue"):
+        refused = client.post(f"/triage/api/reviews/{job_id}", json={"action": action}, headers=editor)
+        assert refused.status_code == 409, refused.text
+        assert (
+            f"audit sample: confirm or correct its label (action label); {action} applies" in refused.json()["detail"]
+        )
+    assert ledger(store) == before
+    body = {"action": "label", "label": "billing", "note": "an invoice"}
+    done = client.post(f"/triage/api/reviews/{job_id}", json=body, headers=editor)
+    assert (done.status_code, done.json()["outcome"], done.json()["status"]) == (200, "applied", "completed")
+    after = ledger(store)
+    again = client.post(f"/triage/api/reviews/{job_id}", json=body, headers=editor)
+    assert (again.status_code, again.json()["outcome"]) == (200, "already_applied")
+    assert ledger(store) == after
+    second = client.post(f"/triage/api/reviews/{job_id}", json=body, headers=as_user(airflow_auth, "second", "user"))
+    assert second.status_code == 409
+    detail = client.get(f"/triage/api/jobs/{job_id}", headers=viewer).json()
+    last = detail["events"][-1]
+    assert (last["from_status"], last["to_status"], last["actor"]) == ("completed", "completed", "editor")
+    assert last["reason"] == "corrected: label 'shipping' -> 'billing'; note: an invoice"
+    decided = client.get(f"/triage/review/jobs/{job_id}", headers=editor).text
+    assert 'id="decided"' in decided
+    assert "corrected by <strong>editor</strong>" in decided

@@ -134,7 +134,7 @@ def test_the_markdown_names_the_dry_run_and_every_section() -> None:
 
 def test_the_html_page_from_a_summary() -> None:
     page = html(summary())
-    assert page.count("<svg") == len(charts(summary())) == 6
+    assert page.count("<svg") == len(charts(summary())) == 6  # a summary from before the Quality section
     assert "Dry run: findings only, nothing was changed." in page
     assert ">label_outside_taxonomy<" in page
     assert "<script" not in page

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
+from triage.jobs.audit_samples import is_open_audit_sample
 from triage.jobs.checks import COMPLETION_EVENTS, in_state
 from triage.jobs.expressions import status_literal
 from triage.jobs.schema import document_labels, job_events, jobs, manual_review, outbox
@@ -112,7 +113,12 @@ def no_lease_outstanding() -> sa.Select[Any]:
 def one_open_review_per_review_job() -> sa.Select[Any]:
     open_rows = (
         sa.select(sa.func.count())
-        .where(manual_review.c.job_id == jobs.c.id, manual_review.c.resolved_at.is_(None), manual_review.c.reason != "")
+        .where(
+            manual_review.c.job_id == jobs.c.id,
+            manual_review.c.resolved_at.is_(None),
+            manual_review.c.reason != "",
+            ~is_open_audit_sample(),  # beside a completed job by design (triage.jobs.audit_samples)
+        )
         .scalar_subquery()
     )
     return _count(in_state(S.MANUAL_REVIEW) != (open_rows == 1))

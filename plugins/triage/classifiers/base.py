@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 __all__ = [
+    "MAX_CANDIDATES",
     "Classifier",
     "ClassifierError",
     "ClassifyRequest",
@@ -29,6 +30,9 @@ __all__ = [
 
 Outcome = Literal["accepted", "inconclusive", "rejected"]
 """The value of ``triage.classifications.outcome``."""
+
+MAX_CANDIDATES = 3
+"""The most candidate labels an answer keeps (``triage.classifications.candidates`` holds no more)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,11 @@ class ModelOutput:
     its label (the learned classifier's per-label thresholds, set for the deployment's target
     precision); it then stands instead of the run's ``confidence_threshold``. Above 1: the label
     never auto-accepts. None: the run's threshold decides."""
+    candidates: tuple[tuple[str, float], ...] = ()
+    """The labels the classifier weighed most, best first, each with its score in [0, 1] (at most
+    :data:`MAX_CANDIDATES`): what a reviewer sees beside the document, and the margin between the
+    first two orders the review queue by uncertainty. Empty: the classifier scores one label only
+    (an LLM's answer), or found none."""
 
     def __post_init__(self) -> None:
         # A NaN or out-of-range confidence would compare false against every threshold and
@@ -82,6 +91,10 @@ class ModelOutput:
             raise ValueError("latency_ms must be a non-negative number")
         if self.threshold is not None and (math.isnan(self.threshold) or self.threshold < 0.0):
             raise ValueError("threshold must be a non-negative number")
+        if len(self.candidates) > MAX_CANDIDATES:
+            raise ValueError(f"at most {MAX_CANDIDATES} candidates")
+        if not all(0.0 <= score <= 1.0 for _, score in self.candidates):  # NaN fails too
+            raise ValueError("candidate scores must be within [0, 1]")
 
 
 class ClassifierError(Exception):

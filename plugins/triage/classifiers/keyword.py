@@ -16,10 +16,10 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
-from triage.classifiers.base import ClassifyRequest, ModelOutput
+from triage.classifiers.base import MAX_CANDIDATES, ClassifyRequest, ModelOutput
 from triage.classifiers.taxonomy import Taxonomy, TaxonomyError
 
-__all__ = ["KeywordClassifier", "keyword_confidence", "normalise_words"]
+__all__ = ["KeywordClassifier", "keyword_candidates", "keyword_confidence", "normalise_words"]
 
 _VERSION_PREFIX: Final = "keyword-v1"
 
@@ -55,6 +55,20 @@ def keyword_confidence(scores: Sequence[float]) -> tuple[int | None, float]:
     top = max(scores)
     best = scores.index(top)  # the first among equals
     return best, (top / total) * (1.0 - _STRENGTH_BASE**top)
+
+
+def keyword_candidates(names: Sequence[str], scores: Sequence[float]) -> tuple[tuple[str, float], ...]:
+    """The labels with hits, best first (at most :data:`~triage.classifiers.base.MAX_CANDIDATES`),
+    each scored as :func:`keyword_confidence` scores the best: its share of all hits times the
+    strength of its own, so the first candidate's score is the answer's confidence and the gap to
+    the second says how close the call was. Ties in the taxonomy's order, as the answer's."""
+    hits = [i for i, score in enumerate(scores) if score > 0.0]
+    if len(hits) > 1:  # most documents hit one label: nothing to sort
+        hits.sort(key=scores.__getitem__, reverse=True)  # stable: the first among equals stays first
+    total = sum(scores)
+    return tuple(
+        (names[i], round((scores[i] / total) * (1.0 - _STRENGTH_BASE ** scores[i]), 4)) for i in hits[:MAX_CANDIDATES]
+    )
 
 
 def _plural_variants(words: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
@@ -126,14 +140,17 @@ class KeywordClassifier:
         return scores
 
     def classify(self, request: ClassifyRequest) -> ModelOutput:
-        """Label ``request.text``; no keyword at all is ``label=None, confidence=0.0``."""
+        """Label ``request.text``, with the labels it hit as candidates (:func:`keyword_candidates`);
+        no keyword at all is ``label=None, confidence=0.0``, no candidates."""
         started = time.perf_counter()
-        best, confidence = keyword_confidence(self.scores(request.text))
+        scores = self.scores(request.text)
+        best, confidence = keyword_confidence(scores)
         return ModelOutput(
             label=None if best is None else self._names[best],
             confidence=confidence,
             rejected_reason=None,
             latency_ms=(time.perf_counter() - started) * 1000.0,
+            candidates=keyword_candidates(self._names, scores) if best is not None else (),
         )
 
     def close(self) -> None:

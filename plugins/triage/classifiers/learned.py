@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from triage.classifiers.base import ClassifyRequest, ModelOutput
+from triage.classifiers.base import MAX_CANDIDATES, ClassifyRequest, ModelOutput
 from triage.classifiers.taxonomy import Taxonomy
 
 if TYPE_CHECKING:
@@ -32,14 +32,19 @@ class LearnedClassifier:
         self._names = taxonomy.names
 
     def classify(self, request: ClassifyRequest) -> ModelOutput:
-        """The most probable label, its probability and its threshold; a label the taxonomy no
-        longer has is a rejected output (``label_outside_taxonomy``), as a model's would be."""
+        """The most probable label, its probability and its threshold, and the top
+        :data:`~triage.classifiers.base.MAX_CANDIDATES` labels with their probabilities (to four
+        places); a label the taxonomy no longer has is a rejected output
+        (``label_outside_taxonomy``), as a model's would be."""
         started = time.perf_counter()
-        label, confidence = self.loaded.model.predict(request.text)
+        ranked = self.loaded.model.ranked(request.text, MAX_CANDIDATES)
+        label, confidence = ranked[0]
+        candidates = tuple((name, round(score, 4)) for name, score in ranked)
         latency = (time.perf_counter() - started) * 1000.0
         if label not in self._names:
-            return ModelOutput(None, confidence, "label_outside_taxonomy", latency)
-        return ModelOutput(label, confidence, None, latency, threshold=self.loaded.threshold(label))
+            return ModelOutput(None, confidence, "label_outside_taxonomy", latency, candidates=candidates)
+        threshold = self.loaded.threshold(label)
+        return ModelOutput(label, confidence, None, latency, threshold=threshold, candidates=candidates)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -27,7 +27,9 @@ class RegisteredPayload(_Payload):
 
 class CompletedPayload(_Payload):
     """``job.completed``: the job's output is persisted. A classifier's completion carries the
-    label written to ``document_labels``; a reviewer's label adds the decision. A completion
+    label written to ``document_labels``; a reviewer's label adds the decision. A reviewer's
+    correction of an audited label is another ``job.completed`` of the same job (the newest wins:
+    a consumer keeps the latest event's label). A completion
     that wrote no label (none in this release) carries no keys."""
 
     label: str | None = Field(default=None, description="The label written for the document.")
@@ -37,8 +39,15 @@ class CompletedPayload(_Payload):
     classifier_version: str | None = Field(
         default=None, description="Who labelled: the classifier's version, or human:<reviewer>."
     )
-    resolution: Literal["labelled"] | None = Field(default=None, description="Present when a reviewer labelled it.")
+    resolution: Literal["labelled", "corrected"] | None = Field(
+        default=None,
+        description="Present when a reviewer labelled it (labelled), or corrected the label of an audit sample of "
+        "the completed job (corrected: the label replaces the one published before).",
+    )
     resolved_by: str | None = Field(default=None, description="The reviewer (their Airflow identity).")
+    previous_label: str | None = Field(
+        default=None, description="For a correction: the label the reviewer replaced (the model's)."
+    )
 
 
 class RequeuedPayload(_Payload):

@@ -91,6 +91,16 @@ class ClassifyRunConfig(DagParams):
         description="Below this confidence a label is inconclusive and the document goes to manual review.",
         json_schema_extra={"section": "Classification"},
     )
+    audit_rate: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        title="Audit rate",
+        description="Share of auto-accepted documents also sent to review as audit_sample: their label stands and "
+        "is published, and a reviewer confirms or corrects it (the audited precision of the Quality report). "
+        "Chosen by a hash of the job id, so a retry samples the same documents; 0: no audit.",
+        json_schema_extra={"section": "Classification"},
+    )
     max_attempts: int = Field(
         default=4,
         ge=1,

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement, Grouping
 
+from triage.jobs.audit_samples import is_open_audit_sample
 from triage.jobs.expressions import NOW, status_literal
 from triage.jobs.expressions import seconds_param as seconds
 from triage.jobs.outages import parked
@@ -155,8 +156,15 @@ def completed_without_completion_event() -> list[ColumnElement[bool]]:
 
 
 def open_review_of_job_in(*states: S) -> list[ColumnElement[bool]]:
-    """Open review rows (joined to their job) whose job is in ``states``."""
-    return [manual_review.c.resolved_at.is_(None), manual_review.c.job_id == jobs.c.id, in_state(*states), settled()]
+    """Open review rows (joined to their job) whose job is in ``states``; an audit sample of a
+    completed job is no such case (its job stays completed by design: :mod:`.audit_samples`)."""
+    return [
+        manual_review.c.resolved_at.is_(None),
+        manual_review.c.job_id == jobs.c.id,
+        in_state(*states),
+        settled(),
+        ~is_open_audit_sample(),
+    ]
 
 
 def orphaned() -> list[ColumnElement[bool]]:

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Collection, Sequence
 
 from triage.contracts.replay import ReplayFilter
-from triage.jobs import learning, outputs, queries, replays, review_results, review_transitions
+from triage.jobs import audit_reviews, learning, outputs, queries, replays, review_results, review_transitions
 from triage.jobs.errors import LabelNotInTaxonomy
 from triage.jobs.expressions import rowset
 from triage.jobs.ledger import Ledger
@@ -39,6 +39,9 @@ class ReviewDecisions(Ledger):
         example (source ``review``, :func:`.learning.example_from_review`), in the same
         transaction: the learned classifier trains on what reviewers decide.
 
+        On an audit sample (a completed job, :mod:`.audit_samples`) the same decision confirms the
+        model's label (the same label) or corrects it (another): :mod:`.audit_reviews`.
+
         :raises LabelNotInTaxonomy: ``label`` is not in ``taxonomy_names`` (checked first).
         """
         if label not in taxonomy_names:
@@ -46,7 +49,8 @@ class ReviewDecisions(Ledger):
         with self.transaction(actor) as conn:
             params = {"p_job_id": job_id, "p_actor": actor, "p_note": note, "p_label": label}
             if conn.execute(review_transitions.label_from_review(), params).first() is None:
-                return review_results.missed(conn, job_id, "label", label=label)
+                audited = audit_reviews.decide_audit_sample(conn, job_id, params)
+                return audited or review_results.missed(conn, job_id, "label", label=label)
             written = conn.execute(
                 outputs.upsert_review_label(),
                 rowset(

@@ -61,6 +61,11 @@ class NotInReview(LedgerError):
     """The job is not waiting for a reviewer."""
 
 
+class AuditSampleDecisionRefused(NotInReview):
+    """The job is a completed audit sample: a reviewer confirms or corrects its label (a ``label``
+    decision); requeue and reject do not apply to a job that is done."""
+
+
 class ReplayLimitReached(LedgerError):
     """The job was requeued from review as often as allowed."""
 

@@ -47,10 +47,15 @@ def superseded_jobs() -> Any:
     )
 
 
+REVIEWER_LABELS = ("labelled", "confirmed", "corrected")
+"""The resolutions that give a completed job a reviewer's label (the last two: an audit sample's)."""
+
+
 @cache
 def reviewed_label_of() -> Any:
-    """The job ``:p_job_id`` if a reviewer completed it with a label, with that label, its
-    review row and whether a newer job's label has since become the document's."""
+    """The job ``:p_job_id`` if a reviewer completed it with a label (or confirmed or corrected
+    its audited label), with that label, its review row and whether a newer job's label has
+    since become the document's."""
     review = latest_review()
     return (
         sa.select(
@@ -62,6 +67,7 @@ def reviewed_label_of() -> Any:
             jobs.c.correlation_id,
             review.c.id.label("review_id"),
             review.c.resolved_label.label("label"),
+            review.c.resolution,
             review.c.resolved_by,
             _newer_label_stands().label("superseded"),
         )
@@ -70,7 +76,7 @@ def reviewed_label_of() -> Any:
         .where(
             jobs.c.id == sa.bindparam("p_job_id", type_=UUID),
             jobs.c.status == status_literal(S.COMPLETED),
-            review.c.resolution == "labelled",
+            review.c.resolution.in_(REVIEWER_LABELS),
             review.c.resolved_label.is_not(None),
         )
     )
@@ -97,6 +103,15 @@ class ReviewedLabel:
     label: str
     reviewer: str
     superseded: bool
+    resolution: str = "labelled"
+    """``labelled`` (a job out of review), or on an audit sample ``confirmed`` or ``corrected``."""
+    review_id: int = 0
+
+    @property
+    def revision(self) -> int | None:
+        """A correction replaces a label the provider already has from the same job: its order
+        must sort after that one's (:attr:`triage.pipeline.actions.LabelRequest.order`)."""
+        return self.review_id if self.resolution == "corrected" else None
 
 
 def reviewed_label(conn: sa.Connection, job_id: uuid.UUID) -> ReviewedLabel | None:
@@ -114,4 +129,6 @@ def reviewed_label(conn: sa.Connection, job_id: uuid.UUID) -> ReviewedLabel | No
         row.label,
         row.resolved_by,
         bool(row.superseded),
+        row.resolution,
+        row.review_id,
     )

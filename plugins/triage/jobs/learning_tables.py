@@ -21,7 +21,9 @@ labelled_examples = sa.Table(
     sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
     sa.Column("source", sa.Text, nullable=False),
     sa.Column("external_id", sa.Text, nullable=False),
-    sa.Column("label", sa.Text, nullable=False),
+    # A label the taxonomy has or had (0026): labels are retired, never deleted, so an example of
+    # a retired label stays as history, and training skips it (label_outside_taxonomy).
+    sa.Column("label", sa.Text, sa.ForeignKey("triage.taxonomy_labels.name"), nullable=False),
     sa.Column("content_sha256", sa.Text, nullable=False),
     sa.Column("payload_ref", sa.Text, nullable=False),
     sa.Column("labelled_by", sa.Text, nullable=False),

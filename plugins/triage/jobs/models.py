@@ -94,6 +94,9 @@ class ClassificationRecord:
     reused_from: tuple[uuid.UUID, int] | None = None
     """The classification (job id, attempt) this answer was copied from by the content cache;
     None: the classifier's own answer."""
+    candidates: tuple[tuple[str, float], ...] | None = None
+    """The model's top labels with their scores, best first (``classifications.candidates``);
+    None: the classifier gave none (an LLM's one label)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,9 @@ class Complete:
     attempt: int
     label: LabelWrite | None = None
     classification: ClassificationRecord | None = None
+    audit: bool = False
+    """An audit sample (:mod:`triage.jobs.audit_samples`): completed as any other, with an open
+    review row beside it (only with a ``label``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ def record_classifications() -> Any:
         input_sha256=sa.Text,
         reused_job_id=UUID,
         reused_attempt=sa.Integer,
+        candidates=pg.JSONB,
     )
     names = [c.name for c in given.c]
     return (

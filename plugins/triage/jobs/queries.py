@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
+from triage.jobs.audit_samples import awaits_decision
 from triage.jobs.expressions import NOW, UUID, in_version, latest_answer, status_literal
 from triage.jobs.schema import classifications, jobs, manual_review
 from triage.jobs.states import UNFINISHED
@@ -77,6 +78,7 @@ def latest_review() -> Any:
     return (
         sa.select(
             manual_review.c.id,
+            manual_review.c.reason,
             manual_review.c.resolution,
             manual_review.c.resolved_by,
             manual_review.c.resolved_at,
@@ -98,6 +100,7 @@ def review_state() -> Any:
         sa.select(
             jobs.c.status,
             jobs.c.replays,
+            latest.c.reason,
             latest.c.resolution,
             latest.c.resolved_by,
             latest.c.resolved_at,
@@ -145,7 +148,7 @@ def open_review_cases() -> Any:
         .outerjoin(model, sa.true())
         .where(
             manual_review.c.resolved_at.is_(None),
-            jobs.c.status == status_literal(S.MANUAL_REVIEW),
+            awaits_decision(),
             sa.or_(ids.is_(None), jobs.c.id == sa.any_(ids)),
         )
         .order_by(manual_review.c.created_at, manual_review.c.id)

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from uuid6 import uuid7
 
-from triage.jobs import outputs, queries, session
+from triage.jobs import audit_samples, outputs, queries, session
 from triage.jobs import transitions as T
 from triage.jobs import usage as usage_bounds
 from triage.jobs.backoff import RetryPolicy
@@ -34,6 +34,7 @@ from triage.jobs.models import (
     RetryLater,
     SendToReview,
 )
+from triage.jobs.review_uncertainty import answer_uncertainty
 from triage.jobs.states import JobStatus
 
 
@@ -164,7 +165,7 @@ def record_txn(
                 "reason": o.reason,
                 "error_class": o.error_class,
                 "error": o.error,
-                "context": context_json(o.context),
+                "context": context_json(_review_context(o)),
             },
         )
     if Fail in by_kind:
@@ -194,22 +195,41 @@ def record_txn(
     if classified:
         conn.execute(outputs.record_classifications(), rowset("given", map(_classification_row, classified)))
     if labelled:
-        conn.execute(
-            outputs.upsert_labels(),
-            rowset(
-                "given",
-                (
-                    {
-                        "id": o.job_id,
-                        "label": o.label.label,
-                        "confidence": o.label.confidence,
-                        "classifier_version": o.label.classifier_version,
-                    }
-                    for o in labelled
-                ),
-            ),
-        )
+        conn.execute(outputs.upsert_labels(), rowset("given", map(_label_write_row, labelled)))
+    audited = [o for o in labelled if o.audit]
+    if audited:  # the completion's transaction opens their audit rows (issue #27)
+        conn.execute(audit_samples.open_audit_samples(), rowset("given", map(_audit_row, audited)))
     return Recorded(**counts)
+
+
+def _label_write_row(outcome: Complete) -> dict[str, Any]:
+    """A labelled completion as a row of ``given`` (id, label, confidence, classifier_version)."""
+    assert outcome.label is not None
+    return {
+        "id": outcome.job_id,
+        "label": outcome.label.label,
+        "confidence": outcome.label.confidence,
+        "classifier_version": outcome.label.classifier_version,
+    }
+
+
+def _audit_row(outcome: Complete) -> dict[str, Any]:
+    """An audited completion as a row of ``given``: its label row and the answer's uncertainty, so
+    that an audit sample takes its place in the queue least sure first like any review."""
+    assert outcome.label is not None
+    record = outcome.classification
+    candidates = record.candidates if record is not None else None
+    return {**_label_write_row(outcome), "uncertainty": answer_uncertainty(candidates, outcome.label.confidence)}
+
+
+def _review_context(outcome: SendToReview) -> Mapping[str, Any]:
+    """The review row's context, with the uncertainty of the answer that sent the job there: the
+    key of the queue least sure first (:mod:`triage.jobs.review_uncertainty`)."""
+    record = outcome.classification
+    if record is None:
+        return outcome.context
+    value = answer_uncertainty(record.candidates, record.confidence)
+    return outcome.context if value is None else {**outcome.context, "uncertainty": value}
 
 
 def _label_row(outcome: Complete) -> dict[str, Any]:
@@ -249,6 +269,7 @@ def _classification_row(outcome: Any) -> dict[str, Any]:
         "input_sha256": record.input_sha256,
         "reused_job_id": record.reused_from[0] if record.reused_from else None,
         "reused_attempt": record.reused_from[1] if record.reused_from else None,
+        "candidates": [{"label": n, "score": v} for n, v in record.candidates] if record.candidates else None,
     }
 
 

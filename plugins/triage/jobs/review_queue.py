@@ -21,6 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from triage.jobs.audit_samples import AUDIT_REASON, awaits_decision
 from triage.jobs.expressions import NOW, UUID, status_literal
 from triage.jobs.expressions import seconds_param as seconds
 from triage.jobs.schema import classifications, job_events, jobs, manual_review
@@ -75,7 +76,7 @@ def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
         )
         .select_from(manual_review)
         .join(jobs, jobs.c.id == manual_review.c.job_id)
-        .where(manual_review.c.resolved_at.is_(None), jobs.c.status == status_literal(S.MANUAL_REVIEW))
+        .where(manual_review.c.resolved_at.is_(None), awaits_decision())
     )
     if "reason" in given:
         query = query.where(manual_review.c.reason == sa.bindparam("reason", type_=sa.Text))
@@ -84,13 +85,22 @@ def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
     if "batch" in given:
         # A batch's reviews sit together in the queue (one run sends them at once), so walking the
         # queue's index until 50 of them turn up reads every older review first. Start from the
-        # batch's jobs in review (jobs_batch_key_status_idx) instead: a run's worth, sorted.
+        # batch's jobs in review (jobs_batch_key_status_idx) instead: a run's worth, sorted. Its
+        # audit samples (completed jobs) come from the open audit rows (the open reason index).
+        batch = sa.bindparam("batch", type_=sa.Text)
+        audited = (
+            sa.select(manual_review.c.job_id)
+            .join(jobs, jobs.c.id == manual_review.c.job_id)
+            .where(
+                manual_review.c.resolved_at.is_(None),
+                manual_review.c.reason == AUDIT_REASON,
+                jobs.c.batch_key == batch,
+            )
+        )
         in_batch = (
             sa.select(jobs.c.id)
-            .where(
-                jobs.c.batch_key == sa.bindparam("batch", type_=sa.Text),
-                jobs.c.status == status_literal(S.MANUAL_REVIEW),
-            )
+            .where(jobs.c.batch_key == batch, jobs.c.status == status_literal(S.MANUAL_REVIEW))
+            .union_all(audited)
             .cte("in_batch")
             .prefix_with("MATERIALIZED")
         )

@@ -10,9 +10,14 @@ import uuid
 import sqlalchemy as sa
 
 from triage.jobs import queries
-from triage.jobs.errors import JobNotFound, NotInReview, ReplayLimitReached
+from triage.jobs.audit_samples import AUDIT_REASON, AUDIT_RESOLUTIONS
+from triage.jobs.errors import AuditSampleDecisionRefused, JobNotFound, NotInReview, ReplayLimitReached
 from triage.jobs.models import REVIEW_RESOLUTIONS, ReviewDecision, ReviewResult
 from triage.jobs.states import JobStatus, parse_status
+
+AUDIT_LABEL_RESOLUTIONS = {REVIEW_RESOLUTIONS["label"], *AUDIT_RESOLUTIONS}
+"""What a ``label`` decision leaves on a review row: ``labelled``, or on an audit sample
+``confirmed`` or ``corrected``; the same label again is the same decision."""
 
 _DECISION_ENDS = {"label": JobStatus.COMPLETED, "reject": JobStatus.TERMINAL_FAILED}
 
@@ -56,8 +61,14 @@ def missed(
         if decision == "requeue" and max_replays is not None and row.replays >= max_replays:
             raise ReplayLimitReached(f"job {job_id} was requeued {row.replays} times (limit {max_replays})")
         raise NotInReview(f"job {job_id} changed while the decision was applied; apply it again")  # a lost race
+    if row.resolution is None and row.reason == AUDIT_REASON and decision != "label":
+        raise AuditSampleDecisionRefused(
+            f"job {job_id} is completed and its open review is an audit sample: confirm or correct its label "
+            f"(action label); {decision} applies only to jobs in manual_review"
+        )
+    resolutions = AUDIT_LABEL_RESOLUTIONS if decision == "label" else {REVIEW_RESOLUTIONS[decision]}
     same = (
-        row.resolution == REVIEW_RESOLUTIONS[decision]
+        row.resolution in resolutions
         and _DECISION_ENDS.get(decision, status) == status
         and (decision != "label" or row.resolved_label == label)
     )

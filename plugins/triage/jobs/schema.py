@@ -35,6 +35,16 @@ job_status = pg.ENUM(
 
 NOW = sa.text("now()")
 ARRIVED_UNSUPPORTED = "(context ->> 'malformed_reason') = 'unsupported_schema_version'"  # routed on arrival (0020)
+REVIEW_UNCERTAINTY = (
+    "(\nCASE\n    WHEN jsonb_typeof(context -> 'uncertainty'::text) = 'number'::text"
+    " THEN GREATEST(LEAST((context -> 'uncertainty'::text)::numeric, 2::numeric), '-1'::integer::numeric)"
+    "::double precision\n    ELSE 2::double precision\nEND)"
+)
+"""An open review's uncertainty (0028): ``context.uncertainty`` (written with the review from the
+model's answer, :func:`triage.jobs.review_uncertainty.answer_uncertainty`), else 2 (no answer:
+after every margin and confidence). Read as numeric and bounded before it becomes a float, so no
+value a context can hold fails the insert that indexes it. Spelled as PostgreSQL prints it back
+(``pg_indexes``), so that the migrated index compares equal to this metadata."""
 
 jobs = sa.Table(
     "jobs",
@@ -59,6 +69,15 @@ jobs = sa.Table(
     sa.Column("attempt_base", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.Column("replays", sa.Integer, nullable=False, server_default=sa.text("0")),  # requeues from review
     sa.Column("lease_rescues", sa.Integer, nullable=False, server_default=sa.text("0")),  # expired leases returned
+    # Reviewers' corrections of the completed job's label (0026): each one a move completed ->
+    # completed, the review role's, which the jobs trigger checks and logs as any other move.
+    sa.Column(
+        "corrections",
+        sa.Integer,
+        nullable=False,
+        server_default=sa.text("0"),
+        comment="Reviewers' corrections of the completed job's label: each a move completed -> completed (0026)",
+    ),
     # Poison isolation (migration 0009): NULL for a clean job; for a job whose claim died under
     # it (its lease taken back), the largest claim it may be part of next. Claims never mix
     # suspects with clean jobs; a suspect that dies again in a claim of one is poison.
@@ -75,6 +94,7 @@ jobs = sa.Table(
         "attempt_base >= 0 AND attempt >= attempt_base AND attempt <= max_attempts", name="attempt_bounds"
     ),
     sa.CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+    sa.CheckConstraint("corrections >= 0", name="corrections"),
     sa.CheckConstraint(
         "(status = 'running' AND lease_owner IS NOT NULL AND lease_token IS NOT NULL"
         " AND lease_expires_at IS NOT NULL)"
@@ -188,6 +208,9 @@ classifications = sa.Table(
     sa.Column("input_sha256", sa.Text),
     sa.Column("reused_job_id", pg.UUID(as_uuid=True)),
     sa.Column("reused_attempt", sa.Integer),
+    # The model's top candidate labels, best first (0028): at most three {"label", "score"}; NULL
+    # where the classifier scores one label only (an LLM) or the row is older.
+    sa.Column("candidates", pg.JSONB),
     sa.UniqueConstraint("job_id", "attempt"),
     sa.CheckConstraint("outcome IN ('accepted', 'inconclusive', 'rejected')", name="outcome_known"),
     sa.CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
@@ -195,7 +218,14 @@ classifications = sa.Table(
         "output_mode IS NULL OR output_mode IN ('json_schema', 'json_object')", name="output_mode_known"
     ),
     sa.CheckConstraint("(reused_job_id IS NULL) = (reused_attempt IS NULL)", name="reused_whole"),
+    sa.CheckConstraint(
+        "candidates IS NULL OR (jsonb_typeof(candidates) = 'array' AND jsonb_array_length(candidates) <= 3)",
+        name="candidates_shape",
+    ),
     sa.Index("classifications_rejected_idx", "created_at", postgresql_where=sa.text("outcome = 'rejected'")),  # 0020
+    # Serves the quality figures' window of days (0026): rows arrive in time order, so a BRIN
+    # index finds a day's pages at almost no cost to the hot path's inserts.
+    sa.Index("classifications_created_at_idx", "created_at", postgresql_using="brin"),
     # Serves the content cache's lookup (triage.jobs.answers): its entries only, the accepted and
     # doubtful answers of the model itself, by input and classifier version, oldest first (0016).
     sa.Index(
@@ -244,7 +274,7 @@ manual_review = sa.Table(
     sa.Column("note", sa.Text),
     sa.CheckConstraint("(resolved_at IS NULL) = (resolution IS NULL)", name="resolution_with_time"),
     sa.CheckConstraint(
-        "resolution IS NULL OR resolution IN ('labelled', 'requeued', 'rejected', 'superseded')",
+        "resolution IS NULL OR resolution IN ('labelled', 'requeued', 'rejected', 'superseded', 'confirmed', 'corrected')",
         name="resolution_known",
     ),
     # At most one open review per job.
@@ -260,10 +290,29 @@ manual_review = sa.Table(
     sa.Index(
         "manual_review_open_reason_idx", "reason", "created_at", "id", postgresql_where=sa.text("resolved_at IS NULL")
     ),
+    # Serve the queue least sure first (0028): open reviews by uncertainty, then oldest, as a whole
+    # or of one reason (triage.jobs.review_uncertainty).
+    sa.Index(
+        "manual_review_open_uncertainty_idx",
+        sa.text(REVIEW_UNCERTAINTY),
+        "created_at",
+        "id",
+        postgresql_where=sa.text("resolved_at IS NULL"),
+    ),
+    sa.Index(
+        "manual_review_open_reason_uncertainty_idx",
+        "reason",
+        sa.text(REVIEW_UNCERTAINTY),
+        "created_at",
+        "id",
+        postgresql_where=sa.text("resolved_at IS NULL"),
+    ),
     # Serves the content cache's refusal to answer for content a reviewer labelled (0013).
     sa.Index("manual_review_labelled_idx", "job_id", postgresql_where=sa.text("resolution = 'labelled'")),
     # Serves the report's schema mismatches found on arrival (0020): empty on a healthy ledger.
     sa.Index("manual_review_unsupported_idx", "job_id", postgresql_where=sa.text(ARRIVED_UNSUPPORTED)),
+    # Serves the quality figures (0026): the decisions of a window of days, by when they were taken.
+    sa.Index("manual_review_resolved_at_idx", "resolved_at", postgresql_where=sa.text("resolved_at IS NOT NULL")),
 )
 
 outbox = sa.Table(

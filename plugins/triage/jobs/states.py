@@ -62,6 +62,7 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (S.MANUAL_REVIEW, S.COMPLETED),  # review: resolved with a label
         (S.MANUAL_REVIEW, S.TERMINAL_FAILED),  # review: reject
         (S.TERMINAL_FAILED, S.QUEUED),  # replay by filter: an operator's deliberate retry (0008)
+        (S.COMPLETED, S.COMPLETED),  # review: a correction of an audited label (jobs.corrections, 0026)
     }
 )
 """Every move the database accepts, as (from, to). Anything else raises."""
@@ -82,9 +83,12 @@ REVIEW_MOVES: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (S.MANUAL_REVIEW, S.COMPLETED),
         (S.MANUAL_REVIEW, S.TERMINAL_FAILED),
         (S.TERMINAL_FAILED, S.QUEUED),
+        (S.COMPLETED, S.COMPLETED),
     }
 )
-"""The moves only the review role may make: out of ``manual_review``, and a replay of a failed job."""
+"""The moves only the review role may make: out of ``manual_review``, a replay of a failed job,
+and a correction of a completed job's label (the one move that keeps its state: the jobs trigger
+takes a change of ``jobs.corrections`` as a move, migration 0026)."""
 
 TRANSITION_ROLES: dict[tuple[JobStatus | None, JobStatus], Role] = {
     **{(None, new): Role.APP for new in INITIAL_STATES},

@@ -255,6 +255,24 @@ class LinearTextModel:
             probability = 1.0 / float(np.exp(scores - scores[best]).sum())
         return self.labels[best], min(max(probability, 0.0), 1.0)
 
+    def ranked(self, text: str, k: int) -> list[tuple[str, float]]:
+        """The ``k`` most probable labels with their probabilities, best first. The first is
+        :meth:`predict`'s answer, the same label and probability (ties go to the label listed
+        first, as ``argmax``)."""
+        columns, values = self.features(text)
+        scores = self.intercept + values @ self._weights[columns] if len(columns) else self.intercept
+        if len(self.labels) == 2:
+            positive = 1.0 / (1.0 + math.exp(-float(scores[0])))
+            pairs = [(self.labels[1], positive), (self.labels[0], 1.0 - positive)]
+            return (pairs if positive >= 0.5 else pairs[::-1])[:k]
+        shifted = np.exp(scores - scores.max())
+        total = float(shifted.sum())
+        # A Python sort of a few dozen floats costs less than numpy's calls on so small an array;
+        # reversed, it still keeps equals in label order (the first one first, as argmax).
+        values = shifted.tolist()
+        order = sorted(range(len(values)), key=values.__getitem__, reverse=True)[:k]
+        return [(self.labels[i], min(max(values[i] / total, 0.0), 1.0)) for i in order]
+
     def predict_many(self, texts: Iterable[str]) -> list[tuple[str, float]]:
         return [self.predict(text) for text in texts]
 

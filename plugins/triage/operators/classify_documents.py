@@ -244,7 +244,7 @@ class ClassifyDocumentsOperator(TriageOperator):
         handler = ClassifyHandler(
             classifier,
             _payloads(self.payload_base),
-            ClassifySettings(config.confidence_threshold, concurrency, separate),
+            ClassifySettings(config.confidence_threshold, concurrency, separate, config.audit_rate),
             cache=cache,
             # Answers a provider batch gave (batch mode, triage.operators.model_batches): no call.
             given=given_answers(BatchLedger(self.store.engine)) if config.classifier == "llm" else None,
@@ -327,7 +327,7 @@ class PersistLabelsOperator(TriageOperator):
         try:
             report = run_step(
                 self.store,
-                PersistHandler(self.store, action),
+                PersistHandler(self.store, action, audit_rate=config.audit_rate),
                 batch_key=batch_key(context),
                 settings=settings,
                 metrics=AirflowStatsMetrics(),

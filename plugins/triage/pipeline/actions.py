@@ -46,6 +46,9 @@ class LabelRequest:
     label: str
     confidence: float | None
     classifier_version: str
+    revision: int | None = None
+    """A reviewer's correction of a label already sent for this job (the review row's id): its
+    order sorts after the job's own, so that the provider ends with the correction."""
 
     @classmethod
     def for_job(cls, job: ClaimedJob, label: LabelWrite) -> LabelRequest:
@@ -64,7 +67,10 @@ class LabelRequest:
 
     @property
     def order(self) -> str:
-        return label_order(self.job_created_at, self.job_id)
+        """:func:`label_order`; for a correction ``/<revision, 20 digits>`` after it, which sorts
+        after the bare order of the same job and after its earlier corrections."""
+        order = label_order(self.job_created_at, self.job_id)
+        return order if self.revision is None else f"{order}/{self.revision:020d}"
 
 
 class ActionFailed(Exception):

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from triage.classifiers.base import Classifier, ClassifierError, ClassifyRequest, ModelOutput, decide_outcome
 from triage.classifiers.rate_limits import BUDGET_EXHAUSTED
 from triage.contracts.documents import DocumentPayload
+from triage.jobs.audit_samples import is_audit_sample
 from triage.jobs.models import (
     Advance,
     ClaimedJob,
@@ -100,11 +101,15 @@ def bounded_retry_after(seconds: float | None) -> float | None:
 class ClassifySettings:
     """:param separate_persist: accepted jobs advance to the ``persist`` step (which runs the
     external action) instead of being completed here, label and event in the same
-    transaction as the classification."""
+    transaction as the classification.
+    :param audit_rate: share of accepted jobs completed as audit samples (the run's
+        ``audit_rate``; :func:`triage.jobs.audit_samples.is_audit_sample`). Completed here or by
+        the persist step, whichever completes them."""
 
     confidence_threshold: float = 0.7
     concurrency: int = 1
     separate_persist: bool = False
+    audit_rate: float = 0.0
 
 
 def _record(
@@ -124,6 +129,7 @@ def _record(
         output_mode=output.output_mode,
         input_sha256=key,
         reused_from=reused_from,
+        candidates=output.candidates or None,
     )
 
 
@@ -358,7 +364,8 @@ class ClassifyHandler:
             if self.settings.separate_persist:
                 return Advance(job.id, job.attempt, Step.PERSIST, classification=record)
             label = LabelWrite(output.label or "", output.confidence, version)
-            return Complete(job.id, job.attempt, label, classification=record)
+            audit = is_audit_sample(job.id, self.settings.audit_rate)
+            return Complete(job.id, job.attempt, label, classification=record, audit=audit)
         if outcome == "inconclusive":
             # A reused doubtful answer says whose it was: the reviewer sees the same text's answer.
             reused = (

@@ -21,6 +21,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 
+from triage.jobs.audit_samples import is_audit_sample
 from triage.jobs.label_actions import superseded
 from triage.jobs.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, Park, RetryLater
 from triage.jobs.states import Step
@@ -54,9 +55,15 @@ class PersistHandler:
     classifier_version = None  # runs no classifier: the label is the classification already recorded
 
     def __init__(
-        self, store: JobStore, action: ExternalAction | None = None, breaker: CircuitBreaker | None = None
+        self,
+        store: JobStore,
+        action: ExternalAction | None = None,
+        breaker: CircuitBreaker | None = None,
+        *,
+        audit_rate: float = 0.0,
     ) -> None:
-        self.store, self.action = store, action
+        """:param audit_rate: share of the jobs completed as audit samples (the run's ``audit_rate``)."""
+        self.store, self.action, self.audit_rate = store, action, audit_rate
         self.breaker = breaker or CircuitBreaker(min_jobs=BREAKER_MIN_JOBS)
         self._last_failure: tuple[str, str] | None = None  # (error_class, error) of the latest
         self._outages = OutageGuard()
@@ -97,8 +104,11 @@ class PersistHandler:
                 else:  # the lease is confirmed in the ledger right before the effect
                     outcomes.append(ownership.attempt(job, functools.partial(self._act, job, label), confirm=True))
                 continue
-            outcomes.append(Complete(job.id, job.attempt, label))
+            outcomes.append(self._complete(job, label))
         return outcomes
+
+    def _complete(self, job: ClaimedJob, label: LabelWrite) -> Complete:
+        return Complete(job.id, job.attempt, label, audit=is_audit_sample(job.id, self.audit_rate))
 
     def _act(self, job: ClaimedJob, label: LabelWrite) -> Outcome:
         assert self.action is not None
@@ -115,7 +125,7 @@ class PersistHandler:
             self.breaker.record(True)
             return RetryLater(job.id, job.attempt, "external_action_failed", type(exc).__name__)
         self.breaker.record(False)
-        return Complete(job.id, job.attempt, label)
+        return self._complete(job, label)
 
     def _park(self, job_id: uuid.UUID, attempt: int) -> Park:
         error_class, error = self._last_failure or (None, None)

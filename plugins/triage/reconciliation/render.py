@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from triage import markdown as md
-from triage.reconciliation.charts import bar_chart, column_chart, duration, plain
+from triage.reconciliation.charts import bar_chart, column_chart, duration, line_chart, plain
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,86 @@ def markdown(summary: dict[str, Any]) -> str:
         ),
         ("Outbox", [f"{summary['outbox']['unsent']} unsent; oldest {duration(summary['outbox']['oldest_seconds'])}"]),
     ]
+    if summary.get("quality"):  # absent from the summaries of runs before it was recorded
+        sections.append((f"Quality (last {summary['quality']['window_days']} days)", quality_markdown(summary)))
     for title, body in sections:
         out += [f"## {md.text(title)}", "", *body, ""]
     return "\n".join(out)
+
+
+def percent(value: float | None) -> str:
+    """A share as a percentage (``97.3 %``); ``-`` when nothing was measured."""
+    return "-" if value is None else f"{value * 100:.1f} %"
+
+
+def interval(row: dict[str, Any]) -> str:
+    """The audited precision with its 95 % Wilson interval: ``96.0 % (90.1-98.4 %, n=50)``."""
+    if not row["audited"]:
+        return "-"
+    low, high = row["precision_low"] * 100, row["precision_high"] * 100
+    return f"{percent(row['precision'])} ({low:.1f}-{high:.1f} %, n={row['audited']})"
+
+
+def quality_markdown(summary: dict[str, Any]) -> list[str]:
+    """The Quality section: per version, per version and day, reviewers per day."""
+    quality = summary["quality"]
+    version_rows = [("all versions", quality["totals"]), *((r["version"], r) for r in quality["by_version"])]
+    return [
+        *_table(
+            [
+                "version",
+                "classified",
+                "coverage",
+                "audited precision (95 % CI)",
+                "open audits",
+                "inconclusive agreement",
+            ],
+            (
+                (
+                    name,
+                    r["classified"],
+                    percent(r["coverage"]),
+                    interval(r),
+                    r["audit_open"],
+                    f"{percent(r['inconclusive_agreement'])} of {r['inconclusive_labelled']}",
+                )
+                for name, r in version_rows
+            ),
+        ),
+        "",
+        *_table(
+            ["version", "day", "classified", "coverage", "confirmed", "corrected", "audited precision (95 % CI)"],
+            (
+                (
+                    r["version"],
+                    r["day"],
+                    r["classified"],
+                    percent(r["coverage"]),
+                    r["confirmed"],
+                    r["corrected"],
+                    interval(r),
+                )
+                for r in quality["by_version_day"]
+            ),
+        ),
+        "",
+        *_table(
+            ["day", "decisions", "reviewers", "per reviewer", "agreement with the model"],
+            (
+                (r["day"], r["decisions"], r["reviewers"], r["decisions_per_reviewer"], percent(r["agreement"]))
+                for r in quality["reviewers_by_day"]
+            ),
+        ),
+    ]
+
+
+def quality_trend(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of the quality trend, oldest first: earlier runs' stored totals, then this run's."""
+    from triage.reconciliation.quality import trend_point
+
+    quality = summary["quality"]
+    this_run = trend_point(summary["run"]["id"], summary["run"]["started_at"], quality["totals"])
+    return [*quality["trend"], this_run]
 
 
 def charts(summary: dict[str, Any]) -> dict[str, str]:
@@ -170,6 +247,30 @@ def charts(summary: dict[str, Any]) -> dict[str, str]:
         "rejected": bar_chart(
             "Rejected model outputs", [(r["reason"], [r["count"]]) for r in summary["rejected_outputs"]]
         ),
+        **(quality_charts(summary) if summary.get("quality") else {}),
+    }
+
+
+def quality_charts(summary: dict[str, Any]) -> dict[str, str]:
+    """The Quality section's charts: coverage and audited precision per version, and their trend
+    over runs (a share not measured in a run is drawn as 0 and named ``-`` in its tooltip)."""
+    quality = summary["quality"]
+    runs = quality_trend(summary)
+    series = [
+        (name, [100 * (r[key] or 0) for r in runs])
+        for name, key in (
+            ("coverage %", "coverage"),
+            ("audited precision %", "precision"),
+            ("inconclusive agreement %", "inconclusive_agreement"),
+        )
+    ]
+    return {
+        "quality_versions": bar_chart(
+            "Coverage and audited precision per version (%)",
+            [(r["version"], [100 * (r["coverage"] or 0), 100 * (r["precision"] or 0)]) for r in quality["by_version"]],
+            series=["coverage", "audited precision"],
+        ),
+        "quality_trend": line_chart("Quality over runs (%)", [f"run {r['run_id']}" for r in runs], series, width=720),
     }
 
 
@@ -186,6 +287,8 @@ def html(summary: dict[str, Any], links: dict[str, Any] | None = None) -> str:
         loader=jinja2.FileSystemLoader(template_dir()), autoescape=True, undefined=jinja2.StrictUndefined
     )
     env.filters["duration"] = duration
+    env.filters["percent"] = percent
+    env.filters["interval"] = interval
     svg = {name: Markup(chart) for name, chart in charts(summary).items()}  # built from escaped parts
     return env.get_template(TEMPLATE).render(s=summary, charts=svg, links=links)
 

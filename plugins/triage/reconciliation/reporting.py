@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from triage.jobs import checks
 from triage.jobs.states import JobStatus
+from triage.reconciliation import quality
 from triage.reconciliation import report_queries as Q
 from triage.reconciliation.findings import RuleResult
 from triage.reconciliation.params import ReconcileParams
@@ -77,6 +78,7 @@ def ledger_view(conn: sa.Connection, params: ReconcileParams) -> dict[str, Any]:
             {"reason": r.reason, "count": int(r.n)} for r in conn.execute(Q.rejected_outputs(), window)
         ],
         "outbox": {"unsent": int(lag.unsent), "oldest_seconds": _f(lag.oldest_seconds), "old": int(lag.old)},
+        "quality": quality.figures(conn),
     }
 
 

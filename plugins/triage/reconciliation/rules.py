@@ -206,7 +206,8 @@ def consistency(store: JobStore, params: ReconcileParams) -> RuleResult:
     already terminal (resolved as ``superseded``: no decision can apply); a completed job
     without a completion event (``job.completed`` appended). Conflicts (a human decides): a
     completed job without its label, a label whose job is not completed, an open review row of
-    a job back in automatic hands.
+    a job back in automatic hands. An audit sample (an open review row, reason ``audit_sample``,
+    of a completed job: :mod:`triage.jobs.audit_samples`) is none of these.
     """
     findings: list[Finding] = []
     repairs: list[Repair] = []

@@ -145,6 +145,8 @@ def send_reviewed_label(store: JobStore, job_id: uuid.UUID, send_label: SendLabe
         return "skipped: the job is not completed with a reviewer's label"
     if reviewed.superseded:
         return "skipped: a newer job's label stands for this document"
+    if reviewed.resolution == "confirmed":  # the model's label, which the provider has already
+        return "skipped: the reviewer confirmed the label already sent"
     request = LabelRequest(
         reviewed.idempotency_key,
         reviewed.job_id,
@@ -155,6 +157,7 @@ def send_reviewed_label(store: JobStore, job_id: uuid.UUID, send_label: SendLabe
         reviewed.label,
         None,
         f"human:{reviewed.reviewer}",
+        reviewed.revision,
     )
     try:
         send_label(request)

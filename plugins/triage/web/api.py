@@ -2,7 +2,7 @@
 
     GET  /triage/api/jobs/{job_id}            the job, its events, review rows, classifications
     GET  /triage/api/jobs/{job_id}/document   its document as text/plain (hash-verified)
-    GET  /triage/api/reviews?reason=&source=&batch=&older_than=&limit=&cursor=
+    GET  /triage/api/reviews?reason=&source=&batch=&older_than=&order=oldest|uncertainty&limit=&cursor=
     POST /triage/api/reviews/{job_id}         {"action": "label"|"requeue"|"reject", "label", "note"}
     POST /triage/api/labels                   labelled examples in a batch (:mod:`triage.web.labels`)
     GET  /triage/api/reports/latest · /triage/api/reports/{run_id} · /triage/api/reports/trend
@@ -21,7 +21,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from triage.web.access import ReportReader, ReviewReader, check_decider, describe
-from triage.web.paging import Filter, Position, RunId, encode_cursor
+from triage.web.paging import Filter, OrderedPosition, RunId, encode_cursor, encode_uncertain_cursor
 from triage.web.service import Refused, TriageService
 
 router = APIRouter(prefix="/api")
@@ -65,15 +65,20 @@ def get_document(job_id: uuid.UUID, request: Request, caller: ReviewReader) -> P
 
 
 @router.get("/reviews")
-def list_reviews(request: Request, caller: ReviewReader, where: Filter, position: Position) -> Any:
-    size, after = position
-    page = service(request).queue(where, limit=size, after=after)
+def list_reviews(request: Request, caller: ReviewReader, where: Filter, position: OrderedPosition) -> Any:
+    """Open reviews, oldest first; ``order=uncertainty``: what the model is least sure of first
+    (each row then carries its ``uncertainty`` and the model's ``candidates``)."""
+    svc = service(request)
+    if position.order == "uncertainty":
+        uncertain = svc.queue_by_uncertainty(where, limit=position.size, after=position.after_uncertain)
+        rows = uncertain.rows
+        next_cursor = encode_uncertain_cursor(uncertain.next_after) if uncertain.next_after else None
+    else:
+        page = svc.queue(where, limit=position.size, after=position.after)
+        rows = page.rows
+        next_cursor = encode_cursor(page.next_after) if page.next_after else None
     return jsonable_encoder(
-        {
-            "reviews": page.rows,
-            "next_cursor": encode_cursor(page.next_after) if page.next_after else None,
-            "caller": describe(caller),
-        }
+        {"reviews": rows, "next_cursor": next_cursor, "order": position.order, "caller": describe(caller)}
     )
 
 

@@ -21,7 +21,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from triage.web import api, intake, labels, pages
+from triage.web import api, intake, labels, pages, review_next
 from triage.web.access import login_url
 from triage.web.intake_service import IntakeService
 from triage.web.service import TriageService, default_label_action
@@ -76,6 +76,7 @@ def create_app(
     app.include_router(api.router)
     app.include_router(labels.router)
     intake.install(app, intake_service, app.state.triage, tokens)
+    app.include_router(review_next.router)
     app.include_router(pages.router)
 
     app.add_middleware(SecurityHeaders)

@@ -1,6 +1,7 @@
 """The Triage pages: the review queue, a job with its document, decisions, and the reports.
 
-    GET  /triage/review                        open reviews (filter, page), oldest first
+    GET  /triage/review                        open reviews (filter, page), oldest first (order=uncertainty:
+                                               least sure first)
     GET  /triage/review/jobs/{job_id}          the job: document, model's answer, events, decision form
     POST /triage/review/jobs/{job_id}          decide (form: action, label, note, csrf_token)
     GET  /triage/review/bulk?<filter>          preview a bulk decision: the first jobs the filter selects
@@ -23,10 +24,19 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
+from triage.jobs.review_queue import QueuePage
+from triage.jobs.review_uncertainty import UncertainPage
 from triage.reconciliation import render
 from triage.reconciliation.charts import duration, line_chart
 from triage.web.access import CSRF_FIELD, REPORT_DAG, Caller, ReportReader, ReviewReader, check_decider
-from triage.web.paging import Filter, Position, RunId, encode_cursor, filter_query
+from triage.web.paging import (
+    Filter,
+    OrderedPosition,
+    RunId,
+    encode_cursor,
+    encode_uncertain_cursor,
+    filter_query,
+)
 from triage.web.service import BULK_LIMIT, Refused, TriageService
 
 router = APIRouter()
@@ -74,15 +84,19 @@ def home(request: Request) -> Response:
 
 
 @router.get("/review", response_class=HTMLResponse)
-def queue(request: Request, caller: ReviewReader, where: Filter, position: Position) -> HTMLResponse:
-    size, after = position
-    result = service(request).queue(where, limit=size, after=after)
-    query = filter_query(where)
-    next_url = (
-        link(request, "/review", **query, limit=size, cursor=encode_cursor(result.next_after))
-        if result.next_after
-        else None
-    )
+def queue(request: Request, caller: ReviewReader, where: Filter, position: OrderedPosition) -> HTMLResponse:
+    size, uncertain = position.size, position.order == "uncertainty"
+    result: QueuePage | UncertainPage
+    if uncertain:  # least sure first (triage.jobs.review_uncertainty): the order kept in every link
+        result = service(request).queue_by_uncertainty(where, limit=size, after=position.after_uncertain)
+        query = {**filter_query(where), "order": position.order}
+        cursor = encode_uncertain_cursor(result.next_after) if result.next_after else None
+    else:
+        result = service(request).queue(where, limit=size, after=position.after)
+        query = filter_query(where)
+        cursor = encode_cursor(result.next_after) if result.next_after else None
+    after = position.after_uncertain or position.after
+    next_url = link(request, "/review", **query, limit=size, cursor=cursor) if cursor else None
     return page(
         request,
         "queue.html.j2",
@@ -92,7 +106,8 @@ def queue(request: Request, caller: ReviewReader, where: Filter, position: Posit
         query=query,
         next_url=next_url,
         first_url=link(request, "/review", **query, limit=size) if after is not None else None,
-        bulk_url=link(request, "/review/bulk", **query),
+        bulk_url=link(request, "/review/bulk", **filter_query(where)),
+        uncertain=uncertain,
         bulk_limit=BULK_LIMIT,
     )
 

@@ -27,6 +27,7 @@ from triage.jobs.errors import (
     RoleRefused,
 )
 from triage.jobs.review_queue import Cursor, QueueFilter, QueuePage, job_detail, queue_page
+from triage.jobs.review_uncertainty import UncertainCursor, UncertainPage, uncertain_page
 from triage.jobs.store import JobStore
 from triage.payload_refs import PayloadError
 from triage.pipeline.actions import WebhookLabelAction
@@ -171,6 +172,13 @@ class TriageService:
     def queue(self, where: QueueFilter, *, limit: int, after: Cursor | None = None) -> QueuePage:
         with self.review_store.reading() as conn:
             return queue_page(conn, where, limit=limit, after=after)
+
+    def queue_by_uncertainty(
+        self, where: QueueFilter, *, limit: int, after: UncertainCursor | None = None
+    ) -> UncertainPage:
+        """The queue least sure first (:func:`triage.jobs.review_uncertainty.uncertain_page`)."""
+        with self.review_store.reading() as conn:
+            return uncertain_page(conn, where, limit=limit, after=after)
 
     def job(self, job_id: uuid.UUID) -> dict[str, Any] | None:
         with self.review_store.reading() as conn:
