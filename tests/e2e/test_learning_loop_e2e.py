@@ -16,9 +16,9 @@
 Owns ``classify_documents``' runs ``learning_keyword`` and ``learning_learned`` (logical dates
 :data:`KEYWORD_DAY`, :data:`LEARNED_DAY` and their batches), ``train_classifier``'s run
 ``learning_train``, ``reconcile_jobs``' run ``learning_report``, and the labelled examples of source
-:data:`SOURCE`. The model it trains becomes the deployment's champion when it is the first: runs of
-other modules that leave ``classifier`` at ``auto`` afterwards classify with it (every job still
-settles), so their assertions do not depend on which classifier ran.
+:data:`SOURCE`. The model it trains becomes the deployment's champion when it is the first: later
+runs that leave ``classifier`` at ``auto`` classify with it, so a module with such runs must not
+depend on which classifier ran (``test_backfill.py`` counts settled jobs only).
 """
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ import html
 import re
 import urllib.parse
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
+
+import pytest
 
 from tests.e2e.conftest import E2E
 from tests.harness.airflow import HarnessError, api_client, task_log, task_states, wait_for_runs
@@ -103,9 +106,8 @@ def iso(day: str) -> str:
 def wait_for_success(e2e: E2E, dag_id: str, run_id: str, timeout: float = 240) -> dict[str, Any]:
     """The run once it succeeded; its tasks' states and logs in the message if it did not."""
     try:
-        return wait_for_runs(e2e.env, dag_id, 1, ("success",), timeout=timeout, where=lambda r: r["run_id"] == run_id)[
-            0
-        ]
+        runs = wait_for_runs(e2e.env, dag_id, 1, ("success",), timeout=timeout, where=lambda r: r["run_id"] == run_id)
+        return runs[0]
     except HarnessError as exc:
         states = task_states(e2e.env, dag_id, run_id)
         logs = "\n".join(
@@ -135,9 +137,15 @@ def rows(e2e: E2E, sql: str, **params: object) -> list[tuple[Any, ...]]:
         engine.dispose()
 
 
-def test_a_reviewer_s_label_trains_a_model_whose_quality_the_report_shows(e2e: E2E) -> None:
+@pytest.fixture
+def reviewer(e2e: E2E) -> Iterator[Any]:
+    """The ``reviewer`` user's API client (its own bearer token, as its browser session acts)."""
+    with api_client(e2e.airflow.base_url, "reviewer", e2e.passwords["reviewer"]) as client:
+        yield client
+
+
+def test_a_reviewer_s_label_trains_a_model_whose_quality_the_report_shows(e2e: E2E, reviewer: Any) -> None:
     af = e2e.airflow
-    reviewer = api_client(af.base_url, "reviewer", e2e.passwords["reviewer"])
     for dag_id in ("classify_documents", "train_classifier", "reconcile_jobs"):
         af.unpause(dag_id)
 
