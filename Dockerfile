@@ -7,7 +7,7 @@
 # official image was built and tested with. docker/triage-constraints.txt adds Triage's own pins
 # only for packages Airflow pins nothing for (`make lock`). `pip check` fails the build when
 # the installed set is inconsistent. tests/unit/test_compose.py keeps this file honest (base tag,
-# constraints, pip check); tests/packaging/test_resolution.py resolves the requirement set.
+# constraints, pip check); tests/drills/test_resolution.py resolves the requirement set.
 # The embedded PostgreSQL and the test tools (requirements-dev.txt) stay out.
 FROM apache/airflow:3.3.2-python3.13
 

@@ -12,12 +12,14 @@ export TRIAGE_HOME ?= $(CURDIR)/.triage
 DATE   ?=
 CONF   ?= {}
 
-.PHONY: help setup test-deps lock migrate run up stop test test-fast test-smoke smoke-tests bench bench-growth bench-intake chaos distributed lint clean reset-secrets schemas
+.PHONY: help setup test-deps lock migrate run up stop test test-all test-drills test-fast test-smoke smoke-tests bench bench-growth bench-intake chaos distributed lint clean reset-secrets schemas
 
 help:
 	@echo "make run [DATE=YYYY-MM-DD] [CONF='{json}'] [VERBOSE=1]  set up, migrate, run classify_documents then reconcile_jobs"
-	@echo "make test [TEST_WORKERS=3 SLOW_WORKERS=2]  the whole suite: the fast tests in parallel, then the slow ones"
-	@echo "          [SMOKE=0 SMOKE_PYTHON=...]       beside the slow ones, a smoke subset on CPython 3.13 (make test-smoke alone)"
+	@echo "make test [TEST_WORKERS=2 E2E_BESIDE=1]    the unit, ledger, airflow and e2e tiers (tests/conftest.py names them)"
+	@echo "make test-all [DRILL_WORKERS=2]            make test, then the drills (make test-drills alone: chaos, Celery,"
+	@echo "          [SMOKE=0 SMOKE_PYTHON=...]       make run/up, packaging), a smoke subset on CPython 3.13 beside them"
+	@echo "make test-fast                             the unit and ledger tiers only (no Airflow): before a small change"
 	@echo "make test-deps                             the Debian packages tests need (chromium, redis-server): apt-get as root"
 	@echo "make chaos [CHAOS='--documents 20000 --dates 4']  the failure drill; exit 1 on a broken invariant"
 	@echo "make distributed [DATE=YYYY-MM-DD] [CONF='{json}']  the day under CeleryExecutor: Redis, 2 Celery workers"
@@ -86,33 +88,39 @@ stop: $(STAMP)
 reset-secrets: $(STAMP)
 	$(BIN)/triage reset-secrets
 
-# Two phases, each on pytest-xdist workers: the fast tests, then the slow ones (marked slow: they
-# run Airflow's processes and mostly wait on them). Every worker migrates a template database of
-# its own and clones one per test, on the one embedded server they share (tests/conftest.py).
+# The tests in tiers (tests/conftest.py says which tier a test goes to):
+#   tests/unit     no database            tests/ledger  a real PostgreSQL (the embedded one)
+#   tests/airflow  DAG integrity and forked `airflow dags test` runs
+#   tests/e2e      ONE running Airflow (API server, scheduler, DAG processor, triggerer) that
+#                  every module shares (tests/e2e/conftest.py)
+#   tests/drills   what starts deployments of its own on purpose: the chaos drill, Celery,
+#                  make run / make up, Fernet keys, FAB, backup and restore, pip resolutions
+# make test runs the first four: unit, ledger and airflow on TEST_WORKERS pytest-xdist workers,
+# and beside them the e2e tier in one pytest process of its own (no xdist: one deployment, not one
+# per worker), whose output goes to a log shown at the end. The e2e tier mostly waits on its
+# deployment, so beside the CPU-bound tiers it costs their wall time less than it takes alone
+# (E2E_BESIDE=0: after them). make test-all adds the drills on DRILL_WORKERS workers, with the
+# CPython 3.13 smoke beside them. Every worker shares the one embedded server; each migrates a
+# template database of its own and clones one per test (tests/conftest.py).
 # --dist loadfile keeps a module's tests on one worker: they share module fixtures (an Airflow
 # deployment, a private server), made once. (loadgroup would be finer but groups nothing with
-# pytest 9.2: pytest-xdist issue 1386.) Both phases in collection order (--no-loadscope-reorder;
-# xdist's default hands out the files of most tests first): the fast phase with tests/dags and
-# tests/packaging first, the slow phase longest first, the drill first of all (tests/conftest.py),
-# so the longest files start first instead of running alone at the end. Both
-# phases run even when the first fails. The Airflow tests clone one migrated metadata database
-# (tests/dags/conftest.py) instead of migrating one per module. Workers: 3 and 2
-# were the fastest measured here (2 cores; README); the slow tests slow each other down (the drill).
-# Both phases at once were measured too (session 8, clean clone, nothing else running): 15:34
-# wall against 15:39 one after the other, the fast phase twice as slow beside the slow one: the
-# suite is CPU-bound (1,517 CPU-s in a cgroup; two cores give 960 in 8 minutes), so the phases
-# stay apart, where timed waits in tests see less load.
-TEST_WORKERS ?= 3
-SLOW_WORKERS ?= 2
-PYTEST_ARGS  ?=
+# pytest 9.2: pytest-xdist issue 1386.) In collection order (--no-loadscope-reorder; xdist's
+# default hands out the files of most tests first): tests/conftest.py puts the long modules first,
+# so they start first instead of running alone at the end.
+TEST_WORKERS  ?= 2
+DRILL_WORKERS ?= 2
+E2E_BESIDE    ?= 1
+PYTEST_ARGS   ?=
+XDIST         := --dist loadfile --no-loadscope-reorder
+FAST_TIERS    := tests/unit tests/ledger tests/airflow
+E2E_LOG       := $(TRIAGE_HOME)/logs/test-e2e.log
 
-# A third phase beside the slow one: CPython 3.13 (Debian 13's python3), on a virtualenv of its own
-# built as .venv is, runs the smoke subset below, so that every make test (and so CI) shows Triage
-# installing and running on 3.13 too, not only on .venv's Python: the embedded PostgreSQL's
-# package, the migrations and the ledger, the pipeline, the plugin's pages, Airflow parsing the
-# DAGs and a real `dags test` run. Beside the slow phase, whose two workers leave ~0.4 of a core
-# idle (they wait on Airflow), it made that phase 0.2-0.6 min longer, where alone it takes ~3.5
-# (venv 1.5 min, tests 1.7 min; docs/performance.md, session 10).
+# A phase beside the drills: CPython 3.13 (Debian 13's python3), on a virtualenv of its own
+# built as .venv is, runs the smoke subset below, so that every make test-all (and so CI) shows
+# Triage installing and running on 3.13 too, not only on .venv's Python: the embedded
+# PostgreSQL's package, the migrations and the ledger, the pipeline, the plugin's pages, Airflow
+# parsing the DAGs and a real `dags test` run. Beside the drills, whose workers wait on Airflow,
+# it costs little wall time; alone it takes ~3.5 min (venv 1.5 min, tests 1.7 min).
 # SMOKE_PYTHON is the interpreter (default: pyenv's or PATH's python3.13, found by
 # triage_tools.lock.interpreter); SMOKE=0 leaves the phase out; none found: the phase says so and passes, except
 # under CI=true. Left out when .venv is 3.13 itself: the whole suite ran there.
@@ -120,39 +128,68 @@ SMOKE         ?= 1
 SMOKE_VERSION := 3.13
 SMOKE_VENV    := .venv-$(SMOKE_VERSION)
 SMOKE_WORKERS ?= 2
-SMOKE_TESTS   ?= tests/unit tests/integration/test_embedded.py tests/integration/test_migrations.py \
-	tests/integration/test_concurrency.py tests/integration/test_pipeline_classify.py \
-	tests/integration/test_pipeline_llm.py tests/integration/test_triage_web.py \
-	tests/integration/test_intake_ledger.py tests/dags/test_dag_integrity.py \
-	tests/dags/test_classify_documents_e2e.py
+SMOKE_TESTS   ?= tests/unit tests/ledger/test_embedded.py tests/ledger/test_migrations.py \
+	tests/ledger/test_concurrency.py tests/ledger/test_pipeline_classify.py \
+	tests/ledger/test_pipeline_llm.py tests/ledger/test_triage_web.py \
+	tests/ledger/test_intake_ledger.py tests/airflow/test_dag_integrity.py \
+	tests/airflow/test_classify_documents_e2e.py
 SMOKE_LOG     := $(TRIAGE_HOME)/logs/test-smoke-$(SMOKE_VERSION).log
 # make runs a recipe line that names $$(MAKE) even under -n (to recurse), and the whole of
-# `test` is one line: `make -n test` (tests/integration/test_readme.py) would run the suite.
+# `test` is one line: `make -n test` (tests/ledger/test_readme.py) would run the suite.
 SUB_MAKE      := $(MAKE) --no-print-directory
-# Ports the tests ask for and bind later are drawn per worker class (tests/dags/airflow_harness.py):
-# the slow phase's two workers take classes 0-1, the smoke's 2-3.
-PORT_CLASSES  := TRIAGE_TEST_PORT_CLASSES=$$(($(SLOW_WORKERS) + $(SMOKE_WORKERS)))
+# Ports the tests ask for and bind later are drawn per worker class (tests/harness/airflow.py):
+# in make test the workers take classes 0..TEST_WORKERS-1 and the e2e process the next; in the
+# drills phase the drills' workers take the first classes, the smoke's the ones after.
+TEST_PORTS    := TRIAGE_TEST_PORT_CLASSES=$$(($(TEST_WORKERS) + 1))
+E2E_PORTS     := $(TEST_PORTS) TRIAGE_TEST_PORT_CLASS_FIRST=$(TEST_WORKERS)
+DRILL_PORTS   := TRIAGE_TEST_PORT_CLASSES=$$(($(DRILL_WORKERS) + $(SMOKE_WORKERS)))
 # Bytecode written even where PYTHONDONTWRITEBYTECODE is set (as on this machine): every pytest
 # process collects every test module, and without pytest's cache of the rewritten modules each
 # rewrites them all again (collection 9.5 -> 7 CPU-s a process, five a run; docs/performance.md).
-test test-fast test-smoke smoke-tests: export PYTHONDONTWRITEBYTECODE =
+test test-all test-drills test-fast test-smoke smoke-tests: export PYTHONDONTWRITEBYTECODE =
 test: $(STAMP) test-deps
+	@status=0; e2e=""; mkdir -p $(dir $(E2E_LOG)); \
+	if [ "$(E2E_BESIDE)" != 0 ]; then \
+		echo "make test: the e2e tier beside the others, on one shared deployment (its output: $(E2E_LOG), shown at the end)"; \
+		$(E2E_PORTS) $(PY) -m pytest -p no:xdist $(PYTEST_ARGS) tests/e2e >$(E2E_LOG) 2>&1 & e2e=$$!; \
+	fi; \
+	echo "make test: the unit, ledger and airflow tiers on $(TEST_WORKERS) workers"; \
+	$(TEST_PORTS) $(PY) -m pytest -n $(TEST_WORKERS) $(XDIST) $(PYTEST_ARGS) $(FAST_TIERS) || status=1; \
+	if [ -n "$$e2e" ]; then \
+		wait $$e2e || status=1; \
+		echo "make test: the e2e tier ($(E2E_LOG)):"; cat $(E2E_LOG); \
+	else \
+		echo "make test: the e2e tier, on one shared deployment"; \
+		$(E2E_PORTS) $(PY) -m pytest -p no:xdist $(PYTEST_ARGS) tests/e2e || status=1; \
+	fi; \
+	if [ $$status != 0 ]; then echo "make test: FAILED (see the tiers above)"; fi; \
+	exit $$status
+
+# make test, then the drills (test-drills). Both run even when the first fails.
+test-all: $(STAMP) test-deps
 	@status=0; \
-	echo "make test: the fast tests on $(TEST_WORKERS) workers"; \
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
+	$(SUB_MAKE) test || status=1; \
+	$(SUB_MAKE) test-drills || status=1; \
+	if [ $$status != 0 ]; then echo "make test-all: FAILED (see the phases above)"; fi; \
+	exit $$status
+
+# The drills on DRILL_WORKERS workers, longest first (tests/conftest.py), with the CPython 3.13
+# smoke beside them (SMOKE above).
+test-drills: $(STAMP) test-deps
+	@status=0; \
 	smoke=""; \
 	if [ "$(SMOKE)" != 0 ]; then \
 		mkdir -p $(dir $(SMOKE_LOG)); \
-		echo "make test: the CPython $(SMOKE_VERSION) smoke beside the slow tests (its output: $(SMOKE_LOG), shown at the end)"; \
-		$(SUB_MAKE) test-smoke TRIAGE_TEST_PORT_CLASS_FIRST=$(SLOW_WORKERS) $(PORT_CLASSES) >$(SMOKE_LOG) 2>&1 & smoke=$$!; \
+		echo "make test-drills: the CPython $(SMOKE_VERSION) smoke beside the drills (its output: $(SMOKE_LOG), shown at the end)"; \
+		$(SUB_MAKE) test-smoke TRIAGE_TEST_PORT_CLASS_FIRST=$(DRILL_WORKERS) $(DRILL_PORTS) >$(SMOKE_LOG) 2>&1 & smoke=$$!; \
 	fi; \
-	echo "make test: the slow tests on $(SLOW_WORKERS) workers"; \
-	$(PORT_CLASSES) $(PY) -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=1; \
+	echo "make test-drills: the drills on $(DRILL_WORKERS) workers"; \
+	$(DRILL_PORTS) $(PY) -m pytest -n $(DRILL_WORKERS) $(XDIST) $(PYTEST_ARGS) tests/drills || status=1; \
 	if [ -n "$$smoke" ]; then \
 		wait $$smoke || status=1; \
-		echo "make test: the CPython $(SMOKE_VERSION) smoke ($(SMOKE_LOG)):"; cat $(SMOKE_LOG); \
+		echo "make test-drills: the CPython $(SMOKE_VERSION) smoke ($(SMOKE_LOG)):"; cat $(SMOKE_LOG); \
 	fi; \
-	if [ $$status != 0 ]; then echo "make test: FAILED (see the phases above)"; fi; \
+	if [ $$status != 0 ]; then echo "make test-drills: FAILED (see the phases above)"; fi; \
 	exit $$status
 
 # The smoke phase alone (see SMOKE above). Its own virtualenv is made by this Makefile run again
@@ -165,13 +202,14 @@ test-smoke: $(STAMP)
 	fi; \
 	if [ -z "$$python" ]; then \
 		if [ "$$CI" = true ]; then echo "make test-smoke: FAILED: no CPython $(SMOKE_VERSION) here (SMOKE_PYTHON=...)"; exit 1; fi; \
-		echo "make test-smoke: no CPython $(SMOKE_VERSION) here: the smoke phase is left out (SMOKE_PYTHON=... names one)"; exit 0; \
+		echo "make test-smoke: no CPython $(SMOKE_VERSION) here: the smoke phase is left out (SMOKE_PYTHON=...)"; exit 0; \
 	fi; \
 	echo "make test-smoke: $$python, virtualenv $(SMOKE_VENV)"; \
 	$(SUB_MAKE) VENV=$(SMOKE_VENV) PYTHON="$$python" smoke-tests
 
+# The tiers without Airflow: unit and ledger (a minute or two; before a small change).
 test-fast: $(STAMP) test-deps
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(XDIST) $(PYTEST_ARGS) tests/unit tests/ledger
 
 # Run by test-smoke with VENV=$(SMOKE_VENV): $(PY) and the PATH are that virtualenv's. The tests
 # do not inherit this sub-make's MAKEFLAGS: a test's own `make -n run` would print the smoke's VENV.

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from bench.common import Figure, scratch_database
 from bench.simulation import bulk
-from tests.integration.helpers import age_rows, drop_legacy_partitions, past_day_partitions
+from tests.ledger.helpers import age_rows, drop_legacy_partitions, past_day_partitions
 from triage import migrations
 from triage.classifiers import Taxonomy, build_classifier
 from triage.database import DatabaseUrl, create_engine

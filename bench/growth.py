@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from bench.common import Figure, scratch_database, server_cpu_seconds, timed
 from bench.review_queue import median_ms, middle_cursor
 from bench.simulation import bulk
-from tests.integration.helpers import drop_legacy_partitions, new_jobs, past_day_partitions
+from tests.ledger.helpers import drop_legacy_partitions, new_jobs, past_day_partitions
 from triage.database import DatabaseUrl, create_engine
 from triage.jobs.schema import manual_review
 from triage.jobs.sql.reads.review_queue import QueueFilter, queue_statement

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from bench import ledger as L
 from bench.common import Figure, scratch_database
 from bench.simulation import stripped
-from tests.integration.helpers import new_jobs
+from tests.ledger.helpers import new_jobs
 from triage.jobs.vocabulary.models import Complete
 from triage_tools import embedded
 

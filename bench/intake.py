@@ -2,7 +2,7 @@
 
 ``python -m bench intake`` (``BENCH_INTAKE_DOCS`` documents, default 20,000): concurrent clients
 (``BENCH_INTAKE_CLIENTS``, default 8) post batches of 100 documents on loopback to the Triage app
-served by uvicorn in a process of its own (``tests/integration/intake_server.py``: the app as
+served by uvicorn in a process of its own (``tests/ledger/intake_server.py``: the app as
 Airflow's API server mounts it, Airflow's SimpleAuthManager checking a JWT on every request, and
 its revoked-token table in a PostgreSQL metadata database as ``make up``'s;
 ``BENCH_INTAKE_WORKERS`` server processes, default 1 as Airflow's ``[api] workers``). Each
@@ -41,7 +41,7 @@ import httpx
 import psycopg
 
 from bench.common import Figure, scratch_database, server_cpu_seconds
-from tests.integration.intake_server import free_port, wait_listening
+from tests.ledger.intake_server import free_port, wait_listening
 from triage_tools.deploy.reconcile_user import PASSWORDS_FILE_ENV, ensure_password
 
 BATCH = 100
@@ -216,7 +216,7 @@ def run() -> list[Figure]:
         port = free_port()
         server = subprocess.Popen(
             [
-                *(sys.executable, "-m", "tests.integration.intake_server"),
+                *(sys.executable, "-m", "tests.ledger.intake_server"),
                 *(str(port), f"{tmp}/payloads", f"{tmp}/told", "--workers", str(n_workers)),
             ],
             env={**os.environ, **env, "TRIAGE_DATABASE_URL": url.libpq(), "TRIAGE_INTAKE_MAX_QUEUED": str(10 * n)},

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from uuid6 import uuid7
 
 from bench.common import Figure, scratch_database, server_cpu_seconds, timed
-from tests.integration.helpers import new_jobs
+from tests.ledger.helpers import new_jobs
 from triage.database import create_engine
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import Complete

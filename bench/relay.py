@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Figure, scratch_database, server_cpu_seconds
-from tests.integration.helpers import new_jobs
+from tests.ledger.helpers import new_jobs
 from triage.database import create_engine
 from triage.jobs.store import JobStore
 from triage.pipeline.publish import JsonlEventSink, publish_all

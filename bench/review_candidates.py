@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from bench.common import Figure, scratch_database
 from bench.review_queue import median_ms
-from tests.integration.helpers import new_jobs
+from tests.ledger.helpers import new_jobs
 from triage.database import create_engine
 from triage.jobs.sql.reads.review_queue import QueueFilter, queue_page
 from triage.jobs.sql.reads.review_uncertainty import uncertain_page, uncertainty_statement

@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench.common import Figure, scratch_database, timed
-from tests.integration.helpers import new_jobs
+from tests.ledger.helpers import new_jobs
 from triage.database import create_engine
 from triage.jobs.schema import manual_review
 from triage.jobs.sql.reads.review_queue import QueueFilter, queue_statement

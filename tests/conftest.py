@@ -1,4 +1,24 @@
-"""Shared fixtures: a real PostgreSQL, and a fresh migrated database per test.
+"""The test tiers, and the shared fixtures: a real PostgreSQL, and a fresh migrated database per test.
+
+Where a new test goes (the tiers mirror the code; ``tests/unit/test_tiers.py`` fails on a test
+module outside them):
+
+- ``tests/unit``: pure logic, no database and no Airflow process: parsers, policies, contracts,
+  rendering, fakes over ``httpx.MockTransport`` or a loopback fake (``tests/fakes``).
+- ``tests/ledger``: anything that runs SQL, on the real PostgreSQL below (``store``, ``engine``,
+  ``db_url``): the state machine, claims, the pipeline's stages, reconciliation, review, the web
+  app over a real ledger. Airflow may be imported, never run as a process.
+- ``tests/airflow``: the DAG files through Airflow itself without a running deployment: DAG
+  integrity, and ``airflow dags test`` runs forked from one warm process (``deployment``).
+- ``tests/e2e``: what needs a scheduler and an API server: the one deployment of the tier
+  (``e2e``, tests/e2e/conftest.py), shared by every module; a test keeps apart by logical dates,
+  run ids and batch keys of its own.
+- ``tests/drills``: what starts deployments or other long-lived processes of its own on purpose
+  (the chaos drill, Celery, ``make run``/``make up``, Fernet keys, FAB, backup and restore) or
+  resolves the requirements with pip: ``make test-all`` (CI) runs them, ``make test`` does not.
+
+Helpers every tier may use live in ``tests/harness`` (Airflow processes, the headless browser)
+and ``tests/fakes`` (one fake per external service).
 
 The server is the embedded one (``pgserver``) under ``$TRIAGE_HOME/test`` with durability off
 for speed, or the server of ``TRIAGE_TEST_DATABASE_URL``. A template database is migrated
@@ -37,6 +57,12 @@ from triage.database import DatabaseUrl, create_engine
 from triage.jobs.store import JobStore
 from triage.roles import ensure_worker_role
 from triage_tools import embedded
+
+# The Airflow fixtures (``deployment``, ``airflow_metadata_template``) for the airflow, e2e and drills tiers.
+pytest_plugins = ("tests.harness.deployment",)
+
+TIERS = ("unit", "ledger", "airflow", "e2e", "drills")
+"""The folders of tests/ that hold test modules (the module doc says what goes where)."""
 
 # Hypothesis's default 200 ms deadline per example is a timed assertion: on a shared 2-core
 # machine at load 15 one example of test_documents took longer and failed a green change. Speed is
@@ -109,7 +135,7 @@ class SharedServer:
     - ``server.users``, held shared by every process that uses the server, for its lifetime.
 
     Other locks of the server's own take other names (``locked("airflow-template.lock")``: the
-    one Airflow metadata template that every process clones, ``tests/dags/conftest.py``).
+    one Airflow metadata template that every process clones, ``tests/harness/deployment.py``).
 
     The run that found the server stopped stops it at its very end (``pytest_sessionfinish`` of
     the xdist controller, after its workers exited, or of a serial run), and only if it can take
@@ -187,49 +213,32 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _SERVER.stop_if_unused()
 
 
-# Folders whose modules each run other programs for a minute or more (Airflow, pip's resolver):
-# collected first, so that pytest-xdist (--dist loadfile, in collection order: make test) hands
-# them out at the start and fills in with the many short modules, instead of leaving one to run
-# alone at the end while the other workers are done.
-LONG_MODULES_FIRST = ("tests/dags/", "tests/packaging/")
-
-# The slow phase has few modules and one much longer than the rest (the drill): longest first,
-# so that the two workers end together instead of one running the drill alone at the end
-# (wall seconds of a clean-clone run before the small drill shrank;
-# the modules not named here come after them).
-SLOW_MODULES_LONGEST_FIRST = (
-    "tests/dags/test_chaos.py",  # 470
-    "tests/dags/test_make_run.py",  # 170
-    "tests/dags/test_make_up.py",  # 135
-    "tests/dags/test_deadline_e2e.py",  # 120
-    "tests/dags/test_distributed.py",  # 110
-    "tests/dags/test_outage_resume_e2e.py",  # 70-100
-    "tests/dags/test_fernet_key.py",  # 90
-    "tests/dags/test_reconcile_user_fab.py",  # 80
-    "tests/dags/test_triage_browser.py",  # 40-155
-    "tests/dags/test_reconcile_jobs_e2e.py",  # 60 (135 before its dags tests were forked warm)
+# Modules that each run other programs for a minute or more (Airflow, pip's resolver), longest
+# first: pytest-xdist (--dist loadfile, in collection order: make test) hands them out at the
+# start and fills in with the many short modules, instead of leaving one to run alone at the end
+# while the other workers are done. A folder names all its modules. The drills by the wall seconds
+# of a clean-clone run (the modules not named come after them).
+LONG_MODULES_FIRST = (
+    "tests/drills/test_chaos.py",  # 470
+    "tests/drills/test_make_run.py",  # 170
+    "tests/drills/test_make_up.py",  # 135
+    "tests/drills/test_resolution.py",  # 120: nine pip resolutions
+    "tests/drills/test_distributed.py",  # 110
+    "tests/drills/test_fernet_key.py",  # 90
+    "tests/drills/test_reconcile_user_fab.py",  # 80
+    "tests/airflow/",
 )
 
 
-def _slow_rank(item: pytest.Item) -> int:
+def _rank(item: pytest.Item) -> int:
     module = item.nodeid.split("::", 1)[0]
-    if module in SLOW_MODULES_LONGEST_FIRST:
-        return SLOW_MODULES_LONGEST_FIRST.index(module)
-    return len(SLOW_MODULES_LONGEST_FIRST)
+    return next((i for i, first in enumerate(LONG_MODULES_FIRST) if module.startswith(first)), len(LONG_MODULES_FIRST))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests (``@pytest.mark.slow``: Airflow processes) last, in a plain serial run too;
-    ``make test`` runs them in a phase of their own after the others (a pytest run of its own),
-    in the order of :data:`SLOW_MODULES_LONGEST_FIRST`. Before them, the long modules of
-    :data:`LONG_MODULES_FIRST` first."""
-
-    def key(item: pytest.Item) -> tuple[bool, int]:
-        if item.get_closest_marker("slow") is not None:
-            return True, _slow_rank(item)
-        return False, int(not item.nodeid.startswith(LONG_MODULES_FIRST))
-
-    items.sort(key=key)  # stable: the order within each group stays the collection's
+    """The modules of :data:`LONG_MODULES_FIRST` first, in its order; the order within each group
+    stays the collection's."""
+    items.sort(key=_rank)  # stable
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ requirements get pinned, pinned ones keep their versions. It says so.
 
 uv resolves for a target Python and platform without running it (``--python-version``,
 ``--python-platform``), markers included, for Linux wheels only (``--only-binary :all:``): the
-image is Debian, and the developers' machines and CI are Linux. tests/packaging/test_resolution.py
+image is Debian, and the developers' machines and CI are Linux. tests/drills/test_resolution.py
 uses the same helpers to prove the files resolve.
 """
 
@@ -274,7 +274,7 @@ def refresh_local_lock(held: Path, *, hold_development: bool = False) -> None:
         ]
     else:
         header += ["under Airflow's constraints for the image: the virtualenv runs the image's versions."]
-    header += ["tests/packaging/test_resolution.py resolves it on every Python."]
+    header += ["tests/drills/test_resolution.py resolves it on every Python."]
     write_pins(LOCAL_LOCK, header, pins)
 
 

@@ -10,7 +10,7 @@ import time
 
 import psycopg
 
-from tests.integration.helpers import new_jobs
+from tests.ledger.helpers import new_jobs
 from triage.database import DatabaseUrl
 
 DAILY = 10_000

@@ -2,7 +2,7 @@
 
 ``make up`` with ``AIRFLOW__API__PORT=8181`` (8080 taken) started the API server on 8181 while
 task processes still called the Execution API on Airflow's default, localhost:8080: every task
-failed at once (connection refused). tests/dags/test_make_up.py runs a deployment that sets the
+failed at once (connection refused). tests/drills/test_make_up.py runs a deployment that sets the
 port alone and watches reconcile_jobs succeed."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The classifier, the payload store and the clock are collaborators, mocked with `
 handler and its circuit breaker are the code under test (the breaker is real, and spied on). How
 the ledger applies each outcome (``RetryLater`` to ``retryable_failed`` with backoff,
 ``SendToReview`` to ``manual_review``, ``Fail`` to ``terminal_failed``, ``Release`` back to
-``queued``) is the store's, tested on PostgreSQL in tests/integration/test_pipeline_classify.py.
+``queued``) is the store's, tested on PostgreSQL in tests/ledger/test_pipeline_classify.py.
 """
 
 from __future__ import annotations

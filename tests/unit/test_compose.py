@@ -395,7 +395,7 @@ def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
 
 def test_init_step_provisions_reconcile_jobs_api_user(services: dict[str, Any], common_env: dict[str, str]) -> None:
     """airflow-init makes the role, the user and the airflow_api connection (the FabAuthManager's;
-    tests/dags/test_reconcile_user_fab.py runs the same step against a real FAB API server)."""
+    tests/drills/test_reconcile_user_fab.py runs the same step against a real FAB API server)."""
     from triage_tools.deploy import reconcile_user
 
     script = services["airflow-init"]["command"][-1]
@@ -416,7 +416,7 @@ def test_init_step_provisions_reconcile_jobs_api_user(services: dict[str, Any], 
 
 def test_reconcile_jobs_starts_unpaused_where_new_dags_start_paused(common_env: dict[str, str]) -> None:
     """New DAGs start paused here, the backstop never does: its DAG says so, and that wins
-    (tests/dags/test_dag_integrity.py shows it on Airflow's own DAG processor)."""
+    (tests/airflow/test_dag_integrity.py shows it on Airflow's own DAG processor)."""
     import ast
 
     assert common_env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "true"

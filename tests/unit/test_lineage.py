@@ -1,5 +1,5 @@
 """OpenLineage facets of Triage's operators (triage.operators.lineage): what the provider is
-told, and that nothing about lineage can fail a task. tests/dags/test_lineage_e2e.py runs a DAG
+told, and that nothing about lineage can fail a task. tests/airflow/test_lineage_e2e.py runs a DAG
 with the file transport and reads the events."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the provider's rate-limit headers say, and the limiter's loop over a budget, without a
 database or a server (the budget is a scripted stand-in; the real one and real HTTP are tested in
-tests/integration/test_model_budgets.py)."""
+tests/ledger/test_model_budgets.py)."""
 
 from __future__ import annotations
 

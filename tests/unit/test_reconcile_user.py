@@ -1,6 +1,6 @@
 """reconcile_jobs' Airflow API user as the local deployment provisions it (SimpleAuthManager),
 and the rights the FabAuthManager role gets, without Airflow running (the running deployments:
-tests/dags/test_make_up.py and tests/dags/test_reconcile_user_fab.py)."""
+tests/drills/test_make_up.py and tests/drills/test_reconcile_user_fab.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``make test``'s CPython 3.13 smoke phase (Makefile, ``SMOKE``): what it runs, and what it does
+"""``make test-all``'s CPython 3.13 smoke phase (Makefile, ``SMOKE``): what it runs, and what it does
 where no 3.13 is to be found."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_the_smoke_names_fast_tests_that_exist() -> None:
     its Airflow deployment twice in one make test."""
     paths = smoke_tests()
     assert "tests/unit" in paths
-    assert "tests/dags/test_classify_documents_e2e.py" in paths
+    assert "tests/airflow/test_classify_documents_e2e.py" in paths
     for path in paths:
         assert (ROOT / path).exists(), path
         modules = [ROOT / path] if path.endswith(".py") else sorted((ROOT / path).rglob("test_*.py"))
@@ -90,11 +90,12 @@ def test_make_n_test_runs_nothing() -> None:
     """make runs a recipe line that names ``$(MAKE)`` even under ``-n``; ``test`` is one line, so
     ``make -n test`` (the README's check runs it) started the whole suite again, inside itself."""
     makefile = (ROOT / "Makefile").read_text()
-    for target in ("test", "test-smoke"):  # first: the make -n below would run a broken one
+    for target in ("test", "test-all", "test-drills", "test-smoke"):  # first: the make -n below would run a broken one
         recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, re.M)
         assert recipe is not None, target
         assert not re.search(r"\$[({]MAKE[)}]", recipe.group(1)), target
-    done = make("-n", "test", "test-smoke", "SMOKE_PYTHON=/bin/false")
+    done = make("-n", "test", "test-all", "test-drills", "test-smoke", "SMOKE_PYTHON=/bin/false")
     assert done.returncode == 0, done.stderr
-    assert "pytest -m slow" in done.stdout
+    assert "tests/e2e" in done.stdout
+    assert "tests/drills" in done.stdout
     assert "smoke-tests" in done.stdout

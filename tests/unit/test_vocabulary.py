@@ -1,6 +1,6 @@
 """The ledger's vocabulary is declared once (``triage.jobs.vocabulary.states``) and every other layer that
 names it agrees: the event contract's literal, the groups of states, the report's order of the
-stuck checks. The database's enum and transitions are compared in tests/integration."""
+stuck checks. The database's enum and transitions are compared in tests/ledger."""
 
 from __future__ import annotations
 

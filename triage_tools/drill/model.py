@@ -10,6 +10,10 @@ is held open until the state changes (at most ``hang_limit_s``), so the try that
 its claim for as long as the drill needs to find and kill it. Up: every call answers one label
 of the taxonomy with high confidence. A call held while hanging is answered by the state that
 ended the hang.
+
+The model is the one fake OpenAI-compatible server of the project
+(:class:`~triage_tools.drill.openai_server.FakeOpenAIServer`, the tests' too), whose responder
+is the state above.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import json
 import threading
 from collections import Counter
 from enum import StrEnum
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from triage_tools.drill.openai_server import FakeOpenAIServer, Reply
 
 
 class ModelState(StrEnum):
@@ -36,44 +42,18 @@ class FakeModel:
         self.state = ModelState.DOWN
         self.calls: Counter[str] = Counter()  # by the state a call found
         self._changed = threading.Condition()
-        model = self
-        answer = json.dumps(
-            {
-                "id": "chaos",
-                "object": "chat.completion",
-                "model": "chaos-model",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": json.dumps({"label": label, "confidence": 0.95})},
-                    }
-                ],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
-            }
-        ).encode()
+        self._label, self._retry_after_s, self._hang_limit_s = label, retry_after_s, hang_limit_s
+        self._server = FakeOpenAIServer(responder=self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with model._changed:
-                    model.calls[model.state] += 1
-                    model._changed.wait_for(lambda: model.state != ModelState.HANGING, timeout=hang_limit_s)
-                    state = model.state
-                body = answer if state == ModelState.UP else b'{"error": {"message": "overloaded"}}'
-                self.send_response(200 if state == ModelState.UP else 503)
-                if state != ModelState.UP:
-                    self.send_header("Retry-After", str(retry_after_s))
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                return
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    def _answer(self, body: dict[str, Any]) -> Reply:
+        """The reply of the state a call finds, or, while hanging, of the state that ends the hang."""
+        with self._changed:
+            self.calls[self.state] += 1
+            self._changed.wait_for(lambda: self.state != ModelState.HANGING, timeout=self._hang_limit_s)
+            state = self.state
+        if state == ModelState.UP:
+            return Reply.ok(self._label, 0.95, prompt_tokens=100, completion_tokens=10)
+        return Reply.status_only(503, retry_after=str(self._retry_after_s))
 
     def set(self, state: ModelState) -> None:
         with self._changed:
@@ -83,7 +63,7 @@ class FakeModel:
     @property
     def url(self) -> str:
         """The API root, as the ``triage_llm`` connection's host takes it."""
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        return self._server.base_url
 
     def connection(self) -> str:
         """The ``triage_llm`` connection (``AIRFLOW_CONN_TRIAGE_LLM``): a call's timeout longer
@@ -91,10 +71,9 @@ class FakeModel:
         return json.dumps({"conn_type": "http", "host": self.url, "extra": {"model": "chaos-model", "timeout": 60}})
 
     def __enter__(self) -> FakeModel:
-        self._thread.start()
+        self._server.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.set(ModelState.UP)  # release every call still held
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()

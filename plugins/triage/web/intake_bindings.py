@@ -41,7 +41,7 @@ from triage.settings import ENV_INTAKE_RESERVED_SOURCES, ENV_INTAKE_SOURCES
 from triage.sources import SOURCES
 
 TEST_SOURCE = "test"
-"""The source the test suite's and the drills' pull jobs carry (``tests/integration/helpers.py``)."""
+"""The source the test suite's and the drills' pull jobs carry (``tests/ledger/helpers.py``)."""
 
 RESERVED_SOURCES: frozenset[str] = frozenset({*SOURCES, TEST_SOURCE})
 """Pull sources' names: refused to intake callers whatever the bindings say."""

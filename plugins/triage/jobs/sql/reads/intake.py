@@ -32,7 +32,7 @@ def unfinished_depth() -> Any:
     counts: a model outage parks intake's jobs in ``waiting``, and a depth of queued jobs alone
     let every outage cycle take another bound's worth (issue #25). One scan of the batch's
     entries of ``jobs_batch_key_status_idx`` that stops after ``bound``, whatever the table holds
-    (tests/integration/test_intake.py reads the plan)."""
+    (tests/ledger/test_intake.py reads the plan)."""
     unfinished = (
         sa.select(sa.literal(1))
         .where(
