@@ -59,9 +59,11 @@ def free_port() -> int:
     port is free when asked for and taken only later, when Airflow binds it: two workers asking
     at once could be handed the same one; ports of two classes never meet.
 
-    ``make test`` runs its two phases at once: it gives each the classes of all the workers
-    (``TRIAGE_TEST_PORT_CLASSES``) and the slow phase's workers the classes after the fast
-    phase's (``TRIAGE_TEST_PORT_CLASS_FIRST``), so no two workers of the two runs share one."""
+    ``make test`` runs two pytest processes at once (the unit, ledger and airflow tiers on xdist
+    workers, the e2e tier in one process beside them), as ``make test-drills`` does (the drills
+    and the 3.13 smoke): it gives each the classes of all the workers of both
+    (``TRIAGE_TEST_PORT_CLASSES``) and the second the classes after the first's
+    (``TRIAGE_TEST_PORT_CLASS_FIRST``), so no two workers of the two runs share one."""
     from triage_tools.processes import free_port as local_free_port
 
     workers = int(os.environ.get("TRIAGE_TEST_PORT_CLASSES") or os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

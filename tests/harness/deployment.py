@@ -1,6 +1,7 @@
-"""Airflow in this test process gets a home of its own, never the user's ~/airflow; tests that
-run Airflow processes get a fresh metadata database and a fresh job database, the job database
-(and, for a deployment, the metadata database) cloned from a migrated template
+"""The Airflow fixtures of the airflow, e2e and drills tiers (a pytest plugin: tests/conftest.py
+registers it). Airflow in this test process gets a home of its own, never the user's ~/airflow;
+tests that run Airflow processes get a fresh metadata database and a fresh job database, the job
+database (and, for a deployment, the metadata database) cloned from a migrated template
 (``CREATE DATABASE … TEMPLATE``)."""
 
 from __future__ import annotations
