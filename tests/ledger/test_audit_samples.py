@@ -125,7 +125,7 @@ def test_a_share_of_completions_is_audited_without_holding_back_their_label(
     assert q(worker, "SELECT count(*) FROM triage.document_labels WHERE label = :l", l=MODEL_LABEL) == [(40,)]
     assert q(worker, "SELECT count(DISTINCT job_id) FROM triage.outbox WHERE event_type = 'job.completed'") == [(40,)]
     # The review queue shows them with the model's label.
-    cases = {c.job_id: c for c in worker.open_reviews()}
+    cases = {c.job_id: c for c in worker.review.open_reviews()}
     assert set(cases) == expected
     assert {(c.reason, c.model_label) for c in cases.values()} == {(AUDIT_REASON, MODEL_LABEL)}
 
@@ -172,7 +172,7 @@ def test_a_reviewer_confirms_the_models_label(stores: dict[str, JobStore], actio
     assert after[:2] == before[:2]  # no move, no event: the job and what was published stand
     assert after[4] == before[4] == f"{MODEL_LABEL}{VERSION}"
     # The same decision again by the same reviewer: nothing written.
-    again = reviewer.resolve_with_label(job_id, MODEL_LABEL, actor="alice", taxonomy_names=TAXONOMY)
+    again = reviewer.review.resolve_with_label(job_id, MODEL_LABEL, actor="alice", taxonomy_names=TAXONOMY)
     assert again.already_applied
     assert footprint(reviewer, job_id) == after
 
@@ -254,11 +254,11 @@ def test_a_correction_is_a_logged_move_and_the_provider_ends_with_the_newest_lab
 
     # The same decision again by the same reviewer: 200, nothing written; another one: refused.
     before = footprint(reviewer, job_id)
-    again = reviewer.resolve_with_label(job_id, "billing", actor="alice", note="again", taxonomy_names=TAXONOMY)
+    again = reviewer.review.resolve_with_label(job_id, "billing", actor="alice", note="again", taxonomy_names=TAXONOMY)
     assert again.already_applied
     assert footprint(reviewer, job_id) == before
     with pytest.raises(NotInReview, match=r"already resolved \(corrected as 'billing' by alice"):
-        reviewer.resolve_with_label(job_id, "refund_request", actor="alice", taxonomy_names=TAXONOMY)
+        reviewer.review.resolve_with_label(job_id, "refund_request", actor="alice", taxonomy_names=TAXONOMY)
     # Reconciliation finds the corrected job consistent.
     result = rules.consistency(worker, ReconcileParams(grace_seconds=0))
     assert (result.findings, result.repairs) == ((), ())
@@ -279,7 +279,7 @@ def test_a_correction_loses_to_a_newer_jobs_label(stores: dict[str, JobStore]) -
     )
     claim = worker.claim(batch_key=BATCH, step="persist", limit=1, lease_seconds=60, owner="p")
     worker.record(claim, PersistHandler(worker).handle(claim.jobs))
-    result = reviewer.resolve_with_label(job_id, "billing", actor="alice", taxonomy_names=TAXONOMY)
+    result = reviewer.review.resolve_with_label(job_id, "billing", actor="alice", taxonomy_names=TAXONOMY)
     assert (result.status, result.label_written) == (JobStatus.COMPLETED, False)
     assert q(reviewer, "SELECT label FROM triage.document_labels") == [("refund_request",)]
 
@@ -291,7 +291,7 @@ def test_the_pipelines_login_cannot_correct_a_completed_job(
     worker = stores["worker"]
     job_id = audited(worker)
     with pytest.raises(RoleRefused, match="triage_review"):
-        worker.resolve_with_label(job_id, "billing", actor="alice", taxonomy_names=TAXONOMY)
+        worker.review.resolve_with_label(job_id, "billing", actor="alice", taxonomy_names=TAXONOMY)
     # The move alone, by raw SQL: the jobs trigger refuses it to any login but the review role's.
     with (
         pytest.raises(MoveNotPermitted, match=r"may not move job .* from completed to completed"),
@@ -316,7 +316,7 @@ def test_requeue_and_reject_are_refused_on_an_audit_sample(
     worker, reviewer = stores["worker"], stores["reviewer"]
     job_id = audited(worker)
     before = footprint(reviewer, job_id)
-    decide = reviewer.reject if decision == "reject" else reviewer.resolve_with_requeue
+    decide = reviewer.review.reject if decision == "reject" else reviewer.review.resolve_with_requeue
     with pytest.raises(AuditSampleDecisionRefused, match=f"audit sample: confirm or correct .*; {decision} applies"):
         decide(job_id, actor="alice")
     assert footprint(reviewer, job_id) == before
@@ -394,7 +394,7 @@ def test_two_reviewers_correcting_at_once_never_both_win(stores: dict[str, JobSt
     def decide(actor: str, label: str) -> None:
         barrier.wait()
         try:
-            outcomes[actor] = reviewer.resolve_with_label(job_id, label, actor=actor, taxonomy_names=TAXONOMY)
+            outcomes[actor] = reviewer.review.resolve_with_label(job_id, label, actor=actor, taxonomy_names=TAXONOMY)
         except NotInReview as exc:
             outcomes[actor] = exc
 

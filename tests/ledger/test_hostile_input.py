@@ -163,7 +163,7 @@ def test_nul_in_an_id_or_a_label_goes_to_review_with_a_reason(store: JobStore, t
     assert by_id[position].context["malformed_reason"] == "nul_in_id"
     # the NUL label: an unusable model output, like any other
     assert (by_id[NUL_LABEL_ID].status, by_id[NUL_LABEL_ID].reason) == ("manual_review", "rejected_output")
-    assert by_id[NUL_LABEL_ID].context == {"rejected_reason": "label_not_storable", "uncertainty": 0.99}
+    assert by_id[NUL_LABEL_ID].context == {"rejected_reason": "label_not_storable"}  # rejected: no uncertainty
     assert dict(all_rows(store, "SELECT external_id, label FROM triage.document_labels")) == {
         "fine-1": "billing",
         "fine-2": "shipping",

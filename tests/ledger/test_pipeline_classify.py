@@ -246,7 +246,7 @@ def test_model_outputs_are_routed(
     assert len(review_of(store, j.id)) == (status == "manual_review")
     assert scalar(store, "SELECT count(*) FROM triage.document_labels") == (status == "completed")
     if outcome == "rejected":
-        context = {"rejected_reason": output.rejected_reason, "uncertainty": output.confidence}
+        context = {"rejected_reason": output.rejected_reason}  # a rejected answer: no uncertainty (last)
         assert review_of(store, j.id)[0].context == context
         assert j.last_error_class == output.rejected_reason
 

@@ -67,7 +67,7 @@ def known_ledger(store: JobStore) -> None:
     """kw-1: 10 classified, 8 accepted, 5 audited (4 confirmed, 1 corrected), 2 inconclusive
     labelled (1 with the model's proposal); kw-2: 4 classified, all accepted, 1 audit open."""
     jobs = classify(store, "kw-1", 10, accepted=8, audited=5, prefix="a")
-    decide = store.resolve_with_label
+    decide = store.review.resolve_with_label
     for job in jobs[:4]:
         decide(job.id, "shipping", actor="alice", taxonomy_names=NAMES)  # confirmed
     decide(jobs[4].id, "billing", actor="bob", note="an invoice", taxonomy_names=NAMES)  # corrected

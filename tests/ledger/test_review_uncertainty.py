@@ -19,8 +19,9 @@ BATCH = "2026-11-03T00:00:00+00:00/2026-11-04T00:00:00+00:00"
 
 
 def answer(label: str | None, confidence: float | None, *candidates: tuple[str, float]) -> ClassificationRecord:
-    outcome = "inconclusive" if label else "rejected"
-    return ClassificationRecord(label, confidence, outcome, "learned-test", candidates=candidates or None)  # type: ignore[arg-type]
+    """An answer that left the job in doubt (a missing label is ``inconclusive`` too: a keyword
+    miss; an answer ``rejected`` as unusable has no uncertainty and comes last, as no answer)."""
+    return ClassificationRecord(label, confidence, "inconclusive", "learned-test", candidates=candidates or None)
 
 
 def send(store: JobStore, name: str, model: ClassificationRecord | None, reason: str = "inconclusive") -> uuid.UUID:
@@ -46,10 +47,13 @@ def queue(store: JobStore) -> dict[str, uuid.UUID]:
         "one": send(store, "one", answer("billing", 0.6, ("billing", 0.6)), reason="audit_sample"),  # 0.6
         "tie-new": send(store, "tie-new", answer("billing", 0.75, ("billing", 0.75), ("refund", 0.5))),  # 0.25
         "nothing": send(store, "nothing", answer(None, 0.0)),  # a keyword miss: confidence 0, first
+        "garbled": send(
+            store, "garbled", ClassificationRecord(None, 0.0, "rejected", "llm-test", rejected_reason="invalid_json")
+        ),  # an answer rejected as unusable: no answer to be unsure of, last with the others
     }
 
 
-EXPECTED = ["nothing", "close", "tie-old", "tie-new", "llm", "one", "sure", "none"]
+EXPECTED = ["nothing", "close", "tie-old", "tie-new", "llm", "one", "sure", "none", "garbled"]
 
 
 def names(queue: dict[str, uuid.UUID], rows: list[dict[str, Any]]) -> list[str]:
