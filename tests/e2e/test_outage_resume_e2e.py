@@ -120,9 +120,10 @@ def test_reconcile_jobs_resumes_a_failed_outage_run_once_the_model_is_back(e2e: 
 
 
 def reviews(e2e: E2E, day: datetime) -> object:
-    """Review rows of the run's batch."""
+    """Review rows of the run's batch that say something went wrong: an audit sample of a
+    completed job (``audit_rate``, issue #27) is the product working, not the outage's mark."""
     return e2e.deployment.scalar(
         "SELECT count(*) FROM triage.manual_review r JOIN triage.jobs j ON j.id = r.job_id"
-        " WHERE strpos(j.batch_key, :day) > 0",
+        " WHERE strpos(j.batch_key, :day) > 0 AND r.reason <> 'audit_sample'",
         day=day.isoformat(),
     )

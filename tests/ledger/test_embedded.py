@@ -7,10 +7,8 @@ servers, so each gets a home of its own.
 from __future__ import annotations
 
 import ast
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -23,11 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("embedded")
-    yield path
-    embedded.stop(path)
-    shutil.rmtree(path, ignore_errors=True)
+def home(server_home: Path) -> Path:
+    """A server home the server's own user can always reach (not pytest's tmp root, which the
+    e2e tier's pytest process, started beside this one, resets to 0700: tests/conftest.py)."""
+    return server_home
 
 
 def one(url: DatabaseUrl, sql: str) -> object:
