@@ -135,13 +135,16 @@ def _wait_for_dag(api: httpx.Client, timeout: float = 600) -> None:
         time.sleep(1.0)
 
 
-def timed_run(api: httpx.Client, n: int, day: date = DAY, timeout: float = 1800) -> dict[str, Any]:
-    """Trigger one run of ``n`` keyword documents for ``day`` and wait for it; its seconds and tasks."""
+def timed_run(
+    api: httpx.Client, n: int, day: date = DAY, timeout: float = 1800, classifier: str = "keyword"
+) -> dict[str, Any]:
+    """Trigger one run of ``n`` documents for ``day`` with ``classifier`` and wait for it; its
+    seconds and tasks."""
     from triage_tools.run import day_run
 
     api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
     run_id = f"bench__{day.isoformat()}__{int(time.time())}"
-    body = day_run(run_id, day, {"documents": n, "classifier": "keyword", "source": "synthetic"})
+    body = day_run(run_id, day, {"documents": n, "classifier": classifier, "source": "synthetic"})
     started = time.perf_counter()
     api.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json=body).raise_for_status()
     path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}"
@@ -309,4 +312,80 @@ def run() -> list[Figure]:
                 "publish_events_seconds": task_seconds(tasks, "publish_events"),
             },
         ),
+    ]
+
+
+LEARNED_EXAMPLES = 5000
+"""Labelled synthetic documents the learned run's champion is trained on (a speed figure: the
+quality figures are measured on real text, ``python -m bench learning``)."""
+
+
+def train_champion(env: Mapping[str, str], folder: Path, n: int = LEARNED_EXAMPLES) -> dict[str, Any]:
+    """``triage labels import`` of ``n`` synthetic documents with the label each was written for,
+    then ``triage train``: the deployment's first champion. Its training summary."""
+    import json
+    from datetime import UTC, datetime
+
+    from triage.sources.synthetic import SyntheticSource
+
+    start = datetime(2026, 10, 1, tzinfo=UTC)
+    path = folder / "labelled.jsonl"
+    with path.open("w", encoding="utf-8") as out:
+        for document, label in SyntheticSource(n, seed=11).read_labelled(start, start + timedelta(days=1)):
+            if document.malformed_reason is not None:
+                continue
+            payload = json.loads(document.content)
+            line = {"id": document.external_id, "subject": payload["subject"], "body": payload["body"], "label": label}
+            out.write(json.dumps(line) + "\n")
+    for args in (("labels", "import", str(path), "--source", "bench"), ("train", "--json")):
+        done = subprocess.run(
+            [sys.executable, "-m", "triage", *args],
+            env=dict(env),
+            cwd=ROOT,
+            text=True,
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"triage {' '.join(args[:2])} failed: {done.stderr[-2000:]}")
+    trained: dict[str, Any] = json.loads(done.stdout)
+    return trained
+
+
+def run_learned() -> list[Figure]:
+    """``python -m bench realrun-learned``: the same deployment runs ``n`` documents with
+    ``keyword``, then (a champion trained on labelled synthetic documents) ``n`` with ``learned``;
+    the learned run's rate beside the keyword run's (issue #27: at least 0.8 of it)."""
+    n = documents()
+    with (
+        scratch_database(migrate=False) as metadata_url,
+        scratch_database() as jobs_url,
+        deployment(metadata_url, jobs_url) as (env, base_url),
+        _client(env, base_url) as api,
+    ):
+        _wait_for_dag(api)
+        timed_run(api, WARM_UP_DOCUMENTS, day=DAY - timedelta(days=1))
+        trained = train_champion(env, Path(env["TRIAGE_HOME"]))
+        keyword = timed_run(api, n)
+        learned = timed_run(api, n, day=DAY + timedelta(days=1), classifier="learned")
+    if keyword["state"] != "success" or learned["state"] != "success":
+        raise RuntimeError(
+            f"a run failed: {keyword['state']} {keyword['tasks']}; {learned['state']} {learned['tasks']}"
+        )
+    return [
+        Figure(
+            f"real run through make up, learned, {n // 1000}k docs",
+            "docs/s",
+            n / learned["seconds"],
+            "the same run with keyword",
+            n / keyword["seconds"],
+            target_ratio=0.8,
+            details={
+                "model": trained.get("version"),
+                "learned_tasks_seconds": learned["tasks"],
+                "keyword_tasks_seconds": keyword["tasks"],
+                "command": "python -m bench realrun-learned",
+                "load_average": os.getloadavg(),
+            },
+        )
     ]
