@@ -120,12 +120,20 @@ def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
         .limit(sa.bindparam("limit", type_=sa.Integer))
         .subquery("page")
     )
-    # The model's latest answer for the page's rows only. Joined before the LIMIT, it was looked up
-    # for every open review whenever the planner sorted the queue instead of walking its index
-    # (it does once jobs_open_idx offers every job in review: 2,000 pages read for a page of 51
-    # rows of a queue of 600, 800 now; bench/growth.py).
+    return with_model_answer(page).order_by(page.c.opened_at, page.c.review_id)
+
+
+def with_model_answer(page: Any, *extra: Any) -> sa.Select[Any]:
+    """The rows of ``page`` (a subquery of open reviews with their ``job_id``) with the model's
+    latest answer: ``model_label``, ``model_confidence``, ``model_outcome`` and the ``extra``
+    columns of ``classifications`` (the uncertainty order adds its ``candidates``).
+
+    The answer is looked up for the page's rows only. Joined before the LIMIT, it was looked up
+    for every open review whenever the planner sorted the queue instead of walking its index
+    (it does once jobs_open_idx offers every job in review: 2,000 pages read for a page of 51
+    rows of a queue of 600, 800 now; bench/growth.py)."""
     model = (
-        sa.select(classifications.c.label, classifications.c.confidence, classifications.c.outcome)
+        sa.select(classifications.c.label, classifications.c.confidence, classifications.c.outcome, *extra)
         .where(classifications.c.job_id == page.c.job_id)
         .order_by(classifications.c.attempt.desc())
         .limit(1)
@@ -137,10 +145,10 @@ def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
             model.c.label.label("model_label"),
             model.c.confidence.label("model_confidence"),
             model.c.outcome.label("model_outcome"),
+            *(model.c[column.name] for column in extra),
         )
         .select_from(page)
         .outerjoin(model, sa.true())
-        .order_by(page.c.opened_at, page.c.review_id)
     )
 
 

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from triage.jobs.schema import REVIEW_UNCERTAINTY, classifications, jobs, manual_review
 from triage.jobs.sql.expressions import NOW, status_literal
 from triage.jobs.sql.expressions import seconds_param as seconds
-from triage.jobs.sql.reads.review_queue import MAX_PAGE, QueueFilter
+from triage.jobs.sql.reads.review_queue import MAX_PAGE, QueueFilter, with_model_answer
 from triage.jobs.vocabulary.states import JobStatus as S
 
 __all__ = [
@@ -133,29 +133,8 @@ def uncertainty_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
         .limit(sa.bindparam("limit", type_=sa.Integer))
         .subquery("page")
     )
-    model = (
-        sa.select(
-            classifications.c.label,
-            classifications.c.confidence,
-            classifications.c.outcome,
-            classifications.c.candidates,
-        )
-        .where(classifications.c.job_id == page.c.job_id)
-        .order_by(classifications.c.attempt.desc())
-        .limit(1)
-        .lateral("model")
-    )
-    return (
-        sa.select(
-            page,
-            model.c.label.label("model_label"),
-            model.c.confidence.label("model_confidence"),
-            model.c.outcome.label("model_outcome"),
-            model.c.candidates,
-        )
-        .select_from(page)
-        .outerjoin(model, sa.true())
-        .order_by(page.c.uncertainty, page.c.opened_at, page.c.review_id)
+    return with_model_answer(page, classifications.c.candidates).order_by(
+        page.c.uncertainty, page.c.opened_at, page.c.review_id
     )
 
 
