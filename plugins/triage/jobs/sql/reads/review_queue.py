@@ -53,12 +53,10 @@ class QueuePage:
     next_after: Cursor | None  # None: this was the last page
 
 
-@cache
-def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
-    """Open reviews oldest first with the ``given`` filters (``:reason``, ``:source``,
-    ``:batch``, ``:older_than_seconds``), after ``(:after_at, :after_id)`` when ``after``, at most
-    ``:limit`` rows."""
-    query = (
+def open_reviews(*extra: Any) -> sa.Select[Any]:
+    """The open reviews that wait for a reviewer (:func:`awaits_decision`), each joined to its job,
+    as a queue row's columns (and ``extra``): what both orders of the queue page through."""
+    return (
         sa.select(
             manual_review.c.id.label("review_id"),
             manual_review.c.job_id,
@@ -66,6 +64,7 @@ def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
             manual_review.c.error_class,
             manual_review.c.created_at.label("opened_at"),
             sa.func.extract("epoch", NOW - manual_review.c.created_at).label("age_seconds"),
+            *extra,
             jobs.c.source,
             jobs.c.external_id,
             jobs.c.batch_key,
@@ -78,10 +77,26 @@ def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
         .join(jobs, jobs.c.id == manual_review.c.job_id)
         .where(manual_review.c.resolved_at.is_(None), awaits_decision())
     )
+
+
+def filtered(query: sa.Select[Any], given: frozenset[str]) -> sa.Select[Any]:
+    """``query`` with the ``given`` filters but the batch (``:reason``, ``:source``,
+    ``:older_than_seconds``); each order reads a batch its own way."""
     if "reason" in given:
         query = query.where(manual_review.c.reason == sa.bindparam("reason", type_=sa.Text))
     if "source" in given:
         query = query.where(jobs.c.source == sa.bindparam("source", type_=sa.Text))
+    if "older_than_seconds" in given:
+        query = query.where(manual_review.c.created_at <= NOW - seconds("older_than_seconds"))
+    return query
+
+
+@cache
+def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
+    """Open reviews oldest first with the ``given`` filters (``:reason``, ``:source``,
+    ``:batch``, ``:older_than_seconds``), after ``(:after_at, :after_id)`` when ``after``, at most
+    ``:limit`` rows."""
+    query = filtered(open_reviews(), given)
     if "batch" in given:
         # A batch's reviews sit together in the queue (one run sends them at once), so walking the
         # queue's index until 50 of them turn up reads every older review first. Start from the
@@ -105,8 +120,6 @@ def queue_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
             .prefix_with("MATERIALIZED")
         )
         query = query.where(manual_review.c.job_id.in_(sa.select(in_batch.c.id)))
-    if "older_than_seconds" in given:
-        query = query.where(manual_review.c.created_at <= NOW - seconds("older_than_seconds"))
     if after:
         query = query.where(
             sa.tuple_(manual_review.c.created_at, manual_review.c.id)

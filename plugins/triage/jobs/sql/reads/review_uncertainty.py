@@ -34,13 +34,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from triage.jobs.schema import REVIEW_UNCERTAINTY, classifications, jobs, manual_review
-from triage.jobs.sql.expressions import NOW, status_literal
-from triage.jobs.sql.expressions import seconds_param as seconds
-from triage.jobs.sql.reads.review_queue import MAX_PAGE, QueueFilter, with_model_answer
-from triage.jobs.vocabulary.states import JobStatus as S
+from triage.jobs.sql.reads.review_queue import MAX_PAGE, QueueFilter, filtered, open_reviews, with_model_answer
 
 __all__ = [
-    "AUDIT_SAMPLE",
     "NO_ANSWER",
     "UncertainCursor",
     "UncertainPage",
@@ -53,11 +49,6 @@ NO_ANSWER = 2.0
 """The uncertainty of a review opened without an answer of the model: above every margin and
 confidence (both within [0, 1]), so such reviews come after the ones a reviewer can teach from
 (the ``ELSE`` of :data:`triage.jobs.schema.REVIEW_UNCERTAINTY`)."""
-
-AUDIT_SAMPLE = "audit_sample"
-"""The reason of an audit: an auto-accepted job sent to a reviewer without holding back its label,
-so its job may have moved on (``completed``) while its review is open. Every other open review
-is of a job in ``manual_review``, as in the default order."""
 
 UncertainCursor = tuple[float, datetime, int]
 """Where a page in uncertainty order ends: the ``(uncertainty, created_at, id)`` of its last row."""
@@ -87,38 +78,9 @@ def uncertainty_statement(given: frozenset[str], after: bool) -> sa.Select[Any]:
     # The index's own expression, as SQL text: the planner matches it to the index only when it is
     # the same expression with the same constants (a bound parameter would not match).
     key = sa.literal_column(REVIEW_UNCERTAINTY, sa.Float)
-    query = (
-        sa.select(
-            manual_review.c.id.label("review_id"),
-            manual_review.c.job_id,
-            manual_review.c.reason,
-            manual_review.c.error_class,
-            manual_review.c.created_at.label("opened_at"),
-            sa.func.extract("epoch", NOW - manual_review.c.created_at).label("age_seconds"),
-            key.label("uncertainty"),
-            jobs.c.source,
-            jobs.c.external_id,
-            jobs.c.batch_key,
-            jobs.c.step,
-            jobs.c.attempt,
-            jobs.c.max_attempts,
-            jobs.c.attempt_base,
-        )
-        .select_from(manual_review)
-        .join(jobs, jobs.c.id == manual_review.c.job_id)
-        .where(
-            manual_review.c.resolved_at.is_(None),
-            sa.or_(jobs.c.status == status_literal(S.MANUAL_REVIEW), manual_review.c.reason == AUDIT_SAMPLE),
-        )
-    )
-    if "reason" in given:
-        query = query.where(manual_review.c.reason == sa.bindparam("reason", type_=sa.Text))
-    if "source" in given:
-        query = query.where(jobs.c.source == sa.bindparam("source", type_=sa.Text))
+    query = filtered(open_reviews(key.label("uncertainty")), given)
     if "batch" in given:
         query = query.where(jobs.c.batch_key == sa.bindparam("batch", type_=sa.Text))
-    if "older_than_seconds" in given:
-        query = query.where(manual_review.c.created_at <= NOW - seconds("older_than_seconds"))
     if after:
         query = query.where(
             sa.tuple_(key, manual_review.c.created_at, manual_review.c.id)
