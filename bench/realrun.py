@@ -337,15 +337,10 @@ def train_champion(env: Mapping[str, str], folder: Path, n: int = LEARNED_EXAMPL
             payload = json.loads(document.content)
             line = {"id": document.external_id, "subject": payload["subject"], "body": payload["body"], "label": label}
             out.write(json.dumps(line) + "\n")
+    from bench.learning import _triage as triage_command
+
     for args in (("labels", "import", str(path), "--source", "bench"), ("train", "--json")):
-        done = subprocess.run(
-            [sys.executable, "-m", "triage", *args],
-            env=dict(env),
-            cwd=ROOT,
-            text=True,
-            capture_output=True,
-            check=False,
-        )
+        done = triage_command(dict(env), *args)
         if done.returncode != 0:
             raise RuntimeError(f"triage {' '.join(args[:2])} failed: {done.stderr[-2000:]}")
     trained: dict[str, Any] = json.loads(done.stdout)
