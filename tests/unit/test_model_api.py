@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from triage.adapters import model_api
 from triage.classifiers.budgets import BudgetSettings
-from triage.operators import model_connection
 
 
 @pytest.fixture
 def extra(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     values: dict[str, Any] = {}
     hook = SimpleNamespace(get_connection=lambda _conn_id: SimpleNamespace(extra_dejson=values))
-    monkeypatch.setattr(model_connection, "BaseHook", hook)
+    monkeypatch.setattr(model_api, "BaseHook", hook)
     return values
 
 
@@ -41,7 +41,7 @@ def test_connection_budget(
     extra: dict[str, Any], given: dict[str, Any], settings: BudgetSettings | None, wait: float | None
 ) -> None:
     extra.update(given)
-    found = model_connection.connection_budget(ENGINE, "triage_llm")
+    found = model_api.connection_budget(ENGINE, "triage_llm")
     if settings is None:
         assert found == {}
         return
@@ -53,4 +53,4 @@ def test_connection_budget(
 def test_a_negative_rate_is_refused(extra: dict[str, Any]) -> None:
     extra["requests_per_minute"] = -5
     with pytest.raises(ValueError, match="requests_per_minute"):
-        model_connection.connection_budget(ENGINE, "triage_llm")
+        model_api.connection_budget(ENGINE, "triage_llm")
