@@ -185,7 +185,10 @@ KNOWN_EXCEPTIONS: dict[str, str] = {
     "triage.sources.synthetic -> triage.classifiers.taxonomy": "synthetic tickets use the taxonomy's keywords",
     "triage.classifiers -> triage.learning.registry": "type only: the loaded model's type lives in the registry",
     "triage.classifiers.learned -> triage.learning.registry": "type only: the loaded model's type lives in the registry",
-    "triage.payloads -> airflow": "ObjectStoragePath, when the operators pass one as the payload base",
+    "triage.payloads -> airflow": (
+        "ObjectStoragePath for a base naming an Airflow connection (s3://conn_id@bucket) given as a string"
+        " (the CLI, retention, learning's commands, the pages' reads): callers do not pass path objects yet"
+    ),
 }
 
 

@@ -1,4 +1,5 @@
-"""The model connection's extra as the classify operator reads it: the shared budget's keys."""
+"""The model connection as the classify operators read it (triage.adapters.model_api): the shared
+budget's keys, and only what a run's classifier needs."""
 
 from __future__ import annotations
 
@@ -54,3 +55,33 @@ def test_a_negative_rate_is_refused(extra: dict[str, Any]) -> None:
     extra["requests_per_minute"] = -5
     with pytest.raises(ValueError, match="requests_per_minute"):
         model_api.connection_budget(ENGINE, "triage_llm")
+
+
+def test_a_keyword_run_reads_no_model_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """model_access reads only what the run's classifier needs: a keyword run works without a
+    triage_llm connection (and reads none)."""
+    from triage.contracts.run_config import ClassifyRunConfig
+    from triage.pipeline.classify_plan import ModelAccess
+
+    def refuse(_conn_id: str) -> None:
+        raise AssertionError("a keyword run must not read the model connection")
+
+    monkeypatch.setattr(model_api, "BaseHook", SimpleNamespace(get_connection=refuse))
+    assert model_api.model_access(ClassifyRunConfig(classifier="keyword"), "triage_llm") == ModelAccess()
+
+
+def test_an_llm_run_reads_the_connection_s_settings_and_cache_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from triage.contracts.run_config import ClassifyRunConfig
+
+    conn = SimpleNamespace(
+        conn_type="http",
+        host="http://127.0.0.1:9/v1",
+        port=None,
+        schema=None,
+        password="k",
+        extra_dejson={"model": "m-2", "content_cache": "false", "requests_per_minute": 60},
+    )
+    monkeypatch.setattr(model_api, "BaseHook", SimpleNamespace(get_connection=lambda _conn_id: conn))
+    access = model_api.model_access(ClassifyRunConfig(classifier="llm"), "triage_llm")
+    assert access.llm_settings == {"base_url": "http://127.0.0.1:9/v1", "api_key": "k", "model": "m-2"}
+    assert access.content_cache is False  # and no budget: retrieval builds no classifier, so needs none
