@@ -33,7 +33,7 @@ from triage_tools.deploy import reconcile_user
 from triage_tools.processes import Processes
 
 if TYPE_CHECKING:
-    from triage.reconciliation.airflow_view import AirflowApi
+    from triage.adapters.airflow_api import AirflowApi
 
 TOOLS_ROOT = Path(__file__).resolve().parents[1]
 """The folder holding the ``triage_tools`` package."""
@@ -159,7 +159,7 @@ def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: in
 
 
 def _api_client(env: Mapping[str, str], base_url: str) -> AirflowApi:
-    from triage.reconciliation.airflow_view import AirflowApi
+    from triage.adapters.airflow_api import AirflowApi
     from triage_tools.local import admin_login
 
     if env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "").lower() == "true":
@@ -173,7 +173,7 @@ def celery_deployment(
     base_env: Mapping[str, str], *, workers: int = 2, concurrency: int = 1, timeout: float = READY_TIMEOUT
 ) -> Iterator[CeleryDeployment]:
     """Redis, the API server, scheduler, DAG processor and ``workers`` Celery workers; stops them all."""
-    from triage.reconciliation.airflow_view import AirflowApiUnavailable
+    from triage.adapters.airflow_api import AirflowApiUnavailable
     from triage_tools.deployment import airflow_command
     from triage_tools.processes import free_port as local_free_port
 
@@ -264,7 +264,7 @@ def _wait_ready(
     generated passwords)."""
     from celery import Celery
 
-    from triage.reconciliation.airflow_view import AirflowApiUnavailable
+    from triage.adapters.airflow_api import AirflowApiUnavailable
     from triage_tools.local import health
 
     base_url = env["AIRFLOW__API__BASE_URL"]

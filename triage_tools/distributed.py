@@ -34,7 +34,7 @@ from triage_tools.deploy.fernet import FernetKeyMismatch
 from triage_tools.processes import ComponentExited
 
 if TYPE_CHECKING:
-    from triage.reconciliation.airflow_view import AirflowApi
+    from triage.adapters.airflow_api import AirflowApi
     from triage_tools.drill.invariants import Invariant
 
 FINISHED = frozenset({"success", "failed"})

@@ -140,7 +140,7 @@ def configured_url() -> DatabaseUrl | None:
 def engine_options(**kwargs: Any) -> dict[str, Any]:
     """``kwargs`` for :func:`sqlalchemy.create_engine` with the job database's defaults; the one
     place engine options are chosen, for :func:`create_engine` and for the Airflow hook's engine
-    (``triage.operators.base.engine_from_hook``)."""
+    (``triage.adapters.ledger_db.engine_from_hook``)."""
     kwargs.setdefault("pool_pre_ping", True)
     connect_args = kwargs["connect_args"] = dict(kwargs.get("connect_args") or {})
     # No server-side prepared statements: the ledger's statements take arrays through unnest,

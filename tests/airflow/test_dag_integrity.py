@@ -164,7 +164,7 @@ def test_classify_holds_slots_of_the_llm_api_pool_the_settings_define(dagbag) ->
 
 
 def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from triage.callbacks import on_task_failure
+    from triage.adapters.callbacks import on_task_failure
 
     for dag in dagbag.dags.values():
         for task in dag.tasks:
@@ -383,7 +383,7 @@ def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagba
     """Asset-scheduled (no polling), one run at a time, unpaused, and the very tasks of
     classify_documents but retrieve: the same operators, pools, timeouts, retries and callback,
     each on the ``intake`` batch instead of the run's (absent) data interval."""
-    from triage.callbacks import on_task_failure
+    from triage.adapters.callbacks import on_task_failure
 
     intake, daily = dagbag.dags["classify_intake"], dagbag.dags["classify_documents"]
     assets = {(asset.name, asset.uri) for asset in intake.timetable.asset_condition.objects}

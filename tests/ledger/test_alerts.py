@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from tests.fakes.provider import FakeProvider
 from tests.ledger.helpers import new_jobs
 from tests.ledger.test_callbacks import failure_context
+from triage.adapters.callbacks import on_task_failure
 from triage.alerts import Thresholds
-from triage.callbacks import on_task_failure
 from triage.database import DatabaseUrl
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import Complete, Fail, SendToReview

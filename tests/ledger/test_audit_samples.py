@@ -16,14 +16,15 @@ import sqlalchemy as sa
 from tests.fakes.provider import FakeProvider
 from tests.ledger.helpers import new_jobs
 from tests.ledger.test_roles import logins, stores  # noqa: F401 - fixtures
+from triage.adapters.http_actions import WebhookLabelAction
 from triage.database import DatabaseUrl
 from triage.jobs.sql.audit_samples import AUDIT_REASON, is_audit_sample
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.errors import AuditSampleDecisionRefused, MoveNotPermitted, NotInReview, RoleRefused
 from triage.jobs.vocabulary.models import Advance, ClassificationRecord
 from triage.jobs.vocabulary.states import JobStatus
-from triage.pipeline.actions import WebhookLabelAction, label_order
 from triage.pipeline.persist import PersistHandler
+from triage.ports.label_actions import label_order
 from triage.reconciliation import rules
 from triage.reconciliation.params import ReconcileParams
 from triage.review.config import ReviewRunConfig

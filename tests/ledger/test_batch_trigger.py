@@ -11,10 +11,10 @@ import time
 import pytest
 
 from tests.fakes.openai_server import FakeOpenAIServer
+from triage.adapters.triggers import ModelBatchTrigger
 from triage.classifiers.batch_api import BatchClient
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
-from triage.operators.model_batches import ModelBatchTrigger
 
 
 def first_event(trigger: ModelBatchTrigger) -> dict:  # type: ignore[type-arg]
@@ -63,5 +63,5 @@ def test_the_trigger_gives_up_at_its_deadline(server: FakeOpenAIServer) -> None:
 
 def test_the_serialized_trigger_carries_no_key(server: FakeOpenAIServer) -> None:
     path, kwargs = ModelBatchTrigger(["b1"], "triage_llm", 60.0, 1.0).serialize()
-    assert path == "triage.operators.model_batches.ModelBatchTrigger"
+    assert path == "triage.adapters.triggers.ModelBatchTrigger"
     assert "sk-secret" not in json.dumps(kwargs)

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.ledger.helpers import new_jobs
-from triage.callbacks import on_task_failure
+from triage.adapters.callbacks import on_task_failure
 from triage.database import DatabaseUrl
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import Advance, Complete, Release

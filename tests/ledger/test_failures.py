@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fakes.provider import FakeProvider
+from triage.adapters.http_actions import WebhookLabelAction
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.documents import DocumentPayload
 from triage.contracts.events import UnsupportedSchemaVersion, parse_event
@@ -26,7 +27,6 @@ from triage.jobs.vocabulary.backoff import RetryPolicy
 from triage.jobs.vocabulary.errors import LeaseLost
 from triage.jobs.vocabulary.models import Complete, LabelWrite, NewJob, RetryLater, SendToReview
 from triage.payloads import PayloadStore
-from triage.pipeline.actions import WebhookLabelAction
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.persist import PersistHandler
 from triage.pipeline.publish import JsonlEventSink, publish_all

@@ -16,13 +16,14 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tests.fakes.provider import FakeProvider
 from tests.ledger.test_review_operators import context, seamed
+from triage.adapters.http_actions import WebhookLabelAction
 from triage.contracts.events import parse_event
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import Advance, ClaimedJob, ClassificationRecord, NewJob, SendToReview
 from triage.operators.review import ReviewJobsOperator
-from triage.pipeline.actions import WebhookLabelAction, label_order
 from triage.pipeline.persist import PersistHandler
 from triage.pipeline.publish import JsonlEventSink, publish_all
+from triage.ports.label_actions import label_order
 from triage.review.config import ReviewRunConfig
 from triage.review.decisions import apply_review
 

@@ -18,12 +18,12 @@ import sqlalchemy as sa
 
 from tests.fakes.provider import FakeProvider
 from tests.ledger.helpers import counts, failure_callback_context
-from triage.callbacks import on_task_failure
+from triage.adapters.callbacks import on_task_failure
+from triage.adapters.http_actions import WebhookLabelAction
 from triage.database import DatabaseUrl
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import Advance, ClassificationRecord, NewJob
 from triage.operators import PersistLabelsOperator
-from triage.pipeline.actions import WebhookLabelAction
 from triage.pipeline.persist import PersistHandler
 from triage.pipeline.steps import CircuitOpen, RunSettings, StepReport, run_step
 

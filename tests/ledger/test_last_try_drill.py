@@ -13,9 +13,9 @@ import pytest
 
 from tests.ledger.helpers import new_jobs
 from tests.ledger.test_reconcile_airflow_view import FakeAirflow
+from triage.adapters.airflow_api import AirflowApi
 from triage.contracts.run_config import ClassifyRunConfig
 from triage.jobs.store import JobStore
-from triage.reconciliation.airflow_view import AirflowApi
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 from triage_tools.drill.last_try import LastTryKill, LastTryPhase, held_jobs, last_try_invariants
@@ -33,7 +33,7 @@ def test_the_conf_runs_the_llm_classifier_without_injected_faults() -> None:
 
 def test_the_callback_actor_is_the_one_the_failure_callback_writes() -> None:
     kill = LastTryKill(OWNER, 4, 3, ())
-    # triage.callbacks: actor=f"{owner_prefix}failure_callback", owner_prefix = dag/run/task/map_index/
+    # triage.adapters.callbacks: actor=f"{owner_prefix}failure_callback", owner_prefix = dag/run/task/map_index/
     assert kill.callback_actor == f"classify_documents/{PHASE.run_id}/classify/0/failure_callback"
 
 

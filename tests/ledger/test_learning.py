@@ -580,8 +580,8 @@ def test_a_learned_run_without_a_champion_fails_at_once_naming_triage_train(
 ) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
+    from triage.adapters.model_api import build_run_classifier, configured_classifier_versions
     from triage.contracts.run_config import ClassifyRunConfig
-    from triage.operators.model_connection import build_run_classifier, configured_classifier_versions
 
     config = ClassifyRunConfig(classifier="learned")
     with pytest.raises(AirflowFailException, match="triage train"):
@@ -598,8 +598,8 @@ def test_a_run_s_default_classifier_is_the_champion_when_there_is_one_else_keywo
     """classify_documents' params leave classifier at auto: each task resolves it on the job
     database, so the version a run registers and classifies with is the keyword rules' until a
     champion exists, then the champion's, then the next champion's once promoted by hand."""
+    from triage.adapters.model_api import build_run_classifier
     from triage.operators.classify_documents import ClassifyDocumentsOperator
-    from triage.operators.model_connection import build_run_classifier
 
     class Seamed(ClassifyDocumentsOperator):
         def get_engine(self) -> sa.Engine:

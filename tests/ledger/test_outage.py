@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label
 from tests.ledger.helpers import classify_try, counts, documents, failure_callback_context, register_documents
-from triage.callbacks import on_task_failure
+from triage.adapters.callbacks import on_task_failure
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.database import DatabaseUrl

@@ -18,12 +18,12 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fakes.provider import FakeProvider
+from triage.adapters.http_actions import WebhookLabelAction
 from triage.classifiers import Taxonomy, build_classifier
 from triage.database import DatabaseUrl
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import ClaimedJob, LabelWrite
 from triage.payloads import PayloadStore
-from triage.pipeline.actions import WebhookLabelAction
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.persist import PersistHandler
 from triage.pipeline.retrieve import retrieve

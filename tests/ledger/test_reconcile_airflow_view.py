@@ -17,9 +17,10 @@ import pytest
 import sqlalchemy as sa
 
 from tests.ledger.helpers import new_jobs
+from triage.adapters.airflow_api import AirflowApi, AirflowApiUnavailable, batch_key_of
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.states import JobStatus
-from triage.reconciliation.airflow_view import AirflowApi, AirflowApiUnavailable, airflow_view, batch_key_of
+from triage.reconciliation.airflow_view import airflow_view
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 

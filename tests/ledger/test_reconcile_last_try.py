@@ -13,9 +13,9 @@ import sqlalchemy as sa
 
 from tests.ledger.helpers import new_jobs
 from tests.ledger.test_reconcile_rules import q, sql
+from triage.adapters.airflow_api import AirflowApi
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import Complete, LabelWrite, RetryLater
-from triage.reconciliation.airflow_view import AirflowApi
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
 

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from tests.fakes.openai_server import FakeOpenAIServer, Reply
 from tests.fakes.provider import FakeProvider
 from tests.ledger.helpers import new_jobs
+from triage.adapters.http_actions import WebhookLabelAction
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
@@ -24,7 +25,6 @@ from triage.jobs.vocabulary.backoff import RetryPolicy
 from triage.jobs.vocabulary.models import RetryLater
 from triage.jobs.vocabulary.states import JobStatus
 from triage.payloads import PayloadStore
-from triage.pipeline.actions import WebhookLabelAction
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.persist import PersistHandler
 from triage.pipeline.retrieve import to_new_jobs

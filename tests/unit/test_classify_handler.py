@@ -515,3 +515,32 @@ def test_a_missing_payload_base_parks_the_batch_and_stops_the_step(
 )
 def test_a_claim_is_whole_rounds_of_the_concurrency(batch_size: int, concurrency: int, expected: int) -> None:
     assert claim_size(batch_size, concurrency) == expected
+
+
+# -- each payload is parsed once ------------------------------------------------------------------
+
+
+class NoAnswers:
+    """The content cache's ledger lookup with nothing reusable (the cache's own SQL is tested on
+    PostgreSQL in tests/ledger)."""
+
+    def reusable_answers(self, keys: Any, *, classifier_version: str, threshold: float) -> tuple[set[Any], dict]:  # type: ignore[type-arg]
+        return set(), {}
+
+
+def test_each_payload_is_parsed_once_with_the_content_cache(
+    classifier: Any, payloads: Any, breaker: CircuitBreaker, mocker: MockerFixture
+) -> None:
+    """The content cache keys a claim by each document's text, and the call reads the same
+    document: one parse of each payload serves both (the llm path parsed each twice)."""
+    from triage.pipeline.reuse import ContentCache
+
+    jobs = [claimed(n) for n in range(4)]
+    payloads.get_many.return_value = [PAYLOAD] * len(jobs)
+    classifier.classify.return_value = output("billing", 0.9)
+    parses = mocker.spy(DocumentPayload, "from_bytes")
+    cache = ContentCache(NoAnswers(), VERSION, THRESHOLD)  # type: ignore[arg-type]
+    handler = ClassifyHandler(classifier, payloads, ClassifySettings(confidence_threshold=THRESHOLD), breaker, cache)
+    outcomes = handler.handle(jobs)
+    assert [type(o) for o in outcomes] == [Complete] * len(jobs)
+    assert parses.call_count == len(jobs)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from triage.operators.base import http_url
+from triage.adapters.connections import http_url
 
 
 def conn(**fields: Any) -> SimpleNamespace:
@@ -69,8 +69,8 @@ def test_the_api_server_is_found_at_its_one_port(
     """Where product code calls or links Airflow's API server without a connection saying so
     (alert links, reconcile_jobs' cross-check): ``[api] base_url``, else localhost at
     ``[api] port``; a server moved with AIRFLOW__API__PORT was linked and called on 8080."""
+    from triage.adapters.connections import api_server_url
     from triage.operators.alerts import run_link
-    from triage.operators.base import api_server_url
 
     for name in ("AIRFLOW__API__PORT", "AIRFLOW__API__BASE_URL"):
         monkeypatch.delenv(name, raising=False)

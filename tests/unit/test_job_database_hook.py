@@ -11,8 +11,9 @@ import pytest
 from airflow.providers.common.sql.hooks import sql as sql_hooks
 from pytest_mock import MockerFixture
 
+from triage.adapters.ledger_db import engine_from_hook, job_database_hook
 from triage.database import DatabaseUrl
-from triage.operators.base import TriageOperator, engine_from_hook, job_database_hook
+from triage.operators.base import TriageOperator
 
 SOCKET_DIR = "/srv/triage/pg-socket"
 

@@ -289,8 +289,8 @@ def _prepare_home(home: Path) -> None:
 
 def run(options: DrillOptions, home: Path) -> DrillReport:
     """The whole drill; the caller prints :meth:`DrillReport.table`."""
+    from triage.adapters.airflow_api import AirflowApi
     from triage.classifiers.taxonomy import Taxonomy
-    from triage.reconciliation.airflow_view import AirflowApi
     from triage_tools import deployment, embedded, local
     from triage_tools.drill.model import FakeModel
     from triage_tools.drill.provider import FakeProvider

@@ -15,9 +15,9 @@ from triage.classifiers.base import (
     decide_outcome,
 )
 from triage.classifiers.drill import DrillClassifier
-from triage.classifiers.keyword import KeywordClassifier
+from triage.classifiers.keyword import KeywordClassifier, keyword_version
 from triage.classifiers.learned import LearnedClassifier
-from triage.classifiers.llm import OpenAICompatibleClassifier
+from triage.classifiers.llm import OpenAICompatibleClassifier, llm_version
 from triage.classifiers.taxonomy import Label, Taxonomy, TaxonomyError, default_taxonomy_path
 from triage.contracts.drill import DrillSettings
 
@@ -38,8 +38,11 @@ __all__ = [
     "TaxonomyError",
     "TransientClassifierError",
     "build_classifier",
+    "classifier_version",
     "decide_outcome",
     "default_taxonomy_path",
+    "keyword_version",
+    "llm_version",
 ]
 
 CLASSIFIERS: frozenset[str] = frozenset({"keyword", "llm", "learned"})
@@ -84,3 +87,33 @@ def build_classifier(
     if drill is not None and drill.injects_faults:
         classifier = DrillClassifier(classifier, drill)
     return classifier
+
+
+def classifier_version(
+    name: str,
+    *,
+    taxonomy: Taxonomy,
+    llm_settings: dict[str, Any] | None = None,
+    champion: str | None = None,
+) -> str:
+    """The version :func:`build_classifier` would give the classifier called ``name``, as a pure
+    function of its settings: no client, no model loaded (retrieval registers jobs under it, and
+    a claim takes only jobs of it). ``champion`` is the learned classifier's registry version;
+    the drill wraps a classifier without changing its version.
+
+    :raises ValueError: for an unknown name, ``llm`` without ``llm_settings``, ``learned``
+        without ``champion``.
+    :raises TaxonomyError: ``keyword`` over a taxonomy with a label without keywords.
+    """
+    if name == "keyword":
+        return keyword_version(taxonomy)
+    if name == "llm":
+        if not llm_settings:
+            raise ValueError("the llm classifier needs llm_settings (base_url, api_key, model)")
+        named = {k: llm_settings[k] for k in ("prompt_version", "temperature") if k in llm_settings}
+        return llm_version(taxonomy, model=llm_settings["model"], **named)
+    if name == "learned":
+        if champion is None:
+            raise ValueError("the learned classifier needs a model: load the champion (triage train makes one)")
+        return champion
+    raise ValueError(f"unknown classifier {name!r}; expected one of {sorted(CLASSIFIERS)}")

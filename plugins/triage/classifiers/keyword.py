@@ -80,6 +80,21 @@ def _plural_variants(words: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     return (words, *((*words[:-1], last + suffix) for suffix in suffixes))
 
 
+def keyword_version(taxonomy: Taxonomy) -> str:
+    """The keyword rules' version over ``taxonomy``, without building the rules (a pure function
+    of the taxonomy: its content hash).
+
+    :raises TaxonomyError: a label of ``taxonomy`` has no keywords (it could never be found).
+    """
+    bare = [label.name for label in taxonomy.labels if not label.keywords]
+    if bare:
+        raise TaxonomyError(
+            f"the keyword classifier needs keywords for every label; {', '.join(bare)} has none: add keywords "
+            "to the taxonomy, or run the learned classifier (triage train) or the llm one"
+        )
+    return f"{_VERSION_PREFIX}+tax-{taxonomy.content_hash[:8]}"
+
+
 class KeywordClassifier:
     """Scores each label by the distinct keywords found; see :func:`keyword_confidence`.
 
@@ -91,14 +106,8 @@ class KeywordClassifier:
 
     def __init__(self, taxonomy: Taxonomy) -> None:
         """:raises TaxonomyError: a label of ``taxonomy`` has no keywords (it could never be found)."""
-        bare = [label.name for label in taxonomy.labels if not label.keywords]
-        if bare:
-            raise TaxonomyError(
-                f"the keyword classifier needs keywords for every label; {', '.join(bare)} has none: add keywords "
-                "to the taxonomy, or run the learned classifier (triage train) or the llm one"
-            )
+        self.version = keyword_version(taxonomy)
         self.taxonomy = taxonomy
-        self.version = f"{_VERSION_PREFIX}+tax-{taxonomy.content_hash[:8]}"
         self._names: tuple[str, ...] = tuple(label.name for label in taxonomy.labels)
         # anchor word -> [(keyword number, " the whole phrase " or None for a single word,
         # label, weight)]; plural variants share the keyword number, so they count once.

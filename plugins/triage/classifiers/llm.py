@@ -213,6 +213,13 @@ def parse_chat_response(
     return dataclasses.replace(output, usage_discarded=discarded) if discarded else output
 
 
+def llm_version(taxonomy: Taxonomy, *, model: str, prompt_version: str = "p1", temperature: float = 0.0) -> str:
+    """The model classifier's version, without a client: the model, the prompt's version, the
+    temperature and the taxonomy (it is part of the prompt, so it is part of the version and of
+    the idempotency key). The other settings (timeout, prices, output mode) are not."""
+    return f"llm:{model}:{prompt_version}:t{temperature}+tax-{taxonomy.content_hash[:8]}"
+
+
 class OpenAICompatibleClassifier:
     """Classifies with a chat model; one shared, thread-safe connection pool.
 
@@ -257,8 +264,7 @@ class OpenAICompatibleClassifier:
         self.temperature = temperature
         self.price_per_1k_prompt = price_per_1k_prompt
         self.price_per_1k_completion = price_per_1k_completion
-        # The taxonomy is part of the prompt, so it is part of the version (and the key).
-        self.version = f"llm:{model}:{prompt_version}:t{temperature}+tax-{taxonomy.content_hash[:8]}"
+        self.version = llm_version(taxonomy, model=model, prompt_version=prompt_version, temperature=temperature)
         self._names = taxonomy.names
         self._system_prompt = system_prompt(taxonomy)
         self._formats = {"json_schema": verdict_schema(taxonomy), "json_object": {"type": "json_object"}}

@@ -28,27 +28,27 @@ import logging
 import sys
 import urllib.parse
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook, BaseNotifier
+from airflow.sdk import BaseNotifier
 
 # airflow.sdk exports these too, but its type stub (3.3.2) does not name them yet.
 from airflow.sdk.definitions.callback import SyncCallback
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 
-from triage.operators.base import TriageOperator, api_server_url, batch_key, http_url, run_prefix
+from triage.adapters.connections import api_server_url
+from triage.adapters.http_actions import ALERTS_CONN_ID, AlertRoute, alert_route
+from triage.adapters.task_context import batch_key, run_prefix
+from triage.operators.base import TriageOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from triage.alerts import Alert, AlertDelivery, Thresholds
+    from triage.alerts import Alert
     from triage.observability import Metrics
 
 log = logging.getLogger(__name__)
-
-ALERTS_CONN_ID = "triage_alerts"
 
 CLASSIFY_DEADLINE = timedelta(days=1, hours=2)
 """From a ``classify_documents`` run's logical date (its data interval's start) to its deadline:
@@ -56,50 +56,8 @@ two hours after the day ends, when its scheduled run starts. A day's batch takes
 every Airflow retry of a task is over within half an hour."""
 
 
-@dataclass(frozen=True, slots=True)
-class AlertRoute:
-    """Where alerts go and when they are raised, as the ``triage_alerts`` connection says."""
-
-    delivery: AlertDelivery
-    thresholds: Thresholds
-
-
-def alert_route(conn_id: str = ALERTS_CONN_ID) -> AlertRoute:
-    """The webhook and thresholds of the connection; the log and the defaults without one.
-
-    A setting out of range is logged as an ERROR and its default used: an alert is still owed.
-    """
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    from triage.alerts import InvalidAlertSettings, LogAlerts, Thresholds, WebhookAlerts
-
-    try:
-        connection = BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        return AlertRoute(LogAlerts(), Thresholds())
-    extra = connection.extra_dejson or {}
-    try:
-        thresholds = Thresholds.from_settings(extra)
-    except InvalidAlertSettings as exc:
-        log.error("the %s connection's thresholds are invalid (%s); the defaults apply", conn_id, exc)
-        thresholds = Thresholds()
-    try:
-        timeout = float(extra.get("timeout", 5.0))
-    except (TypeError, ValueError):
-        log.error("the %s connection's extra timeout is not a number; 5 s applies", conn_id)
-        timeout = 5.0
-    webhook = WebhookAlerts(
-        http_url(connection),
-        headers=extra.get("headers"),
-        timeout_s=timeout,
-        fmt=str(extra.get("format", "json")),
-        where=f"{conn_id} webhook",
-    )
-    return AlertRoute(webhook, thresholds)
-
-
 def run_link(dag_id: str, run_id: str) -> str:
-    """The run's page in Airflow's UI (:func:`~triage.operators.base.api_server_url`)."""
+    """The run's page in Airflow's UI (:func:`~triage.adapters.connections.api_server_url`)."""
     base = api_server_url()
     return f"{base}/dags/{urllib.parse.quote(dag_id, safe='')}/runs/{urllib.parse.quote(run_id, safe='')}"
 

@@ -15,25 +15,13 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from triage.adapters.connections import variable
+from triage.adapters.http_actions import LABEL_ACTION_CONN_ID, build_label_action, event_sink, label_action_connection
+from triage.adapters.model_api import model_access
+from triage.adapters.task_context import batch_key, lease_owner, owner_prefix
 from triage.jobs.vocabulary.states import Step
 from triage.operators import lineage
-from triage.operators.base import (
-    LABEL_ACTION_CONN_ID,
-    TriageOperator,
-    batch_key,
-    build_label_action,
-    event_sink,
-    label_action_connection,
-    lease_owner,
-    owner_prefix,
-    variable,
-)
-from triage.operators.model_connection import (
-    build_run_classifier,
-    configured_classifier_versions,
-    content_cache_on,
-    llm_settings,
-)
+from triage.operators.base import TriageOperator
 from triage.operators.retry import DependencyOutage
 
 if TYPE_CHECKING:
@@ -42,13 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "DOCUMENT_LABELS",
-    "build_run_classifier",
-    "configured_classifier_versions",
-    "content_cache_on",
-    "llm_settings",
-]
+__all__ = ["DOCUMENT_LABELS"]
 
 DOCUMENT_LABELS = Asset(name="triage_document_labels", uri="triage://document_labels")
 """Updated whenever a run publishes: downstream DAGs can be scheduled on it."""
@@ -105,6 +87,8 @@ class RetrieveDocumentsOperator(TriageOperator):
         self.shard, self.shards = shard, shards
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from triage.classifiers import Taxonomy
+        from triage.pipeline.classify_plan import run_classifier_version
         from triage.pipeline.retrieve import retrieve
         from triage.sources import Shard, build_source
 
@@ -125,9 +109,8 @@ class RetrieveDocumentsOperator(TriageOperator):
             inbox = confined_inbox(config.inbox)
             source = build_source("jsonl", inbox=inbox)
         source = Shard(source, self.shard, self.shards)
-        # The learned classifier's version is the registry's champion, read from the job database.
-        registry = self.store.engine if config.classifier == "learned" else None
-        classifier = build_run_classifier(config, self.llm_conn_id, registry)
+        # The version only: no classifier is built (the learned one's is the registry's champion row).
+        version = run_classifier_version(config, Taxonomy.load(), model_access(config, self.llm_conn_id, self.store))
         try:
             result = retrieve(
                 self.store,
@@ -136,12 +119,11 @@ class RetrieveDocumentsOperator(TriageOperator):
                 start=start,
                 end=end,
                 batch_key=key,
-                classifier_version=classifier.version,
+                classifier_version=version,
                 max_attempts=config.max_attempts,
                 actor=lease_owner(context),
             )
         finally:
-            classifier.close()
             self.dispose()
         log.info(
             "retrieved batch=%s shard=%d/%d read=%d registered=%d existing=%d malformed=%d rate=%.0f/s",
@@ -211,10 +193,9 @@ class ClassifyDocumentsOperator(TriageOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from triage.classifiers import Taxonomy
         from triage.operators.metrics import AirflowStatsMetrics
-        from triage.pipeline.batch_mode import given_answers
-        from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-        from triage.pipeline.reuse import ContentCache
+        from triage.pipeline.classify_plan import classify_handler, plan_classify
         from triage.pipeline.steps import (
             CircuitOpen,
             DependencyMisconfigured,
@@ -225,38 +206,30 @@ class ClassifyDocumentsOperator(TriageOperator):
         )
 
         config = self.run_config(context)
-        classifier = build_run_classifier(config, self.llm_conn_id, self.store.engine)
-        # The keyword classifier is CPU-bound: threads would only contend for the GIL. Model
-        # calls in flight never exceed the pool slots this task holds (the llm_api pool bounds
-        # them across every worker).
-        concurrency = min(config.concurrency, max(self.pool_slots, 1)) if config.classifier == "llm" else 1
-        if config.classifier == "llm" and concurrency < config.concurrency:
-            log.info(
-                "concurrency %d capped at this task's %d slots of pool %s", config.concurrency, concurrency, self.pool
-            )
+        taxonomy = Taxonomy.load()
+        access = model_access(config, self.llm_conn_id, self.store, load_model=True)
         separate = self.separate_persist or label_action_connection(self.action_conn_id) is not None
-        # Repeated content is answered from the ledger instead of the model (a keyword call is
-        # cheaper than the lookup, so only the llm classifier uses the cache).
-        cache = None
-        if config.classifier == "llm" and content_cache_on(self.llm_conn_id):
-            cache = ContentCache(self.store, classifier.version, config.confidence_threshold)
-        handler = ClassifyHandler(
-            classifier,
-            _payloads(self.payload_base),
-            ClassifySettings(config.confidence_threshold, concurrency, separate, config.audit_rate),
-            cache=cache,
-            # Answers a provider batch gave (batch mode, triage.operators.model_batches): no call.
-            given=given_answers(self.store.batches) if config.classifier == "llm" else None,
-        )
+        # Model calls in flight never exceed the pool slots this task holds (the llm_api pool
+        # bounds them across every worker): the plan's concurrency (triage.pipeline.classify_plan).
+        plan = plan_classify(config, taxonomy, access, pool_slots=self.pool_slots, separate_persist=separate)
+        if plan.capped:
+            log.info(
+                "concurrency %d capped at this task's %d slots of pool %s",
+                config.concurrency,
+                plan.concurrency,
+                self.pool,
+            )
+        handler = classify_handler(plan, config, taxonomy, access, self.store, _payloads(self.payload_base))
+        cache = handler.cache
         settings = RunSettings(
             owner=lease_owner(context),
-            batch_size=claim_size(self.batch_size, concurrency),
+            batch_size=claim_size(self.batch_size, plan.concurrency),
             lease_seconds=config.lease_seconds,
             retry_soon_seconds=self.retry_soon_seconds,
             earlier_tries_of=owner_prefix(context),
             # The model calls' window across claims: the next claim is taken one round of calls
             # before it is needed, so a second classify instance still finds its share of the day.
-            claim_ahead=config.classifier == "llm",
+            claim_ahead=plan.claim_ahead,
         )
         try:
             report = run_step(

@@ -5,7 +5,7 @@ for the batches in the triggerer (no worker slot held for up to a day), collect 
 :class:`~triage.operators.sizing.SizeClassifyOperator`) in a run whose param ``model_mode`` is
 ``batch``, before it sizes ``classify`` on what is then due; an interactive run (the default)
 goes straight to the sizing, so batch mode costs it no task and no stage. It submits
-(:func:`triage.pipeline.batch_mode.submit`), defers to :class:`ModelBatchTrigger` until no
+(:func:`triage.pipeline.batch_mode.submit`), defers to :class:`~triage.adapters.triggers.ModelBatchTrigger` until no
 submitted batch is running, then collects (:func:`~triage.pipeline.batch_mode.collect`):
 answers per job, a lost batch's jobs made due. The ``classify`` task after it takes each job's
 batch answer instead of a call and asks the rest interactively. A try that dies after
@@ -15,86 +15,29 @@ jobs nobody collects come back to the queue by themselves after the completion w
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from triage.operators.base import batch_key, lease_owner, owner_prefix
+from triage.adapters.model_api import build_run_classifier, llm_settings
+from triage.adapters.task_context import batch_key, lease_owner, owner_prefix
+from triage.adapters.triggers import ModelBatchTrigger
 from triage.operators.classify_documents import _payloads
-from triage.operators.model_connection import build_run_classifier, llm_settings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.triggers.base import BaseTrigger
 
     from triage.classifiers.batch_api import BatchClient
     from triage.contracts.run_config import ClassifyRunConfig
     from triage.jobs.store import JobStore
 
-__all__ = ["ModelBatchTrigger", "ModelBatches"]
-
-
-class ModelBatchTrigger(BaseTrigger):
-    """Fires once none of ``batch_ids`` is running at the provider (done, expired, failed,
-    cancelled or unknown), or at ``deadline`` (epoch seconds). An HTTP error while polling is
-    taken as "still running": the next poll asks again. The API key is read from the connection
-    in the triggerer, never serialized with the trigger."""
-
-    def __init__(self, batch_ids: list[str], llm_conn_id: str, poll_seconds: float, deadline: float) -> None:
-        super().__init__()
-        self.batch_ids, self.llm_conn_id, self.poll_seconds, self.deadline = (
-            batch_ids,
-            llm_conn_id,
-            poll_seconds,
-            deadline,
-        )
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "batch_ids": self.batch_ids,
-                "llm_conn_id": self.llm_conn_id,
-                "poll_seconds": self.poll_seconds,
-                "deadline": self.deadline,
-            },
-        )
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        import httpx
-
-        from triage.classifiers.batch_api import RUNNING
-        from triage.operators.base import http_url
-
-        conn = await BaseHook.aget_connection(self.llm_conn_id)
-        base = http_url(conn, default_path="/v1").rstrip("/")
-        headers = {"Authorization": f"Bearer {conn.password}"} if conn.password else {}
-        async with httpx.AsyncClient(headers=headers, timeout=60.0) as client:
-            while True:
-                running = []
-                for batch_id in self.batch_ids:
-                    try:
-                        response = await client.get(f"{base}/batches/{batch_id}")
-                    except httpx.HTTPError:
-                        running.append(batch_id)
-                        continue
-                    if response.status_code >= 500 or (
-                        response.status_code == 200 and response.json().get("status") in RUNNING
-                    ):
-                        running.append(batch_id)
-                if not running:
-                    yield TriggerEvent({"status": "done", "batch_ids": self.batch_ids})
-                    return
-                if time.time() >= self.deadline:
-                    yield TriggerEvent({"status": "deadline", "running": running})
-                    return
-                await asyncio.sleep(self.poll_seconds)
+__all__ = ["ModelBatches"]
 
 
 class ModelBatches:

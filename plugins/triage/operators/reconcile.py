@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook, conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
+from triage.adapters.connections import api_server_url, http_url, variable
+from triage.adapters.http_actions import event_sink
 from triage.operators.alerts import ALERTS_CONN_ID, alert_on_orphans
-from triage.operators.base import TriageOperator, api_server_url, event_sink, http_url, variable
+from triage.operators.base import TriageOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from triage.reconciliation.airflow_view import AirflowApi
+    from triage.adapters.airflow_api import AirflowApi
     from triage.reconciliation.outage_resumes import DagRuns
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ class ReconcileJobsOperator(TriageOperator):
         its login and password go to ``POST /auth/token``; every deployment of Triage provisions
         it with a read-only user (``triage_reconcile``); a host without a port gets ``[api] port``.
         Without it: ``[api] base_url``, else localhost at ``[api] port``
-        (:func:`~triage.operators.base.api_server_url`), and ``GET /auth/token`` (simple auth
+        (:func:`~triage.adapters.connections.api_server_url`), and ``GET /auth/token`` (simple auth
         manager with all admins).
     :param llm_conn_id: the model connection: its settings are part of the ``llm`` classifier's
         version, and queued jobs of a version no classifier has are reported.
@@ -102,7 +104,7 @@ class ReconcileJobsOperator(TriageOperator):
     def get_airflow_api(self, wait_s: float = 0.0) -> AirflowApi:
         """The seam tests override: a client of Airflow's public REST API that waits up to
         ``wait_s`` for an API server still starting."""
-        from triage.reconciliation.airflow_view import AirflowApi
+        from triage.adapters.airflow_api import AirflowApi
 
         base_url = api_server_url()
         username = password = None
@@ -125,7 +127,7 @@ class ReconcileJobsOperator(TriageOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from triage import settings
-        from triage.operators.classify_documents import configured_classifier_versions
+        from triage.adapters.model_api import configured_classifier_versions
         from triage.operators.tasks import DEFAULT_ARGS
         from triage.reconciliation.params import InvalidReconcileParams, ReconcileParams
         from triage.reconciliation.runner import reconcile

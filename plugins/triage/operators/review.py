@@ -32,7 +32,7 @@ from triage.operators.retry import default_args
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from triage.pipeline.actions import WebhookLabelAction
+    from triage.ports.label_actions import LabelAction
     from triage.review.config import ReviewRunConfig
     from triage.review.decisions import ReviewReport
 
@@ -72,7 +72,7 @@ class _ReviewOperator(TriageOperator):
         super().__init__(triage_conn_id=triage_conn_id, **kwargs)
         self.action_conn_id = action_conn_id
 
-    def label_action(self) -> WebhookLabelAction | None:
+    def label_action(self) -> LabelAction | None:
         """The seam tests may override: where a reviewer's label is sent."""
         return build_label_action(self.action_conn_id)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from triage.callbacks import on_task_failure
+from triage.adapters.callbacks import on_task_failure
 from triage.operators.alerts import RunAlertsOperator
 from triage.operators.classify_documents import (
     ClassifyDocumentsOperator,

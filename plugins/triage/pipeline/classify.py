@@ -194,15 +194,17 @@ class ClassifyHandler:
 
         self.breaker.claimed(job.id for job in jobs)
         given = dict(self.given(jobs)) if self.given is not None else {}
+        # Each payload is parsed once: the content cache's keys and the calls read the same documents.
+        documents = [read_document(job, content) for job, content in zip(jobs, contents, strict=True)]
 
         def one(index: int) -> Outcome:  # no model call once the job is not ours
-            job, content = jobs[index], contents[index]
+            job, document = jobs[index], documents[index]
             if ownership is None:
-                return self.one(job, content, given)
-            return ownership.attempt(job, lambda: self.one(job, content, given))
+                return self._answer(job, document, given)
+            return ownership.attempt(job, lambda: self._answer(job, document, given))
 
         # The content cache asks one job of each content first; the others then take its answer.
-        waves = self.cache.split(jobs, contents) if self.cache is not None else (range(len(jobs)),)
+        waves = self.cache.split(jobs, documents) if self.cache is not None else (range(len(jobs)),)
         by_index: dict[int, Outcome] = {}
         try:
             for n, wave in enumerate(waves):
@@ -312,11 +314,17 @@ class ClassifyHandler:
     ) -> Outcome:
         """The outcome of one job's attempt, given its payload (or the error reading it) and the
         answers its claim already has (``given``); never raises for the job's own failures."""
+        return self._answer(job, read_document(job, content), given)
+
+    def _answer(
+        self, job: ClaimedJob, document: DocumentPayload | Outcome, given: Mapping[uuid.UUID, ModelOutput] | None
+    ) -> Outcome:
+        """:meth:`one` for a payload already read (:func:`~triage.pipeline.reading.read_document`):
+        the document, or the outcome that reading it failed with."""
         if self._misconfigured:
             return Release(job.id, job.attempt)
         if self.outage() is not None:
             return self.park(job.id, job.attempt)
-        document = read_document(job, content)
         if not isinstance(document, DocumentPayload):
             if isinstance(document, RetryLater):  # the store failed: a transient call like any other
                 self._last_transient = (document.error_class, document.error or document.error_class)

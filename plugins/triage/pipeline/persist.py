@@ -2,7 +2,7 @@
 
 An external action (a webhook, a ticket) runs here, before the outcome is recorded, and carries
 the job's idempotency key so that the provider refuses a duplicate when a retry repeats it, and
-the label's order (:mod:`triage.pipeline.actions`). A job whose document already has a newer
+the label's order (:mod:`triage.ports.label_actions`). A job whose document already has a newer
 job's label completes without its action: the older label must not reach the provider after
 the newer one (the ledger keeps the newer either way).
 
@@ -26,10 +26,10 @@ from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import ClaimedJob, Complete, Fail, LabelWrite, Outcome, Park, RetryLater
 from triage.jobs.vocabulary.states import Step
 from triage.observability import log_job
-from triage.pipeline.actions import ActionFailed
 from triage.pipeline.breaker import DEPENDENCY_DOWN, CircuitBreaker, OutageGuard
 from triage.pipeline.ownership import Ownership
 from triage.pipeline.steps import CircuitOpen, StepError
+from triage.ports.label_actions import ActionFailed
 
 ExternalAction = Callable[[ClaimedJob, LabelWrite], None]
 

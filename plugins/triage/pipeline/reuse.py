@@ -26,14 +26,13 @@ input may still be asked once per worker.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 
-from triage.contracts.documents import DocumentPayload, MalformedDocument
+from triage.contracts.documents import DocumentPayload
 from triage.jobs.sql.reads.answers import Answer
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import Advance, ClaimedJob, Complete, Outcome, SendToReview
@@ -73,16 +72,17 @@ class ContentCache:
         self._asking: dict[str, tuple[uuid.UUID, threading.Event]] = {}
         self._waits: dict[uuid.UUID, threading.Event] = {}
 
-    def split(self, jobs: Sequence[ClaimedJob], contents: Sequence[object]) -> tuple[list[int], list[int]]:
-        """Look the claim up, given its payloads (bytes, or the error reading one); (indexes to
-        handle now, indexes to handle once those are done): the second are the jobs of an input
-        that a job of the first is asked for. A payload that does not read is handled now (its
-        job fails as it would without the cache)."""
-        keys = {}
-        for job, content in zip(jobs, contents, strict=True):
-            if isinstance(content, bytes):
-                with contextlib.suppress(MalformedDocument):  # no key: handled now, fails as without the cache
-                    keys[job.id] = input_key(DocumentPayload.from_bytes(content))
+    def split(self, jobs: Sequence[ClaimedJob], documents: Sequence[object]) -> tuple[list[int], list[int]]:
+        """Look the claim up, given its documents as the step read them (a
+        :class:`~triage.contracts.documents.DocumentPayload`, or the outcome reading one failed
+        with); (indexes to handle now, indexes to handle once those are done): the second are the
+        jobs of an input that a job of the first is asked for. A payload that did not read is
+        handled now (its job fails as it would without the cache)."""
+        keys = {
+            job.id: input_key(document)
+            for job, document in zip(jobs, documents, strict=True)
+            if isinstance(document, DocumentPayload)
+        }
         eligible, found = self.store.reusable_answers(
             keys, classifier_version=self.classifier_version, threshold=self.threshold
         )

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 
 from triage.jobs.schema import reconciliation_runs
 from triage.jobs.store import JobStore
+from triage.ports.airflow_states import AirflowStates
 from triage.reconciliation import airflow_view, outage_resumes, render, reporting, rules
 from triage.reconciliation.findings import RuleResult
 from triage.reconciliation.params import ReconcileParams
@@ -88,7 +89,7 @@ def run_rules(
     params: ReconcileParams,
     *,
     publish: rules.Publish | None,
-    api: airflow_view.AirflowApi | None,
+    api: AirflowStates | None,
     classifier_versions: Collection[str] | None = None,
     runs: outage_resumes.DagRuns | None = None,
     final_try: int | None = None,
@@ -131,7 +132,7 @@ def reconcile(
     params: ReconcileParams,
     *,
     publish: rules.Publish | None = None,
-    api: airflow_view.AirflowApi | None = None,
+    api: AirflowStates | None = None,
     reports_dir: str | os.PathLike[str] | None = None,
     classifier_versions: Collection[str] | None = None,
     runs: outage_resumes.DagRuns | None = None,

@@ -6,7 +6,7 @@ and never blocks the others. The caller decides what a refusal means for the run
 operator applies the valid ones, then fails the task listing every refusal.
 
 A reviewer's label then goes to the label action, the same one the model's labels go through
-(:mod:`triage.pipeline.actions`), after its decision committed and outside any transaction:
+(:mod:`triage.ports.label_actions`), after its decision committed and outside any transaction:
 under the job's key with its review (the same decision applied again asks for the same effect,
 so a retry is safe), with the job's order, and not at all when a newer job's label is the
 document's. A decision that stands but whose label the provider did not confirm is reported
@@ -24,13 +24,13 @@ from triage import markdown as md
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.errors import LedgerError
 from triage.jobs.vocabulary.models import ReviewResult
-from triage.pipeline.actions import ActionFailed, LabelRequest
+from triage.ports.label_actions import ActionFailed, LabelRequest
 from triage.review.config import ReviewRunConfig
 
 JobOutcome = Literal["applied", "already_applied", "refused"]
 SendLabel = Callable[[LabelRequest], None]
-"""The label action's ``send`` (:meth:`triage.pipeline.actions.WebhookLabelAction.send`):
-raises :class:`~triage.pipeline.actions.ActionFailed` when the provider did not confirm."""
+"""The label action's ``send`` (:meth:`triage.ports.label_actions.LabelAction.send`):
+raises :class:`~triage.ports.label_actions.ActionFailed` when the provider did not confirm."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,11 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from triage.adapters.http_actions import default_label_action
 from triage.web import api, intake, labels, pages, review_next
 from triage.web.access import login_url
 from triage.web.intake_service import IntakeService
-from triage.web.service import TriageService, default_label_action
+from triage.web.service import TriageService
 from triage.web.token_cache import TokenCache
 
 SECURITY_HEADERS = {

@@ -87,7 +87,7 @@ def intake_classifier_version(engine: sa.Engine) -> str:
     :raises NoIntakeClassifier: ``learned`` with no champion, or a taxonomy the chosen
         classifier refuses (``keyword`` with labels without keywords) or cannot read.
     """
-    from triage.classifiers import Taxonomy, TaxonomyError, build_classifier
+    from triage.classifiers import Taxonomy, TaxonomyError, classifier_version
     from triage.learning.registry import champion_version, concrete_classifier
 
     configured = settings.intake_classifier()
@@ -101,20 +101,18 @@ def intake_classifier_version(engine: sa.Engine) -> str:
                 "`triage train` (or trigger the train_classifier DAG)"
             )
         return version
+    from triage.pipeline.classify_plan import model_needs
+
     llm = None
-    if name == "llm":
-        from triage.operators.classify_documents import llm_settings
+    if "model_connection" in model_needs(name):
+        from triage.adapters.model_api import llm_settings
 
         llm = llm_settings()
     try:
-        classifier = build_classifier(name, taxonomy=Taxonomy.load(), llm_settings=llm)
+        return classifier_version(name, taxonomy=Taxonomy.load(), llm_settings=llm)
     except TaxonomyError as exc:
         hint = " (with no learned champion yet, auto means keyword: train one with `triage train`)"
         raise NoIntakeClassifier(f"intake's classifier {name}: {exc}{hint if configured == 'auto' else ''}") from None
-    try:
-        return classifier.version
-    finally:
-        classifier.close()
 
 
 class IntakeService:

@@ -1,8 +1,8 @@
 """What the Triage pages and API do, without HTTP: read the queue, a job, its document and the
 reports; decide through the same functions as ``review_jobs`` (:mod:`triage.review.decisions`).
 
-:class:`TriageService` holds the app's seams: the ledger twice (made on first use through
-Airflow's ``PostgresHook`` as the operators make theirs): the pipeline's login (``triage_db``)
+:class:`TriageService` holds the app's seams: the ledger twice (made on first use through the
+adapter room's hook, :mod:`triage.adapters.ledger_db`, as the operators make theirs): the pipeline's login (``triage_db``)
 for intake, and the review role's (``triage_db_review``) for the pages, the API's reads and every
 decision, since PostgreSQL lets only that role move a job out of review (docs/security.md); the
 payload base, the taxonomy and the label action. Tests give their own.
@@ -30,7 +30,7 @@ from triage.jobs.vocabulary.errors import (
     RoleRefused,
 )
 from triage.payload_refs import PayloadError
-from triage.pipeline.actions import WebhookLabelAction
+from triage.ports.label_actions import LabelAction
 from triage.reconciliation import history
 from triage.review import decisions
 from triage.review.config import ReviewRunConfig
@@ -115,7 +115,7 @@ class TriageService:
         review_store: JobStore | None = None,
         payload_base: str | None = None,
         taxonomy_names: Sequence[str] | None = None,
-        label_action: Callable[[], WebhookLabelAction | None] | None = None,
+        label_action: Callable[[], LabelAction | None] | None = None,
     ) -> None:
         self._store = store
         self._review_store = review_store if review_store is not None else store
@@ -128,19 +128,18 @@ class TriageService:
     def store(self) -> JobStore:
         with self._lock:
             if self._store is None:
-                from triage.operators.base import DEFAULT_CONN_ID, engine_from_hook, job_database_hook
+                from triage.adapters.ledger_db import DEFAULT_CONN_ID, ledger_store
 
-                self._store = JobStore(engine_from_hook(job_database_hook(DEFAULT_CONN_ID), pool_size=POOL_SIZE))
+                self._store = ledger_store(DEFAULT_CONN_ID, pool_size=POOL_SIZE)
             return self._store
 
     @property
     def review_store(self) -> JobStore:
         with self._lock:
             if self._review_store is None:
-                from triage.operators.base import REVIEW_CONN_ID, engine_from_hook, job_database_hook
+                from triage.adapters.ledger_db import REVIEW_CONN_ID, ledger_store
 
-                hook = job_database_hook(REVIEW_CONN_ID)
-                self._review_store = JobStore(engine_from_hook(hook, pool_size=REVIEW_POOL_SIZE))
+                self._review_store = ledger_store(REVIEW_CONN_ID, pool_size=REVIEW_POOL_SIZE)
             return self._review_store
 
     def taxonomy(self) -> list[str]:
@@ -155,7 +154,7 @@ class TriageService:
 
         if self._payload_base is not None:
             return self._payload_base
-        from triage.operators.base import variable
+        from triage.adapters.connections import variable
 
         return settings.payload_base(variable("triage_payload_base"))
 
@@ -294,10 +293,3 @@ class TriageService:
             return decisions.send_reviewed_label(self.review_store, job_id, client.send)
         finally:
             client.close()
-
-
-def default_label_action() -> WebhookLabelAction | None:
-    """The ``triage_label_action`` connection's action, when it exists (as ``review_jobs``)."""
-    from triage.operators.base import LABEL_ACTION_CONN_ID, build_label_action
-
-    return build_label_action(LABEL_ACTION_CONN_ID)

@@ -2,7 +2,7 @@
 
 A run's moves are the transitions logged under its actors: every lease owner, and the failure
 callback, of a ``classify_documents`` run starts with ``dag/run/``
-(:func:`triage.operators.base.run_prefix`), so ``job_events.actor`` tells this run's moves from
+(:func:`triage.adapters.task_context.run_prefix`), so ``job_events.actor`` tells this run's moves from
 another run's of the same date, and from reconciliation's or a reviewer's.
 """
 

@@ -1,4 +1,4 @@
-"""What the label action (:mod:`triage.pipeline.actions`) asks of the ledger, decided in SQL.
+"""What the label action (:mod:`triage.ports.label_actions`) asks of the ledger, decided in SQL.
 
 - :func:`superseded`: which of these jobs' documents already have a newer job's label in
   ``document_labels``. Their action is skipped: sending an older label after the newer one
@@ -110,7 +110,7 @@ class ReviewedLabel:
     @property
     def revision(self) -> int | None:
         """A correction replaces a label the provider already has from the same job: its order
-        must sort after that one's (:attr:`triage.pipeline.actions.LabelRequest.order`)."""
+        must sort after that one's (:attr:`triage.ports.label_actions.LabelRequest.order`)."""
         return self.review_id if self.resolution == "corrected" else None
 
 

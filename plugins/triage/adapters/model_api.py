@@ -1,6 +1,7 @@
-"""The model connection (``triage_llm``) as the classify operators read it: the classifier's
-settings, the content cache switch, the shared requests/tokens budget, the versions a deployment
-could run. Every key is described in docs/model-calls.md."""
+"""The model API's connection (``triage_llm``) as the classify operators read it: the classifier's
+settings, the content cache switch, the shared requests/tokens budget (:func:`model_access`: what
+a run's plan needs, :mod:`triage.pipeline.classify_plan`), and the versions a deployment could
+run. Every key is described in docs/model-calls.md."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from triage.operators.base import http_url
+from triage.adapters.connections import http_url
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
     from triage.classifiers.base import Classifier
     from triage.contracts.run_config import ClassifyRunConfig
+    from triage.jobs.store import JobStore
+    from triage.pipeline.classify_plan import ModelAccess
 
 BUDGET_KEYS = ("requests_per_minute", "tokens_per_minute", "budget_burst_seconds", "budget_max_wait_seconds")
 """The connection extra's budget keys (docs/model-calls.md)."""
@@ -54,10 +57,11 @@ def configured_classifier_versions(llm_conn_id: str = "triage_llm", engine: sa.E
     """The version of each classifier a run of this deployment could use now: ``keyword`` (when
     the taxonomy has keywords), ``llm`` when its connection exists, and with ``engine`` (the job
     database) the learned champion when there is one. A queued job of any other version is
-    claimed by no run."""
+    claimed by no run. Versions only (:func:`triage.classifiers.classifier_version`): no client
+    is made, no model loaded."""
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    from triage.classifiers import CLASSIFIERS, Taxonomy, TaxonomyError, build_classifier
+    from triage.classifiers import CLASSIFIERS, Taxonomy, TaxonomyError, classifier_version
 
     taxonomy, versions = Taxonomy.load(), set()
     if engine is not None:
@@ -72,11 +76,9 @@ def configured_classifier_versions(llm_conn_id: str = "triage_llm", engine: sa.E
         except AirflowNotFoundException:
             continue
         try:
-            classifier = build_classifier(name, taxonomy=taxonomy, llm_settings=settings)
+            versions.add(classifier_version(name, taxonomy=taxonomy, llm_settings=settings))
         except TaxonomyError:  # keyword rules over a taxonomy without keywords: no such run
             continue
-        versions.add(classifier.version)
-        classifier.close()
     return frozenset(versions)
 
 
@@ -105,34 +107,63 @@ def connection_budget(engine: sa.Engine, conn_id: str = "triage_llm") -> dict[st
     return budget if wait is None else {**budget, "budget_max_wait_seconds": wait}
 
 
+def model_access(
+    config: ClassifyRunConfig, llm_conn_id: str, store: JobStore | None = None, *, load_model: bool = False
+) -> ModelAccess:
+    """What the run's classifier needs read from this deployment
+    (:func:`triage.pipeline.classify_plan.model_needs`), and nothing else: the model connection's
+    settings and content cache switch; the learned registry's champion from ``store``. With
+    ``load_model`` (a step that builds the classifier) the champion is loaded and the
+    connection's shared budget (kept in ``store``) joins the settings; without (retrieval needs
+    only the version) the champion's version is read, its artifact not.
+
+    :raises AirflowFailException: ``learned`` with no champion (the message names ``triage train``),
+        or a champion whose artifact is refused: no retry can help, so the run fails at once.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from triage.learning.model import ArtifactRefused
+    from triage.learning.registry import NoChampion, champion_version, load_champion
+    from triage.pipeline.classify_plan import ModelAccess, model_needs
+
+    needs = model_needs(config.classifier)
+    settings: dict[str, Any] | None = None
+    cache = True
+    if "model_connection" in needs:
+        settings = llm_settings(llm_conn_id)
+        if store is not None and load_model:  # the budget bounds calls: only a classifier that calls needs it
+            settings.update(connection_budget(store.engine, llm_conn_id))
+        cache = content_cache_on(llm_conn_id)
+    champion, loaded = None, None
+    if "champion" in needs:
+        if store is None:
+            raise ValueError("the learned classifier is read from the job database: pass its store")
+        try:
+            if load_model:
+                loaded = load_champion(store.engine)
+                champion = loaded.version
+            elif (champion := champion_version(store.engine)) is None:
+                raise NoChampion(
+                    "no learned model is champion yet: train one with `triage train` (or trigger the "
+                    "train_classifier DAG)"
+                )
+        except (NoChampion, ArtifactRefused) as exc:
+            raise AirflowFailException(str(exc)) from None
+    return ModelAccess(llm_settings=settings, content_cache=cache, champion=champion, learned=loaded)
+
+
 def build_run_classifier(config: ClassifyRunConfig, llm_conn_id: str, engine: sa.Engine | None = None) -> Classifier:
-    """The run's classifier; with ``engine`` (the job database), the llm one within the
-    connection's shared budget, if it has one. The learned one is the registry's champion,
-    read from ``engine``.
+    """The run's classifier as its plan says (:func:`triage.pipeline.classify_plan.plan_classify`);
+    with ``engine`` (the job database), the llm one within the connection's shared budget, if it
+    has one. The learned one is the registry's champion, read from ``engine``.
 
     :raises AirflowFailException: ``learned`` with no champion (the message names ``triage train``),
         or a champion whose artifact is refused.
     """
-    from triage.classifiers import Taxonomy, build_classifier
+    from triage.classifiers import Taxonomy
+    from triage.jobs.store import JobStore
+    from triage.pipeline.classify_plan import plan_classify, planned_classifier
 
-    settings = None
-    if config.classifier == "learned":
-        from triage.learning.registry import load_champion
-
-        if engine is None:
-            raise ValueError("the learned classifier is read from the job database: pass its engine")
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from triage.learning.model import ArtifactRefused
-        from triage.learning.registry import NoChampion
-
-        try:
-            champion = load_champion(engine)
-        except (NoChampion, ArtifactRefused) as exc:  # no retry can help: fail the run at once, saying why
-            raise AirflowFailException(str(exc)) from None
-        return build_classifier("learned", taxonomy=Taxonomy.load(), learned=champion, drill=config.drill)
-    if config.classifier == "llm":
-        settings = {**llm_settings(llm_conn_id), "max_connections": max(config.concurrency, 1)}
-        if engine is not None:
-            settings.update(connection_budget(engine, llm_conn_id))
-    return build_classifier(config.classifier, taxonomy=Taxonomy.load(), llm_settings=settings, drill=config.drill)
+    taxonomy = Taxonomy.load()
+    access = model_access(config, llm_conn_id, JobStore(engine) if engine is not None else None, load_model=True)
+    return planned_classifier(plan_classify(config, taxonomy, access), config, taxonomy, access)

@@ -65,26 +65,20 @@ def on_task_failure(context: Any) -> None:
     would hide the task's own error and change nothing.
     """
     try:
+        from triage.adapters.ledger_db import DEFAULT_CONN_ID, ledger_engine
+        from triage.adapters.task_context import batch_key, map_index, owner_prefix, run_prefix
         from triage.jobs.store import JobStore
-        from triage.operators.base import (
-            batch_key,
-            engine_from_hook,
-            job_database_hook,
-            map_index,
-            owner_prefix,
-            run_prefix,
-        )
 
         task = context.get("task")
         step = ledger_step(task)
         if step is None:
             log.info("failure callback: %s holds no jobs; nothing to move", getattr(task, "task_id", "the task"))
             return
-        conn_id = getattr(task, "triage_conn_id", "triage_db")
+        conn_id = getattr(task, "triage_conn_id", DEFAULT_CONN_ID)
         error = context.get("exception")
         message = f"{type(error).__name__}: {error}"[:2000] if error is not None else "task failed"
         batch, prefix, ti = batch_key(context), owner_prefix(context), context["ti"]
-        engine = engine_from_hook(job_database_hook(conn_id), pool_size=1)
+        engine = ledger_engine(conn_id, pool_size=1)
         try:
             moved = JobStore(engine).send_batch_to_review(
                 batch,
