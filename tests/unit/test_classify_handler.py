@@ -544,3 +544,23 @@ def test_each_payload_is_parsed_once_with_the_content_cache(
     outcomes = handler.handle(jobs)
     assert [type(o) for o in outcomes] == [Complete] * len(jobs)
     assert parses.call_count == len(jobs)
+
+
+def test_a_handled_claim_leaves_nothing_of_its_jobs_in_the_content_cache(
+    classifier: Any, payloads: Any, breaker: CircuitBreaker
+) -> None:
+    """The cache keeps the answers it learned, not the per-job lookups of the claims it handled:
+    ``forget`` dropped those of a claim's last job only, so a long try's lookups grew claim by claim
+    and a forgotten job still found its input's answer."""
+    from triage.pipeline.reuse import ContentCache
+
+    cache = ContentCache(NoAnswers(), VERSION, THRESHOLD)  # type: ignore[arg-type]
+    handler = ClassifyHandler(classifier, payloads, ClassifySettings(confidence_threshold=THRESHOLD), breaker, cache)
+    classifier.classify.return_value = output("billing", 0.9)
+    for claim in range(3):
+        jobs = [claimed(claim * 10 + n) for n in range(4)]
+        payloads.get_many.return_value = [PAYLOAD] * len(jobs)
+        handler.handle(jobs)
+        cache.forget(jobs)
+        assert [cache.answer(job) for job in jobs] == [None] * len(jobs)
+    assert (cache._keys, cache._eligible, cache._found) == ({}, set(), {})

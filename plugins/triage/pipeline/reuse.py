@@ -136,9 +136,9 @@ class ContentCache:
         with self._lock:
             for job in jobs:
                 self._waits.pop(job.id, None)
-            self._keys.pop(job.id, None)
-            self._eligible.discard(job.id)
-            self._found.pop(job.id, None)
+                self._keys.pop(job.id, None)
+                self._eligible.discard(job.id)
+                self._found.pop(job.id, None)
 
     def answer(self, job: ClaimedJob) -> Answer | None:
         """The answer ``job`` takes instead of a model call, or None (it is asked)."""
