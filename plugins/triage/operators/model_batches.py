@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from triage.contracts.run_config import ClassifyRunConfig
     from triage.jobs.store import JobStore
 
-__all__ = ["ModelBatches"]
+# ModelBatchTrigger is re-exported: a task deferred before the trigger moved to triage.adapters
+# stored this module's class path in Airflow's trigger table, and resumes only if it still resolves.
+__all__ = ["ModelBatchTrigger", "ModelBatches"]
 
 
 class ModelBatches:
