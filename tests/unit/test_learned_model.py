@@ -121,6 +121,20 @@ def test_a_chunk_ranks_as_one_document_at_a_time_does() -> None:
     assert model.predict_many(texts) == [(a[0][0], a[0][1]) for a in chunk]
 
 
+def test_a_full_word_cache_is_replaced_and_the_chunk_still_ranks_every_document(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import triage.learning.model as model_module
+
+    model = fit(examples(150), TrainSettings())
+    texts = [e.text for e in examples(60)]
+    expected = model.ranked_many(texts, 3)
+    fresh = fit(examples(150), TrainSettings())
+    monkeypatch.setattr(model_module, "_WORD_CACHE_SIZE", 5)
+    assert fresh.ranked_many(texts, 3) == expected
+    assert len(fresh._char_bytes) < len({w for t in texts for w in t.lower().split()})  # it was replaced
+
+
 def test_a_vocabulary_whose_bigrams_are_not_its_unigrams_is_ranked_one_at_a_time() -> None:
     """A hand-made artifact may list a bigram without its words: the chunk path cannot find it
     by the words' ids, so such a model takes the per-document path (same answers)."""

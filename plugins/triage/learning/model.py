@@ -253,21 +253,29 @@ class LinearTextModel:
                     )
         return None if len(self._bigrams[0]) and self._bigrams[0][0] < 0 else self._bigrams
 
-    def _learn_words(self, words: Iterable[str]) -> None:
-        """Add ``words`` (whitespace-separated words not seen yet) to the chunk path's caches: each
+    def _learn_words(self, unseen: set[str], needed: set[str]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """Add ``unseen`` (whitespace-separated words not in the caches) to the chunk path's caches: each
         one's token ids (-1 for a token outside the vocabulary) and char_wb n-gram ids, as int32
         bytes. A word's tokens are the document's tokens within it: a token (``\\w\\w+``
         between word boundaries) never holds white space, so none spans two words. Past
-        :data:`_WORD_CACHE_SIZE` words the caches are emptied first (the two stay in step)."""
-        if len(self._token_bytes) >= _WORD_CACHE_SIZE:
-            self._token_bytes, self._char_bytes = {}, {}
+        :data:`_WORD_CACHE_SIZE` words new caches replace them (the two stay in step), holding
+        every word of ``needed`` (the document's). Returns the caches the words were added to: a
+        caller reads its words there, whatever another thread replaced meanwhile (entries are
+        only ever added to a cache, never removed)."""
+        token_bytes, char_bytes = self._token_bytes, self._char_bytes
+        words = unseen
+        if len(token_bytes) >= _WORD_CACHE_SIZE:
+            token_bytes, char_bytes, words = {}, {}, needed
+            self._token_bytes, self._char_bytes = token_bytes, char_bytes
         index, chars = self.word_index, self.char_index
         low, high = self.spec.char_ngrams
         for word in words:
             tokens = [index.get(token, -1) for token in _TOKEN.findall(word)]
             grams = [i for gram in _word_char_ngrams(word, low, high) if (i := chars.get(gram)) is not None]
-            self._token_bytes[word] = np.array(tokens, dtype=np.int32).tobytes()
-            self._char_bytes[word] = np.array(grams, dtype=np.int32).tobytes()
+            # The token entry first: a reader takes a word as known once it is in char_bytes.
+            token_bytes[word] = np.array(tokens, dtype=np.int32).tobytes()
+            char_bytes[word] = np.array(grams, dtype=np.int32).tobytes()
+        return token_bytes, char_bytes
 
     def _chunk_features(self, texts: Sequence[str]) -> tuple[Any, Any]:
         """The TF-IDF rows of ``texts`` as two sparse matrices (documents x word columns,
@@ -279,12 +287,13 @@ class LinearTextModel:
         char_parts: list[npt.NDArray[np.int32]] = []
         for text in texts:
             words = text.lower().split()
-            # Caches read and replaced whole (never changed in place while read): thread-safe.
+            # Thread-safe: a cache is only added to (a token entry before its char entry), and
+            # a full one is replaced, never emptied, so the pair read here keeps what it holds.
             token_bytes, char_bytes = self._token_bytes, self._char_bytes
-            unseen = set(words).difference(char_bytes)
+            needed = set(words)
+            unseen = needed.difference(char_bytes)
             if unseen:
-                self._learn_words(unseen)
-                token_bytes, char_bytes = self._token_bytes, self._char_bytes
+                token_bytes, char_bytes = self._learn_words(unseen, needed)
             token_parts.append(b"".join(map(token_bytes.__getitem__, words)))
             # Sorted per document (small sorts): one sort of the whole chunk costs more.
             char_parts.append(np.sort(np.frombuffer(b"".join(map(char_bytes.__getitem__, words)), dtype=np.int32)))
