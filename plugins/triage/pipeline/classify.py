@@ -228,10 +228,10 @@ class ClassifyHandler:
 
     def _answer_claim(
         self, jobs: Sequence[ClaimedJob], contents: Sequence[bytes | PayloadError]
-    ) -> dict[uuid.UUID, ModelOutput]:
+    ) -> dict[uuid.UUID, tuple[DocumentPayload, ModelOutput]]:
         """The answers of a :class:`~triage.classifiers.base.ManyClassifier` (the learned model)
-        for the claim's readable documents, in one pass: the jobs then take them where they would
-        call it (after the content cache, which still wins). Answers cost nothing outside this
+        for the claim's readable documents, in one pass, each with its document (read once): the
+        jobs then take them where they would call it (after the content cache, which still wins). Answers cost nothing outside this
         process, so one computed for a job that is then not ours, or reused, is only dropped.
         Empty for any other classifier, or with a pool of calls."""
         if self._pool is not None or not isinstance(self.classifier, ManyClassifier):
@@ -248,7 +248,7 @@ class ClassifyHandler:
             outputs = self.classifier.classify_many(requests)
         except Exception:  # noqa: BLE001 - degraded, not failed: each job is then asked alone (one())
             return {}
-        return {job_id: output for (job_id, _), output in zip(readable, outputs, strict=True)}
+        return {job_id: (document, output) for (job_id, document), output in zip(readable, outputs, strict=True)}
 
     def _in_pool(self, one: Callable[[int], Outcome], wave: Sequence[int]) -> list[Outcome]:
         """``one`` over ``wave`` on the pool, each call in a copy of this thread's context: the
@@ -344,17 +344,19 @@ class ClassifyHandler:
         job: ClaimedJob,
         content: bytes | PayloadError,
         given: Mapping[uuid.UUID, ModelOutput] | None = None,
-        answered: Mapping[uuid.UUID, ModelOutput] | None = None,
+        answered: Mapping[uuid.UUID, tuple[DocumentPayload, ModelOutput]] | None = None,
     ) -> Outcome:
         """The outcome of one job's attempt, given its payload (or the error reading it), the
         answers its claim already has (``given``: a provider batch's, taken before the content
-        cache) and the classifier's answers computed for the claim in one pass (``answered``:
-        taken where the classifier would be called); never raises for the job's own failures."""
+        cache) and the classifier's answers computed for the claim in one pass with the documents
+        they read (``answered``: taken where the classifier would be called); never raises for the
+        job's own failures."""
         if self._misconfigured:
             return Release(job.id, job.attempt)
         if self.outage() is not None:
             return self.park(job.id, job.attempt)
-        document = read_document(job, content)
+        ready = answered.get(job.id) if answered else None
+        document = ready[0] if ready is not None else read_document(job, content)
         if not isinstance(document, DocumentPayload):
             if isinstance(document, RetryLater):  # the store failed: a transient call like any other
                 self._last_transient = (document.error_class, document.error or document.error_class)
@@ -376,9 +378,7 @@ class ClassifyHandler:
         )
         started = time.perf_counter()
         try:
-            output = answered.get(job.id) if answered else None
-            if output is None:
-                output = self.classifier.classify(request)
+            output = ready[1] if ready is not None else self.classifier.classify(request)
         except ClassifierError as exc:
             return self._failed(job, exc, started)
         except Exception as exc:  # noqa: BLE001 - the named degraded path: see _unexpected
