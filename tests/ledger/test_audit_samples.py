@@ -413,3 +413,42 @@ def test_two_reviewers_correcting_at_once_never_both_win(stores: dict[str, JobSt
         j=job_id,
     ) == [(1,)]
     assert q(reviewer, "SELECT resolved_by FROM triage.manual_review WHERE job_id = :j", j=job_id) == [(won[0],)]
+
+
+def test_the_content_cache_never_reuses_an_answer_a_reviewer_corrected(
+    stores: dict[str, JobStore],  # noqa: F811
+    tmp_path: Any,
+) -> None:
+    """A corrected audit sample is a person's decision about its text, as a labelled review is:
+    a later job with the same text is asked again, never handed the answer the reviewer corrected."""
+    from tests.ledger.test_pipeline_classify import BATCH as CLASSIFY_BATCH
+    from tests.ledger.test_pipeline_classify import ScriptedClassifier, document, ok, register, settings
+    from triage.payloads import PayloadStore
+    from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+    from triage.pipeline.reuse import ContentCache
+    from triage.pipeline.steps import run_step
+
+    worker, reviewer = stores["worker"], stores["reviewer"]
+    payloads = PayloadStore(tmp_path / "payloads")
+    model = ScriptedClassifier(lambda _r: ok("billing", 0.9))
+
+    def classify_with_cache() -> None:
+        cache = ContentCache(worker, model.version, 0.7)
+        handler = ClassifyHandler(model, payloads, ClassifySettings(0.7, 1, audit_rate=1.0), cache=cache)
+        try:
+            run_step(worker, handler, batch_key=CLASSIFY_BATCH, settings=settings())
+        finally:
+            handler.close()
+
+    ids = register(worker, payloads, {"A": document("A", body="money back please")})
+    classify_with_cache()
+    assert len(model.calls) == 1
+    # The reviewer corrects the audited answer: billing -> refund_request.
+    reviewer.review.resolve_with_label(
+        ids["A"], "refund_request", actor="alice", taxonomy_names=frozenset({"billing", "refund_request"})
+    )
+    assert q(reviewer, "SELECT resolution FROM triage.manual_review WHERE job_id = :j", j=ids["A"]) == [("corrected",)]
+    ids = register(worker, payloads, {"B": document("B", body="money back please")})
+    classify_with_cache()
+    assert len(model.calls) == 2, "the same text is asked again, not answered with the corrected answer"
+    assert q(worker, "SELECT reused_job_id FROM triage.classifications WHERE job_id = :j", j=ids["B"]) == [(None,)]

@@ -468,7 +468,12 @@ def test_reports_render_from_the_database(
     assert [r["id"] for r in trend] == [first.run_id, second.run_id]
     assert trend[-1]["open_reviews"] == 3
     assert trend[-1]["unfinished"] == 0
-    assert client.get("/triage/reports/trend", headers=viewer).text.count("<svg") == 2
+    # Each run's quality per classifier version (three inconclusive answers: none accepted, none audited).
+    assert [r["quality"] for r in trend] == [[{"version": "keyword-v1", "coverage": 0.0, "precision": None}]] * 2
+    trend_page = client.get("/triage/reports/trend", headers=viewer).text
+    assert trend_page.count("<svg") == 4  # backlog, repairs, and coverage and audited precision per version
+    assert "Coverage per classifier version (%)" in trend_page
+    assert f"run {first.run_id} keyword-v1: 0" in trend_page  # the first run's point of the version
 
 
 # -- the form token and the origin (issue #25, finding 5) ----------------------------------------------

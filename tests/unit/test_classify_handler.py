@@ -481,6 +481,64 @@ def test_a_batch_is_read_in_one_pass_and_answered_in_job_order(classifier: Any, 
     assert [o.job_id for o in outcomes] == [job.id for job in jobs]
 
 
+class ChunkClassifier:
+    """A :class:`~triage.classifiers.base.ManyClassifier` seam: answers a claim in one pass
+    (recording each pass's texts), or fails the pass when told to."""
+
+    version = VERSION
+
+    def __init__(self, fail_many: bool = False) -> None:
+        self.fail_many = fail_many
+        self.passes: list[list[str]] = []
+        self.alone: list[str] = []
+
+    def classify(self, request: ClassifyRequest) -> ModelOutput:
+        self.alone.append(request.text)
+        return output("billing", 0.9)
+
+    def classify_many(self, requests: list[ClassifyRequest]) -> list[ModelOutput]:
+        if self.fail_many:
+            raise RuntimeError("the pass failed")
+        self.passes.append([request.text for request in requests])
+        return [output("billing", 0.9) for _ in requests]
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def test_a_classifier_that_answers_many_answers_the_claim_in_one_pass(payloads: Any, breaker: Any) -> None:
+    jobs = [claimed(n) for n in range(4)]
+    payloads.get_many.return_value = [PAYLOAD, PayloadMissing("gone"), PAYLOAD, b"not json"]
+    chunk = ChunkClassifier()
+    outcomes = make_handler(chunk, payloads, breaker).handle(jobs)
+    assert chunk.passes == [[DOCUMENT.text, DOCUMENT.text]], "the readable documents, in one pass"
+    assert chunk.alone == [], "no job asked alone"
+    assert [type(o) for o in outcomes] == [Complete, SendToReview, Complete, SendToReview]
+    assert [o.job_id for o in outcomes] == [job.id for job in jobs]
+
+
+def test_a_failed_pass_leaves_each_job_to_be_asked_alone(payloads: Any, breaker: Any) -> None:
+    jobs = [claimed(n) for n in range(3)]
+    payloads.get_many.return_value = [PAYLOAD] * 3
+    chunk = ChunkClassifier(fail_many=True)
+    outcomes = make_handler(chunk, payloads, breaker).handle(jobs)
+    assert chunk.alone == [DOCUMENT.text] * 3
+    assert [type(o) for o in outcomes] == [Complete] * 3
+
+
+def test_a_claim_is_not_answered_in_one_pass_on_a_pool_of_calls(payloads: Any, breaker: Any) -> None:
+    """With concurrent calls (an HTTP model's) each job is asked on the pool, as before."""
+    jobs = [claimed(n) for n in range(2)]
+    payloads.get_many.return_value = [PAYLOAD] * 2
+    chunk = ChunkClassifier()
+    handler = make_handler(chunk, payloads, breaker, concurrency=2)
+    try:
+        assert [type(o) for o in handler.handle(jobs)] == [Complete] * 2
+    finally:
+        handler.close()
+    assert chunk.passes == [] and len(chunk.alone) == 2
+
+
 def test_a_missing_payload_base_parks_the_batch_and_stops_the_step(
     classifier: Any, payloads: Any, breaker: Any
 ) -> None:

@@ -15,7 +15,7 @@ from sklearn.pipeline import FeatureUnion
 
 from triage.classifiers.base import ModelOutput, decide_outcome
 from triage.learning.metrics import Prediction, choose_thresholds, score, wilson_lower_bound
-from triage.learning.model import ArtifactRefused, ArtifactTampered, LinearTextModel, sha256_hex
+from triage.learning.model import ArtifactRefused, ArtifactTampered, FeatureSpec, LinearTextModel, sha256_hex
 from triage.learning.training import (
     Example,
     TrainSettings,
@@ -72,6 +72,82 @@ def test_features_equal_scikit_learn_s() -> None:
         mine = np.zeros(expected.shape[1])
         mine[columns] = values
         np.testing.assert_allclose(mine, row, atol=1e-5)
+
+
+CHUNK_TEXTS = [
+    *TEXTS,
+    "   ",
+    "l'été — e-mail\tfoo_bar 123 x9 don't  stop\u2003NOW now now",
+    "refund refund the refund, refund it: refund",
+    "\x1cunit\x1fseparators split words too",
+]
+
+
+@pytest.mark.parametrize("ngrams", [pytest.param((1, 2), id="words-1-2"), pytest.param((1, 1), id="words-1")])
+def test_a_chunk_s_features_equal_scikit_learn_s(ngrams: tuple[int, int]) -> None:
+    """The chunk path (a claim's documents in one pass, what the classify step takes) computes
+    scikit-learn's features too, bigrams found by their two tokens' ids included."""
+    word = TfidfVectorizer(ngram_range=ngrams, sublinear_tf=True)
+    char = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True)
+    union = FeatureUnion([("word", word), ("char", char)])
+    expected = union.fit_transform(CHUNK_TEXTS).toarray()
+    model = LinearTextModel(
+        labels=["a", "b", "c"],
+        word_terms=sorted(word.vocabulary_, key=word.vocabulary_.__getitem__),
+        char_terms=sorted(char.vocabulary_, key=char.vocabulary_.__getitem__),
+        idf=np.concatenate([word.idf_, char.idf_]),
+        coef=np.zeros((3, expected.shape[1])),
+        intercept=np.zeros(3),
+        spec=FeatureSpec(word_ngrams=ngrams),
+    )
+    assert model._chunkable()
+    unseen = "qqq zzzz"  # no known word: an empty word block (no NaN), char n-grams only
+    words, chars = model._chunk_features([*CHUNK_TEXTS, unseen])
+    mine = np.hstack([words.toarray(), chars.toarray()])
+    np.testing.assert_allclose(mine[: len(CHUNK_TEXTS)], expected, atol=1e-5)
+    np.testing.assert_allclose(mine[-1], union.transform([unseen]).toarray()[0], atol=1e-5)
+    assert not mine[-1, : model.n_word].any()
+
+
+def test_a_chunk_ranks_as_one_document_at_a_time_does() -> None:
+    model = fit(examples(150), TrainSettings())
+    texts = [*CHUNK_TEXTS, "refund my parcel please", "vat receipt", *(e.text for e in examples(40))]
+    chunk = model.ranked_many(texts, 3)
+    assert model.ranked_many([], 3) == []
+    for text, answer in zip(texts, chunk, strict=True):
+        alone = model.ranked(text, 3)
+        assert [name for name, _ in answer] == [name for name, _ in alone]
+        assert [p for _, p in answer] == pytest.approx([p for _, p in alone], abs=1e-5)
+    assert model.predict_many(texts) == [(a[0][0], a[0][1]) for a in chunk]
+
+
+def test_a_full_word_cache_is_replaced_and_the_chunk_still_ranks_every_document(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import triage.learning.model as model_module
+
+    model = fit(examples(150), TrainSettings())
+    texts = [e.text for e in examples(60)]
+    expected = model.ranked_many(texts, 3)
+    fresh = fit(examples(150), TrainSettings())
+    monkeypatch.setattr(model_module, "_WORD_CACHE_SIZE", 5)
+    assert fresh.ranked_many(texts, 3) == expected
+    assert len(fresh._char_bytes) < len({w for t in texts for w in t.lower().split()})  # it was replaced
+
+
+def test_a_vocabulary_whose_bigrams_are_not_its_unigrams_is_ranked_one_at_a_time() -> None:
+    """A hand-made artifact may list a bigram without its words: the chunk path cannot find it
+    by the words' ids, so such a model takes the per-document path (same answers)."""
+    model = LinearTextModel(
+        labels=["a", "b"],
+        word_terms=["refund please", "refund"],
+        char_terms=["re"],
+        idf=np.ones(3),
+        coef=np.array([[1.0, -1.0, 0.5]]),
+        intercept=np.zeros(1),
+    )
+    assert not model._chunkable()
+    assert model.ranked_many(["refund please"], 2) == [model.ranked("refund please", 2)]
 
 
 def test_probabilities_equal_the_estimator_s() -> None:

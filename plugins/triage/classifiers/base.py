@@ -13,6 +13,7 @@ Three kinds of result, kept apart on purpose because the job ledger routes them 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -21,6 +22,7 @@ __all__ = [
     "Classifier",
     "ClassifierError",
     "ClassifyRequest",
+    "ManyClassifier",
     "ModelOutput",
     "Outcome",
     "PermanentClassifierError",
@@ -142,6 +144,17 @@ class Classifier(Protocol):
 
     def close(self) -> None:
         """Release resources (connection pools); safe to call more than once."""
+        ...
+
+
+@runtime_checkable
+class ManyClassifier(Classifier, Protocol):
+    """A classifier in this process whose answers cost nothing outside it (no call, no budget)
+    and that answers many documents in one pass for less than one at a time: the classify step
+    asks it for a claim's documents at once (:mod:`triage.pipeline.classify`)."""
+
+    def classify_many(self, requests: Sequence[ClassifyRequest]) -> list[ModelOutput]:
+        """:meth:`classify` of each request, in order; raises only as :meth:`classify` would."""
         ...
 
 

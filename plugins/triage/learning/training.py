@@ -204,8 +204,13 @@ def fit_temperature(model: LinearTextModel, examples: Sequence[Example]) -> floa
 def evaluate_model(
     model: LinearTextModel, examples: Sequence[Example], thresholds: dict[str, float | None] | None
 ) -> tuple[list[Prediction], dict[str, Any]]:
-    """The model's predictions of ``examples`` and their metrics at ``thresholds``."""
-    predictions = [Prediction(e.label, *model.predict(e.text)) for e in examples]
+    """The model's predictions of ``examples`` and their metrics at ``thresholds``: computed as
+    the classify step computes them (:meth:`~triage.learning.model.LinearTextModel.predict_many`,
+    a claim's documents in one pass), so thresholds are chosen on the numbers runs compare."""
+    predictions = [
+        Prediction(e.label, label, confidence)
+        for e, (label, confidence) in zip(examples, model.predict_many([e.text for e in examples]), strict=True)
+    ]
     return predictions, score(predictions, thresholds)
 
 

@@ -57,7 +57,14 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from triage.classifiers.base import Classifier, ClassifierError, ClassifyRequest, ModelOutput, decide_outcome
+from triage.classifiers.base import (
+    Classifier,
+    ClassifierError,
+    ClassifyRequest,
+    ManyClassifier,
+    ModelOutput,
+    decide_outcome,
+)
 from triage.classifiers.rate_limits import BUDGET_EXHAUSTED
 from triage.contracts.documents import DocumentPayload
 from triage.jobs.sql.audit_samples import is_audit_sample
@@ -194,14 +201,16 @@ class ClassifyHandler:
 
         self.breaker.claimed(job.id for job in jobs)
         given = dict(self.given(jobs)) if self.given is not None else {}
-        # Each payload is parsed once: the content cache's keys and the calls read the same documents.
+        # Each payload is parsed once: the content cache's keys, a one-pass classifier and the
+        # calls read the same documents.
         documents = [read_document(job, content) for job, content in zip(jobs, contents, strict=True)]
+        answered = self._answer_claim(jobs, documents)
 
         def one(index: int) -> Outcome:  # no model call once the job is not ours
             job, document = jobs[index], documents[index]
             if ownership is None:
-                return self._answer(job, document, given)
-            return ownership.attempt(job, lambda: self._answer(job, document, given))
+                return self._answer(job, document, given, answered)
+            return ownership.attempt(job, lambda: self._answer(job, document, given, answered))
 
         # The content cache asks one job of each content first; the others then take its answer.
         waves = self.cache.split(jobs, documents) if self.cache is not None else (range(len(jobs)),)
@@ -219,6 +228,30 @@ class ClassifyHandler:
                 self.cache.forget(jobs)
         outcomes = [by_index[i] for i in range(len(jobs))]
         return self._outages.settle(outcomes, self.outage() is not None, self.park)
+
+    def _answer_claim(
+        self, jobs: Sequence[ClaimedJob], documents: Sequence[DocumentPayload | Outcome]
+    ) -> dict[uuid.UUID, ModelOutput]:
+        """The answers of a :class:`~triage.classifiers.base.ManyClassifier` (the learned model)
+        for the claim's readable documents, in one pass: the jobs then take them where they would
+        call it (after the content cache, which still wins). Answers cost nothing outside this
+        process, so one computed for a job that is then not ours, or reused, is only dropped.
+        Empty for any other classifier, or with a pool of calls."""
+        if self._pool is not None or not isinstance(self.classifier, ManyClassifier):
+            return {}
+        readable = [
+            (job.id, document)
+            for job, document in zip(jobs, documents, strict=True)
+            if isinstance(document, DocumentPayload)
+        ]
+        if not readable:
+            return {}
+        requests = [ClassifyRequest("", "", "", "", 1, document.text) for _, document in readable]
+        try:
+            outputs = self.classifier.classify_many(requests)
+        except Exception:  # noqa: BLE001 - degraded, not failed: each job is then asked alone (_answer)
+            return {}
+        return {job_id: output for (job_id, _), output in zip(readable, outputs, strict=True)}
 
     def _in_pool(self, one: Callable[[int], Outcome], wave: Sequence[int]) -> list[Outcome]:
         """``one`` over ``wave`` on the pool, each call in a copy of this thread's context: the
@@ -310,14 +343,24 @@ class ClassifyHandler:
         return RetryLater(job.id, job.attempt, "unexpected_error", type(exc).__name__)
 
     def one(
-        self, job: ClaimedJob, content: bytes | PayloadError, given: Mapping[uuid.UUID, ModelOutput] | None = None
+        self,
+        job: ClaimedJob,
+        content: bytes | PayloadError,
+        given: Mapping[uuid.UUID, ModelOutput] | None = None,
+        answered: Mapping[uuid.UUID, ModelOutput] | None = None,
     ) -> Outcome:
-        """The outcome of one job's attempt, given its payload (or the error reading it) and the
-        answers its claim already has (``given``); never raises for the job's own failures."""
-        return self._answer(job, read_document(job, content), given)
+        """The outcome of one job's attempt, given its payload (or the error reading it), the
+        answers its claim already has (``given``: a provider batch's, taken before the content
+        cache) and the classifier's answers computed for the claim in one pass (``answered``:
+        taken where the classifier would be called); never raises for the job's own failures."""
+        return self._answer(job, read_document(job, content), given, answered)
 
     def _answer(
-        self, job: ClaimedJob, document: DocumentPayload | Outcome, given: Mapping[uuid.UUID, ModelOutput] | None
+        self,
+        job: ClaimedJob,
+        document: DocumentPayload | Outcome,
+        given: Mapping[uuid.UUID, ModelOutput] | None,
+        answered: Mapping[uuid.UUID, ModelOutput] | None = None,
     ) -> Outcome:
         """:meth:`one` for a payload already read (:func:`~triage.pipeline.reading.read_document`):
         the document, or the outcome that reading it failed with."""
@@ -346,7 +389,8 @@ class ClassifyHandler:
         )
         started = time.perf_counter()
         try:
-            output = self.classifier.classify(request)
+            ready = answered.get(job.id) if answered else None
+            output = ready if ready is not None else self.classifier.classify(request)
         except ClassifierError as exc:
             return self._failed(job, exc, started)
         except Exception as exc:  # noqa: BLE001 - the named degraded path: see _unexpected

@@ -70,6 +70,7 @@ def trend() -> sa.Select[Any]:
             unfinished.label("unfinished"),
             sa.func.coalesce(totals["repaired"].as_integer(), 0).label("repaired"),
             sa.func.coalesce(totals["conflicts"].as_integer(), 0).label("conflicts"),
+            runs.c.summary["quality"]["by_version"].label("quality"),
         )
         .where(_FINISHED)
         .order_by(runs.c.id.desc())
@@ -98,4 +99,16 @@ def stored_run(
 
 
 def trend_rows(conn: sa.Connection, limit: int = TREND_RUNS) -> list[dict[str, Any]]:
-    return [r._asdict() for r in conn.execute(trend(), {"limit": limit})]
+    """The trend's runs, oldest first; ``quality`` is each run's coverage and audited precision
+    per classifier version (``version``, ``coverage``, ``precision``; None: not measured), empty
+    for a run that stored no Quality section."""
+    rows = []
+    for r in conn.execute(trend(), {"limit": limit}):
+        row = r._asdict()
+        row["quality"] = [
+            {"version": q.get("version"), "coverage": q.get("coverage"), "precision": q.get("precision")}
+            for q in (row["quality"] or [])
+            if isinstance(q, dict)
+        ]
+        rows.append(row)
+    return rows

@@ -211,6 +211,21 @@ def latest_report(request: Request, caller: ReportReader) -> HTMLResponse:
     return _report_page(request, caller, found, "No reconciliation run has finished yet: trigger reconcile_jobs.")
 
 
+def quality_trend_charts(runs: list[dict[str, Any]], points: list[str]) -> dict[str, str]:
+    """Coverage and audited precision per classifier version over the runs, one line per version
+    (as the report's own quality chart: a share a run did not measure is drawn as 0)."""
+    versions = list(dict.fromkeys(q["version"] for r in runs for q in r["quality"]))
+    by_run = [{q["version"]: q for q in r["quality"]} for r in runs]
+
+    def series(key: str) -> list[tuple[str, list[float]]]:
+        return [(str(v), [100 * ((run.get(v) or {}).get(key) or 0) for run in by_run]) for v in versions]
+
+    return {
+        "quality_coverage": line_chart("Coverage per classifier version (%)", points, series("coverage")),
+        "quality_precision": line_chart("Audited precision per classifier version (%)", points, series("precision")),
+    }
+
+
 @router.get("/reports/trend", response_class=HTMLResponse)
 def trend(request: Request, caller: ReportReader) -> HTMLResponse:
     runs = service(request).trend()
@@ -226,6 +241,7 @@ def trend(request: Request, caller: ReportReader) -> HTMLResponse:
             points,
             [("repaired", [r["repaired"] for r in runs]), ("conflicts", [r["conflicts"] for r in runs])],
         ),
+        **quality_trend_charts(runs, points),
     }
     svg = {k: Markup(v) for k, v in charts.items()}  # built from escaped parts (charts.py)
     return page(request, "trend.html.j2", caller, runs=runs, charts=svg)

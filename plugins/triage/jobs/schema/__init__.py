@@ -34,6 +34,10 @@ job_status = pg.ENUM(
 )
 
 NOW = sa.text("now()")
+DECIDED_LABEL = ("labelled", "corrected")
+"""Review resolutions that are a person's label for the job's text: a label decision, and the
+correction of an audit sample (the content cache never reuses the model's answer for that text)."""
+DECIDED_LABEL_SQL = "('labelled', 'corrected')"
 ARRIVED_UNSUPPORTED = "(context ->> 'malformed_reason') = 'unsupported_schema_version'"  # routed on arrival (0020)
 REVIEW_UNCERTAINTY = (
     "(\nCASE\n    WHEN jsonb_typeof(context -> 'uncertainty'::text) = 'number'::text"
@@ -307,8 +311,12 @@ manual_review = sa.Table(
         "id",
         postgresql_where=sa.text("resolved_at IS NULL"),
     ),
-    # Serves the content cache's refusal to answer for content a reviewer labelled (0013).
-    sa.Index("manual_review_labelled_idx", "job_id", postgresql_where=sa.text("resolution = 'labelled'")),
+    # Serves the content cache's refusal to answer for content a reviewer labelled or corrected (0032).
+    sa.Index(
+        "manual_review_decided_label_idx",
+        "job_id",
+        postgresql_where=sa.text(f"resolution IN {DECIDED_LABEL_SQL}"),
+    ),
     # Serves the report's schema mismatches found on arrival (0020): empty on a healthy ledger.
     sa.Index("manual_review_unsupported_idx", "job_id", postgresql_where=sa.text(ARRIVED_UNSUPPORTED)),
     # Serves the quality figures (0026): the decisions of a window of days, by when they were taken.

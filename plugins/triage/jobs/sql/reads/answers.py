@@ -11,8 +11,9 @@ provider's glitch is worth asking again. An answer with at least the run's confi
 wins over one below it; among those the oldest, so every reuse of an input names the same answer.
 A job may take one only if no reviewer requeued it (``replays = 0``: a reviewer who asks again
 wants the model asked again) and no reviewer has labelled a job whose classification had the same
-input, in any version (a person's decision about that text is never contradicted by a cached
-answer of the model). A job labelled by a reviewer without any classification (its call failed
+input, or corrected the model's label of one (an audit sample, resolution ``corrected``), in any
+version (a person's decision about that text is never contradicted by a cached answer of the
+model). A job labelled by a reviewer without any classification (its call failed
 permanently) is not seen by that guard.
 
 What invalidates an entry is what changes the classifier version: the model, the prompt
@@ -30,7 +31,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs.schema import classifications, jobs, manual_review
+from triage.jobs.schema import DECIDED_LABEL, classifications, jobs, manual_review
 from triage.jobs.sql.expressions import UUID, recordset
 
 __all__ = ["Answer", "reusable_answers"]
@@ -53,7 +54,7 @@ def reusable_answers() -> Any:
     """One row per job of ``:given_rows`` (``id``, ``input_sha256``): ``job_id``, ``eligible``
     (it may take a reused answer), and the entry for its input (``from_job_id``,
     ``from_attempt``, ``label``, ``confidence``, ``output_mode``; NULL: none). Served by
-    ``classifications_answers_idx`` (one probe per job) and ``manual_review_labelled_idx``."""
+    ``classifications_answers_idx`` (one probe per job) and ``manual_review_decided_label_idx``."""
     given = recordset("given", id=UUID, input_sha256=sa.Text)
     c = classifications
     batch = (
@@ -64,7 +65,10 @@ def reusable_answers() -> Any:
     labelled = (
         sa.select(c.c.input_sha256)
         .join_from(manual_review, c, c.c.job_id == manual_review.c.job_id)
-        .where(manual_review.c.resolution == "labelled", c.c.input_sha256.in_(sa.select(batch.c.input_sha256)))
+        .where(
+            manual_review.c.resolution.in_(DECIDED_LABEL),
+            c.c.input_sha256.in_(sa.select(batch.c.input_sha256)),
+        )
         .cte("labelled")
     )
     entry = (
