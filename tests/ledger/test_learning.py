@@ -152,6 +152,26 @@ def test_import_refuses_the_reviewers_source_and_a_missing_file(
     assert cli.main(["labels", "import", str(cli_env / "missing.jsonl")]) == 2
 
 
+def test_import_under_a_taxonomy_newer_than_the_ledger_names_triage_migrate(
+    store: JobStore, cli_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A taxonomy file with a label ``triage migrate`` has not loaded yet: the import says so and
+    what to run, writes nothing, and does not crash on the examples' foreign key (it did)."""
+    taxonomy = cli_env / "taxonomy.yaml"
+    taxonomy.write_text(
+        (Path(__file__).parents[2] / "include" / "taxonomy.yaml").read_text()
+        + "  - name: warranty\n    description: >-\n      Claims under the product's warranty.\n"
+    )
+    monkeypatch.setenv("TRIAGE_TAXONOMY", str(taxonomy))
+    file = cli_env / "labelled.jsonl"
+    file.write_text(line("W-1", "warranty", "Broken", "under warranty") + "\n" + line("W-2", "billing") + "\n")
+
+    assert cli.main(["labels", "import", str(file), "--source", "helpdesk"]) == 2
+    err = capsys.readouterr().err
+    assert "does not know the labels warranty of the taxonomy file: run `triage migrate`" in err
+    assert examples_of(store) == []
+
+
 # -- labelled examples: the reviewers' decisions -------------------------------------------------
 
 
@@ -214,6 +234,26 @@ def client(store: JobStore, tmp_path: Path, airflow_auth: Any) -> TestClient:  #
     service = TriageService(store, payload_base=str(tmp_path / "payloads"), taxonomy_names=NAMES)
     root.mount("/triage", create_app(service))
     return TestClient(root, base_url="http://airflow.test")
+
+
+def test_labels_over_http_under_a_taxonomy_newer_than_the_ledger_is_409_naming_triage_migrate(
+    store: JobStore,
+    tmp_path: Path,
+    airflow_auth: Any,  # noqa: F811
+) -> None:
+    from triage.web.app import create_app
+
+    root = FastAPI()
+    names = [*NAMES, "warranty"]  # the deployment's file, ahead of the ledger's taxonomy_labels
+    root.mount("/triage", create_app(TriageService(store, payload_base=str(tmp_path / "p"), taxonomy_names=names)))
+    client = TestClient(root, base_url="http://airflow.test")
+    example = {"source": "crm", "external_id": "C-1", "subject": "Broken", "body": "warranty", "label": "warranty"}
+    answer = client.post(
+        "/triage/api/labels", json={"examples": [example]}, headers=as_user(airflow_auth, "editor", "user")
+    )
+    assert answer.status_code == 409, answer.text
+    assert "run `triage migrate`" in answer.json()["detail"]
+    assert examples_of(store) == []
 
 
 def test_labels_over_http_per_example_422_and_idempotent(

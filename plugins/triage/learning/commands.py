@@ -131,7 +131,13 @@ def run(args: argparse.Namespace, url: DatabaseUrl, prog: str) -> int:
 
 
 def _import(engine: Any, args: argparse.Namespace, taxonomy: Any, prog: str) -> int:
-    from triage.learning.examples import InvalidSource, check_source, import_examples, read_examples
+    from triage.learning.examples import (
+        InvalidSource,
+        TaxonomyNotMigrated,
+        check_source,
+        import_examples,
+        read_examples,
+    )
 
     try:
         check_source(args.source)
@@ -140,13 +146,17 @@ def _import(engine: Any, args: argparse.Namespace, taxonomy: Any, prog: str) -> 
         print(f"{prog} labels import: {exc}", file=sys.stderr)
         return 2
     with stream:
-        report = import_examples(
-            engine,
-            _payloads(args.payload_base),
-            read_examples(stream, taxonomy.names),
-            source=args.source,
-            labelled_by=getpass.getuser(),
-        )
+        try:
+            report = import_examples(
+                engine,
+                _payloads(args.payload_base),
+                read_examples(stream, taxonomy.names),
+                source=args.source,
+                labelled_by=getpass.getuser(),
+            )
+        except TaxonomyNotMigrated as exc:
+            print(f"{prog} labels import: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -64,6 +64,19 @@ class InvalidSource(ValueError):
     """The examples' source name is not a plain name, or is the reviewers' own (``review``)."""
 
 
+class TaxonomyNotMigrated(RuntimeError):
+    """The taxonomy file names labels the job database does not hold yet: ``triage migrate``
+    brings ``triage.taxonomy_labels`` in step with the file (an example's label must be one)."""
+
+    def __init__(self, labels: Sequence[str], added: int) -> None:
+        self.labels, self.added = list(labels), added
+        before = f"; {added} examples were added before it (importing again adds nothing twice)" if added else ""
+        super().__init__(
+            f"the job database does not know the labels {', '.join(self.labels)} of the taxonomy file: "
+            f"run `triage migrate` (it loads the taxonomy's labels), then import again{before}"
+        )
+
+
 def check_source(source: str) -> str:
     """``source`` if it may name imported examples.
 
@@ -214,6 +227,8 @@ def import_examples(
     nothing.
 
     :raises InvalidSource: see :func:`check_source` (before anything is written).
+    :raises TaxonomyNotMigrated: a chunk's label is not in ``triage.taxonomy_labels`` (that
+        chunk and the rest are not written; the chunks before it are).
     """
     check_source(source)
     report = ImportReport(source)
@@ -258,6 +273,10 @@ def _store(
 ) -> None:
     # Within a chunk, an external id given twice keeps its first example (as across chunks).
     unique = list({example.payload.external_id: example for example in reversed(chunk)}.values())[::-1]
+    learning = JobStore(engine).learning
+    unknown = learning.unknown_labels({example.label for example in unique})
+    if unknown:  # the file's taxonomy is newer than the ledger's: say so, do not fail on the foreign key
+        raise TaxonomyNotMigrated(unknown, report.added)
     stored = payloads.put_many([example.payload.to_bytes() for example in unique])
     rows = [
         {
@@ -270,7 +289,7 @@ def _store(
         }
         for example, (sha, ref) in zip(unique, stored, strict=True)
     ]
-    added = JobStore(engine).learning.add_examples(rows)
+    added = learning.add_examples(rows)
     report.added += len(added)
     report.already += len(chunk) - len(added)
     report.added_ids.update(added)

@@ -22,7 +22,14 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from triage.learning.examples import InvalidSource, LabelledDocument, Refusal, check_source, parse_example
+from triage.learning.examples import (
+    InvalidSource,
+    LabelledDocument,
+    Refusal,
+    TaxonomyNotMigrated,
+    check_source,
+    parse_example,
+)
 from triage.web.access import ReviewReader, check_decider
 from triage.web.intake import read_body
 
@@ -77,7 +84,10 @@ def _store(request: Request, examples: list[Any], labelled_by: str) -> JSONRespo
             source, example = parsed
             by_source[source].append((index, example))
     for source, chunk in by_source.items():
-        report = triage.import_labels([example for _, example in chunk], source=source, labelled_by=labelled_by)
+        try:
+            report = triage.import_labels([example for _, example in chunk], source=source, labelled_by=labelled_by)
+        except TaxonomyNotMigrated as exc:  # the deployment's taxonomy file is ahead of its ledger
+            raise HTTPException(409, str(exc)) from None
         for index, example in chunk:
             external_id = example.payload.external_id
             added = external_id in report.added_ids

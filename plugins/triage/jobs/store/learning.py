@@ -6,9 +6,10 @@ without pickle) is :mod:`triage.learning`'s.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from triage.jobs.sql.reads.taxonomy import known_labels
 from triage.jobs.sql.writes import learning as L
 from triage.jobs.store.ledger import Part
 
@@ -25,6 +26,13 @@ class LearningRows(Part):
             return []
         with self.transaction(None) as conn:
             return list(conn.execute(L.insert_examples(), list(rows)).scalars().all())
+
+    def unknown_labels(self, names: Collection[str]) -> list[str]:
+        """The names of ``names`` that ``triage.taxonomy_labels`` does not hold (sorted): an
+        example may be stored under a label of that table only (its foreign key)."""
+        with self.engine.connect() as conn:
+            known = set(conn.execute(known_labels(), {"names": sorted(names)}).scalars())
+        return sorted(set(names) - known)
 
     def training_examples(self) -> list[Any]:
         """Every example to train on (the newest label of each content)."""
