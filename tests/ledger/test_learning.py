@@ -632,6 +632,52 @@ def test_a_learned_run_without_a_champion_fails_at_once_naming_triage_train(
     assert model.version in configured_classifier_versions("triage_llm", store.engine)
 
 
+def test_a_refused_champion_fails_retrieve_at_once_registering_nothing(
+    store: JobStore, payloads: PayloadStore, tmp_path: Path
+) -> None:
+    """Retrieval read the champion to register its version, and so refused a tampered artifact
+    before any job existed. Reading only the version would register the day's jobs under a model
+    that cannot load: classify then fails and its failure callback sends every one to review."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from triage.operators.classify_documents import RetrieveDocumentsOperator
+
+    import_examples(store.engine, payloads, synthetic_examples(300, 16, payloads), source="a", labelled_by="me")
+    model = train(store, payloads, min_examples=5)
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE triage.classifier_models SET artifact = overlay(artifact PLACING '\\x00ff'::bytea FROM 100) "
+                "WHERE version = :v"
+            ),
+            {"v": model.version},
+        )
+
+    class Seamed(RetrieveDocumentsOperator):
+        def get_engine(self) -> sa.Engine:
+            return store.engine
+
+        def dispose(self) -> None:  # the test's engine outlives the task
+            pass
+
+    day = datetime(2026, 11, 1, tzinfo=UTC)
+    ti = SimpleNamespace(
+        dag_id="classify_documents", run_id="manual__r", task_id="retrieve", map_index=-1, try_number=1
+    )
+    context = {
+        "params": {"classifier": "learned", "documents": 5},
+        "data_interval_start": day,
+        "data_interval_end": day + timedelta(days=1),
+        "ti": ti,
+    }
+    with pytest.raises(AirflowFailException, match="does not match its SHA-256"):
+        Seamed(task_id="retrieve", payload_base=str(tmp_path / "run-payloads")).execute(context)  # type: ignore[arg-type]
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM triage.jobs")).scalar_one() == 0
+
+
 def test_a_run_s_default_classifier_is_the_champion_when_there_is_one_else_keyword(
     store: JobStore, payloads: PayloadStore
 ) -> None:

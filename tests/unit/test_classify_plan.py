@@ -70,3 +70,16 @@ def test_only_what_a_classifier_needs_is_read() -> None:
     assert model_needs("llm") == {"model_connection"}
     assert model_needs("learned") == {"champion"}
     assert model_needs("keyword") == frozenset()
+
+
+def test_an_output_mode_the_llm_classifier_refuses_has_no_version() -> None:
+    """Retrieval built the llm classifier to read its version, so a connection naming an unknown
+    ``response_format`` failed it before any job was registered. The pure version refuses it in
+    the same words: else the day's jobs would be registered, classify fail on each try, and its
+    failure callback send every one to review."""
+    bad = {**LLM, "response_format": "xml"}
+    with pytest.raises(ValueError, match="response_format must be one of") as built:
+        build_classifier("llm", taxonomy=TAXONOMY, llm_settings=bad)
+    with pytest.raises(ValueError, match="response_format") as versioned:
+        run_classifier_version(ClassifyRunConfig(classifier="llm"), TAXONOMY, ModelAccess(llm_settings=bad))
+    assert str(versioned.value) == str(built.value)

@@ -15,8 +15,9 @@ here.
 
 The services below (``pipeline/``, ``review/``, ``reconciliation/``) never import this room:
 they name the small Protocols of :mod:`triage.ports`, which these implement. Importing a module
-here is cheap (a DAG parse imports the callbacks): Airflow's providers and HTTP clients are
-imported where they are used.
+here is cheap (a DAG parse imports the callbacks): Airflow's providers are imported where they
+are used; ``httpx``, which ``http_actions`` and ``airflow_api`` import at the top, the task SDK
+has loaded already.
 """
 
 from __future__ import annotations

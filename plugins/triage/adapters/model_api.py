@@ -113,9 +113,10 @@ def model_access(
     """What the run's classifier needs read from this deployment
     (:func:`triage.pipeline.classify_plan.model_needs`), and nothing else: the model connection's
     settings and content cache switch; the learned registry's champion from ``store``. With
-    ``load_model`` (a step that builds the classifier) the champion is loaded and the
+    ``load_model`` (a step that builds the classifier) the loaded champion is kept and the
     connection's shared budget (kept in ``store``) joins the settings; without (retrieval needs
-    only the version) the champion's version is read, its artifact not.
+    only the version) the champion is still loaded, so that an artifact that is refused fails the
+    run before any job is registered under it.
 
     :raises AirflowFailException: ``learned`` with no champion (the message names ``triage train``),
         or a champion whose artifact is refused: no retry can help, so the run fails at once.
@@ -123,7 +124,7 @@ def model_access(
     from airflow.sdk.exceptions import AirflowFailException
 
     from triage.learning.model import ArtifactRefused
-    from triage.learning.registry import NoChampion, champion_version, load_champion
+    from triage.learning.registry import NoChampion, load_champion
     from triage.pipeline.classify_plan import ModelAccess, model_needs
 
     needs = model_needs(config.classifier)
@@ -139,16 +140,13 @@ def model_access(
         if store is None:
             raise ValueError("the learned classifier is read from the job database: pass its store")
         try:
-            if load_model:
-                loaded = load_champion(store.engine)
-                champion = loaded.version
-            elif (champion := champion_version(store.engine)) is None:
-                raise NoChampion(
-                    "no learned model is champion yet: train one with `triage train` (or trigger the "
-                    "train_classifier DAG)"
-                )
+            # Loaded even where only its version is needed: retrieval must refuse a champion whose
+            # artifact is refused before it registers the day's jobs under it (classify would fail
+            # on them, and its failure callback send each one to review).
+            verified = load_champion(store.engine)
         except (NoChampion, ArtifactRefused) as exc:
             raise AirflowFailException(str(exc)) from None
+        champion, loaded = verified.version, verified if load_model else None
     return ModelAccess(llm_settings=settings, content_cache=cache, champion=champion, learned=loaded)
 
 

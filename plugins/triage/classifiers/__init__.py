@@ -17,7 +17,7 @@ from triage.classifiers.base import (
 from triage.classifiers.drill import DrillClassifier
 from triage.classifiers.keyword import KeywordClassifier, keyword_version
 from triage.classifiers.learned import LearnedClassifier
-from triage.classifiers.llm import OpenAICompatibleClassifier, llm_version
+from triage.classifiers.llm import OpenAICompatibleClassifier, check_output_mode, llm_version
 from triage.classifiers.taxonomy import Label, Taxonomy, TaxonomyError, default_taxonomy_path
 from triage.contracts.drill import DrillSettings
 
@@ -101,8 +101,8 @@ def classifier_version(
     a claim takes only jobs of it). ``champion`` is the learned classifier's registry version;
     the drill wraps a classifier without changing its version.
 
-    :raises ValueError: for an unknown name, ``llm`` without ``llm_settings``, ``learned``
-        without ``champion``.
+    :raises ValueError: for an unknown name, ``llm`` without ``llm_settings`` or with an output
+        mode it does not know, ``learned`` without ``champion``.
     :raises TaxonomyError: ``keyword`` over a taxonomy with a label without keywords.
     """
     if name == "keyword":
@@ -110,6 +110,7 @@ def classifier_version(
     if name == "llm":
         if not llm_settings:
             raise ValueError("the llm classifier needs llm_settings (base_url, api_key, model)")
+        check_output_mode(llm_settings.get("response_format", "json_schema"))  # as the classifier refuses it
         named = {k: llm_settings[k] for k in ("prompt_version", "temperature") if k in llm_settings}
         return llm_version(taxonomy, model=llm_settings["model"], **named)
     if name == "learned":

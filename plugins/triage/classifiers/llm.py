@@ -213,6 +213,13 @@ def parse_chat_response(
     return dataclasses.replace(output, usage_discarded=discarded) if discarded else output
 
 
+def check_output_mode(response_format: str) -> None:
+    """:raises ValueError: ``response_format`` is not one of :data:`OUTPUT_MODES` (checked by the
+    classifier and by its version, so that retrieval refuses it before registering any job)."""
+    if response_format not in OUTPUT_MODES:
+        raise ValueError(f"response_format must be one of {', '.join(OUTPUT_MODES)}, not {response_format!r}")
+
+
 def llm_version(taxonomy: Taxonomy, *, model: str, prompt_version: str = "p1", temperature: float = 0.0) -> str:
     """The model classifier's version, without a client: the model, the prompt's version, the
     temperature and the taxonomy (it is part of the prompt, so it is part of the version and of
@@ -254,8 +261,7 @@ class OpenAICompatibleClassifier:
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
-        if response_format not in OUTPUT_MODES:
-            raise ValueError(f"response_format must be one of {', '.join(OUTPUT_MODES)}, not {response_format!r}")
+        check_output_mode(response_format)
         self.fallback = response_format == "auto"
         self.output_mode = "json_schema" if self.fallback else response_format
         """The mode of the next call; ``auto`` turns it to ``json_object`` at the first refusal."""
