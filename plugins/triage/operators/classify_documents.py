@@ -214,6 +214,7 @@ class ClassifyDocumentsOperator(TriageOperator):
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.batch_mode import given_answers
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+        from triage.pipeline.one_transaction import run_step_in_chunks, uses_chunks
         from triage.pipeline.reuse import ContentCache
         from triage.pipeline.steps import (
             CircuitOpen,
@@ -258,8 +259,13 @@ class ClassifyDocumentsOperator(TriageOperator):
             # before it is needed, so a second classify instance still finds its share of the day.
             claim_ahead=config.classifier == "llm",
         )
+        # Keyword and learned: each chunk claimed, classified and completed in one transaction,
+        # on the first try (triage.pipeline.one_transaction); a retry takes the leased path.
+        in_chunks = uses_chunks(
+            config.classifier, try_number=context["ti"].try_number, separate_persist=separate, drill=config.drill
+        )
         try:
-            report = run_step(
+            report = (run_step_in_chunks if in_chunks else run_step)(
                 self.store,
                 handler,
                 batch_key=batch_key(context),
