@@ -41,6 +41,7 @@ OPT_IN = {
     "llm": pipeline.bench_llm,
     "candidates": review_candidates.run,
     "realrun-learned": realrun.run_learned,
+    "realrun-chunks": realrun.run_chunks,
 }
 """Longer than the quick `make bench` (minutes to an hour), or one figure of a suite (``llm``:
 the pipeline suite's llm figure alone): run only when named (`make bench-growth`)."""

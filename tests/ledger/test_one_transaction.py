@@ -222,6 +222,7 @@ def test_who_uses_chunks(
     classifier: str, try_number: int, separate: bool, drill: DrillSettings | None, expected: bool
 ) -> None:
     assert uses_chunks(classifier, try_number=try_number, separate_persist=separate, drill=drill) is expected
+    assert not uses_chunks(classifier, try_number=try_number, separate_persist=separate, drill=drill, switched_off=True)
 
 
 # -- the move is data, and the app role's -------------------------------------------------------

@@ -214,7 +214,7 @@ class ClassifyDocumentsOperator(TriageOperator):
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.batch_mode import given_answers
         from triage.pipeline.classify import ClassifyHandler, ClassifySettings
-        from triage.pipeline.one_transaction import run_step_in_chunks, uses_chunks
+        from triage.pipeline.one_transaction import IN_CHUNKS_VARIABLE, run_step_in_chunks, uses_chunks
         from triage.pipeline.reuse import ContentCache
         from triage.pipeline.steps import (
             CircuitOpen,
@@ -262,7 +262,11 @@ class ClassifyDocumentsOperator(TriageOperator):
         # Keyword and learned: each chunk claimed, classified and completed in one transaction,
         # on the first try (triage.pipeline.one_transaction); a retry takes the leased path.
         in_chunks = uses_chunks(
-            config.classifier, try_number=context["ti"].try_number, separate_persist=separate, drill=config.drill
+            config.classifier,
+            try_number=context["ti"].try_number,
+            separate_persist=separate,
+            drill=config.drill,
+            switched_off=variable(IN_CHUNKS_VARIABLE) == "off",
         )
         try:
             report = (run_step_in_chunks if in_chunks else run_step)(

@@ -52,17 +52,31 @@ IN_PROCESS_CLASSIFIERS = frozenset({"keyword", "learned"})
 only that long. The llm classifier keeps the lease (its calls take seconds, and a heartbeat)."""
 
 
-def uses_chunks(classifier: str, *, try_number: int, separate_persist: bool, drill: DrillSettings | None) -> bool:
+IN_CHUNKS_VARIABLE = "triage_classify_in_chunks"
+"""The Airflow Variable that turns chunks off for every classify task (``off``): the leased path
+for everything, as before issue #29 (a deployment that wants to compare, or to rule the path out)."""
+
+
+def uses_chunks(
+    classifier: str,
+    *,
+    try_number: int,
+    separate_persist: bool,
+    drill: DrillSettings | None,
+    switched_off: bool = False,
+) -> bool:
     """Whether a classify try claims, classifies and completes in one transaction.
 
     Only an in-process classifier's first try: a try that follows one that died (a poison
     document's SIGKILL rolled its chunk back, no attempt counted) takes the leased path, which
     counts attempts and isolates the poison. Not with a separate persist step (an accepted job
     advances, ``running -> queued``, for its external action), nor in a drill that injects
-    faults: those exercise the leased path's retries and kills, as before.
+    faults: those exercise the leased path's retries and kills, as before. ``switched_off``:
+    Variable :data:`IN_CHUNKS_VARIABLE` is ``off``.
     """
     return (
-        classifier in IN_PROCESS_CLASSIFIERS
+        not switched_off
+        and classifier in IN_PROCESS_CLASSIFIERS
         and try_number <= 1
         and not separate_persist
         and not (drill is not None and drill.injects_faults)
