@@ -391,13 +391,15 @@ def _set_variable(api: httpx.Client, key: str, value: str) -> None:
     api.post("/api/v2/variables", json={"key": key, "value": value}).raise_for_status()
 
 
-def run_chunks(rounds: int = 2) -> list[Figure]:
+def run_chunks(rounds: int | None = None) -> list[Figure]:
     """``python -m bench realrun-chunks``: the same deployment runs ``n`` keyword documents with
     the classify step leased (Variable ``triage_classify_in_chunks`` = ``off``: each job claimed,
     then recorded) and in chunks of one transaction (``on``, the default), alternating ``rounds``
-    times on fresh days, so that the machine's load at each moment hits both (issue #29)."""
+    times on fresh days (``BENCH_REAL_ROUNDS``, default 2), so that the machine's load at each
+    moment hits both (issue #29)."""
     from triage.pipeline.one_transaction import IN_CHUNKS_VARIABLE
 
+    rounds = rounds or int(os.environ.get("BENCH_REAL_ROUNDS", "2"))
     n = documents()
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     with (
