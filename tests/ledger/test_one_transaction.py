@@ -282,3 +282,20 @@ def test_a_completed_job_is_never_queued_again_by_the_app_role(
         conn.execute(COMPLETE_QUEUED, {"id": queued_job})
         with pytest.raises(errors.CheckViolation):
             conn.execute("UPDATE triage.jobs SET status = 'queued' WHERE id = %(id)s", {"id": queued_job})
+
+
+def test_a_chunk_whose_handling_raises_is_rolled_back_and_fails_the_try(
+    store: JobStore, payloads: PayloadStore
+) -> None:
+    """A bug (here: a threshold no answer can be checked against) is no outcome: the try fails
+    with it, as in the leased path, the lanes stop, and every chunk in hand is rolled back."""
+    classifier = KeywordClassifier(Taxonomy.load())
+    register_documents(store, payloads, documents(12), classifier.version, batch_key=BATCH)
+    handler = ClassifyHandler(classifier, payloads, ClassifySettings(1.5))
+    try:
+        with pytest.raises(ValueError, match="confidence_threshold"):
+            run_step_in_chunks(store, handler, batch_key=BATCH, settings=RunSettings(owner="w/try1", batch_size=4))
+    finally:
+        handler.close()
+    assert rows(store, "SELECT status::text, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == [("queued", 0, 12)]
+    assert rows(store, "SELECT count(*) FROM triage.classifications") == [(0,)]

@@ -112,14 +112,14 @@ def run_step_in_chunks(
     began = time.perf_counter()
     version = handler.classifier_version
     counted = threading.Lock()
-    leased = threading.Event()  # a chunk needs the lease: every lane stops, run_step takes the rest
+    stop = threading.Event()  # a chunk needs the lease, or the try is ending: every lane stops after its chunk
 
     def decide(jobs: Sequence[ClaimedJob]) -> list[Outcome]:
         with batch_span(handler.step, batch_key, jobs):
             return handler.handle(jobs)
 
     def lane() -> None:
-        while not (drain.requested or leased.is_set()):  # a drain: run_step stops at once, with Drained
+        while not (drain.requested or stop.is_set()):  # a drain: run_step stops at once, with Drained
             started = time.perf_counter()
             try:
                 chunk = store.chunks.settle(
@@ -139,7 +139,7 @@ def run_step_in_chunks(
                     batch_key,
                     exc.__class__.__name__,
                 )
-                leased.set()
+                stop.set()
                 return
             if not chunk.jobs:  # nothing left this lane may take (the other may hold the last chunk)
                 return
@@ -153,7 +153,7 @@ def run_step_in_chunks(
                     len(chunk.jobs),
                     kinds,
                 )
-                leased.set()
+                stop.set()
                 return
             with counted:
                 report.claimed += len(chunk.jobs)
@@ -164,8 +164,11 @@ def run_step_in_chunks(
     with ThreadPoolExecutor(LANES, "triage-chunk") as lanes:
         # Each lane in a copy of this thread's context: the task's span and bound log fields.
         running = [lanes.submit(contextvars.copy_context().run, lane) for _ in range(LANES)]
-        for done in running:
-            done.result()  # what no chunk turns into an outcome (a bug) fails the try, as in run_step
+        try:
+            for done in running:
+                done.result()  # what no chunk turns into an outcome (a bug) fails the try, as in run_step
+        finally:  # an exception here (an execution_timeout): the lanes end with their chunk in hand
+            stop.set()
     in_chunks = report.claimed
     log.info(
         "step=%s batch=%s %d jobs in chunks of one transaction, %.0f/s, outcomes=%s",
