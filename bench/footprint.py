@@ -33,6 +33,7 @@ from triage.jobs.store import JobStore
 from triage.maintenance.retention import apply_retention
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
+from triage.pipeline.one_transaction import run_step_in_chunks
 from triage.pipeline.persist import PersistHandler
 from triage.pipeline.publish import JsonlEventSink, publish_all
 from triage.pipeline.retrieve import retrieve
@@ -81,7 +82,8 @@ def _day_run(engine: sa.Engine, payloads: str, sink: JsonlEventSink, n: int, day
     )
     handler = ClassifyHandler(classifier, PayloadStore(payloads), ClassifySettings(0.7, 1))
     try:
-        run_step(
+        # As a keyword classify task's first try: each chunk claimed, classified and completed in one transaction.
+        run_step_in_chunks(
             store, handler, batch_key=batch, settings=RunSettings(owner="bench/classify", progress_every_seconds=1e9)
         )
     finally:

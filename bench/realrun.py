@@ -384,3 +384,73 @@ def run_learned() -> list[Figure]:
             },
         )
     ]
+
+
+def _set_variable(api: httpx.Client, key: str, value: str) -> None:
+    api.delete(f"/api/v2/variables/{key}")  # 404 when unset: nothing to remove
+    api.post("/api/v2/variables", json={"key": key, "value": value}).raise_for_status()
+
+
+def run_chunks(rounds: int | None = None) -> list[Figure]:
+    """``python -m bench realrun-chunks``: the same deployment runs ``n`` keyword documents with
+    the classify step leased (Variable ``triage_classify_in_chunks`` = ``off``: each job claimed,
+    then recorded) and in chunks of one transaction (``on``, the default), alternating ``rounds``
+    times on fresh days (``BENCH_REAL_ROUNDS``, default 2), so that the machine's load at each
+    moment hits both (issue #29)."""
+    from triage.pipeline.one_transaction import IN_CHUNKS_VARIABLE
+
+    rounds = rounds or int(os.environ.get("BENCH_REAL_ROUNDS", "2"))
+    n = documents()
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    with (
+        scratch_database(migrate=False) as metadata_url,
+        scratch_database() as jobs_url,
+        deployment(metadata_url, jobs_url) as (env, base_url),
+        _client(env, base_url) as api,
+    ):
+        _wait_for_dag(api)
+        timed_run(api, WARM_UP_DOCUMENTS, day=DAY - timedelta(days=1))
+        day = DAY
+        for _ in range(rounds):
+            for mode in ("off", "on"):
+                _set_variable(api, IN_CHUNKS_VARIABLE, mode)
+                result = timed_run(api, n, day=day)
+                if result["state"] != "success":
+                    raise RuntimeError(f"a run failed ({IN_CHUNKS_VARIABLE}={mode}): {result['tasks']}")
+                result["load_average"] = os.getloadavg()
+                runs[mode].append(result)
+                day += timedelta(days=1)
+
+    def rates(mode: str) -> list[float]:
+        return [round(n / r["seconds"]) for r in runs[mode]]
+
+    def detail(mode: str) -> list[dict[str, Any]]:
+        return [
+            {
+                "seconds": round(r["seconds"], 2),
+                "tasks_seconds": r["tasks"],
+                "tasks_work_seconds": r["work"],
+                "relay_share": round(relay_tail(r["timeline"]) / r["seconds"], 3),
+                "publish_events_share": round(task_seconds(r["tasks"], "publish_events") / r["seconds"], 3),
+                "load_average": [round(x, 2) for x in r["load_average"]],
+            }
+            for r in runs[mode]
+        ]
+
+    import statistics
+
+    return [
+        Figure(
+            f"real run through make up, keyword, {n // 1000}k docs, classify in chunks of one transaction",
+            "docs/s",
+            statistics.median(rates("on")),
+            "the same runs with the classify step leased",
+            statistics.median(rates("off")),
+            details={
+                "in_chunks": {"docs_per_second": rates("on"), "runs": detail("on")},
+                "leased": {"docs_per_second": rates("off"), "runs": detail("off")},
+                "order": "leased, chunks, alternating",
+                "command": "python -m bench realrun-chunks",
+            },
+        )
+    ]

@@ -79,14 +79,14 @@ def test_jobs_cannot_be_created_in_a_later_state(ledger: sa.Connection, status: 
 
 def test_a_refused_statement_changes_nothing(ledger: sa.Connection) -> None:
     """One illegal row in a set-based UPDATE refuses the whole statement."""
-    illegal = insert_job(ledger, JobStatus.QUEUED)  # queued -> completed is not allowed
+    illegal = insert_job(ledger, JobStatus.RECEIVED)  # received -> completed is not allowed
     legal = insert_job(ledger, JobStatus.MANUAL_REVIEW)  # manual_review -> completed is
     statement = sa.text("UPDATE triage.jobs SET status = 'completed' WHERE id IN (:a, :b)")
     with pytest.raises(sa.exc.DBAPIError), ledger.begin_nested():
         ledger.execute(statement, {"a": illegal, "b": legal})
     rows = dict(ledger.execute(sa.text("SELECT id, status::text FROM triage.jobs")).all())
     events = ledger.execute(sa.text("SELECT count(*) FROM triage.job_events WHERE to_status = 'completed'")).scalar()
-    assert rows == {illegal: "queued", legal: "manual_review"}
+    assert rows == {illegal: "received", legal: "manual_review"}
     assert events == 0
 
 

@@ -536,7 +536,8 @@ def test_a_claim_is_not_answered_in_one_pass_on_a_pool_of_calls(payloads: Any, b
         assert [type(o) for o in handler.handle(jobs)] == [Complete] * 2
     finally:
         handler.close()
-    assert chunk.passes == [] and len(chunk.alone) == 2
+    assert chunk.passes == []
+    assert len(chunk.alone) == 2
 
 
 def test_a_missing_payload_base_parks_the_batch_and_stops_the_step(

@@ -196,6 +196,7 @@ class ClassifyDocumentsOperator(TriageOperator):
         from triage.classifiers import Taxonomy
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.classify_plan import classify_handler, plan_classify
+        from triage.pipeline.one_transaction import IN_CHUNKS_VARIABLE, run_step_in_chunks, uses_chunks
         from triage.pipeline.steps import (
             CircuitOpen,
             DependencyMisconfigured,
@@ -231,8 +232,17 @@ class ClassifyDocumentsOperator(TriageOperator):
             # before it is needed, so a second classify instance still finds its share of the day.
             claim_ahead=plan.claim_ahead,
         )
+        # Keyword and learned: each chunk claimed, classified and completed in one transaction,
+        # on the first try (triage.pipeline.one_transaction); a retry takes the leased path.
+        in_chunks = uses_chunks(
+            config.classifier,
+            try_number=context["ti"].try_number,
+            separate_persist=separate,
+            drill=config.drill,
+            switched_off=variable(IN_CHUNKS_VARIABLE) == "off",
+        )
         try:
-            report = run_step(
+            report = (run_step_in_chunks if in_chunks else run_step)(
                 self.store,
                 handler,
                 batch_key=batch_key(context),

@@ -41,6 +41,7 @@ from triage.jobs.store.intake import IntakeLedger
 from triage.jobs.store.last_tries import DeadLastTries
 from triage.jobs.store.learning import LearningRows
 from triage.jobs.store.ledger import DEFAULT_ACTOR, Ledger
+from triage.jobs.store.one_transaction import Chunks
 from triage.jobs.store.probes import OutageProbes
 from triage.jobs.store.recording import check_fenced, record_txn, register_txn
 from triage.jobs.store.relay import relay_events
@@ -67,7 +68,8 @@ class JobStore(Ledger):
     the rest in named parts over its transactions, each a :class:`~triage.jobs.store.ledger.Part`:
     ``review`` (a reviewer's decisions), ``intake``, ``probes`` (outage probes), ``last_tries``
     (dead last tries), ``batches`` (provider batches), ``budgets`` (model call budgets),
-    ``retention`` and ``learning`` (labelled examples, the model registry).
+    ``retention``, ``learning`` (labelled examples, the model registry) and ``chunks`` (claim,
+    classify and complete in one transaction).
 
     :param engine: a SQLAlchemy engine on the job database (psycopg 3).
     :param retry_policy: backoff for :class:`RetryLater` outcomes that carry no delay.
@@ -96,6 +98,8 @@ class JobStore(Ledger):
         """Retention's removals, for an engine of the maintenance role (:mod:`.retention`)."""
         self.learning = LearningRows(self)
         """Labelled examples and the model registry's rows (:mod:`.learning`)."""
+        self.chunks = Chunks(self)
+        """Chunks claimed, classified and completed in one transaction, no lease (:mod:`.one_transaction`)."""
 
     # -- retrieval ------------------------------------------------------------------------
 

@@ -152,7 +152,7 @@ def record_txn(
     conn.execute(session.fenced_write_joins())
     if Complete in by_kind:
         events = iter(event_ids(len(by_kind[Complete])))
-        counts["completed"] = run(T.complete(), Complete, lambda o: {"event_id": next(events), **_label_row(o)})
+        counts["completed"] = run(T.complete(), Complete, lambda o: {"event_id": next(events), **label_row(o)})
     if Advance in by_kind:
         counts["advanced"] = run(T.advance(), Advance, lambda o: {"next_step": o.next_step})
     if RetryLater in by_kind:
@@ -168,7 +168,7 @@ def record_txn(
                 "reason": o.reason,
                 "error_class": o.error_class,
                 "error": o.error,
-                "context": context_json(_review_context(o)),
+                "context": context_json(review_context(o)),
             },
         )
     if Fail in by_kind:
@@ -191,10 +191,23 @@ def record_txn(
         )
     check_fenced(conn, ids, touched, token, attempts)
 
-    classified = [o for o in outcomes if not isinstance(o, (Release, Park)) and o.classification is not None]
-    labelled = [o for o in by_kind.get(Complete, ()) if o.label is not None]
-    if classified or labelled or not last_in_transaction:
+    if not last_in_transaction or any(_has_output(o) for o in outcomes):
         conn.execute(session.default_joins())
+    record_outputs_txn(conn, outcomes)
+    return Recorded(**counts)
+
+
+def _has_output(outcome: Outcome) -> bool:
+    return (not isinstance(outcome, (Release, Park)) and outcome.classification is not None) or (
+        isinstance(outcome, Complete) and outcome.label is not None
+    )
+
+
+def record_outputs_txn(conn: sa.Connection, outcomes: Sequence[Outcome]) -> None:
+    """What the outcomes of a batch leave beside the moves of their jobs, once those moves held:
+    the classifications, the labels of completed jobs and the audit rows of audit samples."""
+    classified = [o for o in outcomes if not isinstance(o, (Release, Park)) and o.classification is not None]
+    labelled = [o for o in outcomes if isinstance(o, Complete) and o.label is not None]
     if classified:
         conn.execute(outputs.record_classifications(), rowset("given", map(_classification_row, classified)))
     if labelled:
@@ -202,7 +215,6 @@ def record_txn(
     audited = [o for o in labelled if o.audit]
     if audited:  # the completion's transaction opens their audit rows (issue #27)
         conn.execute(audit_samples.open_audit_samples(), rowset("given", map(_audit_row, audited)))
-    return Recorded(**counts)
 
 
 def _label_write_row(outcome: Complete) -> dict[str, Any]:
@@ -225,7 +237,7 @@ def _audit_row(outcome: Complete) -> dict[str, Any]:
     return {**_label_write_row(outcome), "uncertainty": answer_uncertainty(candidates, outcome.label.confidence)}
 
 
-def _review_context(outcome: SendToReview) -> Mapping[str, Any]:
+def review_context(outcome: SendToReview) -> Mapping[str, Any]:
     """The review row's context, with the uncertainty of the answer that sent the job there: the
     key of the queue least sure first (:mod:`triage.jobs.sql.reads.review_uncertainty`)."""
     record = outcome.classification
@@ -235,7 +247,7 @@ def _review_context(outcome: SendToReview) -> Mapping[str, Any]:
     return outcome.context if value is None else {**outcome.context, "uncertainty": value}
 
 
-def _label_row(outcome: Complete) -> dict[str, Any]:
+def label_row(outcome: Complete) -> dict[str, Any]:
     """What a completion's event says of its label (none: ``{}``, the keys left out)."""
     label = outcome.label
     if label is None:

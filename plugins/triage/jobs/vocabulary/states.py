@@ -42,7 +42,8 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (S.RECEIVED, S.TERMINAL_FAILED),
         (S.QUEUED, S.RUNNING),
         (S.QUEUED, S.WAITING),  # parked: its dependency is down (an outage), due again at next_attempt_at
-        (S.QUEUED, S.MANUAL_REVIEW),  # failure callback or reconciliation on unstarted work
+        (S.QUEUED, S.COMPLETED),  # picked, classified in process and completed in one transaction (0030)
+        (S.QUEUED, S.MANUAL_REVIEW),  # failure callback, reconciliation, or a chunk of one transaction
         (S.QUEUED, S.TERMINAL_FAILED),
         (S.RUNNING, S.QUEUED),  # advanced to its next step, or released unstarted
         (S.RUNNING, S.WAITING),

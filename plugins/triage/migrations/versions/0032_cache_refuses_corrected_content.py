@@ -1,7 +1,7 @@
 """The content cache refuses content a reviewer corrected, as it refuses content a reviewer labelled.
 
 Revision ID: 0032
-Revises: 0029
+Revises: 0030
 Create Date: 2026-12-05
 
 Issue #27: a corrected audit sample (``manual_review.resolution = 'corrected'``, migration 0026)
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0032"
-down_revision = "0029"
+down_revision = "0030"
 branch_labels = None
 depends_on = None
 

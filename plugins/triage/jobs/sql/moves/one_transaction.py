@@ -1,0 +1,123 @@
+"""The moves of a chunk claimed, classified and completed in one transaction (no lease).
+
+An in-process classifier (keyword, learned) answers in microseconds: leasing its jobs
+(``queued -> running``) only to complete them milliseconds later writes every job and its log
+once more for nothing. Here a chunk of queued jobs is picked ``FOR UPDATE SKIP LOCKED``
+(:func:`pick_chunk`: the row locks are the chunk's ownership, the transaction its lease) and each
+picked job is moved once, from ``queued`` straight to its outcome, in the same transaction
+(:func:`complete_picked`, :func:`review_picked`). A crash rolls the whole chunk back: the jobs
+are queued again as if never picked, their attempt not spent. Why that is safe and what
+``running`` still means: ``docs/adr/0009-claim-classify-complete-in-one-transaction.md``.
+
+Each move is fenced like a lease holder's (:mod:`.worker`): this job, still ``queued``, at the
+attempt before the one the chunk counts; the attempt is counted in the move itself. The trigger
+checks ``queued -> completed`` / ``queued -> manual_review`` against ``triage.job_transitions``
+and ``triage.transition_roles`` (the app role's; migration 0030) and logs it.
+
+Nothing here executes anything: :mod:`triage.jobs.store.one_transaction` runs these.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.sql.elements import ColumnElement
+
+from triage.jobs.schema import jobs, outbox
+from triage.jobs.sql import state_events as E
+from triage.jobs.sql.expressions import EVENT_COLUMNS, MOVED, NOW, UUID, outbox_insert, recordset, status_literal
+from triage.jobs.vocabulary.states import EventType
+from triage.jobs.vocabulary.states import JobStatus as S
+
+
+@cache
+def pick_chunk() -> Any:
+    """Lock up to ``:limit`` queued jobs of a batch, step and classifier version, skipping those
+    another transaction holds; the rows of :class:`~triage.jobs.vocabulary.models.ClaimedJob`,
+    with the attempt the chunk counts (``attempt + 1``, written by the move that settles the job).
+
+    Only ``queued`` jobs that no claim ever died under: a retry (``retryable_failed``), a suspect
+    of poison isolation (``suspect_cap``) and a job parked on an outage go through the leased
+    claim (:func:`triage.jobs.sql.moves.worker.claim_batch`), whose attempt counting finds a
+    poison document. Served by ``jobs_claimable_idx``.
+    """
+    return (
+        sa.select(
+            jobs.c.id,
+            jobs.c.idempotency_key,
+            jobs.c.source,
+            jobs.c.external_id,
+            jobs.c.content_sha256,
+            jobs.c.payload_ref,
+            jobs.c.classifier_version,
+            jobs.c.correlation_id,
+            jobs.c.step,
+            (jobs.c.attempt + 1).label("attempt"),
+            jobs.c.max_attempts,
+            jobs.c.created_at,
+            jobs.c.attempt_base,
+        )
+        .where(
+            jobs.c.batch_key == sa.bindparam("p_batch_key", type_=sa.Text),
+            jobs.c.step == sa.bindparam("p_step", type_=sa.Text),
+            jobs.c.status == status_literal(S.QUEUED),
+            jobs.c.attempt < jobs.c.max_attempts,
+            jobs.c.suspect_cap.is_(None),
+            jobs.c.classifier_version == sa.bindparam("p_classifier_version", type_=sa.Text),
+        )
+        .order_by(jobs.c.next_attempt_at)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+    )
+
+
+HELD = dict(id=UUID, attempt=sa.Integer)
+
+
+def _picked(rows: Any) -> list[ColumnElement[bool]]:
+    """The fence of every move of a picked job: this job, still queued, one attempt before the chunk's."""
+    return [
+        jobs.c.id == rows.c.id,
+        jobs.c.status == status_literal(S.QUEUED),
+        jobs.c.attempt == rows.c.attempt - 1,
+    ]
+
+
+@cache
+def complete_picked() -> Any:
+    """``queued -> completed`` with the attempt counted and the ``job.completed`` event (its id
+    from the batch, its payload the label), as :func:`~triage.jobs.sql.moves.worker.complete`."""
+    held = recordset("held", **HELD, event_id=UUID, label=sa.Text, confidence=sa.Float, classifier_version=sa.Text)
+    done = (
+        sa.update(jobs)
+        .where(*_picked(held))
+        .values(status=status_literal(S.COMPLETED), status_reason="completed", attempt=held.c.attempt, updated_at=NOW)
+        .returning(*EVENT_COLUMNS, held.c.event_id, held.c.label, held.c.confidence, held.c.classifier_version)
+        .cte("done")
+    )
+    return outbox_insert(done, EventType.COMPLETED, E.label_payload(done)).returning(outbox.c.job_id)
+
+
+@cache
+def review_picked() -> Any:
+    """``queued -> manual_review`` with the attempt counted, a reason and context, its review row
+    and its ``job.needs_review`` event, as :func:`~triage.jobs.sql.moves.worker.send_to_review`."""
+    held = recordset("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text, context=sa.Text)
+    moved = (
+        sa.update(jobs)
+        .where(*_picked(held))
+        .values(
+            status=status_literal(S.MANUAL_REVIEW),
+            status_reason=held.c.reason,
+            attempt=held.c.attempt,
+            last_error_class=held.c.error_class,
+            last_error=held.c.error,
+            updated_at=NOW,
+        )
+        .returning(*MOVED, sa.cast(held.c.context, pg.JSONB).label("context"))
+        .cte("moved")
+    )
+    return sa.select(moved.c.id, moved.c.status).add_cte(*E.entered_review(moved, context=moved.c.context))
