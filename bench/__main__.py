@@ -42,6 +42,7 @@ OPT_IN = {
     "candidates": review_candidates.run,
     "realrun-learned": realrun.run_learned,
     "learning-crossfit": learning.run_crossfit,
+    "learning-variants": learning.run_variants,
 }
 """Longer than the quick `make bench` (minutes to an hour), or one figure of a suite (``llm``:
 the pipeline suite's llm figure alone): run only when named (`make bench-growth`)."""
