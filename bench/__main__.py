@@ -43,6 +43,7 @@ OPT_IN = {
     "realrun-learned": realrun.run_learned,
     "learning-crossfit": learning.run_crossfit,
     "realrun-chunks": realrun.run_chunks,
+    "learning-variants": learning.run_variants,
 }
 """Longer than the quick `make bench` (minutes to an hour), or one figure of a suite (``llm``:
 the pipeline suite's llm figure alone): run only when named (`make bench-growth`)."""
