@@ -90,6 +90,18 @@ def test_jsonl_sink_writes_each_event_exactly_once(store: JobStore, tmp_path: Pa
     assert len(ids) == len(set(ids)) == 14
 
 
+def test_jsonl_sink_writes_each_relayed_event_as_its_own_json(store: JobStore, tmp_path: Path) -> None:
+    """The sink's bytes are the contract: one :meth:`WorkEvent.to_json` a line, in relay order,
+    whatever the sink does to write a batch at once (byte-compared against the same events)."""
+    register(store, 25)
+    path = tmp_path / "out.jsonl"
+    assert publish_all(store, JsonlEventSink(path), batch=10) == 25
+    unpublish_all(store)  # the same events offered again, this time to a list
+    events: list[WorkEvent] = []
+    assert store.relay_all(events.extend, limit=10) == 25
+    assert path.read_bytes() == b"".join(e.to_json() + b"\n" for e in events)
+
+
 def test_a_failing_sink_leaves_events_unsent_and_a_later_run_sends_them_once(store: JobStore, tmp_path: Path) -> None:
     register(store, 6)
     failing = Failing()

