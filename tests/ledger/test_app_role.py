@@ -106,7 +106,7 @@ def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, review_stor
             settings=RunSettings(owner="app-role-test", batch_size=25, retry_soon_seconds=0.0),
         )
     except WorkRemains as exc:  # retries not due in this run: the Airflow retry's job
-        report = exc.report  # type: ignore[attr-defined]
+        report = exc.report  # type: ignore[attr-defined]  # run_step sets it on the error it raises
     finally:
         handler.close()
     assert report.outcomes["Complete"] > 0

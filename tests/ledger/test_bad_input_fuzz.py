@@ -218,14 +218,16 @@ def test_a_stored_payload_with_an_impossible_date_goes_to_review(engine: sa.Engi
         handler.close()
 
     with engine.connect() as conn:
-        rows = dict(
+        rows: dict[str, str] = dict(
             conn.execute(
                 sa.text(
                     "SELECT j.external_id, coalesce(r.reason || '/' || j.last_error_class, j.status::text) FROM triage.jobs j"
                     " LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b"
                 ),
                 {"b": batch},
-            ).all()
+            )
+            .tuples()
+            .all()
         )
     assert rows == {f"{batch}-ok": "completed", f"{batch}-bad": "malformed_input/schema_mismatch"}
 

@@ -31,7 +31,7 @@ BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = Taxonomy.load()
 
 
-def responder(body: dict) -> Reply:  # type: ignore[type-arg]
+def responder(body: dict) -> Reply:
     text = body["messages"][1]["content"]
     if text.endswith("broken"):
         return Reply.status_only(500)

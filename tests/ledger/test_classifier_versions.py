@@ -143,9 +143,11 @@ def test_the_claim_plan_reads_the_partial_claim_index(store: JobStore, versioned
         }
     )
     with store.engine.connect() as conn, conn.begin() as txn:
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # an open connection has its DBAPI one
         cursor.execute("EXPLAIN (FORMAT JSON) " + str(statement), params)
-        document = cursor.fetchone()[0]
+        row = cursor.fetchone()
+        assert row is not None
+        document = row[0]
         txn.rollback()
     plan = json.dumps(json.loads(document) if isinstance(document, str) else document)
     assert "jobs_claimable_idx" in plan

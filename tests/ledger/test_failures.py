@@ -11,8 +11,10 @@ outcome.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -20,7 +22,7 @@ import sqlalchemy as sa
 from tests.fakes.provider import FakeProvider
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.documents import DocumentPayload
-from triage.contracts.events import UnsupportedSchemaVersion, parse_event
+from triage.contracts.events import UnsupportedSchemaVersion, WorkEvent, parse_event
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.backoff import RetryPolicy
 from triage.jobs.vocabulary.errors import LeaseLost
@@ -52,7 +54,7 @@ def payloads(tmp_path: Path) -> PayloadStore:
     return PayloadStore(tmp_path / "payloads")
 
 
-def q(store: JobStore, sql: str, **params: object) -> object:
+def q(store: JobStore, sql: str, **params: object) -> Any:
     with store.engine.connect() as conn:
         return conn.execute(sa.text(sql), params).scalar()
 
@@ -89,7 +91,7 @@ def test_1_a_document_delivered_twice_is_one_job_one_label_one_event(
     classify(fast, payloads)
     assert q(fast, "SELECT count(*) FROM triage.jobs") == 200
     completed = q(fast, "SELECT count(*) FROM triage.jobs WHERE status = 'completed'")
-    assert completed > 150  # type: ignore[operator]
+    assert completed > 150
     assert q(fast, "SELECT count(*) FROM triage.document_labels") == completed
     assert q(fast, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.completed'") == completed
     assert q(fast, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.registered'") == 200
@@ -101,7 +103,7 @@ def test_1_a_document_delivered_twice_is_one_job_one_label_one_event(
     ids = [json.loads(line)["event_id"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     in_review = q(fast, "SELECT count(*) FROM triage.jobs WHERE status = 'manual_review'")
     assert q(fast, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.needs_review'") == in_review
-    assert len(ids) == len(set(ids)) == 200 + completed + in_review  # type: ignore[operator]
+    assert len(ids) == len(set(ids)) == 200 + completed + in_review
 
 
 def test_2_a_worker_that_stops_after_the_external_action_causes_one_effect(
@@ -110,7 +112,7 @@ def test_2_a_worker_that_stops_after_the_external_action_causes_one_effect(
     register(fast, payloads, 20)
     classify(fast, payloads, separate_persist=True)
     waiting = q(fast, "SELECT count(*) FROM triage.jobs WHERE step = 'persist'")
-    assert waiting > 10  # type: ignore[operator]
+    assert waiting > 10
     with FakeProvider() as provider:
         action = WebhookLabelAction(provider.url, timeout_s=5)
         # The worker runs the actions of its batch, then dies before recording the outcomes.
@@ -128,7 +130,7 @@ def test_2_a_worker_that_stops_after_the_external_action_causes_one_effect(
         run_step(fast, PersistHandler(fast, action), batch_key=BATCH, settings=RunSettings(owner="w2"))
         action.close()
     assert q(fast, "SELECT count(*) FROM triage.jobs WHERE status = 'completed'") == waiting
-    assert sum(provider.requests.values()) == 2 * waiting  # type: ignore[operator]  # asked twice …
+    assert sum(provider.requests.values()) == 2 * waiting  # asked twice …
     assert len(provider.effects) == waiting  # … and took effect once per idempotency key
     assert q(fast, "SELECT count(*) FROM triage.job_events WHERE to_status = 'completed'") == waiting
 
@@ -144,7 +146,7 @@ def test_3_an_interrupted_publication_is_delivered_later_exactly_once(
         pass
 
     class DiesAfterWriting(JsonlEventSink):
-        def publish(self, events):  # type: ignore[no-untyped-def]
+        def publish(self, events: Sequence[WorkEvent]) -> None:
             super().publish(events)
             raise Interrupted  # written, never marked: the relay's transaction rolls back
 
@@ -242,7 +244,7 @@ def test_6_a_timeout_after_the_provider_completed_is_retried_without_a_second_ef
         run_step(patient, PersistHandler(patient, action), batch_key=BATCH, settings=run)
         action.close()
     assert q(patient, "SELECT count(*) FROM triage.jobs WHERE status = 'completed'") == waiting
-    assert sorted(provider.requests.values()) == [2] * waiting  # type: ignore[operator]
+    assert sorted(provider.requests.values()) == [2] * waiting
     assert len(provider.effects) == waiting
 
 
@@ -297,7 +299,7 @@ def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outco
         outcome = reconcile(fast, now, reports_dir=tmp_path / "reports")
         conflicts = {c.check: c.job_ids for r in outcome.results for c in r.conflicts}
         assert conflicts == {"completed_without_label": (lost,), "label_without_completed_job": (in_review,)}
-        assert not [r for r in outcome.results for r in r.repairs]
+        assert not [repair for r in outcome.results for repair in r.repairs]
         assert lost in outcome.markdown
         assert in_review in outcome.markdown
         assert (

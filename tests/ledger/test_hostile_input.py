@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -85,7 +86,7 @@ def run(store: JobStore, tmp_path: Path, labels: dict[str, str], ids: list[str])
         handler.close()
 
 
-def all_rows(store: JobStore, sql: str) -> list[sa.Row]:
+def all_rows(store: JobStore, sql: str) -> list[sa.Row[Any]]:
     with store.engine.connect() as conn:
         return list(conn.execute(sa.text(sql)).all())
 
@@ -98,7 +99,9 @@ def test_ids_are_stored_verbatim_and_harm_nothing(store: JobStore, tmp_path: Pat
     tables_before = all_rows(store, "SELECT tablename FROM pg_tables WHERE schemaname = 'triage' ORDER BY 1")
     run(store, tmp_path, labels, HOSTILE)
 
-    stored = dict(all_rows(store, "SELECT external_id, label FROM triage.document_labels"))
+    stored: dict[str, str] = dict(
+        r._tuple() for r in all_rows(store, "SELECT external_id, label FROM triage.document_labels")
+    )
     assert stored == labels
     assert {r.external_id for r in all_rows(store, "SELECT external_id FROM triage.jobs")} == set(HOSTILE)
     assert all_rows(store, "SELECT DISTINCT status::text FROM triage.jobs") == [("completed",)]
@@ -164,7 +167,7 @@ def test_nul_in_an_id_or_a_label_goes_to_review_with_a_reason(store: JobStore, t
     # the NUL label: an unusable model output, like any other
     assert (by_id[NUL_LABEL_ID].status, by_id[NUL_LABEL_ID].reason) == ("manual_review", "rejected_output")
     assert by_id[NUL_LABEL_ID].context == {"rejected_reason": "label_not_storable"}  # rejected: no uncertainty
-    assert dict(all_rows(store, "SELECT external_id, label FROM triage.document_labels")) == {
+    assert dict(r._tuple() for r in all_rows(store, "SELECT external_id, label FROM triage.document_labels")) == {
         "fine-1": "billing",
         "fine-2": "shipping",
     }

@@ -315,6 +315,7 @@ def test_labels_over_http_need_a_reviewer(
     editor = as_user(airflow_auth, "editor", "user")
     form = client.post("/triage/api/labels", content=b"examples=1", headers={**editor, "Content-Type": "text/plain"})
     assert form.status_code == 415
+    bad: object
     for bad in ([], {"examples": []}, {"examples": [], "more": 1}):
         assert client.post("/triage/api/labels", json=bad, headers=editor).status_code == 422
     huge = b'{"examples": ["' + b"x" * (33 << 20) + b'"]}'
@@ -608,7 +609,7 @@ def test_a_run_s_default_classifier_is_the_champion_when_there_is_one_else_keywo
     operator = Seamed(task_id="classify")
 
     def chosen(params: dict[str, Any]) -> tuple[str, str]:
-        config = operator.run_config({"params": params})  # type: ignore[typeddict-item]
+        config = operator.run_config({"params": params})
         return config.classifier, build_run_classifier(config, "triage_llm", store.engine).version
 
     keyword_version = build_classifier("keyword", taxonomy=TAXONOMY).version

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -32,7 +33,7 @@ BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = Taxonomy.load()
 
 
-def classifier(base_url: str, budget: ModelBudget | None, **kw: object) -> OpenAICompatibleClassifier:
+def classifier(base_url: str, budget: ModelBudget | None, **kw: Any) -> OpenAICompatibleClassifier:
     return OpenAICompatibleClassifier(
         base_url=base_url, api_key="k", model="fake", taxonomy=TAXONOMY, budget=budget, **kw
     )
@@ -180,7 +181,7 @@ def test_a_call_that_would_wait_too_long_parks_its_job_not_review(engine: sa.Eng
 
 def _worker(
     url: DatabaseUrl, base_url: str, payload_base: str, name: str, rpm: float, out: multiprocessing.Queue
-) -> None:  # type: ignore[type-arg]
+) -> None:
     """One Celery worker's classify task: its own process, engine, classifier and budget object."""
     engine = create_engine(url, pool_size=2)
     payloads = PayloadStore(Path(payload_base))

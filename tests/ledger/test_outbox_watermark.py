@@ -38,7 +38,7 @@ class DyingStore(JobStore):
 
     die = False
 
-    def transaction(self, actor: str | None = "triage") -> AbstractContextManager[sa.Connection]:  # type: ignore[override]
+    def transaction(self, actor: str | None = "triage") -> AbstractContextManager[sa.Connection]:  # type: ignore[override]  # the seam returns the store's own
         if self.die:
             raise Killed
         return super().transaction(actor)
@@ -120,7 +120,7 @@ def test_a_sent_range_behind_one_still_being_sent_does_not_move_the_watermark(st
     assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0
     rest: list[str] = []
     assert store.relay_all(lambda events: rest.extend(str(e.event_id) for e in events)) == 4
-    assert sorted([str(r.event_id) for r in a_events + b_events] + rest) == sorted(all_ids(store))
+    assert sorted([str(r.event_id) for r in [*a_events, *b_events]] + rest) == sorted(all_ids(store))
     assert watermark_is_last_event(store)
 
 

@@ -152,7 +152,7 @@ def test_a_classify_worker_that_lost_its_lease_calls_the_model_no_more(store: Jo
 
     model = KeywordModel(lost_at_the_second)
     calls = model.calls
-    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))  # type: ignore[arg-type]
+    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))
     with pytest.raises(Exception) as stopped:  # noqa: PT011 - the side effect is asserted first
         run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w1", lease_seconds=3))
     assert len(calls) == 2, "no model call after the lease was lost"
@@ -290,7 +290,7 @@ def test_an_execution_timeout_mid_batch_settles_the_claim(store: JobStore, tmp_p
 
     model = KeywordModel(times_out_at_the_third)
     calls = model.calls
-    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))  # type: ignore[arg-type]
+    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))
     with pytest.raises(AirflowTaskTimeout):
         run_step(
             store,

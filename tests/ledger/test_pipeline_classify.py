@@ -129,9 +129,9 @@ def review_of(store: JobStore, job_id: uuid.UUID) -> list[sa.Row]:
     return rows(store, "SELECT * FROM triage.manual_review WHERE job_id = :id", id=job_id)
 
 
-def settings(**kw: object) -> RunSettings:
-    base: dict[str, object] = {"owner": "test-worker", "batch_size": 50, "lease_seconds": 60, "retry_soon_seconds": 5}
-    return RunSettings(**{**base, **kw})  # type: ignore[arg-type]
+def settings(**kw: Any) -> RunSettings:
+    base: dict[str, Any] = {"owner": "test-worker", "batch_size": 50, "lease_seconds": 60, "retry_soon_seconds": 5}
+    return RunSettings(**{**base, **kw})
 
 
 def classify(
@@ -317,7 +317,7 @@ def test_work_remains_when_retries_are_not_due_soon(store: JobStore, payloads: P
     classifier = ScriptedClassifier(by_external_id({"T-1": transient}))
     with pytest.raises(WorkRemains) as raised:
         classify(store, classifier, payloads, run=settings(retry_soon_seconds=0.2))
-    assert raised.value.report.stopped == "WorkRemains"  # type: ignore[attr-defined]
+    assert raised.value.report.stopped == "WorkRemains"  # type: ignore[attr-defined]  # set by run_step
     j = job(store, ids["T-1"])
     assert (j.status, j.attempt, j.last_error_class) == ("retryable_failed", 1, "server_error")
     assert j.next_attempt_at is not None
@@ -629,7 +629,7 @@ def test_circuit_breaker_stops_before_burning_every_attempt(
     classifier = ScriptedClassifier(script)
     with pytest.raises(CircuitOpen) as raised:
         classify(fast_store, classifier, payloads, run=settings(batch_size=30), concurrency=concurrency)
-    assert raised.value.report.claimed == 30  # type: ignore[attr-defined]
+    assert raised.value.report.claimed == 30  # type: ignore[attr-defined]  # set by run_step
     # The failed calls were the outage's, not the jobs': every job is parked, no attempt spent.
     states = rows(fast_store, "SELECT status, attempt, status_reason, count(*) AS n FROM triage.jobs GROUP BY 1, 2, 3")
     assert {(s.status, s.attempt, s.status_reason): s.n for s in states} == {("waiting", 0, "outage:model"): 30}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,9 @@ class Failing:
     def publish(self, events: Sequence[WorkEvent]) -> None:
         self.calls += 1
         raise ConnectionError("sink down")
+
+    def close(self) -> None:
+        pass
 
 
 # -- JSON lines ---------------------------------------------------------------------------
@@ -203,7 +206,7 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
+def receiver() -> Iterator[Callable[..., Receiver]]:
     made: list[Receiver] = []
 
     def make(fail_on: Sequence[int] = ()) -> Receiver:
@@ -212,7 +215,7 @@ def receiver() -> Iterator[Receiver]:
         made.append(r)
         return r
 
-    yield make  # type: ignore[misc]
+    yield make
     for r in made:
         r.server.shutdown()
         r.server.server_close()

@@ -37,7 +37,7 @@ class CountingStore(JobStore):
         self.transactions = 0
         self.die = False
 
-    def transaction(self, actor: str | None = "triage") -> AbstractContextManager[sa.Connection]:  # type: ignore[override]
+    def transaction(self, actor: str | None = "triage") -> AbstractContextManager[sa.Connection]:  # type: ignore[override]  # the seam returns the store's own
         if self.die:
             raise Killed
         self.transactions += 1
@@ -298,7 +298,7 @@ def test_a_claim_reads_the_unsent_events_by_the_relay_order_index_whatever_the_s
     register_in_chunks(store, 4, 1000)
     settle_outbox(store)
     with store.engine.connect() as conn, conn.begin():
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]  # an open connection has its DBAPI one
         params = {"limit": 1000, "token": uuid.uuid4(), "lease_seconds": 60.0}
         compiled = O.claim_events().compile(dialect=store.engine.dialect)
         cursor.execute("EXPLAIN " + str(compiled), {**compiled.params, **params})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -159,7 +160,9 @@ def test_a_requeue_gives_a_fresh_budget_and_counts_a_replay(store: JobStore) -> 
         pytest.param(lambda s, j: s.review.resolve_with_requeue(j, actor="alice"), id="requeue"),
     ],
 )
-def test_the_same_decision_twice_changes_nothing_and_says_so(store: JobStore, decide) -> None:  # type: ignore[no-untyped-def]
+def test_the_same_decision_twice_changes_nothing_and_says_so(
+    store: JobStore, decide: Callable[[JobStore, uuid.UUID], ReviewResult]
+) -> None:
     (job_id,) = to_review(store)
     first = decide(store, job_id)
     before = snapshot(store)

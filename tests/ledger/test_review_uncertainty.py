@@ -143,10 +143,12 @@ def test_a_rewritten_uncertainty_never_fails_the_write_or_the_page(
 
 def test_the_review_row_carries_the_answer_s_uncertainty(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
     with store.engine.connect() as conn:
-        context = dict(
+        context: dict[uuid.UUID, float] = dict(
             conn.execute(
                 sa.text("SELECT job_id, context -> 'uncertainty' FROM triage.manual_review WHERE resolved_at IS NULL")
-            ).all()
+            )
+            .tuples()
+            .all()
         )
     assert context[queue["close"]] == pytest.approx(0.05)
     assert context[queue["llm"]] == pytest.approx(0.3)

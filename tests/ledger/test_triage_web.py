@@ -128,7 +128,9 @@ def as_user(manager: Any, name: str, role: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token(manager, name, role)}"}
 
 
-def to_review(store: JobStore, payloads: PayloadStore, n: int, *, prefix: str = "doc", reason: str = "inconclusive"):  # type: ignore[no-untyped-def]
+def to_review(
+    store: JobStore, payloads: PayloadStore, n: int, *, prefix: str = "doc", reason: str = "inconclusive"
+) -> list[uuid.UUID]:
     """``n`` documents stored in the payload store, registered and sent to review."""
     docs = []
     for i, job in enumerate(new_jobs(n, prefix=prefix)):
