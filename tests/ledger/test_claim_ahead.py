@@ -27,6 +27,9 @@ from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.ownership import Drain
 from triage.pipeline.steps import CircuitOpen, Drained, RunSettings, run_step
 
+# Claims, model calls and heartbeats overlap in threads, and leases run out in time.
+pytestmark = pytest.mark.own_database
+
 
 class Model:
     """The keyword classifier with ``before(n)`` run before its n-th call (n counted under a

@@ -79,6 +79,7 @@ def register(store: JobStore, payloads: PayloadStore, version: str, prefix: str,
     return list(store.register(new, batch_key=BATCH, step="classify", max_attempts=3).new_ids)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_run_of_another_version_leaves_the_jobs_of_a_version_untouched(store: JobStore, tmp_path: Path) -> None:
     payloads = PayloadStore(tmp_path / "payloads")
     current = KeywordClassifier(Taxonomy.load())

@@ -70,6 +70,7 @@ def run_classify(store: JobStore, tmp_path: Path, server: FakeOpenAIServer, corr
     return task
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_the_correlation_id_reaches_the_model_call_the_spans_and_the_events(
     store: JobStore, tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
@@ -112,6 +113,7 @@ def test_the_correlation_id_reaches_the_model_call_the_spans_and_the_events(
     assert {e.event_type for e in events} == {"job.registered", "job.completed"}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_failed_call_marks_its_span_with_the_error_class_only(
     store: JobStore, tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:

@@ -83,6 +83,7 @@ def classify(store: JobStore, payloads: PayloadStore, *, separate_persist: bool 
         handler.close()
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_1_a_document_delivered_twice_is_one_job_one_label_one_event(
     fast: JobStore, payloads: PayloadStore, tmp_path: Path
 ) -> None:
@@ -106,6 +107,7 @@ def test_1_a_document_delivered_twice_is_one_job_one_label_one_event(
     assert len(ids) == len(set(ids)) == 200 + completed + in_review
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_2_a_worker_that_stops_after_the_external_action_causes_one_effect(
     fast: JobStore, payloads: PayloadStore
 ) -> None:
@@ -135,6 +137,7 @@ def test_2_a_worker_that_stops_after_the_external_action_causes_one_effect(
     assert q(fast, "SELECT count(*) FROM triage.job_events WHERE to_status = 'completed'") == waiting
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_3_an_interrupted_publication_is_delivered_later_exactly_once(
     fast: JobStore, payloads: PayloadStore, tmp_path: Path
 ) -> None:
@@ -192,6 +195,7 @@ def test_4_an_old_outcome_after_the_job_advanced_changes_nothing(fast: JobStore,
     assert q(fast, "SELECT label FROM triage.document_labels") == "refund_request"
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_5_an_unsupported_schema_version_is_routed_not_misread(fast: JobStore, payloads: PayloadStore) -> None:
     event = {
         "event_id": "7c9e6679-7425-40de-944b-e07fc1f90ae7",
@@ -221,6 +225,7 @@ def test_5_an_unsupported_schema_version_is_routed_not_misread(fast: JobStore, p
     )
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_6_a_timeout_after_the_provider_completed_is_retried_without_a_second_effect(
     engine: sa.Engine, payloads: PayloadStore
 ) -> None:
@@ -263,6 +268,7 @@ def test_7_a_retry_while_another_worker_holds_a_valid_lease_takes_nothing(
     assert q(fast, "SELECT count(DISTINCT actor) FROM triage.job_events WHERE to_status = 'running'") == 1
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outcome_and_guesses_nothing(
     fast: JobStore, payloads: PayloadStore, tmp_path: Path
 ) -> None:
@@ -309,6 +315,7 @@ def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outco
         ) == before
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_retried_task_takes_back_what_its_killed_earlier_try_held_and_nothing_of_a_sibling(
     fast: JobStore, payloads: PayloadStore
 ) -> None:

@@ -94,6 +94,7 @@ def all_rows(store: JobStore, sql: str) -> list[sa.Row[Any]]:
 TAXONOMY_LABELS = sorted(Taxonomy.load().names)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_ids_are_stored_verbatim_and_harm_nothing(store: JobStore, tmp_path: Path) -> None:
     labels = {external_id: TAXONOMY_LABELS[i % len(TAXONOMY_LABELS)] for i, external_id in enumerate(HOSTILE)}
     tables_before = all_rows(store, "SELECT tablename FROM pg_tables WHERE schemaname = 'triage' ORDER BY 1")
@@ -129,6 +130,7 @@ def test_ids_are_stored_verbatim_and_harm_nothing(store: JobStore, tmp_path: Pat
     assert (again.registered, again.existing) == (0, len(HOSTILE))
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_hostile_labels_are_refused_by_the_database_and_harm_nothing(store: JobStore) -> None:
     """Whoever writes them (a classifier that skipped its checks, raw SQL): the label is a bound
     value the check quotes in its message, never SQL."""
@@ -147,6 +149,7 @@ def test_hostile_labels_are_refused_by_the_database_and_harm_nothing(store: JobS
     assert all_rows(store, "SELECT tablename FROM pg_tables WHERE schemaname = 'triage' ORDER BY 1") == tables_before
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_nul_in_an_id_or_a_label_goes_to_review_with_a_reason(store: JobStore, tmp_path: Path) -> None:
     ids = ["fine-1", NUL_ID, NUL_LABEL_ID, "fine-2"]
     labels = {"fine-1": "billing", "fine-2": "shipping", NUL_LABEL_ID: "bill\x00ing"}

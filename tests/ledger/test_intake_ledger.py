@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from triage.jobs.sql.expressions import event_ids, rowset
@@ -22,6 +23,7 @@ def _job(key: str = KEY) -> NewJob:
     return NewJob(key, "helpdesk", "R-1", "a" * 64, "file:///p/aa/" + "a" * 64, "v1")
 
 
+@pytest.mark.own_database  # two connections, one waits on the other's row
 def test_a_key_committed_by_a_concurrent_request_after_the_snapshot_answers_with_its_job(store: JobStore) -> None:
     sql, constants = compiled(accept_jobs())
     first_id, event_id = event_ids(2)

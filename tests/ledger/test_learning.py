@@ -183,6 +183,7 @@ def test_a_reviewer_s_label_becomes_an_example_and_nothing_else_does(store: JobS
         assert tuple(example) == tuple(job.one())  # the job's own document: no copy
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_model_s_auto_accepted_labels_never_become_examples(store: JobStore, payloads: PayloadStore) -> None:
     classifier = build_classifier("keyword", taxonomy=TAXONOMY)
     retrieve(
@@ -538,6 +539,7 @@ def trained(store: JobStore, payloads: PayloadStore) -> Any:
     return train(store, payloads, min_examples=5)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_run_with_the_learned_classifier_end_to_end(store: JobStore, payloads: PayloadStore, trained: Any) -> None:
     champion = load_champion(store.engine)
     classifier = build_classifier("learned", taxonomy=TAXONOMY, learned=champion)

@@ -136,6 +136,7 @@ def test_concurrent_takers_never_share_a_slot(engine: sa.Engine) -> None:
 # -- against the fake server ---------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_429_is_sent_again_and_blocks_the_budget_no_attempt_is_spent(engine: sa.Engine, tmp_path: Path) -> None:
     store, payloads = JobStore(engine), PayloadStore(tmp_path / "payloads")
     with FakeOpenAIServer(responder=fixed_label("billing"), requests_per_second=20.0, burst_seconds=0.25) as server:
@@ -159,6 +160,7 @@ def test_a_429_is_sent_again_and_blocks_the_budget_no_attempt_is_spent(engine: s
     assert counted == rate_limited
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_call_that_would_wait_too_long_parks_its_job_not_review(engine: sa.Engine, tmp_path: Path) -> None:
     store, payloads = JobStore(engine), PayloadStore(tmp_path / "payloads")
     with FakeOpenAIServer(responder=fixed_label("billing")) as server:

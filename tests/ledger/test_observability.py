@@ -58,6 +58,7 @@ def family(counters: dict[str, float], prefix: str) -> dict[str, float]:
     return {name[len(prefix) :]: n for name, n in counters.items() if name.startswith(prefix)}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_counters_timings_and_gauges_agree_with_the_ledger(store: JobStore, tmp_path: Path) -> None:
     metrics = RecordingMetrics()
     report = classify(store, tmp_path, metrics)
@@ -102,6 +103,7 @@ def test_counters_timings_and_gauges_agree_with_the_ledger(store: JobStore, tmp_
     assert {s.tags["batch_key"] for s in metrics.samples if s.kind == "gauge"} == {BATCH}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_disabled_sink_is_not_even_asked(store: JobStore, tmp_path: Path) -> None:
     metrics = RecordingMetrics(enabled=False)
     classify(store, tmp_path, metrics, n=40)
@@ -109,6 +111,7 @@ def test_a_disabled_sink_is_not_even_asked(store: JobStore, tmp_path: Path) -> N
     classify(store, tmp_path, NULL_METRICS, n=40)  # the default: nothing to assert but no error
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_every_per_job_line_names_its_correlation_id(
     store: JobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

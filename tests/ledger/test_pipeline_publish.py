@@ -66,6 +66,7 @@ class Failing:
 
 
 @pytest.mark.parametrize("batch", [pytest.param(1000, id="one-batch"), pytest.param(3, id="small-batches")])
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_jsonl_sink_writes_each_event_exactly_once(store: JobStore, tmp_path: Path, batch: int) -> None:
     register(store, 10)
     path = tmp_path / "events" / "out.jsonl"
@@ -93,6 +94,7 @@ def test_jsonl_sink_writes_each_event_exactly_once(store: JobStore, tmp_path: Pa
     assert len(ids) == len(set(ids)) == 14
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_failing_sink_leaves_events_unsent_and_a_later_run_sends_them_once(store: JobStore, tmp_path: Path) -> None:
     register(store, 6)
     failing = Failing()
@@ -115,6 +117,7 @@ def test_a_failing_sink_leaves_events_unsent_and_a_later_run_sends_them_once(sto
 
 
 @pytest.mark.parametrize("fresh_sink", [pytest.param(False, id="same-sink"), pytest.param(True, id="restarted")])
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_jsonl_sink_skips_ids_already_written_after_a_crash_before_marking(
     store: JobStore, tmp_path: Path, fresh_sink: bool
 ) -> None:
@@ -140,6 +143,7 @@ def test_jsonl_sink_skips_ids_already_written_after_a_crash_before_marking(
     )
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_jsonl_sink_recovers_from_a_torn_last_line(store: JobStore, tmp_path: Path) -> None:
     """A crash in the middle of the write leaves a partial last line and nothing marked: the
     next run must still leave one parseable line per event."""
@@ -221,6 +225,7 @@ def receiver() -> Iterator[Callable[..., Receiver]]:
         r.server.server_close()
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_webhook_sends_the_event_id_as_idempotency_key(store: JobStore, receiver: Any) -> None:
     hook = receiver()
     register(store, 5)
@@ -239,6 +244,7 @@ def test_webhook_sends_the_event_id_as_idempotency_key(store: JobStore, receiver
     assert sorted(hook.keys()) == sorted(outbox_ids(store))
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_webhook_failure_marks_nothing_and_the_retry_repeats_keys(store: JobStore, receiver: Any) -> None:
     hook = receiver(fail_on=[3])
     register(store, 4)

@@ -109,6 +109,7 @@ def outcome(store: JobStore, tmp_path: Path) -> RunOutcome:
     return reconcile(store, ReconcileParams(grace_seconds=0), publish=lambda events: None, reports_dir=tmp_path)
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_the_json_summary_counts_everything(outcome: RunOutcome, store: JobStore) -> None:
     summary = json.loads(json.dumps(outcome.summary))  # what XCom stores
     assert summary["totals"]["jobs"] == 12
@@ -159,6 +160,7 @@ def test_the_json_summary_counts_everything(outcome: RunOutcome, store: JobStore
     assert [r["action"] for r in row.repairs] == [r["action"] for r in summary["repairs"]]
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_the_markdown_has_every_section(outcome: RunOutcome) -> None:
     text = outcome.markdown
     assert text.startswith(f"# Reconciliation run {outcome.run_id} (repairs applied)")

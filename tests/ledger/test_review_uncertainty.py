@@ -155,6 +155,7 @@ def test_the_review_row_carries_the_answer_s_uncertainty(store: JobStore, queue:
     assert context[queue["none"]] is None  # no answer: no key, last in the order
 
 
+@pytest.mark.own_database  # a plan read with EXPLAIN: the template's statistics, not the session's
 def test_the_page_is_read_along_the_uncertainty_index(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
     """The order is an index's, not a sort of every open review (planner told to avoid sorts and
     sequential scans where it can: the table is tiny here)."""

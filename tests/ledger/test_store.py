@@ -69,6 +69,7 @@ def expire(store: JobStore) -> None:
 # -- registration ------------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_register_is_idempotent_and_writes_one_outbox_event_per_new_job(store: JobStore) -> None:
     docs = new_jobs(5)
     first = store.register(docs + docs[:2], batch_key=BATCH, step="classify", max_attempts=3)
@@ -390,6 +391,7 @@ def test_unknown_status_is_a_named_error(store: JobStore) -> None:
         conn.execute(sa.text("SELECT 'finished'::triage.job_status"))
 
 
+@pytest.mark.own_database  # a READ ONLY transaction of its own
 def test_the_reading_connection_refuses_writes(store: JobStore) -> None:
     store.register(new_jobs(1), batch_key="b", step="classify", max_attempts=3)
     with store.reading() as conn:

@@ -300,6 +300,7 @@ def test_the_second_of_two_reviewers_sees_already_decided(
     assert again.json()["outcome"] == "already_applied"
 
 
+@pytest.mark.own_database  # two threads race for one row's lock
 def test_concurrent_reviewers_never_both_win(
     client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any
 ) -> None:
