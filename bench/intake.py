@@ -188,7 +188,7 @@ def _bare_insert(url: str, run: str, n: int, n_clients: int) -> float:
                     ["(%s, %s, %s, %s, 'file:///p', 'keyword-v1', %s, 'intake', 'classify', 'queued', 4)"] * len(chunk)
                 )
                 params = [v for key, source, ext, sha in chunk for v in (key, source, ext, sha, key)]
-                conn.execute(sql + values, params)  # type: ignore[arg-type]
+                conn.execute(sql + values, params)
 
     return _on_threads(client, n_clients)
 

@@ -222,7 +222,7 @@ def _inference_rates(env: dict[str, str], url: Any, texts: list[str]) -> tuple[f
     """Each classifier's classify() over the test texts, behind the Protocol the pipeline calls;
     then the learned one's classify_many() over claims of :data:`CLAIM` (what a run calls)."""
     from triage.classifiers import build_classifier
-    from triage.classifiers.base import ClassifyRequest
+    from triage.classifiers.base import ClassifyRequest, ManyClassifier
     from triage.classifiers.taxonomy import Taxonomy
     from triage.database import create_engine
     from triage.learning.registry import load_champion
@@ -240,6 +240,7 @@ def _inference_rates(env: dict[str, str], url: Any, texts: list[str]) -> tuple[f
     ):
         rates.append(_rate(lambda text, c=classifier: c.classify(ClassifyRequest("", "", "", "", 1, text)), texts))
     learned = build_classifier("learned", taxonomy=taxonomy, learned=champion)
+    assert isinstance(learned, ManyClassifier)  # the learned classifier answers a claim in one pass
     requests = [ClassifyRequest("", "", "", "", 1, text) for text in texts]
     claims = [requests[i : i + CLAIM] for i in range(0, len(requests), CLAIM)]
     learned.classify_many(claims[0])  # warm-up, as _rate's
@@ -507,7 +508,10 @@ def run_variants() -> list[Figure]:
             scored = [p for p, h in zip(held_preds, half, strict=True) if h != side]
             crossed.append((scored, thresholds_of(labels, chooser)))
         taken = [
-            p for scored, th in crossed for p in scored if th.get(p.label) is not None and p.confidence >= th[p.label]
+            p
+            for scored, th in crossed
+            for p in scored
+            if p.label is not None and (bar := th.get(p.label)) is not None and p.confidence >= bar
         ]
         held_metrics = score(held_preds, thresholds_of(labels, held_preds))
         started = time.process_time()

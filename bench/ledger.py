@@ -7,6 +7,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,9 +15,9 @@ from uuid6 import uuid7
 
 from bench.common import Figure, scratch_database, server_cpu_seconds, timed
 from tests.ledger.helpers import new_jobs
-from triage.database import create_engine
+from triage.database import DatabaseUrl, create_engine
 from triage.jobs.store import JobStore
-from triage.jobs.vocabulary.models import Complete
+from triage.jobs.vocabulary.models import Complete, NewJob
 
 REGISTER_N = 100_000
 CLAIM_N = 30_000
@@ -48,7 +49,7 @@ WHERE id = ANY(CAST(:ids AS uuid[])) AND lease_token = :token AND status = 'runn
 """)
 
 
-def _plain_params(jobs: list, batch: str) -> dict:  # type: ignore[type-arg]
+def _plain_params(jobs: list[NewJob], batch: str) -> dict[str, object]:
     return {
         "batch": batch,
         "ids": [uuid7() for _ in jobs],
@@ -70,7 +71,7 @@ def _cpu_timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return wall, time.process_time() - own + (server_cpu_seconds() or 0.0) - server, result
 
 
-def _prepare(url):  # type: ignore[no-untyped-def]
+def _prepare(url: DatabaseUrl) -> tuple[sa.Engine, JobStore]:
     engine = create_engine(url, pool_size=2)
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE SCHEMA plain"))
@@ -171,15 +172,15 @@ def bench_claim_complete(rounds: int = 2) -> list[Figure]:
 
         base, ours, base_cpu, ours_cpu, chunks, chunks_cpu = [], [], [], [], [], []
         for r in range(rounds):
-            seconds, cpu, n = _cpu_timed(lambda b=f"claim{r}": plain_claim_complete(b))
+            seconds, cpu, n = _cpu_timed(partial(plain_claim_complete, f"claim{r}"))
             assert n == CLAIM_N
             base.append(n / seconds)
             base_cpu.append(round(cpu, 3))
-            seconds, cpu, n = _cpu_timed(lambda b=f"claim{r}": ledger_claim_complete(b))
+            seconds, cpu, n = _cpu_timed(partial(ledger_claim_complete, f"claim{r}"))
             assert n == CLAIM_N
             ours.append(n / seconds)
             ours_cpu.append(round(cpu, 3))
-            seconds, cpu, n = _cpu_timed(lambda b=f"chunk{r}": ledger_in_chunks(b))
+            seconds, cpu, n = _cpu_timed(partial(ledger_in_chunks, f"chunk{r}"))
             assert n == CLAIM_N
             chunks.append(n / seconds)
             chunks_cpu.append(round(cpu, 3))

@@ -9,6 +9,7 @@ import random
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
@@ -17,7 +18,7 @@ from bench.common import Figure, children_cpu_seconds, scratch_database, server_
 from tests.fakes.openai_server import FakeOpenAIServer, keyword_responder
 from tests.fakes.server_process import ServerProcess
 from triage.classifiers import Taxonomy, build_classifier
-from triage.classifiers.base import ClassifyRequest, decide_outcome
+from triage.classifiers.base import Classifier, ClassifyRequest, decide_outcome
 from triage.classifiers.budgets import BudgetSettings, ModelBudget
 from triage.contracts.documents import DocumentPayload
 from triage.database import DatabaseUrl, create_engine
@@ -90,7 +91,7 @@ def _retrieve_shard(
         engine.dispose()
 
 
-def _in_processes(target, args: list[tuple]) -> None:  # type: ignore[no-untyped-def,type-arg]
+def _in_processes(target: Callable[..., None], args: list[tuple[object, ...]]) -> None:
     """Mapped task instances: one spawned process each (a fresh task process inherits nothing)."""
     context = multiprocessing.get_context("spawn")
     procs = [context.Process(target=target, args=a) for a in args]
@@ -106,9 +107,9 @@ def _stages(
     store: JobStore,
     url: DatabaseUrl,
     payload_base: str,
-    classifier,
+    classifier: Classifier,
     n: int,
-    batch: str,  # type: ignore[no-untyped-def]
+    batch: str,
     shards: int,
     workers: int,
 ) -> dict[str, float]:
@@ -116,7 +117,7 @@ def _stages(
     → persist; seconds per stage, and the CPU seconds its processes and PostgreSQL used."""
     seconds: dict[str, float] = {}
 
-    def stage(name: str, target, args: list[tuple]) -> None:  # type: ignore[no-untyped-def,type-arg]
+    def stage(name: str, target: Callable[..., None], args: list[tuple[object, ...]]) -> None:
         began, workers_cpu, server_cpu = time.perf_counter(), children_cpu_seconds(), server_cpu_seconds()
         _in_processes(target, args)
         seconds[name] = time.perf_counter() - began
@@ -139,7 +140,7 @@ def _stages(
     return seconds
 
 
-def _naive(engine: sa.Engine, classifier, n: int) -> float:  # type: ignore[no-untyped-def]
+def _naive(engine: sa.Engine, classifier: Classifier, n: int) -> float:
     """The same documents and classifier, labels upserted in batches: no payloads, no ledger."""
     start = time.perf_counter()
     rows: list[tuple[str, str, float]] = []

@@ -46,4 +46,6 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     reconcile = ReconcileJobsOperator(task_id="reconcile")
-    ResumeOutageRunOperator.partial(task_id="resume_outage_run").expand_kwargs(plan_outage_resumes(reconcile.output))
+    ResumeOutageRunOperator.partial(task_id="resume_outage_run").expand_kwargs(
+        plan_outage_resumes(reconcile.output)  # type: ignore[arg-type]  # an XComArg: Airflow passes the summary at run time
+    )

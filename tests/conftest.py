@@ -5,9 +5,11 @@ module outside them):
 
 - ``tests/unit``: pure logic, no database and no Airflow process: parsers, policies, contracts,
   rendering, fakes over ``httpx.MockTransport`` or a loopback fake (``tests/fakes``).
-- ``tests/ledger``: anything that runs SQL, on the real PostgreSQL below (``store``, ``engine``,
-  ``db_url``): the state machine, claims, the pipeline's stages, reconciliation, review, the web
-  app over a real ledger. Airflow may be imported, never run as a process.
+- ``tests/ledger``: anything that runs SQL, on the real PostgreSQL below (``ledger``, ``store``,
+  ``engine``, ``db_url``): the state machine, claims, the pipeline's stages, reconciliation,
+  review, the web app over a real ledger; in a rolled-back transaction unless the test needs a
+  database of its own (``own_database``, tests/ledger/conftest.py). Airflow may be imported,
+  never run as a process.
 - ``tests/airflow``: the DAG files through Airflow itself without a running deployment: DAG
   integrity, and ``airflow dags test`` runs forked from one warm process (``deployment``).
 - ``tests/e2e``: what needs a scheduler and an API server: the one deployment of the tier
@@ -22,8 +24,9 @@ and ``tests/fakes`` (one fake per external service).
 
 The server is the embedded one (``pgserver``) under ``$TRIAGE_HOME/test`` with durability off
 for speed, or the server of ``TRIAGE_TEST_DATABASE_URL``. A template database is migrated
-once per session; each test gets its own clone (``CREATE DATABASE … TEMPLATE``), so tests
-never see each other's rows and never need cleanup.
+once per session; a test that asks for ``db_url`` (and, outside the ledger tier, ``engine`` or
+``store``) gets its own clone (``CREATE DATABASE … TEMPLATE``), so tests never see each other's
+rows and never need cleanup.
 
 ``make test`` runs pytest-xdist workers side by side: every worker is a session of its own with
 its own template (named after its pid) and its own clones, and they all share the one embedded

@@ -118,7 +118,7 @@ def load_retained(url: DatabaseUrl, lo: int, hi: int) -> float:
     with psycopg.connect(url.libpq(), autocommit=True) as conn:
         conn.execute("SET session_replication_role = replica")  # the triggers' log is written here
         for a in range(lo, hi, LOAD_CHUNK):
-            conn.execute(statement, {"lo": a, "hi": min(hi, a + LOAD_CHUNK)})  # type: ignore[arg-type]
+            conn.execute(statement, {"lo": a, "hi": min(hi, a + LOAD_CHUNK)})
         conn.execute("SET session_replication_role = origin")
         publish_loaded(conn)
         conn.execute("VACUUM ANALYZE")
@@ -130,7 +130,7 @@ def load_history(conn: psycopg.Connection, n: int) -> None:
     outbox events, a classification each."""
     conn.execute("SET session_replication_role = replica")
     for lo in range(0, n, LOAD_CHUNK):
-        conn.execute(LOAD_JOBS.format(version=VERSION, daily=DAILY), {"lo": lo, "hi": min(n, lo + LOAD_CHUNK)})  # type: ignore[arg-type]
+        conn.execute(LOAD_JOBS.format(version=VERSION, daily=DAILY), {"lo": lo, "hi": min(n, lo + LOAD_CHUNK)})
     for statement in HISTORY:
         conn.execute(statement)
     conn.execute("SET session_replication_role = origin")

@@ -59,7 +59,9 @@ def test_the_settings_are_written_by_airflows_commands_in_one_process(deployment
     metadata = DatabaseUrl.parse(deployment.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
     with psycopg.connect(metadata.libpq()) as conn:
         pool = conn.execute("SELECT slots, description FROM slot_pool WHERE pool = 'settings_probe_pool'").fetchone()
-        variables = dict(conn.execute("SELECT key, is_encrypted FROM variable WHERE key LIKE 'settings_probe_%'"))
+        variables: dict[str, bool] = dict(
+            conn.execute("SELECT key, is_encrypted FROM variable WHERE key LIKE 'settings_probe_%'")
+        )
         connection = conn.execute(
             "SELECT conn_type, host, is_encrypted FROM connection WHERE conn_id = 'settings_probe_http'"
         ).fetchone()

@@ -14,6 +14,7 @@ import hashlib
 import json
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -27,13 +28,13 @@ def batch_of(day: str) -> str:
     return f"{day}T00:00:00+00:00/"
 
 
-def doubtful(body: dict) -> bool:  # type: ignore[type-arg]
+def doubtful(body: dict) -> bool:
     """About one document in five gets a doubtful answer (by its text: the same in a batch line
     and an interactive call)."""
     return hashlib.sha256(body["messages"][1]["content"].encode()).digest()[0] % 5 == 0
 
 
-def responder(body: dict) -> Reply:  # type: ignore[type-arg]
+def responder(body: dict) -> Reply:
     return Reply.ok("billing", 0.2 if doubtful(body) else 0.9)
 
 
@@ -54,7 +55,7 @@ def run(
     )
 
 
-def ledger(deployment: Deployment, day: str) -> dict[str, object]:
+def ledger(deployment: Deployment, day: str) -> dict[str, Any]:
     q, b = deployment.scalar, batch_of(day)
     jobs = "FROM triage.jobs WHERE starts_with(batch_key, :b)"
     return {

@@ -23,7 +23,7 @@ BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
 
 def dags_test(deployment: Deployment, logical_date: str, conf: dict, **env: str) -> subprocess.CompletedProcess[str]:
-    return deployment.dags_test("classify_documents", logical_date, "-c", json.dumps(conf), **env)
+    return deployment.dags_test("classify_documents", logical_date, "-c", json.dumps(conf), env=env)
 
 
 def counts(deployment: Deployment) -> dict[str, object]:
@@ -101,7 +101,7 @@ def test_a_new_classifier_version_is_new_work(
     before = deployment.scalar("SELECT count(DISTINCT classifier_version) FROM triage.jobs")
     run = dags_test(deployment, "2026-11-02", CONF, TRIAGE_TAXONOMY=str(changed))
     assert run.returncode == 0, run.stdout[-3000:]
-    assert deployment.scalar("SELECT count(DISTINCT classifier_version) FROM triage.jobs") == before + 1  # type: ignore[operator]
+    assert deployment.scalar("SELECT count(DISTINCT classifier_version) FROM triage.jobs") == before + 1
     assert deployment.scalar("SELECT count(*) FROM triage.jobs WHERE batch_key = :b", b=BATCH) == 3000
 
 

@@ -8,33 +8,42 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    from tests.conftest import ServerHomes
+    from triage.database import DatabaseUrl
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
 EXPECTED = {"classify_documents", "classify_intake", "reconcile_jobs", "triage_maintenance", "train_classifier"}
+PARSE_WARNINGS: list[warnings.WarningMessage] = []
+"""The warnings of Airflow's and the DAG files' code while ``dagbag`` parsed the DAGs."""
 
 
 @pytest.fixture(scope="module")
-def dagbag():  # type: ignore[no-untyped-def]
+def dagbag() -> DagBag:
     from airflow.dag_processing.dagbag import DagBag
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         bag = DagBag(dag_folder=str(ROOT / "dags"))
-    bag.caught_warnings = [w for w in caught if "airflow" in str(w.filename) or "dags" in str(w.filename)]
+    PARSE_WARNINGS[:] = [w for w in caught if "airflow" in str(w.filename) or "dags" in str(w.filename)]
     return bag
 
 
-def test_every_dag_file_imports_without_errors(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_every_dag_file_imports_without_errors(dagbag: DagBag) -> None:
     assert dagbag.import_errors == {}
     assert set(dagbag.dags) >= EXPECTED
 
 
-def test_no_deprecated_airflow_imports(dagbag) -> None:  # type: ignore[no-untyped-def]
-    deprecated = [str(w.message) for w in dagbag.caught_warnings if "deprecat" in str(w.message).lower()]
+def test_no_deprecated_airflow_imports(dagbag: DagBag) -> None:
+    deprecated = [str(w.message) for w in PARSE_WARNINGS if "deprecat" in str(w.message).lower()]
     assert deprecated == []
 
 
@@ -57,7 +66,7 @@ def test_dag_files_do_no_work_at_import(path: Path) -> None:
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_classify_documents_is_scheduled_with_real_intervals(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_classify_documents_is_scheduled_with_real_intervals(dagbag: DagBag) -> None:
     from airflow.sdk import CronDataIntervalTimetable
 
     dag = dagbag.dags["classify_documents"]
@@ -69,7 +78,7 @@ def test_classify_documents_is_scheduled_with_real_intervals(dagbag) -> None:  #
     assert [t.task_id for t in dag.topological_sort()] == order
 
 
-def test_the_alert_task_runs_after_every_task_and_never_decides_the_run(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_the_alert_task_runs_after_every_task_and_never_decides_the_run(dagbag: DagBag) -> None:
     """A teardown downstream of every task: it waits for every map index of classify (and the
     failure callbacks, which run before a task's state is final) whatever their states, and the
     run's state is its other tasks'."""
@@ -87,19 +96,22 @@ def test_the_alert_task_runs_after_every_task_and_never_decides_the_run(dagbag) 
     assert not any(t.is_setup for t in dag.tasks)  # no setup: "all done" is the whole rule
 
 
-def test_classify_documents_has_its_deadline_alert(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_classify_documents_has_its_deadline_alert(dagbag: DagBag) -> None:
     """Two hours after a run's day ends (26 hours after its logical date, the interval's start),
     the scheduler calls the Triage notifier through the executor; the serialized DAG (what the
     scheduler reads) keeps all of it. Not timed from ``queued_at``: Airflow 3.3.2 cannot clear a
     run whose queued-at deadline is pending (apache/airflow#70368)."""
     from datetime import timedelta
 
-    from airflow.sdk import DeadlineReference, SyncCallback
+    from airflow.sdk.definitions.callback import SyncCallback
+    from airflow.sdk.definitions.deadline import DeadlineReference
     from airflow.serialization.serialized_objects import DagSerialization
 
     from triage.operators.alerts import CLASSIFY_DEADLINE, DeadlineMissedNotifier
 
-    (deadline,) = dagbag.dags["classify_documents"].deadline
+    deadlines = dagbag.dags["classify_documents"].deadline
+    assert isinstance(deadlines, list)  # the DAG's converter makes a list of what it was given
+    (deadline,) = deadlines
     assert deadline.reference == DeadlineReference.DAGRUN_LOGICAL_DATE
     assert deadline.interval == CLASSIFY_DEADLINE == timedelta(hours=26)
     assert isinstance(deadline.callback, SyncCallback)
@@ -111,13 +123,14 @@ def test_classify_documents_has_its_deadline_alert(dagbag) -> None:  # type: ign
     assert all(not dag.deadline for dag_id, dag in dagbag.dags.items() if dag_id != "classify_documents")
 
 
-def test_classify_is_mapped_over_as_many_instances_as_the_batch_needs(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_classify_is_mapped_over_as_many_instances_as_the_batch_needs(dagbag: DagBag) -> None:
     """Issue #16, item 4: ``classify`` expands over what ``size_classify`` returns after
     ``retrieve`` (dynamic task mapping), from the batch's open jobs: one instance for a
     10-document day, two for a 100,000-document keyword day (one a core here), the pool's four
     for two million; every instance claims from the whole batch (SKIP LOCKED)."""
 
     from airflow.sdk.definitions.mappedoperator import MappedOperator
+    from airflow.sdk.definitions.xcom_arg import XComArg
 
     from triage.operators.sizing import SizeClassifyOperator, classify_workers
 
@@ -125,10 +138,13 @@ def test_classify_is_mapped_over_as_many_instances_as_the_batch_needs(dagbag) ->
     task, size = dag.get_task("classify"), dag.get_task("size_classify")
     assert isinstance(task, MappedOperator)
     assert isinstance(size, SizeClassifyOperator)
-    (upstream,) = task.expand_input.value["worker"].iter_references()
+    expand = task.expand_input.value
+    assert isinstance(expand, dict)
+    assert isinstance(expand["worker"], XComArg)
+    (upstream,) = expand["worker"].iter_references()
     assert upstream[0] is size
     assert size.upstream_task_ids == {"retrieve"}
-    assert task.retries >= 1
+    assert (task.retries or 0) >= 1
     from triage.operators import tasks as module  # the factory both classifying DAGs build from
 
     assert size.jobs_per_worker == module.CLASSIFY_JOBS_PER_WORKER
@@ -145,13 +161,21 @@ def test_classify_is_mapped_over_as_many_instances_as_the_batch_needs(dagbag) ->
     assert [sized(10, "llm"), sized(2_000, "llm"), sized(2_001, "llm")] == [1, 1, 2]
 
 
-def _pools() -> list[dict]:  # type: ignore[type-arg]
+def mapped(task: object) -> MappedOperator:
+    """``task``, which must be a mapped operator (expanded at run time)."""
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    assert isinstance(task, MappedOperator), task
+    return task
+
+
+def _pools() -> list[dict[str, Any]]:
     import yaml
 
-    return yaml.safe_load((ROOT / "airflow_settings.yaml").read_text())["airflow"]["pools"]  # type: ignore[no-any-return]
+    return yaml.safe_load((ROOT / "airflow_settings.yaml").read_text())["airflow"]["pools"]
 
 
-def test_classify_holds_slots_of_the_llm_api_pool_the_settings_define(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_classify_holds_slots_of_the_llm_api_pool_the_settings_define(dagbag: DagBag) -> None:
     """The pool's size bounds model calls across every worker: each instance holds slots and
     keeps no more calls in flight than it holds."""
     import yaml
@@ -163,12 +187,12 @@ def test_classify_holds_slots_of_the_llm_api_pool_the_settings_define(dagbag) ->
     assert 1 <= task.pool_slots <= size
 
 
-def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag: DagBag) -> None:
     from triage.adapters.callbacks import on_task_failure
 
     for dag in dagbag.dags.values():
         for task in dag.tasks:
-            assert task.retries >= 1, task.task_id
+            assert (task.retries or 0) >= 1, task.task_id
             assert task.retry_exponential_backoff, task.task_id
             assert task.max_retry_delay is not None, task.task_id
             callbacks = (
@@ -179,7 +203,7 @@ def test_every_task_retries_with_backoff_and_has_the_failure_callback(dagbag) ->
                 assert on_task_failure in callbacks, task.task_id
 
 
-def test_train_classifier_runs_daily_and_on_demand_with_typed_params(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_train_classifier_runs_daily_and_on_demand_with_typed_params(dagbag: DagBag) -> None:
     dag = dagbag.dags["train_classifier"]
     assert dag.schedule == "@daily"
     assert [task.task_id for task in dag.tasks] == ["train"]
@@ -190,7 +214,7 @@ def test_train_classifier_runs_daily_and_on_demand_with_typed_params(dagbag) -> 
     assert dag.tasks[0].retries == 1
 
 
-def test_triage_maintenance_runs_daily_unpaused_with_retries(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_triage_maintenance_runs_daily_unpaused_with_retries(dagbag: DagBag) -> None:
     dag = dagbag.dags["triage_maintenance"]
     assert dag.catchup is False
     assert dag.max_active_runs == 1
@@ -198,23 +222,23 @@ def test_triage_maintenance_runs_daily_unpaused_with_retries(dagbag) -> None:  #
     assert dag.is_paused_upon_creation is False
     assert [t.task_id for t in dag.tasks] == ["apply_retention"]
     task = dag.get_task("apply_retention")
-    assert task.retries >= 1
+    assert (task.retries or 0) >= 1
     assert not task.on_failure_callback
 
 
-def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagbag: DagBag) -> None:
     from triage.reconciliation.params import ReconcileParams
 
     dag = dagbag.dags["reconcile_jobs"]
     assert dag.catchup is False
     assert dag.max_active_runs == 1
     assert "triage" in dag.tags
-    assert dag.timetable.expression == "*/15 * * * *"
+    assert getattr(dag.timetable, "expression", None) == "*/15 * * * *"
     assert dag.is_paused_upon_creation is False  # DESIGN.md: unpaused on creation
     # reconcile, then the resumes of work parked on an outage it planned (mapped; skipped when none)
     assert [t.task_id for t in dag.tasks] == ["reconcile", "plan_outage_resumes", "resume_outage_run"]
     task = dag.get_task("reconcile")
-    assert task.retries >= 1
+    assert (task.retries or 0) >= 1
     assert task.retry_exponential_backoff
     assert task.max_retry_delay is not None
     assert not task.on_failure_callback  # the classify callback needs a batch; a reconciliation has none
@@ -227,7 +251,7 @@ def test_reconcile_jobs_runs_every_15_minutes_with_retries_and_a_typed_form(dagb
         assert param.schema.get("section"), name
 
 
-def test_classify_documents_starts_paused(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_classify_documents_starts_paused(dagbag: DagBag) -> None:
     # docs/running.md "What starts paused": its scheduled runs would classify the params' defaults daily.
     assert dagbag.dags["classify_documents"].is_paused_upon_creation is True
 
@@ -249,7 +273,13 @@ class FirstParse:
 
 
 @pytest.fixture(scope="module", params=["True", "False"], ids=["new-dags-paused", "new-dags-unpaused"])
-def first_parse(request, pg_server, template_db, airflow_metadata_template, server_homes) -> Iterator[FirstParse]:  # type: ignore[no-untyped-def]
+def first_parse(
+    request: pytest.FixtureRequest,
+    pg_server: DatabaseUrl,
+    template_db: str,
+    airflow_metadata_template: str,
+    server_homes: ServerHomes,
+) -> Iterator[FirstParse]:
     """What Airflow writes when it first sees the DAGs: ``airflow dags reserialize`` on a fresh
     metadata database (a clone of the migrated template, which holds no DAG yet), with
     ``dags_are_paused_at_creation`` set either way. One Airflow process per setting."""
@@ -315,7 +345,7 @@ def test_the_metadata_database_holds_the_deadline_the_scheduler_evaluates(first_
     assert "triage.operators.alerts.DeadlineMissedNotifier" in str(callback)
 
 
-def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_params_form_matches_the_run_config(dagbag: DagBag) -> None:
     from triage.contracts.run_config import ClassifyRunConfig
 
     params = dagbag.dags["classify_documents"].params
@@ -342,7 +372,7 @@ def test_params_form_matches_the_run_config(dagbag) -> None:  # type: ignore[no-
         pytest.param("model_mode", "fast", id="unknown-model-mode"),
     ],
 )
-def test_the_form_refuses_invalid_input(dagbag, name: str, value: object) -> None:  # type: ignore[no-untyped-def]
+def test_the_form_refuses_invalid_input(dagbag: DagBag, name: str, value: object) -> None:
     from airflow.sdk.definitions.param import ParamValidationError
 
     param = dagbag.dags["classify_documents"].params.get_param(name)
@@ -360,7 +390,7 @@ def test_ruff_airflow_rules_are_clean() -> None:
     assert out.returncode == 0, out.stdout
 
 
-def test_classify_and_persist_have_an_execution_timeout_derived_from_their_batches(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_classify_and_persist_have_an_execution_timeout_derived_from_their_batches(dagbag: DagBag) -> None:
     """A hung model call or label action ends the try (its claim settled, Airflow retries) instead
     of holding the run forever: two claims of model calls at their whole timeout, the pool's
     slots at a time, for classify; one claim of label actions, one after the other, for persist."""
@@ -369,24 +399,31 @@ def test_classify_and_persist_have_an_execution_timeout_derived_from_their_batch
     from triage.operators import tasks as module
 
     dag = dagbag.dags["classify_documents"]
-    classify, persist = dag.get_task("classify"), dag.get_task("persist")
+    classify, persist = mapped(dag.get_task("classify")), dag.get_task("persist")
     per_claim_calls = -(-module.CLASSIFY_BATCH_SIZE // classify.partial_kwargs["pool_slots"])
     assert classify.partial_kwargs["execution_timeout"] == timedelta(
         seconds=2 * per_claim_calls * module.MODEL_TIMEOUT_SECONDS
     )
     assert classify.partial_kwargs["execution_timeout"] == timedelta(hours=2, minutes=5)
     assert persist.execution_timeout == timedelta(seconds=1000 * 10)
-    assert dag.get_task("retrieve").partial_kwargs.get("execution_timeout") is None
+    assert mapped(dag.get_task("retrieve")).partial_kwargs.get("execution_timeout") is None
 
 
-def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagbag: DagBag) -> None:
     """Asset-scheduled (no polling), one run at a time, unpaused, and the very tasks of
     classify_documents but retrieve: the same operators, pools, timeouts, retries and callback,
     each on the ``intake`` batch instead of the run's (absent) data interval."""
+    from airflow.sdk.definitions.asset import Asset, AssetBooleanCondition
+
     from triage.adapters.callbacks import on_task_failure
+    from triage.operators.base import TriageOperator
 
     intake, daily = dagbag.dags["classify_intake"], dagbag.dags["classify_documents"]
-    assets = {(asset.name, asset.uri) for asset in intake.timetable.asset_condition.objects}
+    condition = intake.timetable.asset_condition
+    assert isinstance(condition, AssetBooleanCondition)  # schedule=[...]: all of the listed assets
+    objects = [asset for asset in condition.objects if isinstance(asset, Asset)]
+    assert objects == list(condition.objects)  # every one an Asset
+    assets = {(asset.name, asset.uri) for asset in objects}
     assert assets == {("triage_intake", "triage://intake/")}  # Airflow normalises the URI
     assert intake.max_active_runs == 1
     assert intake.is_paused_upon_creation is False
@@ -396,31 +433,39 @@ def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagba
     for task in intake.tasks:
         twin = daily.get_task(task.task_id)
         assert type(task) is type(twin), task.task_id
-        batch = task.partial_kwargs["batch"] if task.task_id == "classify" else task.batch
+        if task.task_id == "classify":
+            batch = mapped(task).partial_kwargs["batch"]
+        else:
+            assert isinstance(task, TriageOperator), task.task_id
+            batch = task.batch
         assert batch == "intake", task.task_id
         for field in ("retries", "retry_exponential_backoff", "max_retry_delay", "retry_delay", "pool", "pool_slots"):
             assert getattr(task, field) == getattr(twin, field), (task.task_id, field)
-        assert on_task_failure in (task.on_failure_callback or []), task.task_id
-    classify, twin = intake.get_task("classify"), daily.get_task("classify")
+        assert isinstance(task.on_failure_callback, list), task.task_id
+        assert on_task_failure in task.on_failure_callback, task.task_id
+    classify, twin = mapped(intake.get_task("classify")), mapped(daily.get_task("classify"))
     same = ("pool", "pool_slots", "batch_size", "execution_timeout", "retry_policy")
     assert {k: classify.partial_kwargs[k] for k in same} == {k: twin.partial_kwargs[k] for k in same}
     assert intake.get_task("alert").is_teardown
     assert intake.params["classifier"] == "auto"  # $TRIAGE_INTAKE_CLASSIFIER unset: the champion, else keyword
 
 
-def test_batch_mode_waits_in_size_classify_of_classify_documents_only(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_batch_mode_waits_in_size_classify_of_classify_documents_only(dagbag: DagBag) -> None:
     """Batch mode's submit, deferred wait and collect run in ``size_classify`` (no task, no
     stage of its own: an interactive run is scheduled as before), after every retrieve shard and
     before classify is sized on what the provider answered; classify_intake has no batch mode."""
     from airflow.sdk.definitions.param import ParamValidationError
 
     from triage.operators.model_batches import ModelBatches
+    from triage.operators.sizing import SizeClassifyOperator
 
     daily, intake = dagbag.dags["classify_documents"], dagbag.dags["classify_intake"]
-    size = daily.get_task("size_classify")
+    size, intake_size = daily.get_task("size_classify"), intake.get_task("size_classify")
     assert isinstance(size, ModelBatches)
+    assert isinstance(size, SizeClassifyOperator)
+    assert isinstance(intake_size, SizeClassifyOperator)
     assert size.model_batches is True
-    assert intake.get_task("size_classify").model_batches is False
+    assert intake_size.model_batches is False
     assert daily.params["model_mode"] == "interactive"
     assert intake.params["model_mode"] == "interactive"
     with pytest.raises(ParamValidationError):

@@ -107,13 +107,13 @@ def scanned(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) ->
 
     with FakeOpenAIServer(responder=keyword_responder(Taxonomy.load())) as server:
         env = with_passwords(deployment, server)
-        run = deployment.dags_test("classify_documents", "2026-11-03", "-c", json.dumps(CONF), **env)
+        run = deployment.dags_test("classify_documents", "2026-11-03", "-c", json.dumps(CONF), env=env)
         prompts = [m["content"] for body in server.requests for m in body.get("messages", [])]
         leaky_dags = tmp_path_factory.mktemp("leaky-dags")
         (leaky_dags / "triage_leaky.py").write_text(LEAKY_DAG)
         # another DAG folder: a cold process (the warm one read its folder when it started)
         leaky_env = {**env, "AIRFLOW__CORE__DAGS_FOLDER": str(leaky_dags)}
-        leaky = deployment.dags_test("triage_leaky", "2026-11-03", **leaky_env)
+        leaky = deployment.dags_test("triage_leaky", "2026-11-03", env=leaky_env)
     files = written_logs(Path(deployment.env["AIRFLOW_HOME"]), deployment.home)
     return {
         "run": run,
@@ -173,7 +173,9 @@ def test_every_per_job_line_carries_its_correlation_id(deployment: Deployment, s
     assert lines
     log_lines = 0
     for line in lines:
-        job_id = PER_JOB.search(line).group(1)  # type: ignore[union-attr]
+        match = PER_JOB.search(line)
+        assert match, line
+        job_id = match.group(1)
         if line.lstrip().startswith("{"):  # a JSON line: the fields are keys
             event = json.loads(line)
             assert (event["job_id"], event["correlation_id"]) == (job_id, correlation[job_id]), line

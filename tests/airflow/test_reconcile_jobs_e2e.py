@@ -28,7 +28,7 @@ BATCH = "2026-11-10T00:00:00+00:00/2026-11-11T00:00:00+00:00"
 def dags_test(
     deployment: Deployment, dag_id: str, logical_date: str, conf: dict[str, Any], **env: str
 ) -> subprocess.CompletedProcess[str]:
-    return deployment.dags_test(dag_id, logical_date, "-c", json.dumps(conf), **env)
+    return deployment.dags_test(dag_id, logical_date, "-c", json.dumps(conf), env=env)
 
 
 def unused_api() -> str:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -217,7 +218,7 @@ def test_a_replay_by_filter_is_a_dry_run_then_applied_once_as_the_triggering_use
 # -- through a running Airflow: the form's REST twin and the human-in-the-loop answer -----------
 
 
-def wait_for(check, timeout: float = 120, what: str = "") -> Any:  # type: ignore[no-untyped-def]
+def wait_for(check: Callable[[], Any], timeout: float = 120, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()

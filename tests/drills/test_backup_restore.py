@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -68,11 +69,13 @@ def _complete_some(store: JobStore, batch: str, n: int, lease_seconds: int = 60)
     return len(claim.jobs)
 
 
-def _counts(url: DatabaseUrl) -> dict[str, object]:
+def _counts(url: DatabaseUrl) -> dict[str, Any]:
     engine = create_engine(url, poolclass=sa.NullPool)
     with engine.connect() as conn:
         out = {
-            "by_state": dict(conn.execute(sa.text("SELECT status::text, count(*) FROM triage.jobs GROUP BY 1")).all()),
+            "by_state": dict(
+                conn.execute(sa.text("SELECT status::text, count(*) FROM triage.jobs GROUP BY 1")).tuples().all()
+            ),
             "events": conn.execute(sa.text("SELECT count(*) FROM triage.job_events")).scalar(),
             "outbox": conn.execute(
                 sa.text(
@@ -142,8 +145,8 @@ def test_a_dump_of_a_running_ledger_restores_into_a_fresh_server_and_reconciles(
     # Roles first (they are the cluster's, not the dump's): a role that exists already is an
     # error psql reports and passes over.
     subprocess.run([_tool("psql"), "--quiet", f"--file={roles}", fresh.libpq()], check=True, capture_output=True)
-    with psycopg.connect(fresh.libpq(), autocommit=True) as conn:
-        conn.execute("CREATE DATABASE triage")
+    with psycopg.connect(fresh.libpq(), autocommit=True) as admin:
+        admin.execute("CREATE DATABASE triage")
     restored = fresh.with_database("triage")
     subprocess.run([_tool("pg_restore"), "--exit-on-error", f"--dbname={restored.libpq()}", str(dump)], check=True)
 
@@ -151,7 +154,7 @@ def test_a_dump_of_a_running_ledger_restores_into_a_fresh_server_and_reconciles(
     after = _counts(restored)
     assert after["partitions"] == source["partitions"]
     # The dump is one snapshot: the worker's commits after it are not in it (and no partial one is).
-    assert sum(after["by_state"].values()) == sum(source["by_state"].values())  # type: ignore[attr-defined]
+    assert sum(after["by_state"].values()) == sum(source["by_state"].values())
 
     restored_engine = create_engine(restored, pool_size=2)
     try:

@@ -117,7 +117,7 @@ def reconcile_password(up: Up) -> str:
 def admin(up: Up) -> httpx.Client:
     from triage_tools.local import admin_login
 
-    return api_client(up.base_url, *admin_login(up.airflow_env))  # type: ignore[no-any-return]
+    return api_client(up.base_url, *admin_login(up.airflow_env))
 
 
 def first_reconcile_run(up: Up) -> dict[str, Any]:

@@ -130,7 +130,7 @@ def token(fab: Fab, username: str, password: str) -> httpx.Response:
 
 
 def client(fab: Fab, username: str, password: str) -> httpx.Client:
-    return api_client(fab.base_url, username, password)  # type: ignore[no-any-return]
+    return api_client(fab.base_url, username, password)
 
 
 def connection(fab: Fab) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -32,6 +33,10 @@ from tests.fakes.openai_server import FakeOpenAIServer, fixed_label
 from tests.fakes.provider import FakeProvider
 from tests.harness.airflow import AirflowCli, HarnessError, RunningAirflow, free_port, running_airflow
 from tests.harness.deployment import ROOT, Deployment, fresh_databases, triage_airflow_env
+
+if TYPE_CHECKING:
+    from tests.conftest import ServerHomes
+    from triage.database import DatabaseUrl
 
 PROBES = Path(__file__).resolve().parent / "dags"
 USERS = {"admin": "admin", "reviewer": "user", "watcher": "viewer"}  # name -> SimpleAuthManager role
@@ -82,8 +87,8 @@ def _dags_folder(home: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def e2e_deployment(  # type: ignore[no-untyped-def]
-    pg_server, template_db, airflow_metadata_template, server_homes
+def e2e_deployment(
+    pg_server: DatabaseUrl, template_db: str, airflow_metadata_template: str, server_homes: ServerHomes
 ) -> Iterator[E2E]:
     """The tier's deployment (see the module doc), for the whole session."""
     from triage_tools.deploy import reconcile_user

@@ -199,6 +199,7 @@ def test_a_reviewer_labels_a_job_in_the_airflow_ui(e2e: E2E, tmp_path: Path) -> 
             ).scalar_one()
     finally:
         engine.dispose()
+    assert last is not None
     assert tuple(last) == ("manual_review", "completed", "reviewer")
     assert tuple(review) == ("labelled", "reviewer", "a parcel, not an invoice")
     assert tuple(label) == ("shipping", "human:reviewer")

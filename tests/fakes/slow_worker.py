@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     operator = TriageOperator(task_id="classify")
-    operator.drain_grace_seconds = args.grace  # type: ignore[misc]
+    operator.drain_grace_seconds = args.grace  # type: ignore[misc]  # a class setting, overridden for this drill's one operator
 
     def on_term(signum: int, frame: Any) -> None:  # what airflow.sdk's task runner installs
         operator.on_kill()
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     engine = create_engine(DatabaseUrl.parse(args.url), pool_size=2)
     handler = ClassifyHandler(
-        SlowModel(args.fast, args.slow, args.slow_from),  # type: ignore[arg-type]
+        SlowModel(args.fast, args.slow, args.slow_from),  # type: ignore[arg-type]  # a duck-typed slow model, not a Classifier
         PayloadStore(args.payloads),
         ClassifySettings(0.0, 1),
     )

@@ -13,10 +13,10 @@ import os
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -25,6 +25,9 @@ import sqlalchemy as sa
 from triage_tools.warm import WarmAirflow
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.conftest import ServerHomes, SharedServer
     from triage.database import DatabaseUrl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,16 +43,18 @@ class Deployment:
     """Airflow's environment for one test module, and the job database it writes to."""
 
     env: dict[str, str]
-    jobs_url: object  # triage.database.DatabaseUrl
+    jobs_url: DatabaseUrl
     home: Path
     _warm: WarmAirflow | None = field(default=None, repr=False)
 
-    def dags_test(self, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
-        """``airflow dags test ARGS`` with this deployment's environment and ``env``, its output
-        captured; forked from one warm process for the module (triage_tools/warm.py)."""
+    def dags_test(
+        self, *args: str, timeout: float = 600, env: Mapping[str, str] | None = None, **more_env: str
+    ) -> subprocess.CompletedProcess[str]:
+        """``airflow dags test ARGS`` with this deployment's environment, ``env`` and ``more_env``,
+        its output captured; forked from one warm process for the module (triage_tools/warm.py)."""
         if self._warm is None:
             self._warm = WarmAirflow(self.env, self.home / "warm-dags-test.log")
-        return self._warm.run(["dags", "test", *args], {**self.env, **env}, timeout)
+        return self._warm.run(["dags", "test", *args], {**self.env, **(env or {}), **more_env}, timeout)
 
     def close(self) -> None:
         if self._warm is not None:
@@ -58,9 +63,9 @@ class Deployment:
     def engine(self) -> sa.Engine:
         from triage.database import create_engine
 
-        return create_engine(self.jobs_url, poolclass=sa.NullPool)  # type: ignore[arg-type]
+        return create_engine(self.jobs_url, poolclass=sa.NullPool)
 
-    def scalar(self, sql: str, **params: object) -> object:
+    def scalar(self, sql: str, **params: object) -> Any:
         engine = self.engine()
         try:
             with engine.connect() as conn:
@@ -69,7 +74,9 @@ class Deployment:
             engine.dispose()
 
 
-def dags_connection(pg_server, jobs_url, login=None):  # type: ignore[no-untyped-def]
+def dags_connection(
+    pg_server: DatabaseUrl, jobs_url: DatabaseUrl, login: Callable[[DatabaseUrl], DatabaseUrl] | None = None
+) -> DatabaseUrl:
     """What ``triage_db`` names for the DAGs: the least-privilege ``triage_worker`` (or ``login``:
     ``triage.roles.reviewer_url``, ``maintainer_url``), as on the embedded deployment, when the
     test server trusts local sockets (the embedded one does); the given user on a server of
@@ -83,8 +90,8 @@ def dags_connection(pg_server, jobs_url, login=None):  # type: ignore[no-untyped
 
 
 @contextlib.contextmanager
-def fresh_databases(  # type: ignore[no-untyped-def]
-    pg_server, template_db: str, name: str, metadata_template: str | None = None
+def fresh_databases(
+    pg_server: DatabaseUrl, template_db: str, name: str, metadata_template: str | None = None
 ) -> Iterator[tuple[DatabaseUrl, DatabaseUrl]]:
     """An Airflow metadata database, empty or cloned from ``metadata_template``
     (:func:`airflow_metadata_template`), and a job database cloned from the migrated template, on
@@ -108,10 +115,10 @@ def fresh_databases(  # type: ignore[no-untyped-def]
 
 
 def triage_airflow_env(
-    pg_server,
+    pg_server: DatabaseUrl,
     metadata_url: DatabaseUrl,
     jobs_url: DatabaseUrl,
-    home: Path,  # type: ignore[no-untyped-def]
+    home: Path,
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Airflow's environment of a test deployment (:func:`tests.harness.airflow.airflow_test_env`)
@@ -144,7 +151,7 @@ METADATA_TEMPLATE_PREFIX = "airflow_template_"
 
 
 @pytest.fixture(scope="session")
-def airflow_metadata_template(pg_server, shared_server, server_homes) -> str:  # type: ignore[no-untyped-def]
+def airflow_metadata_template(pg_server: DatabaseUrl, shared_server: SharedServer, server_homes: ServerHomes) -> str:
     """The name of a migrated Airflow metadata database that deployments clone.
 
     ``airflow db migrate`` and ``pools set`` cost some 9 s of CPU (two Airflow CLI processes),
@@ -158,7 +165,7 @@ def airflow_metadata_template(pg_server, shared_server, server_homes) -> str:  #
         return _metadata_template(pg_server, server_homes)
 
 
-def _metadata_template(pg_server, server_homes) -> str:  # type: ignore[no-untyped-def]
+def _metadata_template(pg_server: DatabaseUrl, server_homes: ServerHomes) -> str:
     from importlib import metadata
 
     from tests.harness.airflow import airflow_cli, airflow_test_env, migrate_metadata
@@ -195,7 +202,9 @@ def _metadata_template(pg_server, server_homes) -> str:  # type: ignore[no-untyp
 
 
 @pytest.fixture(scope="module")
-def deployment(pg_server, template_db, airflow_metadata_template, server_homes) -> Iterator[Deployment]:  # type: ignore[no-untyped-def]
+def deployment(
+    pg_server: DatabaseUrl, template_db: str, airflow_metadata_template: str, server_homes: ServerHomes
+) -> Iterator[Deployment]:
     """An Airflow metadata database (cloned from :func:`airflow_metadata_template`) and a job
     database (cloned from the migrated ``template_db``) on the test server, with TRIAGE_HOME
     (payloads, event log, Airflow home) in a folder of ``server_homes`` (not pytest's tmp root:

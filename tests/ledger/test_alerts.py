@@ -12,7 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -30,6 +30,9 @@ from triage.observability import RecordingMetrics
 from triage.operators.alerts import RunAlertsOperator, alert_on_orphans
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.runner import reconcile
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 BATCH = "2026-11-05T00:00:00+00:00/2026-11-06T00:00:00+00:00"
 RUN = "manual__2026-11-06T00:00:00+00:00"
@@ -59,14 +62,19 @@ def a_run(
     return [j.id for j in jobs]
 
 
-def run_context(run: str = RUN, dag_id: str = "classify_documents") -> dict[str, Any]:
+def run_context(run: str = RUN, dag_id: str = "classify_documents") -> Context:
+    """What Airflow hands the alert task of a run: the fields it reads, the task instance a stand-in."""
     ti = SimpleNamespace(dag_id=dag_id, run_id=run, task_id="alert", map_index=-1, try_number=1)
-    return {
-        "ti": ti,
-        "params": {},
-        "data_interval_start": datetime(2026, 11, 5, tzinfo=UTC),
-        "data_interval_end": datetime(2026, 11, 6, tzinfo=UTC),
-    }
+    # The fields the alert code reads; a stand-in task instance, not Airflow's RuntimeTaskInstance.
+    return cast(
+        "Context",
+        {
+            "ti": ti,
+            "params": {},
+            "data_interval_start": datetime(2026, 11, 5, tzinfo=UTC),
+            "data_interval_end": datetime(2026, 11, 6, tzinfo=UTC),
+        },
+    )
 
 
 def alert_task(store: JobStore, metrics: RecordingMetrics | None = None, run: str = RUN) -> dict[str, Any]:
@@ -77,10 +85,10 @@ def alert_task(store: JobStore, metrics: RecordingMetrics | None = None, run: st
         def get_engine(self) -> sa.Engine:
             return store.engine
 
-        def get_metrics(self) -> RecordingMetrics:  # type: ignore[override]
+        def get_metrics(self) -> RecordingMetrics:
             return sink
 
-    return Seamed(task_id="alert").execute(run_context(run))  # type: ignore[arg-type]
+    return Seamed(task_id="alert").execute(run_context(run))
 
 
 def webhook(monkeypatch: pytest.MonkeyPatch, url: str, **extra: Any) -> None:

@@ -79,6 +79,7 @@ def test_the_worker_logs_in_as_a_member_of_the_app_role_and_owns_nothing(app_url
     assert owned == (0,)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, review_store: JobStore, tmp_path: Path) -> None:
     """register → claim → record (complete, retry, review) → relay as ``triage_worker``, then the
     review decisions as ``triage_reviewer``: the triggers write job_events as the schema's owner
@@ -106,7 +107,7 @@ def test_the_pipeline_runs_through_the_app_role(app_store: JobStore, review_stor
             settings=RunSettings(owner="app-role-test", batch_size=25, retry_soon_seconds=0.0),
         )
     except WorkRemains as exc:  # retries not due in this run: the Airflow retry's job
-        report = exc.report  # type: ignore[attr-defined]
+        report = exc.report  # type: ignore[attr-defined]  # run_step sets it on the error it raises
     finally:
         handler.close()
     assert report.outcomes["Complete"] > 0

@@ -362,6 +362,7 @@ def test_0026_keeps_an_example_whose_label_left_the_taxonomy_as_a_retired_label(
     assert examples == ["old_label"]
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_the_classify_step_samples_by_job_id_and_a_retry_samples_nothing_new(store: JobStore, tmp_path: Any) -> None:
     """The classify step completes accepted jobs itself (no label action): it samples them as the
     persist step would, by the job id; running the step again over the same batch adds nothing."""

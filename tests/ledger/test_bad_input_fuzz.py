@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -61,6 +62,7 @@ lines = st.one_of(
 ).map(lambda b: b.replace(b"\n", b" ").replace(b"\r", b" "))
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
@@ -200,6 +202,7 @@ def test_odd_inbox_entries_become_review_rows_not_errors(engine: sa.Engine, tmp_
     ]
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_stored_payload_with_an_impossible_date_goes_to_review(engine: sa.Engine, tmp_path: Path) -> None:
     # The classify step reads payloads back with DocumentPayload.from_bytes, which raised
     # OverflowError for the same dates (a payload written by another writer, or an older release).
@@ -218,14 +221,16 @@ def test_a_stored_payload_with_an_impossible_date_goes_to_review(engine: sa.Engi
         handler.close()
 
     with engine.connect() as conn:
-        rows = dict(
+        rows: dict[str, str] = dict(
             conn.execute(
                 sa.text(
                     "SELECT j.external_id, coalesce(r.reason || '/' || j.last_error_class, j.status::text) FROM triage.jobs j"
                     " LEFT JOIN triage.manual_review r ON r.job_id = j.id WHERE j.batch_key = :b"
                 ),
                 {"b": batch},
-            ).all()
+            )
+            .tuples()
+            .all()
         )
     assert rows == {f"{batch}-ok": "completed", f"{batch}-bad": "malformed_input/schema_mismatch"}
 
@@ -252,6 +257,7 @@ REPLIES = st.one_of(
 )
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 @settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )

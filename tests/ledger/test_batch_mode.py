@@ -31,7 +31,7 @@ BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = Taxonomy.load()
 
 
-def responder(body: dict) -> Reply:  # type: ignore[type-arg]
+def responder(body: dict) -> Reply:
     text = body["messages"][1]["content"]
     if text.endswith("broken"):
         return Reply.status_only(500)
@@ -84,6 +84,7 @@ def classify(store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, 
         handler.close()
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_jobs_wait_on_their_batch_and_take_its_answers_per_job(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -111,6 +112,7 @@ def test_jobs_wait_on_their_batch_and_take_its_answers_per_job(
 
 
 @pytest.mark.parametrize(("how", "kept"), [("failed", 0), ("gone", 0), ("expired", 2)])
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_batch_the_provider_loses_sends_its_jobs_back_to_be_asked(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, how: str, kept: int
 ) -> None:
@@ -191,6 +193,7 @@ def test_a_submission_the_provider_does_not_take_gives_the_claim_back(
     client.close()
 
 
+@pytest.mark.own_database  # a lease runs out in time
 def test_a_batch_adopted_after_the_first_lease_ran_out_answers_the_next_attempt(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,17 +18,17 @@ from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 
 
-def first_event(trigger: ModelBatchTrigger) -> dict:  # type: ignore[type-arg]
-    async def run() -> dict:  # type: ignore[type-arg]
+def first_event(trigger: ModelBatchTrigger) -> dict:
+    async def run() -> dict:
         async for event in trigger.run():
-            return event.payload  # type: ignore[no-any-return]
+            return event.payload
         raise AssertionError("no event")
 
     return asyncio.run(asyncio.wait_for(run(), timeout=30))
 
 
 @pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch) -> FakeOpenAIServer:
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAIServer]:
     fake = FakeOpenAIServer().start()
     fake.batches.polls_until_done = 3
     conn = {"conn_type": "http", "host": fake.base_url, "password": "sk-secret"}

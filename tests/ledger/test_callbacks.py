@@ -24,12 +24,13 @@ from triage.operators import (
     PublishEventsOperator,
     RetrieveDocumentsOperator,
 )
+from triage.operators.base import TriageOperator
 
 BATCH = "2026-11-05T00:00:00+00:00/2026-11-06T00:00:00+00:00"
 RUN = "manual__2026-11-06T00:00:00+00:00"
 
 
-STEPS = {
+STEPS: dict[str, type[TriageOperator]] = {
     "retrieve": RetrieveDocumentsOperator,
     "classify": ClassifyDocumentsOperator,
     "persist": PersistLabelsOperator,

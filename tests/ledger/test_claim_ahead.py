@@ -27,6 +27,9 @@ from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.ownership import Drain
 from triage.pipeline.steps import CircuitOpen, Drained, RunSettings, run_step
 
+# Claims, model calls and heartbeats overlap in threads, and leases run out in time.
+pytestmark = pytest.mark.own_database
+
 
 class Model:
     """The keyword classifier with ``before(n)`` run before its n-th call (n counted under a
@@ -100,7 +103,7 @@ def claimed(store: JobStore) -> int:
 
 
 @pytest.fixture
-def timeout_at() -> Iterator[Callable[[float], None]]:
+def timeout_at() -> Iterator[Callable[[float], object]]:
     """``timeout_at(s)``: Airflow's ``execution_timeout`` in ``s`` seconds, as Airflow raises it:
     ``AirflowTaskTimeout`` from a SIGALRM handler, on the main thread (the step runner's)."""
     from airflow.sdk.exceptions import AirflowTaskTimeout
@@ -202,7 +205,7 @@ def test_a_drain_gives_back_the_claim_taken_ahead(store: JobStore, tmp_path: Pat
 
 
 def test_a_timeout_gives_back_both_claims_and_records_what_finished(
-    store: JobStore, tmp_path: Path, timeout_at: Callable[[float], None]
+    store: JobStore, tmp_path: Path, timeout_at: Callable[[float], object]
 ) -> None:
     """``execution_timeout`` strikes the step runner's thread while the window holds two claims."""
     from airflow.sdk.exceptions import AirflowTaskTimeout

@@ -79,6 +79,7 @@ def register(store: JobStore, payloads: PayloadStore, version: str, prefix: str,
     return list(store.register(new, batch_key=BATCH, step="classify", max_attempts=3).new_ids)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_run_of_another_version_leaves_the_jobs_of_a_version_untouched(store: JobStore, tmp_path: Path) -> None:
     payloads = PayloadStore(tmp_path / "payloads")
     current = KeywordClassifier(Taxonomy.load())
@@ -143,9 +144,11 @@ def test_the_claim_plan_reads_the_partial_claim_index(store: JobStore, versioned
         }
     )
     with store.engine.connect() as conn, conn.begin() as txn:
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # an open connection has its DBAPI one
         cursor.execute("EXPLAIN (FORMAT JSON) " + str(statement), params)
-        document = cursor.fetchone()[0]
+        row = cursor.fetchone()
+        assert row is not None
+        document = row[0]
         txn.rollback()
     plan = json.dumps(json.loads(document) if isinstance(document, str) else document)
     assert "jobs_claimable_idx" in plan

@@ -22,7 +22,7 @@ PER_WORKER = {"keyword": 4, "llm": 2}
 
 def size(engine: sa.Engine, classifier: str = "keyword", most: int = 3) -> list[int]:
     task = seamed(SizeClassifyOperator, engine, jobs_per_worker=PER_WORKER, max_workers=most)
-    return task.execute(context({"classifier": classifier}))  # type: ignore[no-any-return]
+    return task.execute(context({"classifier": classifier}))
 
 
 def test_the_batch_open_jobs_size_classify(engine: sa.Engine, store: JobStore) -> None:

@@ -16,7 +16,7 @@ JOBS = 10_000
 WORKERS = 4
 
 
-def _worker(url: str, name: str, queue: mp.Queue) -> None:  # type: ignore[type-arg]
+def _worker(url: str, name: str, queue: mp.Queue) -> None:
     engine = create_engine(DatabaseUrl.parse(url), pool_size=1)
     store = JobStore(engine)
     done = 0
@@ -35,7 +35,7 @@ def test_concurrent_claims_never_double_take(store: JobStore, db_url: DatabaseUr
     for start in range(0, JOBS, 5000):
         store.register(docs[start : start + 5000], batch_key=BATCH, step="classify", max_attempts=3)
     ctx = mp.get_context("spawn")
-    queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    queue: mp.Queue = ctx.Queue()
     workers = [ctx.Process(target=_worker, args=(db_url.libpq(), f"w{i}", queue)) for i in range(WORKERS)]
     for w in workers:
         w.start()

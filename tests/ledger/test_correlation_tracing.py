@@ -5,8 +5,9 @@ the events the relay publishes. The fake OpenAI-compatible server records every 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -26,6 +27,12 @@ from triage.tracing import correlation_header
 
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 HOSTILE = "client id\r\nX-Injected: 1"  # a client's id that is no header value
+
+
+def attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    """A finished span's attributes (OpenTelemetry types them as optional)."""
+    assert span.attributes is not None, span.name
+    return span.attributes
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +70,7 @@ def run_classify(store: JobStore, tmp_path: Path, server: FakeOpenAIServer, corr
     return task
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_the_correlation_id_reaches_the_model_call_the_spans_and_the_events(
     store: JobStore, tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
@@ -84,18 +92,19 @@ def test_the_correlation_id_reaches_the_model_call_the_spans_and_the_events(
     # the spans: a batch span per claim under the task's span, a model call span per job under its batch
     task_id = task.get_span_context().span_id
     [task_span] = [s for s in finished if s.context.span_id == task_id]
-    assert (task_span.attributes["triage.step"], task_span.attributes["triage.batch_key"]) == ("classify", BATCH)
+    assert (attributes(task_span)["triage.step"], attributes(task_span)["triage.batch_key"]) == ("classify", BATCH)
     assert len(batches) == 3  # 12 jobs, claims of 5
     assert all(b.parent is not None and b.parent.span_id == task_id for b in batches)
-    assert sorted(c for b in batches for c in b.attributes["triage.correlation_ids"]) == sorted(correlation)
-    assert sum(b.attributes["triage.jobs"] for b in batches) == 12
+    assert sorted(c for b in batches for c in attributes(b)["triage.correlation_ids"]) == sorted(correlation)
+    assert sum(attributes(b)["triage.jobs"] for b in batches) == 12
     assert len(calls) == 12
     for call in calls:
-        parent = by_id[call.parent.span_id]  # type: ignore[union-attr]
+        assert call.parent is not None
+        parent = by_id[call.parent.span_id]
         assert parent.name == "triage.classify.batch"
-        assert call.attributes["triage.correlation_id"] in parent.attributes["triage.correlation_ids"]
-        assert call.attributes["http.response.status_code"] == 200
-    assert sorted(c.attributes["triage.correlation_id"] for c in calls) == sorted(correlation)
+        assert attributes(call)["triage.correlation_id"] in attributes(parent)["triage.correlation_ids"]
+        assert attributes(call)["http.response.status_code"] == 200
+    assert sorted(attributes(c)["triage.correlation_id"] for c in calls) == sorted(correlation)
 
     # the events: every one of a job carries its correlation id
     events: list[WorkEvent] = []
@@ -104,6 +113,7 @@ def test_the_correlation_id_reaches_the_model_call_the_spans_and_the_events(
     assert {e.event_type for e in events} == {"job.registered", "job.completed"}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_failed_call_marks_its_span_with_the_error_class_only(
     store: JobStore, tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
@@ -112,6 +122,6 @@ def test_a_failed_call_marks_its_span_with_the_error_class_only(
     calls = [s for s in spans.get_finished_spans() if s.name == "triage.model_call"]
     assert calls
     for call in calls:
-        assert call.attributes["error.type"] == "bad_request"
+        assert attributes(call)["error.type"] == "bad_request"
         assert call.status.status_code == trace.StatusCode.ERROR
         assert call.events == ()  # no exception recorded: its message is not ours to export

@@ -282,7 +282,7 @@ def _events(url: DatabaseUrl, job_id: uuid.UUID) -> list[tuple[str | None, str, 
             " WHERE job_id = %s ORDER BY id",
             (job_id,),
         ).fetchall()
-    return [tuple(r) for r in rows]  # type: ignore[misc]
+    return [tuple(r) for r in rows]
 
 
 def test_the_real_triggers_log_each_move_with_its_actor(app_url: DatabaseUrl) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -27,7 +29,7 @@ def home(server_home: Path) -> Path:
     return server_home
 
 
-def one(url: DatabaseUrl, sql: str) -> object:
+def one(url: DatabaseUrl, sql: str) -> Any:
     with psycopg.connect(url.libpq(), autocommit=True) as conn:
         row = conn.execute(sql).fetchone()
     assert row is not None
@@ -41,7 +43,7 @@ def test_start_creates_the_databases_on_postgres_16_over_a_socket_only(home: Pat
     assert int(str(one(url, "SHOW server_version_num"))) // 10000 == embedded.POSTGRES_MAJOR
     assert one(url, "SHOW listen_addresses") == "", "no TCP listener"
     names = one(url, "SELECT array_agg(datname ORDER BY datname) FROM pg_database")
-    assert {"triage", "airflow"} <= set(names)  # type: ignore[arg-type]
+    assert {"triage", "airflow"} <= set(names)
     assert embedded.running_url(home) == url
     assert embedded.server_pid(home) is not None
 
@@ -76,17 +78,19 @@ def test_restart_keeps_address_and_data(home: Path) -> None:
 
 
 @pytest.mark.parametrize("action", [embedded.restart, embedded.stop], ids=["restart", "stop"])
-def test_stop_and_restart_after_a_folder_above_the_data_became_private(home: Path, action: object) -> None:
+def test_stop_and_restart_after_a_folder_above_the_data_became_private(
+    home: Path, action: Callable[[Path], bool]
+) -> None:
     """As root the server runs as another user; pytest (another session) or a tidy user may close
     a folder above the data after the start. pg_ctl must still get through."""
     embedded.start(home, databases=())
     home.chmod(0o700)
-    assert action(home) is True  # type: ignore[operator]
+    assert action(home) is True
 
 
 @pytest.mark.parametrize("action", [embedded.stop, embedded.restart], ids=["stop", "restart"])
-def test_stop_and_restart_of_a_server_that_never_ran_say_false(home: Path, action: object) -> None:
-    assert action(home) is False  # type: ignore[operator]
+def test_stop_and_restart_of_a_server_that_never_ran_say_false(home: Path, action: Callable[[Path], bool]) -> None:
+    assert action(home) is False
     assert embedded.running_url(home) is None
     assert embedded.server_pid(home) is None
 

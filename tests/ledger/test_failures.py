@@ -11,8 +11,10 @@ outcome.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -21,7 +23,7 @@ from tests.fakes.provider import FakeProvider
 from triage.adapters.http_actions import WebhookLabelAction
 from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.documents import DocumentPayload
-from triage.contracts.events import UnsupportedSchemaVersion, parse_event
+from triage.contracts.events import UnsupportedSchemaVersion, WorkEvent, parse_event
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.backoff import RetryPolicy
 from triage.jobs.vocabulary.errors import LeaseLost
@@ -52,7 +54,7 @@ def payloads(tmp_path: Path) -> PayloadStore:
     return PayloadStore(tmp_path / "payloads")
 
 
-def q(store: JobStore, sql: str, **params: object) -> object:
+def q(store: JobStore, sql: str, **params: object) -> Any:
     with store.engine.connect() as conn:
         return conn.execute(sa.text(sql), params).scalar()
 
@@ -81,6 +83,7 @@ def classify(store: JobStore, payloads: PayloadStore, *, separate_persist: bool 
         handler.close()
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_1_a_document_delivered_twice_is_one_job_one_label_one_event(
     fast: JobStore, payloads: PayloadStore, tmp_path: Path
 ) -> None:
@@ -89,7 +92,7 @@ def test_1_a_document_delivered_twice_is_one_job_one_label_one_event(
     classify(fast, payloads)
     assert q(fast, "SELECT count(*) FROM triage.jobs") == 200
     completed = q(fast, "SELECT count(*) FROM triage.jobs WHERE status = 'completed'")
-    assert completed > 150  # type: ignore[operator]
+    assert completed > 150
     assert q(fast, "SELECT count(*) FROM triage.document_labels") == completed
     assert q(fast, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.completed'") == completed
     assert q(fast, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.registered'") == 200
@@ -101,16 +104,17 @@ def test_1_a_document_delivered_twice_is_one_job_one_label_one_event(
     ids = [json.loads(line)["event_id"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     in_review = q(fast, "SELECT count(*) FROM triage.jobs WHERE status = 'manual_review'")
     assert q(fast, "SELECT count(*) FROM triage.outbox WHERE event_type = 'job.needs_review'") == in_review
-    assert len(ids) == len(set(ids)) == 200 + completed + in_review  # type: ignore[operator]
+    assert len(ids) == len(set(ids)) == 200 + completed + in_review
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_2_a_worker_that_stops_after_the_external_action_causes_one_effect(
     fast: JobStore, payloads: PayloadStore
 ) -> None:
     register(fast, payloads, 20)
     classify(fast, payloads, separate_persist=True)
     waiting = q(fast, "SELECT count(*) FROM triage.jobs WHERE step = 'persist'")
-    assert waiting > 10  # type: ignore[operator]
+    assert waiting > 10
     with FakeProvider() as provider:
         action = WebhookLabelAction(provider.url, timeout_s=5)
         # The worker runs the actions of its batch, then dies before recording the outcomes.
@@ -128,11 +132,12 @@ def test_2_a_worker_that_stops_after_the_external_action_causes_one_effect(
         run_step(fast, PersistHandler(fast, action), batch_key=BATCH, settings=RunSettings(owner="w2"))
         action.close()
     assert q(fast, "SELECT count(*) FROM triage.jobs WHERE status = 'completed'") == waiting
-    assert sum(provider.requests.values()) == 2 * waiting  # type: ignore[operator]  # asked twice …
+    assert sum(provider.requests.values()) == 2 * waiting  # asked twice …
     assert len(provider.effects) == waiting  # … and took effect once per idempotency key
     assert q(fast, "SELECT count(*) FROM triage.job_events WHERE to_status = 'completed'") == waiting
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_3_an_interrupted_publication_is_delivered_later_exactly_once(
     fast: JobStore, payloads: PayloadStore, tmp_path: Path
 ) -> None:
@@ -144,7 +149,7 @@ def test_3_an_interrupted_publication_is_delivered_later_exactly_once(
         pass
 
     class DiesAfterWriting(JsonlEventSink):
-        def publish(self, events):  # type: ignore[no-untyped-def]
+        def publish(self, events: Sequence[WorkEvent]) -> None:
             super().publish(events)
             raise Interrupted  # written, never marked: the relay's transaction rolls back
 
@@ -190,6 +195,7 @@ def test_4_an_old_outcome_after_the_job_advanced_changes_nothing(fast: JobStore,
     assert q(fast, "SELECT label FROM triage.document_labels") == "refund_request"
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_5_an_unsupported_schema_version_is_routed_not_misread(fast: JobStore, payloads: PayloadStore) -> None:
     event = {
         "event_id": "7c9e6679-7425-40de-944b-e07fc1f90ae7",
@@ -219,6 +225,7 @@ def test_5_an_unsupported_schema_version_is_routed_not_misread(fast: JobStore, p
     )
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_6_a_timeout_after_the_provider_completed_is_retried_without_a_second_effect(
     engine: sa.Engine, payloads: PayloadStore
 ) -> None:
@@ -242,7 +249,7 @@ def test_6_a_timeout_after_the_provider_completed_is_retried_without_a_second_ef
         run_step(patient, PersistHandler(patient, action), batch_key=BATCH, settings=run)
         action.close()
     assert q(patient, "SELECT count(*) FROM triage.jobs WHERE status = 'completed'") == waiting
-    assert sorted(provider.requests.values()) == [2] * waiting  # type: ignore[operator]
+    assert sorted(provider.requests.values()) == [2] * waiting
     assert len(provider.effects) == waiting
 
 
@@ -261,6 +268,7 @@ def test_7_a_retry_while_another_worker_holds_a_valid_lease_takes_nothing(
     assert q(fast, "SELECT count(DISTINCT actor) FROM triage.job_events WHERE to_status = 'running'") == 1
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outcome_and_guesses_nothing(
     fast: JobStore, payloads: PayloadStore, tmp_path: Path
 ) -> None:
@@ -297,7 +305,7 @@ def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outco
         outcome = reconcile(fast, now, reports_dir=tmp_path / "reports")
         conflicts = {c.check: c.job_ids for r in outcome.results for c in r.conflicts}
         assert conflicts == {"completed_without_label": (lost,), "label_without_completed_job": (in_review,)}
-        assert not [r for r in outcome.results for r in r.repairs]
+        assert not [repair for r in outcome.results for repair in r.repairs]
         assert lost in outcome.markdown
         assert in_review in outcome.markdown
         assert (
@@ -307,6 +315,7 @@ def test_8_reconciliation_reports_a_state_that_conflicts_with_the_external_outco
         ) == before
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_retried_task_takes_back_what_its_killed_earlier_try_held_and_nothing_of_a_sibling(
     fast: JobStore, payloads: PayloadStore
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -85,7 +86,7 @@ def run(store: JobStore, tmp_path: Path, labels: dict[str, str], ids: list[str])
         handler.close()
 
 
-def all_rows(store: JobStore, sql: str) -> list[sa.Row]:
+def all_rows(store: JobStore, sql: str) -> list[sa.Row[Any]]:
     with store.engine.connect() as conn:
         return list(conn.execute(sa.text(sql)).all())
 
@@ -93,12 +94,15 @@ def all_rows(store: JobStore, sql: str) -> list[sa.Row]:
 TAXONOMY_LABELS = sorted(Taxonomy.load().names)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_ids_are_stored_verbatim_and_harm_nothing(store: JobStore, tmp_path: Path) -> None:
     labels = {external_id: TAXONOMY_LABELS[i % len(TAXONOMY_LABELS)] for i, external_id in enumerate(HOSTILE)}
     tables_before = all_rows(store, "SELECT tablename FROM pg_tables WHERE schemaname = 'triage' ORDER BY 1")
     run(store, tmp_path, labels, HOSTILE)
 
-    stored = dict(all_rows(store, "SELECT external_id, label FROM triage.document_labels"))
+    stored: dict[str, str] = dict(
+        r._tuple() for r in all_rows(store, "SELECT external_id, label FROM triage.document_labels")
+    )
     assert stored == labels
     assert {r.external_id for r in all_rows(store, "SELECT external_id FROM triage.jobs")} == set(HOSTILE)
     assert all_rows(store, "SELECT DISTINCT status::text FROM triage.jobs") == [("completed",)]
@@ -126,6 +130,7 @@ def test_ids_are_stored_verbatim_and_harm_nothing(store: JobStore, tmp_path: Pat
     assert (again.registered, again.existing) == (0, len(HOSTILE))
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_hostile_labels_are_refused_by_the_database_and_harm_nothing(store: JobStore) -> None:
     """Whoever writes them (a classifier that skipped its checks, raw SQL): the label is a bound
     value the check quotes in its message, never SQL."""
@@ -144,6 +149,7 @@ def test_hostile_labels_are_refused_by_the_database_and_harm_nothing(store: JobS
     assert all_rows(store, "SELECT tablename FROM pg_tables WHERE schemaname = 'triage' ORDER BY 1") == tables_before
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_nul_in_an_id_or_a_label_goes_to_review_with_a_reason(store: JobStore, tmp_path: Path) -> None:
     ids = ["fine-1", NUL_ID, NUL_LABEL_ID, "fine-2"]
     labels = {"fine-1": "billing", "fine-2": "shipping", NUL_LABEL_ID: "bill\x00ing"}
@@ -164,7 +170,7 @@ def test_nul_in_an_id_or_a_label_goes_to_review_with_a_reason(store: JobStore, t
     # the NUL label: an unusable model output, like any other
     assert (by_id[NUL_LABEL_ID].status, by_id[NUL_LABEL_ID].reason) == ("manual_review", "rejected_output")
     assert by_id[NUL_LABEL_ID].context == {"rejected_reason": "label_not_storable"}  # rejected: no uncertainty
-    assert dict(all_rows(store, "SELECT external_id, label FROM triage.document_labels")) == {
+    assert dict(r._tuple() for r in all_rows(store, "SELECT external_id, label FROM triage.document_labels")) == {
         "fine-1": "billing",
         "fine-2": "shipping",
     }

@@ -400,6 +400,7 @@ def test_backpressure_holds_through_a_model_outage(
     assert [r.status for r in ledger(store)["jobs"]] == ["waiting"] * 3
 
 
+@pytest.mark.own_database  # VACUUM runs outside a transaction
 def test_the_queue_depth_is_read_from_the_batch_index_and_bounded(store: JobStore) -> None:
     """Beside 300,000 queued jobs of a daily batch, the depth check of intake's 3,000 is one index
     scan of the batch's entries (never the table), which stops at its bound."""
@@ -493,6 +494,7 @@ def test_a_server_killed_between_commit_and_answer_loses_and_doubles_nothing(
     assert told.read_text().split() == ["2"]  # the retry told Airflow
 
 
+@pytest.mark.own_database  # clients race in threads
 def test_two_clients_racing_with_the_same_document_get_one_job(
     server: ThreadServer, store: JobStore, poster: dict[str, str]
 ) -> None:
@@ -510,6 +512,7 @@ def test_two_clients_racing_with_the_same_document_get_one_job(
 # -- the set-based registration ---------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # intake's AUTOCOMMIT statement, on connections of its own
 def test_a_batch_mixing_valid_invalid_repeated_and_known_documents_answers_each_one(
     server: ThreadServer, store: JobStore, poster: dict[str, str]
 ) -> None:
@@ -542,6 +545,7 @@ def test_a_batch_mixing_valid_invalid_repeated_and_known_documents_answers_each_
         assert conn.exec_driver_sql("SELECT current_setting('triage.actor', true)").scalar() in ("", None)
 
 
+@pytest.mark.own_database  # clients race in threads
 def test_the_same_batch_posted_at_once_by_many_clients_registers_each_document_once(
     server: ThreadServer, store: JobStore, poster: dict[str, str]
 ) -> None:

@@ -45,7 +45,7 @@ def server(store: JobStore, tmp_path: Path, airflow_auth: Any) -> Iterator[Threa
         yield running
 
 
-def post(server: ThreadServer, body: Any, who: str) -> httpx.Response:
+def post(server: ThreadServer, body: Any, who: dict[str, str]) -> httpx.Response:
     return httpx.post(server.url + URL, content=json.dumps(body), headers={**JSON, **who}, timeout=30)
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from triage.jobs.sql.expressions import event_ids, rowset
 from triage.jobs.sql.moves.registration import accept_jobs, compiled
 from triage.jobs.store import JobStore
+from triage.jobs.store.intake import Accepted
 from triage.jobs.vocabulary.models import NewJob
 
 KEY = "helpdesk/3:R-1/" + "a" * 64 + "/v1"
@@ -21,6 +23,7 @@ def _job(key: str = KEY) -> NewJob:
     return NewJob(key, "helpdesk", "R-1", "a" * 64, "file:///p/aa/" + "a" * 64, "v1")
 
 
+@pytest.mark.own_database  # two connections, one waits on the other's row
 def test_a_key_committed_by_a_concurrent_request_after_the_snapshot_answers_with_its_job(store: JobStore) -> None:
     sql, constants = compiled(accept_jobs())
     first_id, event_id = event_ids(2)
@@ -41,7 +44,7 @@ def test_a_key_committed_by_a_concurrent_request_after_the_snapshot_answers_with
         ],
     )
     params = {**constants, **given, "actor": "intake:first", "batch_key": "intake", "step": "classify"}
-    answers: list[object] = []
+    answers: list[Accepted] = []
     with store.engine.connect() as first:
         first.exec_driver_sql(sql, {**params, "max_attempts": 3})  # inserted, not committed yet
         second = threading.Thread(
@@ -55,9 +58,9 @@ def test_a_key_committed_by_a_concurrent_request_after_the_snapshot_answers_with
         first.commit()
         second.join(30)
     [answer] = answers
-    assert answer.job_id.hex == first_id  # type: ignore[attr-defined]
-    assert answer.new is False  # type: ignore[attr-defined]
-    assert answer.status == "queued"  # type: ignore[attr-defined]
+    assert answer.job_id.hex == first_id
+    assert answer.new is False
+    assert answer.status == "queued"
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM triage.jobs")).scalar() == 1
         assert conn.execute(sa.text("SELECT count(*) FROM triage.outbox")).scalar() == 1

@@ -5,6 +5,8 @@ the server trusts its socket."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import sqlalchemy as sa
 
@@ -25,7 +27,7 @@ def test_an_operators_engine_reaches_the_job_database(db_url: DatabaseUrl, monke
                 sa.text("SELECT current_database(), current_user, inet_server_addr() IS NULL AS over_a_socket")
             ).one()
             jobs = conn.execute(sa.text("SELECT count(*) FROM triage.jobs")).scalar_one()
-            prepare_threshold = conn.connection.driver_connection.prepare_threshold  # type: ignore[union-attr]
+            prepare_threshold = conn.connection.driver_connection.prepare_threshold  # type: ignore[union-attr]  # an open connection has its DBAPI one
         assert tuple(where) == (db_url.database, login.user, db_url.is_socket)
         assert jobs == 0, "the migrated ledger of this test's database"
         assert prepare_threshold is None, "the ledger's engine options reach psycopg"
@@ -52,8 +54,8 @@ def test_an_operators_engine_reaches_the_job_database(db_url: DatabaseUrl, monke
 def test_review_and_retention_log_in_through_their_own_connections(
     db_url: DatabaseUrl,
     monkeypatch: pytest.MonkeyPatch,
-    make,
-    login_of,  # type: ignore[no-untyped-def]
+    make: Callable[[], TriageOperator],
+    login_of: Callable[[DatabaseUrl], DatabaseUrl],
 ) -> None:
     """``triage_db_review`` and ``triage_db_maintenance``: the roles the database lets decide and
     remove; ``triage_db`` (the pipeline's) is not even looked up."""

@@ -273,6 +273,7 @@ def test_the_review_operator_sends_through_the_label_action_connection_and_retri
     assert sorted(provider.effects) == sorted(review_key(store, i) for i in ids)
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_published_review_events_carry_the_label_and_the_reviewer(store: JobStore, tmp_path: Path) -> None:
     labelled, rejected = to_review(store, "T-25"), to_review(store, "T-26")
     store.review.resolve_with_label(labelled, "shipping", actor="alice", taxonomy_names=TAXONOMY)

@@ -152,6 +152,7 @@ def test_a_provider_down_longer_than_every_try_spends_no_attempt_and_heals(
     assert into_review(store) == 0
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_one_document_whose_action_is_refused_is_not_an_outage(store: JobStore) -> None:
     """A provider that answers (here: 503 to the first request only, then fine) is not down; a
     single failed action is the job's, retried within its attempts."""

@@ -63,6 +63,7 @@ def reconciled(store: JobStore, api: AirflowApi | None) -> dict[str, Any]:
     return reconcile(store, params, publish=lambda events: None, api=api).summary
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_the_cross_check_settles_what_the_killed_last_try_held(store: JobStore) -> None:
     kill = killed_on_last_try(store)
     assert len(kill.job_ids) == 6
@@ -102,6 +103,7 @@ def test_a_failure_callback_that_ran_is_told_apart_from_the_cross_check(store: J
         pytest.param(4, "success", "last_try_run_failed", id="the-run-did-not-fail"),
     ],
 )
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_kill_that_was_not_on_the_last_try_or_a_run_that_went_on_is_caught(
     store: JobStore, try_number: int, run_state: str, broken: str
 ) -> None:

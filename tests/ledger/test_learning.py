@@ -203,6 +203,7 @@ def test_a_reviewer_s_label_becomes_an_example_and_nothing_else_does(store: JobS
         assert tuple(example) == tuple(job.one())  # the job's own document: no copy
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_model_s_auto_accepted_labels_never_become_examples(store: JobStore, payloads: PayloadStore) -> None:
     classifier = build_classifier("keyword", taxonomy=TAXONOMY)
     retrieve(
@@ -355,6 +356,7 @@ def test_labels_over_http_need_a_reviewer(
     editor = as_user(airflow_auth, "editor", "user")
     form = client.post("/triage/api/labels", content=b"examples=1", headers={**editor, "Content-Type": "text/plain"})
     assert form.status_code == 415
+    bad: object
     for bad in ([], {"examples": []}, {"examples": [], "more": 1}):
         assert client.post("/triage/api/labels", json=bad, headers=editor).status_code == 422
     huge = b'{"examples": ["' + b"x" * (33 << 20) + b'"]}'
@@ -577,6 +579,7 @@ def trained(store: JobStore, payloads: PayloadStore) -> Any:
     return train(store, payloads, min_examples=5)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_run_with_the_learned_classifier_end_to_end(store: JobStore, payloads: PayloadStore, trained: Any) -> None:
     champion = load_champion(store.engine)
     classifier = build_classifier("learned", taxonomy=TAXONOMY, learned=champion)
@@ -694,7 +697,7 @@ def test_a_run_s_default_classifier_is_the_champion_when_there_is_one_else_keywo
     operator = Seamed(task_id="classify")
 
     def chosen(params: dict[str, Any]) -> tuple[str, str]:
-        config = operator.run_config({"params": params})  # type: ignore[typeddict-item]
+        config = operator.run_config({"params": params})
         return config.classifier, build_run_classifier(config, "triage_llm", store.engine).version
 
     keyword_version = build_classifier("keyword", taxonomy=TAXONOMY).version

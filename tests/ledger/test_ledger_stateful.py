@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
@@ -20,7 +21,7 @@ from hypothesis.stateful import (
 from tests.ledger.helpers import new_jobs
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.errors import LeaseLost, LedgerError, NotInReview, ReplayLimitReached
-from triage.jobs.vocabulary.models import Claim, Complete, LabelWrite, RetryLater, SendToReview
+from triage.jobs.vocabulary.models import Claim, ClaimedJob, Complete, LabelWrite, Outcome, RetryLater, SendToReview
 
 ACTORS = ("alice", "bob", "carol")
 JOBS = 6
@@ -45,7 +46,9 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
                     conn.execute(
                         sa.text("SELECT id, status::text FROM triage.jobs WHERE id = ANY(:ids)"),
                         {"ids": [j.id for j in claim.jobs]},
-                    ).all()
+                    )
+                    .tuples()
+                    .all()
                 )
 
         @rule(actor=st.sampled_from(ACTORS), limit=st.integers(1, 3))
@@ -64,11 +67,12 @@ def test_no_sequence_of_moves_breaks_an_invariant(store: JobStore) -> None:
                 if kind == "heartbeat":
                     store.heartbeat(claim, lease_seconds=60)
                     return
-                outcomes = {
+                by_kind: dict[str, Callable[[ClaimedJob], Outcome]] = {
                     "complete": lambda j: Complete(j.id, j.attempt, LabelWrite("billing", 0.9, "v")),
                     "retry": lambda j: RetryLater(j.id, j.attempt, "timeout", delay_seconds=0),
                     "review": lambda j: SendToReview(j.id, j.attempt, "inconclusive"),
-                }[kind]
+                }
+                outcomes = by_kind[kind]
                 store.record(claim, [outcomes(j) for j in claim.jobs])
             except LeaseLost:
                 assert not self.fresh[actor], "a fresh lease was refused"

@@ -34,6 +34,7 @@ def publish(store: JobStore, events: Path) -> tuple[Any, dict[str, Any]]:
     return task, task.execute(context())
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_intact_lineage_names_what_publish_events_read_and_wrote(store: JobStore, tmp_path: Path) -> None:
     """The control: the same try with lineage intact reports the outbox, the event log and the
     labels asset, with its count."""
@@ -47,6 +48,7 @@ def test_intact_lineage_names_what_publish_events_read_and_wrote(store: JobStore
     assert facets.run_facets[lineage.FACET].counts == {"published": DOCUMENTS}
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_broken_lineage_never_fails_publish_events(
     store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

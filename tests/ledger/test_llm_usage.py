@@ -59,6 +59,7 @@ def user_text(body: dict[str, Any]) -> str:
         pytest.param("a lot", "usage", id="usage-not-an-object"),
     ],
 )
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_one_out_of_range_usage_figure_never_fails_the_batch(
     store: JobStore, tmp_path: Path, usage: Any, discarded: str
 ) -> None:
@@ -148,6 +149,7 @@ def test_the_store_bounds_usage_whoever_made_the_record(
 
 
 @pytest.mark.parametrize("price", [pytest.param("0.5", id="a-string"), pytest.param(-1.0, id="negative")])
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_price_that_is_not_a_number_spoils_only_the_cost(store: JobStore, tmp_path: Path, price: Any) -> None:
     """The prices come from the connection's extra, as written there."""
     payloads = PayloadStore(tmp_path / "payloads")

@@ -72,6 +72,7 @@ def classification_of(store: JobStore, job_id: uuid.UUID) -> sa.Row:
 
 
 @pytest.mark.parametrize("mode", ["json_schema", "json_object"])
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_each_classification_records_its_output_mode(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, mode: str
 ) -> None:
@@ -83,6 +84,7 @@ def test_each_classification_records_its_output_mode(
     assert server.requests[0]["response_format"]["type"] == mode
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_provider_refusing_json_schema_stops_the_step_and_spends_nothing(
     store: JobStore, payloads: PayloadStore
 ) -> None:
@@ -99,6 +101,7 @@ def test_a_provider_refusing_json_schema_stops_the_step_and_spends_nothing(
     assert rows(store, "SELECT * FROM triage.classifications") == []
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_auto_completes_on_a_provider_refusing_json_schema_and_records_json_object(
     store: JobStore, payloads: PayloadStore
 ) -> None:
@@ -115,6 +118,7 @@ def test_auto_completes_on_a_provider_refusing_json_schema_and_records_json_obje
 # -- the content cache ---------------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_repeated_content_is_answered_once_and_each_job_completes_on_its_own(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -147,6 +151,7 @@ def test_repeated_content_is_answered_once_and_each_job_completes_on_its_own(
     assert {e.job_id for e in events} == set(ids.values())
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_later_run_answers_repeated_content_from_the_ledger_without_a_call(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -163,6 +168,7 @@ def test_a_later_run_answers_repeated_content_from_the_ledger_without_a_call(
     assert (row.reused_job_id, row.reused_attempt, row.label) == (first["A"], 1, "billing")
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_an_answer_is_not_reused_across_classifier_versions(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -177,6 +183,7 @@ def test_an_answer_is_not_reused_across_classifier_versions(
     assert classification_of(store, ids["B"]).reused_job_id is None
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_an_answer_below_this_runs_threshold_sends_its_repeat_to_review_without_a_call(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -200,6 +207,7 @@ def test_an_answer_below_this_runs_threshold_sends_its_repeat_to_review_without_
     assert str(first["A"]) in review.last_error
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_doubtful_answer_is_reused_within_a_claim_and_an_accepted_one_wins_over_it(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -223,6 +231,7 @@ def test_a_doubtful_answer_is_reused_within_a_claim_and_an_accepted_one_wins_ove
     assert (row.outcome, row.reused_job_id, row.reused_attempt) == ("accepted", ids["A"], 2)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_repeat_of_a_rejected_answer_is_asked_itself(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -237,6 +246,7 @@ def test_a_repeat_of_a_rejected_answer_is_asked_itself(
     assert set(outcomes) == set(ids.values())
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_the_cache_never_answers_for_content_a_reviewer_labelled(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -261,6 +271,7 @@ def test_the_cache_never_answers_for_content_a_reviewer_labelled(
     assert labels == {"A": "refund_request", "B": "billing", "C": "billing"}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_job_a_reviewer_requeued_is_asked_again_not_answered_from_the_cache(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -32,7 +33,7 @@ BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 TAXONOMY = Taxonomy.load()
 
 
-def classifier(base_url: str, budget: ModelBudget | None, **kw: object) -> OpenAICompatibleClassifier:
+def classifier(base_url: str, budget: ModelBudget | None, **kw: Any) -> OpenAICompatibleClassifier:
     return OpenAICompatibleClassifier(
         base_url=base_url, api_key="k", model="fake", taxonomy=TAXONOMY, budget=budget, **kw
     )
@@ -135,6 +136,7 @@ def test_concurrent_takers_never_share_a_slot(engine: sa.Engine) -> None:
 # -- against the fake server ---------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_429_is_sent_again_and_blocks_the_budget_no_attempt_is_spent(engine: sa.Engine, tmp_path: Path) -> None:
     store, payloads = JobStore(engine), PayloadStore(tmp_path / "payloads")
     with FakeOpenAIServer(responder=fixed_label("billing"), requests_per_second=20.0, burst_seconds=0.25) as server:
@@ -158,6 +160,7 @@ def test_a_429_is_sent_again_and_blocks_the_budget_no_attempt_is_spent(engine: s
     assert counted == rate_limited
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_call_that_would_wait_too_long_parks_its_job_not_review(engine: sa.Engine, tmp_path: Path) -> None:
     store, payloads = JobStore(engine), PayloadStore(tmp_path / "payloads")
     with FakeOpenAIServer(responder=fixed_label("billing")) as server:
@@ -180,7 +183,7 @@ def test_a_call_that_would_wait_too_long_parks_its_job_not_review(engine: sa.Eng
 
 def _worker(
     url: DatabaseUrl, base_url: str, payload_base: str, name: str, rpm: float, out: multiprocessing.Queue
-) -> None:  # type: ignore[type-arg]
+) -> None:
     """One Celery worker's classify task: its own process, engine, classifier and budget object."""
     engine = create_engine(url, pool_size=2)
     payloads = PayloadStore(Path(payload_base))

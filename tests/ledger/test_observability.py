@@ -14,7 +14,7 @@ from triage.classifiers import Taxonomy, build_classifier
 from triage.contracts.drill import DrillSettings
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.states import JobStatus
-from triage.observability import NULL_METRICS, RecordingMetrics
+from triage.observability import NULL_METRICS, Metrics, RecordingMetrics
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.retrieve import retrieve
@@ -26,7 +26,7 @@ BATCH = "observed"
 DRILL = DrillSettings(transient_error_rate=0.15, permanent_error_rate=0.05, inconclusive_rate=0.1, seed=9)
 
 
-def classify(store: JobStore, tmp_path: Path, metrics: object, n: int = 300, max_attempts: int = 2) -> StepReport:
+def classify(store: JobStore, tmp_path: Path, metrics: Metrics, n: int = 300, max_attempts: int = 2) -> StepReport:
     payloads = PayloadStore(tmp_path / "payloads")
     classifier = build_classifier("keyword", taxonomy=Taxonomy.load(), drill=DRILL)
     retrieve(
@@ -42,9 +42,9 @@ def classify(store: JobStore, tmp_path: Path, metrics: object, n: int = 300, max
     handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.7))
     settings = RunSettings(owner="observed", batch_size=64, retry_soon_seconds=5.0)
     try:
-        return run_step(store, handler, batch_key=BATCH, settings=settings, metrics=metrics)  # type: ignore[arg-type]
+        return run_step(store, handler, batch_key=BATCH, settings=settings, metrics=metrics)
     except WorkRemains as exc:
-        return exc.report  # type: ignore[attr-defined]
+        return exc.report  # type: ignore[attr-defined]  # run_step sets it on the error it raises
     finally:
         handler.close()
 
@@ -58,6 +58,7 @@ def family(counters: dict[str, float], prefix: str) -> dict[str, float]:
     return {name[len(prefix) :]: n for name, n in counters.items() if name.startswith(prefix)}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_counters_timings_and_gauges_agree_with_the_ledger(store: JobStore, tmp_path: Path) -> None:
     metrics = RecordingMetrics()
     report = classify(store, tmp_path, metrics)
@@ -75,7 +76,7 @@ def test_counters_timings_and_gauges_agree_with_the_ledger(store: JobStore, tmp_
     outcomes = family(counters, "triage.classify.outcome.")
     with store.engine.connect() as conn:
         recorded: dict[str, int] = dict(
-            conn.execute(sa.text("SELECT outcome, count(*) FROM triage.classifications GROUP BY 1")).all()
+            conn.execute(sa.text("SELECT outcome, count(*) FROM triage.classifications GROUP BY 1")).tuples().all()
         )
     assert outcomes == recorded
     assert len(metrics.timings("triage.classify.latency_ms")) == sum(recorded.values())
@@ -102,6 +103,7 @@ def test_counters_timings_and_gauges_agree_with_the_ledger(store: JobStore, tmp_
     assert {s.tags["batch_key"] for s in metrics.samples if s.kind == "gauge"} == {BATCH}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_disabled_sink_is_not_even_asked(store: JobStore, tmp_path: Path) -> None:
     metrics = RecordingMetrics(enabled=False)
     classify(store, tmp_path, metrics, n=40)
@@ -109,6 +111,7 @@ def test_a_disabled_sink_is_not_even_asked(store: JobStore, tmp_path: Path) -> N
     classify(store, tmp_path, NULL_METRICS, n=40)  # the default: nothing to assert but no error
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_every_per_job_line_names_its_correlation_id(
     store: JobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -116,17 +119,18 @@ def test_every_per_job_line_names_its_correlation_id(
     classify(store, tmp_path, NULL_METRICS)
     with store.engine.connect() as conn:
         correlation: dict[str, str] = dict(
-            conn.execute(sa.text("SELECT id::text, correlation_id FROM triage.jobs")).all()
+            conn.execute(sa.text("SELECT id::text, correlation_id FROM triage.jobs")).tuples().all()
         )
     # The job's fields are the record's attributes (and structlog context: test_job_log_fields),
     # never the message's text.
     per_job = [r for r in caplog.records if hasattr(r, "job_id")]
     assert len(per_job) >= scalar(store, "SELECT count(*) FROM triage.manual_review")  # every review was logged
     for record in per_job:
-        assert correlation[record.job_id] == record.correlation_id, record.getMessage()
-        assert 1 <= record.attempt <= record.max_attempts
+        fields = vars(record)  # the job's fields, set by the log call's ``extra``
+        assert correlation[record.job_id] == fields["correlation_id"], record.getMessage()
+        assert 1 <= fields["attempt"] <= fields["max_attempts"]
         assert record.job_id not in record.getMessage()
-        assert record.correlation_id not in record.getMessage()
+        assert fields["correlation_id"] not in record.getMessage()
     kinds = {r.getMessage().split()[1] for r in per_job}
     assert kinds == {"retry", "manual_review"}
     # batch lines name the batch; no line names a document's external id

@@ -126,7 +126,7 @@ def test_an_outcome_that_needs_a_lease_rolls_its_chunk_back_and_the_leased_path_
 ) -> None:
     classifier = FailsOn("T-003")
     register_documents(store, payloads, documents(10), classifier.version, batch_key=BATCH)
-    handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.0))  # type: ignore[arg-type]
+    handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.0))
     settings = RunSettings(owner="w/try1", batch_size=4, retry_soon_seconds=0.0)
     try:
         with pytest.raises(WorkRemains) as stopped:

@@ -158,6 +158,7 @@ def test_an_outage_longer_than_every_try_spends_no_attempt_and_heals(
     assert into_review == 0
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_retry_after_is_bounded(
     store: JobStore, payloads: PayloadStore, model: tuple[FakeOpenAIServer, Switch]
 ) -> None:
@@ -175,6 +176,7 @@ def test_retry_after_is_bounded(
     assert timedelta(seconds=MAX_RETRY_AFTER_SECONDS - 60) < lo <= hi <= timedelta(seconds=MAX_RETRY_AFTER_SECONDS)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_per_job_429_waits_its_retry_after(
     store: JobStore, payloads: PayloadStore, model: tuple[FakeOpenAIServer, Switch]
 ) -> None:
@@ -256,6 +258,7 @@ def test_a_small_batch_in_a_total_outage_is_parked_not_spent(
     assert reviews(store) == 0
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_one_document_whose_calls_fail_is_not_an_outage(
     store: JobStore, payloads: PayloadStore, model: tuple[FakeOpenAIServer, Switch]
 ) -> None:

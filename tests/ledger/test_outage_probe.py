@@ -39,6 +39,7 @@ def parked_until(store: JobStore) -> dict[str, datetime]:
     }
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_the_next_run_after_an_outage_probes_and_completes_the_parked_work_at_once(
     store: JobStore, payloads: PayloadStore
 ) -> None:
@@ -84,6 +85,7 @@ def test_the_next_run_after_an_outage_probes_and_completes_the_parked_work_at_on
     assert done.early == 29  # the probe itself, then the other 29 queued at once
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_at_most_one_prober_at_a_time(store: JobStore, payloads: PayloadStore) -> None:
     with FakeOpenAIServer(responder=Switch(PARK)) as fake:
         version = llm(fake).version
@@ -131,6 +133,7 @@ class FirstThen:
         return reply if reply is not None else Reply.ok("billing", 0.95)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_probe_job_the_model_refuses_goes_to_review_and_the_rest_resume(
     store: JobStore, payloads: PayloadStore
 ) -> None:
@@ -157,6 +160,7 @@ def test_a_probe_job_the_model_refuses_goes_to_review_and_the_rest_resume(
     assert tuple(probed) == ("permanent_error", "bad_request", "permanent_error")
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_failed_probes_give_back_only_the_attempt_they_took(store: JobStore, payloads: PayloadStore) -> None:
     """Probed try after try through a long outage, with one attempt each (``max_attempts=1``):
     each probe claims a parked job (attempt + 1) and gives that attempt back when the model fails
@@ -189,6 +193,7 @@ def test_failed_probes_give_back_only_the_attempt_they_took(store: JobStore, pay
     assert reviews(store) == 0
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_only_outages_of_a_probed_dependency_are_probed_or_resumed(store: JobStore, payloads: PayloadStore) -> None:
     """Beside a provider batch's jobs (``outage:batch``) and jobs waiting for the shared budget
     (``outage:rate_limit``), the probe takes the model's parked job, and the model's answer queues
@@ -221,6 +226,7 @@ def test_only_outages_of_a_probed_dependency_are_probed_or_resumed(store: JobSto
     }
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_job_its_dead_prober_held_is_parked_with_the_rest_not_charged_each_try(
     store: JobStore, payloads: PayloadStore
 ) -> None:

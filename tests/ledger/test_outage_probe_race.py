@@ -25,6 +25,9 @@ from triage.jobs.store.ledger import DEFAULT_ACTOR
 from triage.payloads import PayloadStore
 from triage.pipeline.steps import CircuitOpen
 
+# Two workers race in threads, each on connections of its own.
+pytestmark = pytest.mark.own_database
+
 BLOCKED_BY_LOCK = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :pid"
 
 

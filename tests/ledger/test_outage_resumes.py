@@ -138,6 +138,7 @@ def test_a_parked_batch_is_left_alone_unless_certain(
         assert runs.asked == []  # Airflow is not asked about a batch that is not due
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_live_lease_or_another_active_run_of_the_batch_holds_it(store: JobStore) -> None:
     park(store, BATCH, 3, by=owner(RUN))
     # A second run of the date claimed a job it registered: its lease is live.
@@ -191,6 +192,7 @@ def test_the_run_that_parked_the_batch_last_is_the_one_resumed(store: JobStore) 
     ]
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_real_outage_is_planned_once_due_and_the_cleared_run_finishes_the_day(
     store: JobStore, tmp_path: Path
 ) -> None:

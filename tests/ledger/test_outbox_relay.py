@@ -58,6 +58,7 @@ def file_ids(path: Path) -> list[str]:
 # -- item 8: two relays, one JSON-lines file -------------------------------------------------
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_two_relays_at_once_append_every_event_once(store: JobStore, tmp_path: Path) -> None:
     """Two relays (threads, each its own sink, as two processes would be) publish 24,000
     events into one file at once, in small batches so that their appends interleave. Before
@@ -98,6 +99,7 @@ def test_two_relays_at_once_append_every_event_once(store: JobStore, tmp_path: P
     assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_relay_never_cuts_a_line_another_relay_is_appending(store: JobStore, tmp_path: Path) -> None:
     """Deterministic: another relay is mid-append (under the sink's lock, half its line
     written) when this relay publishes. This relay waits for the lock; before the lock, its
@@ -263,6 +265,7 @@ def test_a_relay_holds_no_transaction_while_the_webhook_is_called(
     )
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_relay_that_died_mid_send_leaves_its_events_to_the_next_once_its_claim_runs_out(
     store: JobStore, tmp_path: Path
 ) -> None:
@@ -311,6 +314,7 @@ def test_events_left_unsent_across_the_watermark_migration_are_relayed_after_it(
         engine.dispose()
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_file_that_does_not_end_in_an_event_line_is_refused_not_cut(store: JobStore, tmp_path: Path) -> None:
     """Pointed at a file that is not an event log (no newline in its last MiB), the sink
     refuses (an OSError: the relay gives its claim back, reconciliation reports the sink down)

@@ -38,7 +38,7 @@ class DyingStore(JobStore):
 
     die = False
 
-    def transaction(self, actor: str | None = "triage") -> AbstractContextManager[sa.Connection]:  # type: ignore[override]
+    def transaction(self, actor: str | None = "triage") -> AbstractContextManager[sa.Connection]:  # type: ignore[override]  # the seam returns the store's own
         if self.die:
             raise Killed
         return super().transaction(actor)
@@ -67,6 +67,7 @@ def watermark_is_last_event(store: JobStore) -> bool:
     )
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_relay_that_dies_after_sending_and_before_advancing_sends_again(store: JobStore) -> None:
     store.register(new_jobs(25), batch_key=BATCH, step="classify", max_attempts=3)
     dying = DyingStore(store.engine)
@@ -90,6 +91,7 @@ def test_a_relay_that_dies_after_sending_and_before_advancing_sends_again(store:
     assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_sent_range_behind_one_still_being_sent_does_not_move_the_watermark(store: JobStore) -> None:
     """Two relays, A and B, claim one range each (A first); B finishes first. The watermark must
     stay before A's range (advancing it to B's end would skip A's events if A then dies), and
@@ -120,10 +122,11 @@ def test_a_sent_range_behind_one_still_being_sent_does_not_move_the_watermark(st
     assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0
     rest: list[str] = []
     assert store.relay_all(lambda events: rest.extend(str(e.event_id) for e in events)) == 4
-    assert sorted([str(r.event_id) for r in a_events + b_events] + rest) == sorted(all_ids(store))
+    assert sorted([str(r.event_id) for r in [*a_events, *b_events]] + rest) == sorted(all_ids(store))
     assert watermark_is_last_event(store)
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_failed_range_between_two_claims_is_taken_over_not_lost(store: JobStore) -> None:
     """A's sink fails and A gives its range back while B holds the range after it: the range is
     kept (run out) and the next relay sends it, then the watermark passes both."""
@@ -213,6 +216,7 @@ def test_a_relay_waits_for_a_running_transaction_that_holds_committed_events_bac
     assert scalar(store, UNSENT) == 0
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_write_transaction_in_another_database_holds_nothing_back(store: JobStore, pg_server: DatabaseUrl) -> None:
     """Airflow's metadata database may share the server: its open write transaction cannot
     write the outbox, so the relay does not wait for it (``triage.outbox_horizon()``)."""
@@ -226,6 +230,7 @@ def test_a_write_transaction_in_another_database_holds_nothing_back(store: JobSt
         elsewhere.rollback()
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_the_unsent_counts_follow_the_watermark(store: JobStore) -> None:
     """The reconciliation's outbox lag and the batch summary count the events after the watermark."""
     from triage.jobs.sql.reads import checks

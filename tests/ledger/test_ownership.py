@@ -102,6 +102,7 @@ def steal_the_leases(store: JobStore, thief: str) -> None:
 # -- a lost lease: no external action -----------------------------------------------------------
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_worker_that_lost_its_lease_sends_no_more_label_actions(store: JobStore, tmp_path: Path) -> None:
     payloads = PayloadStore(tmp_path / "payloads")
     register(store, payloads, 5)
@@ -134,6 +135,7 @@ def test_a_worker_that_lost_its_lease_sends_no_more_label_actions(store: JobStor
         assert len(provider.effects) == 5
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_classify_worker_that_lost_its_lease_calls_the_model_no_more(store: JobStore, tmp_path: Path) -> None:
     """The heartbeat hears the lease is lost; the next document's model call is not made."""
     payloads = PayloadStore(tmp_path / "payloads")
@@ -152,7 +154,7 @@ def test_a_classify_worker_that_lost_its_lease_calls_the_model_no_more(store: Jo
 
     model = KeywordModel(lost_at_the_second)
     calls = model.calls
-    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))  # type: ignore[arg-type]
+    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))
     with pytest.raises(Exception) as stopped:  # noqa: PT011 - the side effect is asserted first
         run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w1", lease_seconds=3))
     assert len(calls) == 2, "no model call after the lease was lost"
@@ -273,6 +275,7 @@ def test_sigterm_drains_a_classify_worker(
     assert burned[0][0] == 0, "a drain spends no job's attempt"
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_an_execution_timeout_mid_batch_settles_the_claim(store: JobStore, tmp_path: Path) -> None:
     """Airflow's ``execution_timeout`` raises ``AirflowTaskTimeout`` (a BaseException) inside the
     model call: the documents already classified are recorded, the rest of the claim is given
@@ -290,7 +293,7 @@ def test_an_execution_timeout_mid_batch_settles_the_claim(store: JobStore, tmp_p
 
     model = KeywordModel(times_out_at_the_third)
     calls = model.calls
-    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))  # type: ignore[arg-type]
+    handler = ClassifyHandler(model, payloads, ClassifySettings(0.0, 1))
     with pytest.raises(AirflowTaskTimeout):
         run_step(
             store,

@@ -129,9 +129,9 @@ def review_of(store: JobStore, job_id: uuid.UUID) -> list[sa.Row]:
     return rows(store, "SELECT * FROM triage.manual_review WHERE job_id = :id", id=job_id)
 
 
-def settings(**kw: object) -> RunSettings:
-    base: dict[str, object] = {"owner": "test-worker", "batch_size": 50, "lease_seconds": 60, "retry_soon_seconds": 5}
-    return RunSettings(**{**base, **kw})  # type: ignore[arg-type]
+def settings(**kw: Any) -> RunSettings:
+    base: dict[str, Any] = {"owner": "test-worker", "batch_size": 50, "lease_seconds": 60, "retry_soon_seconds": 5}
+    return RunSettings(**{**base, **kw})
 
 
 def classify(
@@ -157,6 +157,7 @@ def payloads(tmp_path: Path) -> PayloadStore:
 # -- the model's outcomes ---------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_accepted_completes_with_label_classification_and_event_in_one_transaction(
     store: JobStore, payloads: PayloadStore
 ) -> None:
@@ -185,6 +186,7 @@ def test_accepted_completes_with_label_classification_and_event_in_one_transacti
     assert claimed[0].at != j.updated_at  # the claim was its own, earlier transaction
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_inconclusive_goes_to_review(store: JobStore, payloads: PayloadStore) -> None:
     ids = register(
         store,
@@ -228,6 +230,7 @@ def test_inconclusive_goes_to_review(store: JobStore, payloads: PayloadStore) ->
         ),
     ],
 )
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_model_outputs_are_routed(
     store: JobStore,
     payloads: PayloadStore,
@@ -254,6 +257,7 @@ def test_model_outputs_are_routed(
 # -- failures of the call -------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_permanent_error_goes_to_review_at_once(fast_store: JobStore, payloads: PayloadStore) -> None:
     def refuse(_r: ClassifyRequest) -> ModelOutput:
         raise PermanentClassifierError("bad_request", "HTTP 400")
@@ -275,6 +279,7 @@ def test_permanent_error_goes_to_review_at_once(fast_store: JobStore, payloads: 
     assert len([c for c in classifier.calls if c.external_id == "T-1"]) == 1
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_transient_retries_then_exhausts_into_review(fast_store: JobStore, payloads: PayloadStore) -> None:
     ids = register(fast_store, payloads, {"T-1": document("T-1"), "T-2": document("T-2")}, max_attempts=3)
     classifier = ScriptedClassifier(by_external_id({"T-1": transient}))
@@ -311,13 +316,14 @@ def test_transient_retries_then_exhausts_into_review(fast_store: JobStore, paylo
     assert job(fast_store, ids["T-2"]).status == "completed"
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_work_remains_when_retries_are_not_due_soon(store: JobStore, payloads: PayloadStore) -> None:
     # The default policy waits 1-2 s after a first failure: longer than this run is willing to wait.
     ids = register(store, payloads, {"T-1": document("T-1"), "T-2": document("T-2")})
     classifier = ScriptedClassifier(by_external_id({"T-1": transient}))
     with pytest.raises(WorkRemains) as raised:
         classify(store, classifier, payloads, run=settings(retry_soon_seconds=0.2))
-    assert raised.value.report.stopped == "WorkRemains"  # type: ignore[attr-defined]
+    assert raised.value.report.stopped == "WorkRemains"  # type: ignore[attr-defined]  # set by run_step
     j = job(store, ids["T-1"])
     assert (j.status, j.attempt, j.last_error_class) == ("retryable_failed", 1, "server_error")
     assert j.next_attempt_at is not None
@@ -332,6 +338,7 @@ def test_work_remains_when_retries_are_not_due_soon(store: JobStore, payloads: P
     assert (job(store, ids["T-1"]).status, job(store, ids["T-1"]).attempt) == ("completed", 2)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_jobs_retryable_soon_are_retried_in_the_same_run(fast_store: JobStore, payloads: PayloadStore) -> None:
     docs = {f"T-{i}": document(f"T-{i}") for i in range(6)}
     ids = register(fast_store, payloads, docs)
@@ -359,6 +366,7 @@ def test_jobs_retryable_soon_are_retried_in_the_same_run(fast_store: JobStore, p
 # -- failures of the payload --------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_payload_gone_from_a_healthy_store_goes_to_review(store: JobStore, payloads: PayloadStore) -> None:
     """The base and the pack's folder are there, the pack is not: the payload is gone for
     good, and a person decides (a review row with the reason), not a silent terminal state."""
@@ -397,6 +405,7 @@ def _empty_mount_point(base: Path) -> None:
 @pytest.mark.parametrize(
     "unmount", [pytest.param(_unmount, id="base-absent"), pytest.param(_empty_mount_point, id="base-empty")]
 )
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_missing_payload_mount_parks_the_batch_and_stops_the_step(
     store: JobStore, payloads: PayloadStore, tmp_path: Path, unmount: Callable[[Path], None]
 ) -> None:
@@ -423,6 +432,7 @@ def test_a_missing_payload_mount_parks_the_batch_and_stops_the_step(
     assert {job(store, i).status for i in ids.values()} == {"completed"}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_an_absent_pack_folder_is_retried_not_failed(store: JobStore, payloads: PayloadStore) -> None:
     """The base is there but the pack's folder is not (a half-mounted or half-restored store):
     transient, like an unreadable pack, bounded by the job's attempts."""
@@ -441,6 +451,7 @@ def test_an_absent_pack_folder_is_retried_not_failed(store: JobStore, payloads: 
     assert classifier.calls == []
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_payload_ref_outside_the_store_is_refused_and_never_read(
     store: JobStore, payloads: PayloadStore, tmp_path: Path
 ) -> None:
@@ -491,6 +502,7 @@ def test_a_payload_ref_outside_the_store_is_refused_and_never_read(
         assert "s3cr3t" not in (j.last_error or "")
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_corrupt_payload_goes_to_review_and_its_pack_mates_do_not(store: JobStore, payloads: PayloadStore) -> None:
     ids = register(store, payloads, {"T-1": document("T-1"), "T-2": document("T-2")})
     j = job(store, ids["T-1"])
@@ -509,6 +521,7 @@ def test_corrupt_payload_goes_to_review_and_its_pack_mates_do_not(store: JobStor
     assert [c.external_id for c in classifier.calls] == ["T-2"]
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_an_unreadable_pack_is_retried_not_failed(store: JobStore, payloads: PayloadStore) -> None:
     """An I/O error is the store's, not the document's: the jobs retry (bounded by their
     attempts) instead of failing for good; the classifier is not called."""
@@ -573,6 +586,7 @@ V2 = canonical_json_bytes(
         ),
     ],
 )
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_unreadable_payloads_are_routed(
     store: JobStore, payloads: PayloadStore, content: bytes, status: str, reason: str, error_class: str
 ) -> None:
@@ -589,6 +603,7 @@ def test_unreadable_payloads_are_routed(
 
 
 @pytest.mark.parametrize("error_class", ["unauthorized", "forbidden", "not_found"])
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_misconfigured_dependency_releases_the_job_and_stops(
     store: JobStore, payloads: PayloadStore, error_class: str
 ) -> None:
@@ -622,6 +637,7 @@ def rate_limited(_request: ClassifyRequest) -> ModelOutput:
         pytest.param(rate_limited, 20, id="429-window-rule-after-20-calls"),
     ],
 )
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_circuit_breaker_stops_before_burning_every_attempt(
     fast_store: JobStore, payloads: PayloadStore, concurrency: int, exact: bool, script: Script, calls: int
 ) -> None:
@@ -629,7 +645,7 @@ def test_circuit_breaker_stops_before_burning_every_attempt(
     classifier = ScriptedClassifier(script)
     with pytest.raises(CircuitOpen) as raised:
         classify(fast_store, classifier, payloads, run=settings(batch_size=30), concurrency=concurrency)
-    assert raised.value.report.claimed == 30  # type: ignore[attr-defined]
+    assert raised.value.report.claimed == 30  # type: ignore[attr-defined]  # set by run_step
     # The failed calls were the outage's, not the jobs': every job is parked, no attempt spent.
     states = rows(fast_store, "SELECT status, attempt, status_reason, count(*) AS n FROM triage.jobs GROUP BY 1, 2, 3")
     assert {(s.status, s.attempt, s.status_reason): s.n for s in states} == {("waiting", 0, "outage:model"): 30}
@@ -643,6 +659,7 @@ def test_circuit_breaker_stops_before_burning_every_attempt(
 # -- a separate persist step ----------------------------------------------------------------
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_separate_persist_advances_then_completes_with_the_classified_label(
     store: JobStore, payloads: PayloadStore
 ) -> None:
@@ -680,6 +697,7 @@ def test_separate_persist_advances_then_completes_with_the_classified_label(
     assert job(store, ids["T-3"]).status == "manual_review"
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_persist_never_guesses_a_label_for_a_job_without_an_accepted_classification(
     store: JobStore, payloads: PayloadStore
 ) -> None:
@@ -692,6 +710,7 @@ def test_persist_never_guesses_a_label_for_a_job_without_an_accepted_classificat
     assert scalar(store, "SELECT count(*) FROM triage.document_labels") == 0
 
 
+@pytest.mark.own_database  # a lease runs out in time
 def test_a_slow_classifier_keeps_its_lease_by_heartbeat(store: JobStore, payloads: PayloadStore) -> None:
     ids = register(store, payloads, {"T-1": document("T-1")})
 
@@ -747,6 +766,7 @@ def drill_run(store: JobStore, base: Path) -> dict[str, tuple[object, ...]]:
     return {r[0]: tuple(r[1:]) for r in result}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_drill_is_deterministic_and_every_job_settles(
     fast_store: JobStore, second_engine: sa.Engine, tmp_path: Path
 ) -> None:

@@ -75,6 +75,7 @@ def header(headers: dict[str, str], name: str) -> str | None:
     return next((v for k, v in headers.items() if k.lower() == name.lower()), None)
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_valid_answer_completes_with_latency_and_tokens(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -114,6 +115,7 @@ def test_a_valid_answer_completes_with_latency_and_tokens(
         pytest.param(Reply.status_only(408), "timeout", id="408"),
     ],
 )
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_transient_replies_are_retryable(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, reply: Reply, error_class: str
 ) -> None:
@@ -134,6 +136,7 @@ def test_transient_replies_are_retryable(
     assert rows(store, "SELECT * FROM triage.manual_review") == []
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_slow_reply_times_out_and_is_retryable(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -146,6 +149,7 @@ def test_a_slow_reply_times_out_and_is_retryable(
     assert (job.status, job.last_error_class) == ("retryable_failed", "timeout")
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_transient_failure_then_success_completes_in_one_run(
     engine: sa.Engine, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -160,6 +164,7 @@ def test_a_transient_failure_then_success_completes_in_one_run(
     assert keys == [job.idempotency_key] * 3  # a retry is the same logical operation
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_dependency_that_is_down_opens_the_circuit(store: JobStore, payloads: PayloadStore) -> None:
     with socket.socket() as probe:  # a loopback port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -185,6 +190,7 @@ def test_a_dependency_that_is_down_opens_the_circuit(store: JobStore, payloads: 
         pytest.param(Reply.raw_body(b"<html>gateway</html>"), "invalid_response", id="not-a-completion"),
     ],
 )
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_bad_answers_are_rejected_into_review(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, reply: Reply, rejected_reason: str
 ) -> None:
@@ -201,6 +207,7 @@ def test_bad_answers_are_rejected_into_review(
     assert server.request_count == 1  # a bad answer is not retried
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_low_confidence_answer_is_inconclusive(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -216,6 +223,7 @@ def test_a_low_confidence_answer_is_inconclusive(
     ("status", "error_class"),
     [pytest.param(400, "bad_request", id="400"), pytest.param(422, "client_error", id="422")],
 )
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_refused_request_goes_to_review(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, status: int, error_class: str
 ) -> None:
@@ -231,6 +239,7 @@ def test_a_refused_request_goes_to_review(
 
 
 @pytest.mark.parametrize("status", [401, 403, 404])
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_misconfigured_endpoint_releases_and_stops(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore, status: int
 ) -> None:
@@ -245,6 +254,7 @@ def test_a_misconfigured_endpoint_releases_and_stops(
     assert rows(store, "SELECT * FROM triage.manual_review") == []
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_a_wrong_base_url_is_a_misconfiguration(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -257,6 +267,7 @@ def test_a_wrong_base_url_is_a_misconfiguration(
     assert {s.status for s in rows(store, "SELECT status FROM triage.jobs")} == {"queued"}
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_concurrent_calls_complete_every_job_with_one_call_each(
     store: JobStore, server: FakeOpenAIServer, payloads: PayloadStore
 ) -> None:
@@ -293,6 +304,7 @@ class _BadEncoding(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_an_undecodable_reply_is_a_job_outcome_not_a_crash(store: JobStore, payloads: PayloadStore) -> None:
     """Every failure of the call must become an outcome of the job (ClassifyHandler.one never
     raises for the job's own failures); no job may be left ``running`` under a dead lease."""

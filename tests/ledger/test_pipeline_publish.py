@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -58,11 +58,15 @@ class Failing:
         self.calls += 1
         raise ConnectionError("sink down")
 
+    def close(self) -> None:
+        pass
+
 
 # -- JSON lines ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("batch", [pytest.param(1000, id="one-batch"), pytest.param(3, id="small-batches")])
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_jsonl_sink_writes_each_event_exactly_once(store: JobStore, tmp_path: Path, batch: int) -> None:
     register(store, 10)
     path = tmp_path / "events" / "out.jsonl"
@@ -90,6 +94,7 @@ def test_jsonl_sink_writes_each_event_exactly_once(store: JobStore, tmp_path: Pa
     assert len(ids) == len(set(ids)) == 14
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_jsonl_sink_writes_each_relayed_event_as_its_own_json(store: JobStore, tmp_path: Path) -> None:
     """The sink's bytes are the contract: one :meth:`WorkEvent.to_json` a line, in relay order,
     whatever the sink does to write a batch at once (byte-compared against the same events)."""
@@ -102,6 +107,7 @@ def test_jsonl_sink_writes_each_relayed_event_as_its_own_json(store: JobStore, t
     assert path.read_bytes() == b"".join(e.to_json() + b"\n" for e in events)
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_failing_sink_leaves_events_unsent_and_a_later_run_sends_them_once(store: JobStore, tmp_path: Path) -> None:
     register(store, 6)
     failing = Failing()
@@ -124,6 +130,7 @@ def test_a_failing_sink_leaves_events_unsent_and_a_later_run_sends_them_once(sto
 
 
 @pytest.mark.parametrize("fresh_sink", [pytest.param(False, id="same-sink"), pytest.param(True, id="restarted")])
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_jsonl_sink_skips_ids_already_written_after_a_crash_before_marking(
     store: JobStore, tmp_path: Path, fresh_sink: bool
 ) -> None:
@@ -149,6 +156,7 @@ def test_jsonl_sink_skips_ids_already_written_after_a_crash_before_marking(
     )
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_jsonl_sink_recovers_from_a_torn_last_line(store: JobStore, tmp_path: Path) -> None:
     """A crash in the middle of the write leaves a partial last line and nothing marked: the
     next run must still leave one parseable line per event."""
@@ -215,7 +223,7 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
+def receiver() -> Iterator[Callable[..., Receiver]]:
     made: list[Receiver] = []
 
     def make(fail_on: Sequence[int] = ()) -> Receiver:
@@ -224,12 +232,13 @@ def receiver() -> Iterator[Receiver]:
         made.append(r)
         return r
 
-    yield make  # type: ignore[misc]
+    yield make
     for r in made:
         r.server.shutdown()
         r.server.server_close()
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_webhook_sends_the_event_id_as_idempotency_key(store: JobStore, receiver: Any) -> None:
     hook = receiver()
     register(store, 5)
@@ -248,6 +257,7 @@ def test_webhook_sends_the_event_id_as_idempotency_key(store: JobStore, receiver
     assert sorted(hook.keys()) == sorted(outbox_ids(store))
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_webhook_failure_marks_nothing_and_the_retry_repeats_keys(store: JobStore, receiver: Any) -> None:
     hook = receiver(fail_on=[3])
     register(store, 4)

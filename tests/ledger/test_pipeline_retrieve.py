@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from triage.contracts.documents import DocumentPayload
 from triage.jobs.store import JobStore
 from triage.payloads import PayloadCorrupt, PayloadRefInvalid, PayloadStore
-from triage.pipeline.retrieve import idempotency_key, retrieve
+from triage.pipeline.retrieve import RetrieveResult, idempotency_key, retrieve
+from triage.sources.base import Source
 from triage.sources.jsonl import JsonlSource
 from triage.sources.synthetic import SyntheticSource
 
@@ -24,14 +25,16 @@ BATCH = f"{START.isoformat()}/{END.isoformat()}"
 VERSION = "keyword-v1+tax-test"
 
 
-def run(store: JobStore, source: object, payloads: PayloadStore, *, version: str = VERSION, chunk: int = 5000):  # type: ignore[no-untyped-def]
+def run(
+    store: JobStore, source: Source, payloads: PayloadStore, *, version: str = VERSION, chunk: int = 5000
+) -> RetrieveResult:
     return retrieve(
         store,
         source,
         payloads,
         start=START,
         end=END,
-        batch_key=BATCH,  # type: ignore[arg-type]
+        batch_key=BATCH,
         classifier_version=version,
         max_attempts=3,
         chunk=chunk,

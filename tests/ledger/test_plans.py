@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -34,14 +35,16 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _explain(conn: sa.Connection, statement: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
     compiled = statement.compile(dialect=conn.dialect)  # the engine's (psycopg: typed binds), on any SQLAlchemy
-    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # an open connection has its DBAPI one
     cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + str(compiled), compiled.construct_params(params))
-    document = cursor.fetchone()[0]
+    row = cursor.fetchone()
+    assert row is not None
+    document = row[0]
     plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
     return _nodes(plan)
 
 
-FENCED = {
+FENCED: dict[str, tuple[Callable[[], Any], dict[str, object]]] = {
     "complete": (T.complete, {}),
     "advance": (T.advance, {"next_step": "persist"}),
     "retry_later": (T.retry_later, {"error_class": "timeout", "error": None, "delay_seconds": 1.0}),

@@ -29,6 +29,7 @@ def server(server_homes: ServerHomes) -> Iterator[str]:
     home = server_homes.make("compose-postgres")
     url = embedded.start(home, databases=())
     try:
+        assert url.host is not None
         params = {"host": url.host, "port": str(url.port)}
         base = make_conninfo(**params)
         with connect(base, "postgres", "postgres") as conn:
@@ -325,7 +326,7 @@ def test_on_compose_each_login_does_its_own_job(server: str, migrated: str) -> N
             " classifier_version, correlation_id, batch_key, step, status, status_reason, max_attempts)"
             " VALUES ('review-me', 's', 'r', 'h', 'ref', 'v', 'c', 'b', 'classify', 'manual_review', 'x', 3)"
             " RETURNING id"
-        ).fetchone()  # type: ignore[misc]
+        ).fetchone()  # type: ignore[misc]  # RETURNING the row just written: never None
         with pytest.raises(errors.InsufficientPrivilege, match="that move is role triage_review's"):
             conn.execute("UPDATE triage.jobs SET status = 'terminal_failed' WHERE id = %s", (job_id,))
         with pytest.raises(errors.InsufficientPrivilege, match="permission denied for function"):

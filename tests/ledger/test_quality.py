@@ -9,7 +9,7 @@ import pytest
 
 from tests.ledger.helpers import new_jobs
 from triage.jobs.store import JobStore
-from triage.jobs.vocabulary.models import ClassificationRecord, Complete, LabelWrite, SendToReview
+from triage.jobs.vocabulary.models import ClaimedJob, ClassificationRecord, Complete, LabelWrite, Outcome, SendToReview
 from triage.reconciliation.params import ReconcileParams
 from triage.reconciliation.quality import figures, wilson_interval
 from triage.reconciliation.runner import reconcile
@@ -41,14 +41,14 @@ def test_no_decision_no_interval() -> None:
         wilson_interval(3, 2)
 
 
-def classify(store: JobStore, version: str, n: int, accepted: int, audited: int, prefix: str) -> list:
+def classify(store: JobStore, version: str, n: int, accepted: int, audited: int, prefix: str) -> tuple[ClaimedJob, ...]:
     """``n`` jobs of ``version``: ``accepted`` auto-accepted (the first ``audited`` of them audit
     samples), the rest inconclusive with the model proposing ``shipping``. The claimed jobs."""
     store.register(new_jobs(n, prefix=prefix, version=version), batch_key="q", step="classify", max_attempts=3)
     claim = store.claim(
         batch_key="q", step="classify", limit=n, lease_seconds=60, owner="w", classifier_version=version
     )
-    outcomes = []
+    outcomes: list[Outcome] = []
     for i, job in enumerate(claim.jobs):
         if i < accepted:
             record = ClassificationRecord("shipping", 0.95, "accepted", version)

@@ -17,7 +17,7 @@ from triage.adapters.airflow_api import AirflowApi
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import Complete, LabelWrite, RetryLater
 from triage.reconciliation.params import ReconcileParams
-from triage.reconciliation.runner import reconcile
+from triage.reconciliation.runner import RunOutcome, reconcile
 
 FINAL_TRY = 4  # classify_documents' tasks: retries=3 (triage.operators.tasks.DEFAULT_ARGS)
 KILLED_LAST, KILLED_EARLIER, LIVE = "killed-last-try", "killed-earlier-try", "live-sibling"
@@ -78,7 +78,7 @@ def test_jobs_a_killed_final_try_held_are_settled_without_the_airflow_api(store:
 
     # reconcile_jobs every 15 minutes would do this three times in half an hour; two hours apart
     # here, still far inside orphan_seconds (12 h), the backstop that settled them before.
-    outcomes = []
+    outcomes: list[RunOutcome] = []
     for _ in range(3):
         if outcomes:
             later(store, "2 hours")

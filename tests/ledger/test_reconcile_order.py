@@ -7,6 +7,8 @@ reason was handed to ``dead_last_tries``), the view took every one of them as th
 
 from __future__ import annotations
 
+import uuid
+
 import sqlalchemy as sa
 
 from tests.ledger.helpers import new_jobs
@@ -33,8 +35,10 @@ def test_the_airflow_view_judges_only_what_the_lease_rule_left(store: JobStore) 
     outcome = reconcile(store, ReconcileParams(), api=api(airflow), final_try=FINAL_TRY)
 
     with store.engine.connect() as conn:
-        reasons = dict(
-            conn.execute(sa.text("SELECT job_id, reason FROM triage.manual_review WHERE resolved_at IS NULL")).all()
+        reasons: dict[uuid.UUID, str] = dict(
+            conn.execute(sa.text("SELECT job_id, reason FROM triage.manual_review WHERE resolved_at IS NULL"))
+            .tuples()
+            .all()
         )
     assert reasons == {spent: "retries_exhausted", spare: "airflow_task_failed"}
     done = {(r["rule"], r["action"]): r["count"] for r in outcome.summary["repairs"]}

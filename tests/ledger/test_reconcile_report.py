@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import sqlalchemy as sa
@@ -49,12 +49,14 @@ SECTIONS = [
 ]
 
 
-def record(kind: str, label: str | None = None, reason: str | None = None) -> ClassificationRecord:
+def record(
+    kind: Literal["accepted", "inconclusive", "rejected"], label: str | None = None, reason: str | None = None
+) -> ClassificationRecord:
     return ClassificationRecord(
         label,
         0.9 if kind == "accepted" else None,
         kind,
-        "keyword-v1",  # type: ignore[arg-type]
+        "keyword-v1",
         rejected_reason=reason,
     )
 
@@ -107,6 +109,7 @@ def outcome(store: JobStore, tmp_path: Path) -> RunOutcome:
     return reconcile(store, ReconcileParams(grace_seconds=0), publish=lambda events: None, reports_dir=tmp_path)
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_the_json_summary_counts_everything(outcome: RunOutcome, store: JobStore) -> None:
     summary = json.loads(json.dumps(outcome.summary))  # what XCom stores
     assert summary["totals"]["jobs"] == 12
@@ -157,6 +160,7 @@ def test_the_json_summary_counts_everything(outcome: RunOutcome, store: JobStore
     assert [r["action"] for r in row.repairs] == [r["action"] for r in summary["repairs"]]
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_the_markdown_has_every_section(outcome: RunOutcome) -> None:
     text = outcome.markdown
     assert text.startswith(f"# Reconciliation run {outcome.run_id} (repairs applied)")
@@ -291,12 +295,14 @@ def test_the_reports_rare_rows_are_read_through_their_partial_indexes(
                 "EXPLAIN " + str(compiled), compiled.construct_params({"window": 3600.0})
             ).all()
         )
-        parents = dict(  # the day partitions' copies of an index on job_events, by their parent's name
+        parents: dict[str, str] = dict(  # the day partitions' copies of an index on job_events, by their parent's name
             conn.exec_driver_sql(
                 "SELECT c.relname, p.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
                 " JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = ANY(%(names)s)",
                 {"names": sorted(indexes)},
-            ).all()
+            )
+            .tuples()
+            .all()
         )
     used = {parents.get(n, n) for n in re.findall(r"(?:using|Index Scan on) (\w+)", plan)}
     assert indexes <= used, plan

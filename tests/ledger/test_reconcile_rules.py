@@ -153,6 +153,7 @@ def test_a_job_rescued_too_often_goes_to_review(store: JobStore) -> None:
 # -- stuck work ---------------------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_received_job_is_queued_with_its_registered_event(store: JobStore) -> None:
     with store.engine.begin() as conn:
         job = insert_job(conn, JobStatus.RECEIVED, batch_key=BATCH)
@@ -185,6 +186,7 @@ def test_a_received_job_within_its_threshold_is_left_alone(store: JobStore) -> N
         pytest.param(JobStatus.RUNNING, id="running-live-lease"),
     ],
 )
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_stuck_work_without_a_certain_repair_is_reported_only(store: JobStore, state: JobStatus) -> None:
     job = in_state(store, state)
     result = rules.stuck_work(store, NOW)
@@ -195,6 +197,7 @@ def test_stuck_work_without_a_certain_repair_is_reported_only(store: JobStore, s
     assert status(store, job) == state.value
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_retryable_job_with_every_attempt_spent_goes_to_review(store: JobStore) -> None:
     with store.engine.begin() as conn:
         job = insert_job(conn, JobStatus.QUEUED, batch_key=BATCH)
@@ -210,6 +213,7 @@ def test_a_retryable_job_with_every_attempt_spent_goes_to_review(store: JobStore
     )
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_the_state_repairs_are_transitions_that_log_why(store: JobStore) -> None:
     """A repair that moves a job goes through the state machine like any transition: its
     job_events row names the reconciliation and the reason."""
@@ -235,6 +239,7 @@ def age_outbox(store: JobStore, seconds: int = 3600) -> None:
     sql(store, "UPDATE triage.outbox SET created_at = now() - make_interval(secs => :s)", s=seconds)
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_old_unsent_events_are_republished_and_lag_is_reported(store: JobStore) -> None:
     register(store, 3)
     age_outbox(store)
@@ -255,6 +260,7 @@ def test_old_unsent_events_are_republished_and_lag_is_reported(store: JobStore) 
     )  # the fresh ones wait
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_sink_that_is_down_degrades_to_a_finding(store: JobStore) -> None:
     register(store, 2)
     age_outbox(store)
@@ -286,6 +292,7 @@ def test_a_dry_run_republishes_nothing(store: JobStore) -> None:
 # -- consistency --------------------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_job_in_review_without_its_review_row_gets_one(store: JobStore) -> None:
     with store.engine.begin() as conn:
         job = insert_job(conn, JobStatus.MANUAL_REVIEW, batch_key=BATCH)  # ad hoc: no review row
@@ -305,6 +312,7 @@ def open_review(store: JobStore, job: uuid.UUID) -> None:
     sql(store, "INSERT INTO triage.manual_review (job_id, reason, attempts) VALUES (:j, 'inconclusive', 1)", j=job)
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_an_open_review_of_a_terminal_job_is_superseded(store: JobStore) -> None:
     with store.engine.begin() as conn:
         job = insert_job(conn, JobStatus.MANUAL_REVIEW, batch_key=BATCH)
@@ -318,6 +326,7 @@ def test_an_open_review_of_a_terminal_job_is_superseded(store: JobStore) -> None
     assert status(store, job) == "terminal_failed"
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_an_open_review_of_a_job_back_in_the_queue_is_a_conflict(store: JobStore) -> None:
     with store.engine.begin() as conn:
         job = insert_job(conn, JobStatus.MANUAL_REVIEW, batch_key=BATCH)
@@ -330,6 +339,7 @@ def test_an_open_review_of_a_job_back_in_the_queue_is_a_conflict(store: JobStore
     assert q(store, "SELECT count(*) FROM triage.manual_review WHERE resolved_at IS NULL") == 1
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_completed_job_without_its_event_gets_one_and_its_missing_label_is_a_conflict(store: JobStore) -> None:
     job = in_state(store, JobStatus.COMPLETED)  # ad hoc: no event, no label
     result = rules.consistency(store, ReconcileParams(grace_seconds=0))
@@ -342,6 +352,7 @@ def test_a_completed_job_without_its_event_gets_one_and_its_missing_label_is_a_c
     assert [c.check for c in again.conflicts] == ["completed_without_label"]
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_label_whose_job_is_not_completed_is_a_conflict(store: JobStore) -> None:
     job = in_state(store, JobStatus.QUEUED)
     sql(
@@ -383,6 +394,7 @@ def craft_everything(store: JobStore) -> None:
         job_in(conn, JobStatus.COMPLETED)
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_dry_run_changes_nothing_but_records_itself(store: JobStore) -> None:
     craft_everything(store)
     before = ledger_snapshot(store)
@@ -399,6 +411,7 @@ def test_a_dry_run_changes_nothing_but_records_itself(store: JobStore) -> None:
     assert row.repairs == []
 
 
+@pytest.mark.own_database  # reconciliation needs commits and time (rows' age, the relay)
 def test_a_second_run_repairs_nothing(store: JobStore) -> None:
     craft_everything(store)
     sent: list[WorkEvent] = []

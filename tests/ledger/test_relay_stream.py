@@ -37,7 +37,7 @@ class CountingStore(JobStore):
         self.transactions = 0
         self.die = False
 
-    def transaction(self, actor: str | None = "triage") -> AbstractContextManager[sa.Connection]:  # type: ignore[override]
+    def transaction(self, actor: str | None = "triage") -> AbstractContextManager[sa.Connection]:  # type: ignore[override]  # the seam returns the store's own
         if self.die:
             raise Killed
         self.transactions += 1
@@ -78,6 +78,7 @@ def scalar(store: JobStore, sql: str) -> Any:
         return conn.execute(sa.text(sql)).scalar()
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_stream_sends_oldest_first_with_one_transaction_a_batch(
     counting: CountingStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,6 +122,7 @@ def test_a_stream_sends_oldest_first_with_one_transaction_a_batch(
     assert scalar(counting, "SELECT count(*) FROM triage.outbox_claims") == 0
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_relay_killed_between_send_and_mark_loses_nothing_and_writes_nothing_twice(
     counting: CountingStore, store: JobStore, tmp_path: Path
 ) -> None:
@@ -164,6 +166,7 @@ def test_a_relay_killed_between_send_and_mark_loses_nothing_and_writes_nothing_t
     assert scalar(store, "SELECT count(*) FROM triage.outbox_claims") == 0
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_sink_that_fails_mid_stream_gives_its_batch_back_at_once(counting: CountingStore, tmp_path: Path) -> None:
     register_in_chunks(counting, 3, 10)
     path = tmp_path / "events.jsonl"
@@ -191,6 +194,7 @@ def test_a_sink_that_fails_mid_stream_gives_its_batch_back_at_once(counting: Cou
     assert_oldest_first_each_once(counting, path)
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_only_the_relays_own_transactions_skip_the_commit_flush(store: JobStore) -> None:
     """The claim lock turns ``synchronous_commit`` off for its transaction alone (a lost claim or
     mark is a resend, which at-least-once allows); the connection's next transaction flushes again."""
@@ -207,6 +211,7 @@ def test_only_the_relays_own_transactions_skip_the_commit_flush(store: JobStore)
 
 
 @pytest.mark.parametrize("timezone", [pytest.param("UTC", id="utc"), pytest.param("Asia/Kolkata", id="other-zone")])
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_the_events_the_database_builds_are_the_contract_byte_for_byte(
     store: JobStore, tmp_path: Path, timezone: str
 ) -> None:
@@ -261,6 +266,7 @@ def test_the_events_the_database_builds_are_the_contract_byte_for_byte(
     assert sum(b'"payload"' in line for line in lines) == 1
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_publish_all_claims_what_the_sink_takes_at_once(store: JobStore, tmp_path: Path) -> None:
     """The file takes 5,000 events an append; a webhook, one request an event, 1,000 a claim
     (its claim's 300 s must cover them); ``batch`` overrides either."""
@@ -281,6 +287,7 @@ def test_publish_all_claims_what_the_sink_takes_at_once(store: JobStore, tmp_pat
     assert sends == [7, 7, 6]
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_claim_reads_the_unsent_events_by_the_relay_order_index_whatever_the_statistics_say(
     store: JobStore, tmp_path: Path
 ) -> None:
@@ -298,7 +305,7 @@ def test_a_claim_reads_the_unsent_events_by_the_relay_order_index_whatever_the_s
     register_in_chunks(store, 4, 1000)
     settle_outbox(store)
     with store.engine.connect() as conn, conn.begin():
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]  # an open connection has its DBAPI one
         params = {"limit": 1000, "token": uuid.uuid4(), "lease_seconds": 60.0}
         compiled = O.claim_events().compile(dialect=store.engine.dialect)
         cursor.execute("EXPLAIN " + str(compiled), {**compiled.params, **params})

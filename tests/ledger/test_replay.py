@@ -132,6 +132,7 @@ def run(store: JobStore, handler: Any) -> None:
     run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner=f"{handler.step}-worker", lease_seconds=60))
 
 
+@pytest.mark.own_database  # run_step records on a thread of its own beside its claims
 def test_requeued_twice_then_accepted_the_job_completes_with_label_action_and_history(
     store: JobStore, tmp_path: Path
 ) -> None:

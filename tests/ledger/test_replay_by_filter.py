@@ -267,6 +267,7 @@ def test_the_key_is_the_submission() -> None:
     assert a.replay_key() != flt(reason="x", since="2026-11-01", note="other").replay_key()
 
 
+@pytest.mark.own_database  # two threads race
 def test_two_identical_submissions_at_once_share_the_bound(store: JobStore) -> None:
     import threading
 

@@ -104,7 +104,7 @@ def context(params: dict[str, Any], user: str | None = "alice", **xcoms: Any) ->
 def seamed(cls: type, engine: sa.Engine, **kwargs: Any) -> Any:
     """The operator with the test's database and taxonomy behind its seams."""
 
-    class Seamed(cls):  # type: ignore[valid-type, misc]
+    class Seamed(cls):
         def get_engine(self) -> sa.Engine:
             return engine
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -84,6 +85,7 @@ def last_event(store: JobStore, job_id: uuid.UUID) -> tuple[Any, ...]:
     )[0]
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_a_label_completes_the_job_with_its_label_review_row_and_event(store: JobStore) -> None:
     (job_id,) = to_review(store)
     classifications_before = rows(store, "SELECT count(*) FROM triage.classifications")
@@ -159,7 +161,9 @@ def test_a_requeue_gives_a_fresh_budget_and_counts_a_replay(store: JobStore) -> 
         pytest.param(lambda s, j: s.review.resolve_with_requeue(j, actor="alice"), id="requeue"),
     ],
 )
-def test_the_same_decision_twice_changes_nothing_and_says_so(store: JobStore, decide) -> None:  # type: ignore[no-untyped-def]
+def test_the_same_decision_twice_changes_nothing_and_says_so(
+    store: JobStore, decide: Callable[[JobStore, uuid.UUID], ReviewResult]
+) -> None:
     (job_id,) = to_review(store)
     first = decide(store, job_id)
     before = snapshot(store)
@@ -268,6 +272,7 @@ def test_a_reviewer_label_on_the_newer_job_replaces_an_older_label(store: JobSto
     ]
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_decision_events_are_valid_work_events(store: JobStore) -> None:
     ids = to_review(store, 3)
     label(store, ids[0])
@@ -281,6 +286,7 @@ def test_decision_events_are_valid_work_events(store: JobStore) -> None:
     assert sorted(e.event_type for e in sent if e.event_type == "job.needs_review") == ["job.needs_review"] * 3
 
 
+@pytest.mark.own_database  # two threads race for one row's lock
 def test_two_reviewers_at_once_one_decision_wins(store: JobStore) -> None:
     (job_id,) = to_review(store)
     outcomes: list[object] = []

@@ -143,16 +143,19 @@ def test_a_rewritten_uncertainty_never_fails_the_write_or_the_page(
 
 def test_the_review_row_carries_the_answer_s_uncertainty(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
     with store.engine.connect() as conn:
-        context = dict(
+        context: dict[uuid.UUID, float] = dict(
             conn.execute(
                 sa.text("SELECT job_id, context -> 'uncertainty' FROM triage.manual_review WHERE resolved_at IS NULL")
-            ).all()
+            )
+            .tuples()
+            .all()
         )
     assert context[queue["close"]] == pytest.approx(0.05)
     assert context[queue["llm"]] == pytest.approx(0.3)
     assert context[queue["none"]] is None  # no answer: no key, last in the order
 
 
+@pytest.mark.own_database  # a plan read with EXPLAIN: the template's statistics, not the session's
 def test_the_page_is_read_along_the_uncertainty_index(store: JobStore, queue: dict[str, uuid.UUID]) -> None:
     """The order is an index's, not a sort of every open review (planner told to avoid sorts and
     sequential scans where it can: the table is tiny here)."""

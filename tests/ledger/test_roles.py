@@ -74,7 +74,7 @@ def events(url: DatabaseUrl, job_id: uuid.UUID) -> list[tuple[str | None, str, s
             " ORDER BY id",
             (job_id,),
         ).fetchall()
-    return [tuple(r) for r in rows]  # type: ignore[misc]
+    return [tuple(r) for r in rows]
 
 
 # -- the app role cannot decide for a reviewer --------------------------------------------------
@@ -149,7 +149,7 @@ def test_the_log_tells_the_login_from_the_actor_it_claims(
         (queued,) = conn.execute(
             "UPDATE triage.jobs SET status = 'terminal_failed', status_reason = 'x' WHERE batch_key = 'claims'"
             " RETURNING id"
-        ).fetchone()  # type: ignore[misc]
+        ).fetchone()  # type: ignore[misc]  # RETURNING the row just written: never None
     stores["reviewer"].review.reject(reviewed, actor="alice", note="no")
     assert events(logins["worker"], queued)[-1] == ("queued", "terminal_failed", "alice", WORKER_ROLE)
     assert events(logins["worker"], reviewed) == [
@@ -330,7 +330,7 @@ def test_an_existing_ledger_migrates_with_its_data(fresh_database: DatabaseUrl, 
             " classifier_version, correlation_id, batch_key, step, status, status_reason, max_attempts)"
             " VALUES ('k', 's', 'e', 'h', 'ref', 'v', 'c', 'b', 'classify', 'manual_review', 'inconclusive', 3)"
             " RETURNING id"
-        ).fetchone()[0]  # type: ignore[index]
+        ).fetchone()[0]  # type: ignore[index]  # RETURNING the row just written: never None
         conn.execute(
             "INSERT INTO triage.manual_review (job_id, reason, attempts) VALUES (%s, 'inconclusive', 1)", (job_id,)
         )

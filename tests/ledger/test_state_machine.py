@@ -6,7 +6,9 @@ rolled back after it (tests/ledger/conftest.py), a refused statement in a savepo
 from __future__ import annotations
 
 import itertools
+import uuid
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -84,7 +86,9 @@ def test_a_refused_statement_changes_nothing(ledger: sa.Connection) -> None:
     statement = sa.text("UPDATE triage.jobs SET status = 'completed' WHERE id IN (:a, :b)")
     with pytest.raises(sa.exc.DBAPIError), ledger.begin_nested():
         ledger.execute(statement, {"a": illegal, "b": legal})
-    rows = dict(ledger.execute(sa.text("SELECT id, status::text FROM triage.jobs")).all())
+    rows: dict[uuid.UUID, str] = dict(
+        ledger.execute(sa.text("SELECT id, status::text FROM triage.jobs")).tuples().all()
+    )
     events = ledger.execute(sa.text("SELECT count(*) FROM triage.job_events WHERE to_status = 'completed'")).scalar()
     assert rows == {illegal: "received", legal: "manual_review"}
     assert events == 0
@@ -147,6 +151,7 @@ def test_check_constraints_tie_columns_to_states(ledger: sa.Connection, sql: str
     insert_job(ledger, JobStatus.QUEUED)
     with pytest.raises(sa.exc.IntegrityError) as caught, ledger.begin_nested():
         ledger.execute(sa.text(sql))
+    assert isinstance(caught.value.orig, psycopg.Error)
     assert caught.value.orig.diag.constraint_name == constraint
 
 

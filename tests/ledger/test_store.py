@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -15,17 +17,21 @@ from triage.jobs.vocabulary.errors import (
     JobNotFound,
     LeaseExpired,
     LeaseLost,
+    LedgerError,
     ReplayLimitReached,
     StaleAttempt,
     UnknownStatus,
 )
 from triage.jobs.vocabulary.models import (
     Advance,
+    Claim,
+    ClaimedJob,
     ClassificationRecord,
     Complete,
     Fail,
     LabelWrite,
     NewJob,
+    Outcome,
     Release,
     RetryLater,
     SendToReview,
@@ -35,11 +41,11 @@ from triage.jobs.vocabulary.states import JobStatus, parse_status
 BATCH = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
 
-def register(store: JobStore, n: int = 3, **kw: object) -> None:
-    store.register(new_jobs(n, **kw), batch_key=BATCH, step="classify", max_attempts=3)  # type: ignore[arg-type]
+def register(store: JobStore, n: int = 3, **kw: str) -> None:
+    store.register(new_jobs(n, **kw), batch_key=BATCH, step="classify", max_attempts=3)
 
 
-def scalar(store: JobStore, sql: str, **params: object) -> object:
+def scalar(store: JobStore, sql: str, **params: object) -> Any:
     with store.engine.connect() as conn:
         return conn.execute(sa.text(sql), params).scalar()
 
@@ -49,7 +55,7 @@ def rows(store: JobStore, sql: str, **params: object) -> list[sa.Row]:
         return list(conn.execute(sa.text(sql), params).all())
 
 
-def claim(store: JobStore, limit: int = 10, lease: float = 60, owner: str = "worker-1"):  # type: ignore[no-untyped-def]
+def claim(store: JobStore, limit: int = 10, lease: float = 60, owner: str = "worker-1") -> Claim:
     return store.claim(batch_key=BATCH, step="classify", limit=limit, lease_seconds=lease, owner=owner)
 
 
@@ -63,6 +69,7 @@ def expire(store: JobStore) -> None:
 # -- registration ------------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
 def test_register_is_idempotent_and_writes_one_outbox_event_per_new_job(store: JobStore) -> None:
     docs = new_jobs(5)
     first = store.register(docs + docs[:2], batch_key=BATCH, step="classify", max_attempts=3)
@@ -156,7 +163,7 @@ def test_heartbeat_extends_and_is_fenced(store: JobStore) -> None:
     got = claim(store, lease=5)
     before = scalar(store, "SELECT max(lease_expires_at) FROM triage.jobs")
     after = store.heartbeat(got, lease_seconds=600)
-    assert after > before  # type: ignore[operator]
+    assert after > before
     stranger = got.__class__(token=uuid.uuid4(), owner="x", expires_at=got.expires_at, jobs=got.jobs)
     with pytest.raises(LeaseLost):
         store.heartbeat(stranger, lease_seconds=600)
@@ -209,7 +216,10 @@ def test_the_fence_names_the_job_a_later_kind_missed(store: JobStore) -> None:
     done, lost = got.jobs[:2], got.jobs[2]
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE triage.jobs SET lease_token = gen_random_uuid() WHERE id = :id"), {"id": lost.id})
-    outcomes = [*(Complete(j.id, j.attempt) for j in done), Fail(lost.id, lost.attempt, "bad", "bad", None)]
+    outcomes: list[Outcome] = [
+        *(Complete(j.id, j.attempt) for j in done),
+        Fail(lost.id, lost.attempt, "bad", "bad", None),
+    ]
     with pytest.raises(LeaseLost, match=f"job {lost.id} is running and no longer held"):
         store.record(got, outcomes)
     assert scalar(store, "SELECT count(*) FROM triage.jobs WHERE status = 'running'") == 3
@@ -224,7 +234,9 @@ def test_the_fence_names_the_job_a_later_kind_missed(store: JobStore) -> None:
         pytest.param(lambda store, job: None, JobNotFound, id="unknown-job"),
     ],
 )
-def test_fenced_writes_name_their_refusal(store: JobStore, tamper, error) -> None:  # type: ignore[no-untyped-def]
+def test_fenced_writes_name_their_refusal(
+    store: JobStore, tamper: Callable[[JobStore, ClaimedJob], None], error: type[LedgerError]
+) -> None:
     register(store, 1)
     got = claim(store)
     job = got.jobs[0]
@@ -244,7 +256,7 @@ def test_retry_backoff_and_exhaustion_into_review(store: JobStore) -> None:
         assert result.retrying == 1
         delay = scalar(store, "SELECT extract(epoch FROM next_attempt_at - updated_at) FROM triage.jobs")
         ceiling = store.retry_policy.ceiling(attempt)
-        assert ceiling / 2 - 0.01 <= float(delay) <= ceiling + 0.01  # type: ignore[arg-type]
+        assert ceiling / 2 - 0.01 <= float(delay) <= ceiling + 0.01
         with store.engine.begin() as conn:
             conn.execute(sa.text("UPDATE triage.jobs SET next_attempt_at = now()"))
     got = claim(store)
@@ -275,8 +287,9 @@ def test_review_fail_advance_and_release(store: JobStore) -> None:
         ],
     )
     assert (result.to_review, result.failed, result.advanced, result.released) == (1, 1, 1, 1)
-    states = dict(
-        rows(
+    states: dict[uuid.UUID, str] = dict(
+        row._tuple()
+        for row in rows(
             store,
             "SELECT id, status::text || ':' || step || ':' || attempt || '/' || attempt_base"
             " || '-' || max_attempts FROM triage.jobs",
@@ -378,6 +391,7 @@ def test_unknown_status_is_a_named_error(store: JobStore) -> None:
         conn.execute(sa.text("SELECT 'finished'::triage.job_status"))
 
 
+@pytest.mark.own_database  # a READ ONLY transaction of its own
 def test_the_reading_connection_refuses_writes(store: JobStore) -> None:
     store.register(new_jobs(1), batch_key="b", step="classify", max_attempts=3)
     with store.reading() as conn:

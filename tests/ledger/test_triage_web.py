@@ -128,7 +128,9 @@ def as_user(manager: Any, name: str, role: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token(manager, name, role)}"}
 
 
-def to_review(store: JobStore, payloads: PayloadStore, n: int, *, prefix: str = "doc", reason: str = "inconclusive"):  # type: ignore[no-untyped-def]
+def to_review(
+    store: JobStore, payloads: PayloadStore, n: int, *, prefix: str = "doc", reason: str = "inconclusive"
+) -> list[uuid.UUID]:
     """``n`` documents stored in the payload store, registered and sent to review."""
     docs = []
     for i, job in enumerate(new_jobs(n, prefix=prefix)):
@@ -298,6 +300,7 @@ def test_the_second_of_two_reviewers_sees_already_decided(
     assert again.json()["outcome"] == "already_applied"
 
 
+@pytest.mark.own_database  # two threads race for one row's lock
 def test_concurrent_reviewers_never_both_win(
     client: TestClient, store: JobStore, payloads: PayloadStore, airflow_auth: Any
 ) -> None:

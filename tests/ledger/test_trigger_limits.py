@@ -35,7 +35,7 @@ def context(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def seamed(cls: type, engine: sa.Engine, **kwargs: Any) -> Any:
-    class Seamed(cls):  # type: ignore[valid-type, misc]
+    class Seamed(cls):
         def get_engine(self) -> sa.Engine:
             return engine
 

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -209,7 +210,7 @@ def test_apply_runs_each_command_with_the_connections_file_present(tmp_path: Pat
 
     apply(settings, run=run)
     assert [argv[1:3] for argv in seen] == [["connections", "import"], ["pools", "set"], ["variables", "set"]]
-    assert files["content"]["triage_db"]["password"] == "pw"  # type: ignore[index]
+    assert files["content"]["triage_db"]["password"] == "pw"  # type: ignore[index]  # the captured file's JSON, typed object
     assert files["dir_mode"] == 0o700
     assert not Path(str(files["path"])).exists(), "the file with passwords must not outlive apply()"
 
@@ -223,7 +224,9 @@ def test_apply_runs_each_command_with_the_connections_file_present(tmp_path: Pat
         pytest.param(lambda: ["/usr/bin/python3", "-m", "airflow"], False, id="another-interpreter"),
     ],
 )
-def test_commands_run_in_this_process_only_with_this_interpreters_airflow(airflow, in_this_process: bool) -> None:  # type: ignore[no-untyped-def]
+def test_commands_run_in_this_process_only_with_this_interpreters_airflow(
+    airflow: Callable[[], list[str]], in_this_process: bool
+) -> None:
     assert (in_process(airflow()) is not None) is in_this_process
 
 

@@ -18,7 +18,7 @@ REQUESTS = [(f"job-{i}:1", f"text {i}") for i in range(4)]
 IDS = [custom_id for custom_id, _ in REQUESTS]
 
 
-def responder(body: dict) -> Reply:  # type: ignore[type-arg]
+def responder(body: dict) -> Reply:
     text = body["messages"][1]["content"]
     if text == "text 2":
         return Reply.status_only(500)  # one request fails inside the batch

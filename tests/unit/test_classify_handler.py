@@ -15,7 +15,7 @@ import json
 import logging
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pytest_mock import MockerFixture
@@ -81,11 +81,16 @@ def output(label: str | None = "billing", confidence: float = 0.9, rejected: str
     return ModelOutput(label=label, confidence=confidence, rejected_reason=rejected, latency_ms=12.0)
 
 
-def record(outcome: str, label: str | None, confidence: float, rejected: str | None = None) -> ClassificationRecord:
+def record(
+    outcome: Literal["accepted", "inconclusive", "rejected"],
+    label: str | None,
+    confidence: float,
+    rejected: str | None = None,
+) -> ClassificationRecord:
     return ClassificationRecord(
         label=label,
         confidence=confidence,
-        outcome=outcome,  # type: ignore[arg-type]
+        outcome=outcome,
         classifier_version=VERSION,
         rejected_reason=rejected,
         latency_ms=12.0,
@@ -358,7 +363,7 @@ def test_a_payload_that_cannot_be_read_becomes_its_outcome_without_a_call(
 ) -> None:
     outcome = make_handler(classifier, payloads, breaker).one(JOB, content)
     assert type(outcome) is kind
-    assert (outcome.job_id, outcome.attempt, outcome.error_class) == (JOB.id, 1, error_class)  # type: ignore[union-attr]
+    assert (outcome.job_id, outcome.attempt, outcome.error_class) == (JOB.id, 1, error_class)  # type: ignore[union-attr]  # kind: an outcome with an error class
     assert getattr(outcome, "reason", None) == reason
     classifier.classify.assert_not_called()
     if kind is RetryLater:  # the store failed: a transient call like any other
@@ -400,7 +405,9 @@ def test_the_batch_in_which_the_circuit_opens_is_parked_whole(classifier: Any, p
     assert handler.handle(jobs) == [
         Park(job.id, 1, "model", 5.0, "server_error", "HTTP 503", backoff=False) for job in jobs
     ]  # the model's Retry-After, as it is
-    assert handler.stop_reason().retry_after == 5.0  # type: ignore[union-attr]
+    stop = handler.stop_reason()
+    assert isinstance(stop, CircuitOpen)
+    assert stop.retry_after == 5.0
 
 
 def test_a_small_batch_in_a_total_outage_is_parked_whole(classifier: Any, payloads: Any, breaker: Any) -> None:
@@ -583,7 +590,9 @@ class NoAnswers:
     """The content cache's ledger lookup with nothing reusable (the cache's own SQL is tested on
     PostgreSQL in tests/ledger)."""
 
-    def reusable_answers(self, keys: Any, *, classifier_version: str, threshold: float) -> tuple[set[Any], dict]:  # type: ignore[type-arg]
+    def reusable_answers(
+        self, keys: Any, *, classifier_version: str, threshold: float
+    ) -> tuple[set[Any], dict[Any, Any]]:
         return set(), {}
 
 

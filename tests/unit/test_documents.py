@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -21,8 +22,8 @@ from triage.contracts.drill import DrillSettings, drill_fraction
 RECEIVED = datetime(2026, 11, 1, 9, 30, tzinfo=UTC)
 
 
-def payload(**overrides: object) -> DocumentPayload:
-    fields: dict[str, object] = {
+def payload(**overrides: Any) -> DocumentPayload:
+    fields: dict[str, Any] = {
         "external_id": "T-1",
         "subject": "Charged twice",
         "body": "Hello, I was charged twice.",
@@ -30,10 +31,10 @@ def payload(**overrides: object) -> DocumentPayload:
         "channel": "email",
     }
     fields.update(overrides)
-    return DocumentPayload(**fields)  # type: ignore[arg-type]
+    return DocumentPayload(**fields)
 
 
-def valid_json(**overrides: object) -> dict[str, object]:
+def valid_json(**overrides: Any) -> dict[str, object]:
     data: dict[str, object] = {
         "schema_version": 1,
         "external_id": "T-1",

@@ -12,7 +12,7 @@ from triage.adapters.connections import http_url
 
 
 def conn(**fields: Any) -> SimpleNamespace:
-    base = {"conn_type": "http", "host": None, "port": None, "schema": None, "extra_dejson": {}}
+    base: dict[str, Any] = {"conn_type": "http", "host": None, "port": None, "schema": None, "extra_dejson": {}}
     return SimpleNamespace(**{**base, **fields})
 
 

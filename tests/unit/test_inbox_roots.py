@@ -181,7 +181,7 @@ def test_drills_are_allowed_only_where_the_environment_says_so(
     ],
 )
 def test_a_drill_is_refused_when_disabled_and_accepted_when_enabled(drill: dict[str, float]) -> None:
-    config = ClassifyRunConfig(drill=DrillSettings(**drill))
+    config = ClassifyRunConfig(drill=DrillSettings.model_validate(drill))
 
     with pytest.raises(DrillNotAllowed, match="TRIAGE_ALLOW_DRILL"):
         check_drill(config, allowed=False)
@@ -193,4 +193,4 @@ def test_a_drill_is_refused_when_disabled_and_accepted_when_enabled(drill: dict[
     [pytest.param({}, id="no-drill"), pytest.param({"seed": 7}, id="seed-only: it only picks synthetic documents")],
 )
 def test_no_drill_is_never_refused(drill: dict[str, int]) -> None:
-    check_drill(ClassifyRunConfig(drill=DrillSettings(**drill)), allowed=False)
+    check_drill(ClassifyRunConfig(drill=DrillSettings.model_validate(drill)), allowed=False)

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from airflow.providers.common.sql.hooks import sql as sql_hooks
 from pytest_mock import MockerFixture
 
@@ -80,6 +81,7 @@ def test_an_operators_engine_is_made_once_with_the_ledgers_options(
         assert options["url"].host == SOCKET_DIR
         assert (options["pool_size"], options["pool_pre_ping"]) == (3, True)
         assert options["connect_args"] == {"prepare_threshold": None}, "no server-side prepared statements"
+        assert isinstance(engine.pool, sa.QueuePool)
         assert engine.pool.size() == 3
     finally:
         operator.dispose()

@@ -7,6 +7,7 @@ import io
 import math
 import warnings
 import zipfile
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -219,7 +220,7 @@ def test_an_object_array_is_refused_even_with_a_matching_hash() -> None:
         pytest.param(lambda a: a.update(meta=np.frombuffer(b'{"format": "x"}', np.uint8)), "format", id="format"),
     ],
 )
-def test_a_malformed_artifact_is_refused(change, says: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_malformed_artifact_is_refused(change: Callable[[dict[str, np.ndarray]], object], says: str) -> None:
     model = fit(examples(90), TrainSettings())
     with zipfile.ZipFile(io.BytesIO(model.to_bytes())) as archive:
         arrays = {n.removesuffix(".npy"): np.load(io.BytesIO(archive.read(n))) for n in archive.namelist()}
@@ -315,7 +316,7 @@ def test_the_artifact_s_settings_are_checked_as_its_arrays_are(meta: str, says: 
         pytest.param(lambda a: a.update(labels=np.frombuffer(b"x\nx\nz", np.uint8)), "distinct", id="label-twice"),
     ],
 )
-def test_what_a_rewritten_row_may_hold_is_checked(change, says: str) -> None:  # type: ignore[no-untyped-def]
+def test_what_a_rewritten_row_may_hold_is_checked(change: Callable[[dict[str, np.ndarray]], object], says: str) -> None:
     model = fit(examples(90), TrainSettings())
     with zipfile.ZipFile(io.BytesIO(model.to_bytes())) as archive:
         arrays = {n.removesuffix(".npy"): np.load(io.BytesIO(archive.read(n))) for n in archive.namelist()}

@@ -70,7 +70,7 @@ def test_a_persist_try_reports_the_ledger_and_the_label_provider() -> None:
     done = {"claimed": 2, "outcomes": {"completed": 2}}
     task.record_lineage(
         lambda: task.ledger_lineage(
-            context(),  # type: ignore[arg-type]
+            context(),  # type: ignore[arg-type]  # a stand-in for Airflow's task context
             ["jobs"],
             ["document_labels"],
             done,
@@ -91,7 +91,7 @@ def test_a_persist_try_reports_the_ledger_and_the_label_provider() -> None:
 
 def test_the_intake_batch_reads_the_intake_asset() -> None:
     task = OnAnyEngine(task_id="persist", batch=INTAKE_BATCH)
-    task.record_lineage(lambda: task.ledger_lineage({"task": task}, ["jobs"], ["jobs"], {}))  # type: ignore[arg-type]
+    task.record_lineage(lambda: task.ledger_lineage({"task": task}, ["jobs"], ["jobs"], {}))
     facets = task.get_openlineage_facets_on_complete(task_instance=None)
     assert (facets.inputs[0].namespace, facets.inputs[0].name) == ("triage", "intake")
 

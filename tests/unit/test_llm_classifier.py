@@ -7,6 +7,7 @@ import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, fixed_label, keyword_responder
 from triage.classifiers import (
+    ClassifierError,
     ClassifyRequest,
     ModelOutput,
     OpenAICompatibleClassifier,
@@ -34,8 +36,8 @@ def server() -> Iterator[FakeOpenAIServer]:
         yield fake
 
 
-def make_classifier(server: FakeOpenAIServer, **overrides: object) -> OpenAICompatibleClassifier:
-    arguments: dict[str, object] = {
+def make_classifier(server: FakeOpenAIServer, **overrides: Any) -> OpenAICompatibleClassifier:
+    arguments: dict[str, Any] = {
         "base_url": server.base_url,
         "api_key": "sk-test-secret",
         "model": "fake-model",
@@ -44,7 +46,7 @@ def make_classifier(server: FakeOpenAIServer, **overrides: object) -> OpenAIComp
         "timeout_s": 2.0,
     }
     arguments.update(overrides)
-    return OpenAICompatibleClassifier(**arguments)  # type: ignore[arg-type]
+    return OpenAICompatibleClassifier(**arguments)
 
 
 def request(text: str = SECRET_TEXT, attempt: int = 1) -> ClassifyRequest:
@@ -218,7 +220,7 @@ def test_version_names_model_prompt_temperature_and_taxonomy(server: FakeOpenAIS
     ],
 )
 def test_failed_calls_raise_classified_errors(
-    server: FakeOpenAIServer, reply: Reply, error_type: type[Exception], error_class: str
+    server: FakeOpenAIServer, reply: Reply, error_type: type[ClassifierError], error_class: str
 ) -> None:
     server.enqueue(reply)
     classifier = make_classifier(server, timeout_s=0.3)
@@ -226,8 +228,8 @@ def test_failed_calls_raise_classified_errors(
     with pytest.raises(error_type) as caught:
         classifier.classify(request())
 
-    assert caught.value.error_class == error_class  # type: ignore[attr-defined]
-    assert caught.value.transient is (error_type is TransientClassifierError)  # type: ignore[attr-defined]
+    assert caught.value.error_class == error_class
+    assert caught.value.transient is (error_type is TransientClassifierError)
     message = str(caught.value)
     assert SECRET_TEXT not in message
     assert "sk-test-secret" not in message

@@ -42,7 +42,7 @@ def backend(monkeypatch: pytest.MonkeyPatch) -> Backend:
     monkeypatch.setattr(stats_module, "_factory", None)
     monkeypatch.setattr(stats_module, "_backend", None)
     monkeypatch.setattr(stats_module, "_export_legacy_names", False)
-    stats.initialize(factory=lambda: sent, export_legacy_names=False)  # type: ignore[arg-type,return-value]
+    stats.initialize(factory=lambda: sent, export_legacy_names=False)  # type: ignore[arg-type,return-value]  # a recording stand-in for Airflow's StatsD logger
     return sent
 
 

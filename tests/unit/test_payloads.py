@@ -141,7 +141,7 @@ _OPENS: list[list[str]] = []
 
 def _audit(event: str, args: tuple[object, ...]) -> None:
     if event == "open" and _OPENS and isinstance(args[0], str | bytes | os.PathLike):
-        _OPENS[-1].append(os.fsdecode(args[0]))  # type: ignore[arg-type]
+        _OPENS[-1].append(os.fsdecode(args[0]))
 
 
 sys.addaudithook(_audit)  # cannot be removed: it only records while a test holds `opened`

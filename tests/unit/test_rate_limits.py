@@ -77,7 +77,9 @@ class ScriptedBudget:
     """Takes answer from a script; blocks are recorded."""
 
     def __init__(self, *takes: tuple[bool, float]) -> None:
-        self.takes, self.asked, self.blocks = list(takes), [], []  # type: ignore[var-annotated]
+        self.takes = list(takes)
+        self.asked: list[tuple[float, float]] = []
+        self.blocks: list[tuple[float, bool]] = []
 
     def take(self, tokens: float, patience: float) -> tuple[bool, float]:
         self.asked.append((tokens, patience))
@@ -88,7 +90,7 @@ class ScriptedBudget:
 
 
 def test_a_429_blocks_the_budget_and_the_call_is_sent_again() -> None:
-    budget, slept = ScriptedBudget((True, 0.0), (True, 0.5)), []
+    budget, slept = ScriptedBudget((True, 0.0), (True, 0.5)), list[float]()
     answers = iter([response(429, retry_after="2"), response(200)])
     limiter = RateLimiter(budget, max_wait_seconds=10, sleep=slept.append)
     assert limiter.call(lambda: next(answers), 100).status_code == 200

@@ -26,7 +26,7 @@ def test_defaults_keep_what_reconciliation_and_review_read() -> None:
     ],
 )
 def test_parse(text: object, expected: Retention) -> None:
-    assert Retention.parse(text) == expected  # type: ignore[arg-type]
+    assert Retention.parse(text) == expected  # type: ignore[arg-type]  # any value on purpose: parse refuses what is not a setting
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -351,8 +352,8 @@ def test_jsonl_missing_day_folder_is_just_empty(tmp_path: Path) -> None:
         pytest.param(lambda p: __import__("upath").UPath(f"memory:///inbox-{p.name}"), id="upath-memory"),
     ],
 )
-def test_jsonl_accepts_strings_and_object_storage_paths(tmp_path: Path, inbox: object) -> None:
-    target = inbox(tmp_path)  # type: ignore[operator]
+def test_jsonl_accepts_strings_and_object_storage_paths(tmp_path: Path, inbox: Callable[[Path], Any]) -> None:
+    target = inbox(tmp_path)
     if not isinstance(target, str):
         (target / "2026-11-01").mkdir(parents=True, exist_ok=True)
         (target / "2026-11-01" / "a.jsonl").write_bytes(line(ticket("M-1")) + b"\n{broken\n")
