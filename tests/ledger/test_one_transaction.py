@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -299,3 +300,35 @@ def test_a_chunk_whose_handling_raises_is_rolled_back_and_fails_the_try(
         handler.close()
     assert rows(store, "SELECT status::text, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == [("queued", 0, 12)]
     assert rows(store, "SELECT count(*) FROM triage.classifications") == [(0,)]
+
+
+class FailsInTheSecondLane(ClassifyHandler):
+    """A handler with a bug that only the second lane meets (its thread's name says which)."""
+
+    def handle(self, jobs: Any, ownership: Any = None) -> list[Any]:
+        if threading.current_thread().name.endswith("_1"):
+            raise RuntimeError("a bug in the second lane")
+        return super().handle(jobs, ownership)
+
+
+def test_a_lane_that_raises_stops_the_other_lane_after_its_chunk(store: JobStore, payloads: PayloadStore) -> None:
+    """The try fails with the bug of either lane as soon as that lane meets it, as the leased path
+    fails at once: the other lane commits the chunk in hand and takes no other (before, the first
+    lane went on over the whole batch, unaware, and the try failed only when the batch was done)."""
+    classifier = KeywordClassifier(Taxonomy.load())
+    n, size = 400, 4
+    register_documents(store, payloads, documents(n), classifier.version, batch_key=BATCH)
+    handler = FailsInTheSecondLane(classifier, payloads, ClassifySettings(0.0))
+    try:
+        with pytest.raises(RuntimeError, match="second lane"):
+            run_step_in_chunks(store, handler, batch_key=BATCH, settings=RunSettings(owner="w/try1", batch_size=size))
+    finally:
+        handler.close()
+    completed, queued = rows(
+        store,
+        "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'queued')"
+        " FROM triage.jobs",
+    )[0]
+    assert completed + queued == n  # nothing claimed, nothing half-committed
+    assert completed % size == 0
+    assert completed < n // 2, f"the first lane went on after the second raised: {completed} of {n} completed"
