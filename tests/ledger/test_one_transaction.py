@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,11 @@ from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.drill import DrillSettings
 from triage.database import DatabaseUrl
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import LedgerError
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.one_transaction import run_step_in_chunks, uses_chunks
-from triage.pipeline.steps import RunSettings, WorkRemains
+from triage.pipeline.steps import RunSettings, WorkRemains, run_step
 from triage.roles import ensure_worker_role, maintainer_url, reviewer_url, worker_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -332,3 +334,50 @@ def test_a_lane_that_raises_stops_the_other_lane_after_its_chunk(store: JobStore
     assert completed + queued == n  # nothing claimed, nothing half-committed
     assert completed % size == 0
     assert completed < n // 2, f"the first lane went on after the second raised: {completed} of {n} completed"
+
+
+def test_a_hung_chunk_gives_its_jobs_back_after_the_lease_time(store: JobStore, payloads: PayloadStore) -> None:
+    """A chunk's transaction is its lease, and must end as a lease does. A worker that hangs with
+    a chunk open (or whose host vanished: no FIN reaches PostgreSQL, whose TCP keepalive notices
+    after hours by default) held the chunk's row locks for as long: every claim, Airflow's retry
+    too, skipped the jobs, and no lease ran out for reconciliation to take them back. Now the
+    server ends a chunk's transaction once it has been idle for ``lease_seconds``."""
+    classifier = KeywordClassifier(Taxonomy.load())
+    register_documents(store, payloads, documents(6), classifier.version, batch_key=BATCH)
+    handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.0))
+    picked, resume = threading.Event(), threading.Event()
+    hung: dict[str, Any] = {}
+
+    def hang(jobs: Any) -> list[Any]:
+        picked.set()
+        resume.wait(30)
+        return handler.handle(jobs)
+
+    def chunk() -> None:
+        try:
+            hung["chunk"] = store.chunks.settle(
+                batch_key=BATCH,
+                step="classify",
+                classifier_version=classifier.version,
+                limit=6,
+                actor="w/try1",
+                decide=hang,
+                lease_seconds=1.0,
+            )
+        except (LedgerError, sa.exc.SQLAlchemyError) as exc:
+            hung["error"] = exc
+
+    worker = threading.Thread(target=chunk)
+    worker.start()
+    try:
+        assert picked.wait(10)
+        time.sleep(2.5)  # the hung chunk's lease time is over
+        retry = run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w/try2", lease_seconds=60))
+    finally:
+        resume.set()
+        worker.join()
+        handler.close()
+    assert retry.claimed == 6
+    assert "error" in hung  # the hung worker learns that its chunk is gone: nothing of it is written
+    assert rows(store, "SELECT status::text, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == [("completed", 1, 6)]
+    assert log_shapes(store) == {((None, "queued"), ("queued", "running"), ("running", "completed")): 6}

@@ -138,6 +138,7 @@ def run_step_in_chunks(
                     limit=settings.batch_size,
                     actor=settings.owner,
                     decide=decide,
+                    lease_seconds=settings.lease_seconds,
                 )
             except (LedgerError, sa.exc.SQLAlchemyError) as exc:
                 # Rolled back, nothing written: the leased path takes the batch, and meets the
