@@ -165,6 +165,7 @@ def bench_claim_complete(rounds: int = 2) -> list[Figure]:
                     limit=CLAIM_BATCH,
                     actor="bench",
                     decide=lambda jobs: [Complete(j.id, j.attempt) for j in jobs],
+                    lease_seconds=60,
                 )
                 if not chunk.jobs:
                     return done

@@ -62,6 +62,7 @@ def main() -> None:
             limit=args.limit,
             actor=f"poison-worker/{args.batch}",
             decide=decide,
+            lease_seconds=600,
         )
         if not chunk.jobs:
             return

@@ -14,6 +14,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,10 +32,11 @@ from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.drill import DrillSettings
 from triage.database import DatabaseUrl
 from triage.jobs.store import JobStore
+from triage.jobs.vocabulary.errors import LedgerError
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.one_transaction import run_step_in_chunks, uses_chunks
-from triage.pipeline.steps import RunSettings, WorkRemains
+from triage.pipeline.steps import RunSettings, WorkRemains, run_step
 from triage.roles import ensure_worker_role, maintainer_url, reviewer_url, worker_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -299,3 +302,82 @@ def test_a_chunk_whose_handling_raises_is_rolled_back_and_fails_the_try(
         handler.close()
     assert rows(store, "SELECT status::text, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == [("queued", 0, 12)]
     assert rows(store, "SELECT count(*) FROM triage.classifications") == [(0,)]
+
+
+class FailsInTheSecondLane(ClassifyHandler):
+    """A handler with a bug that only the second lane meets (its thread's name says which)."""
+
+    def handle(self, jobs: Any, ownership: Any = None) -> list[Any]:
+        if threading.current_thread().name.endswith("_1"):
+            raise RuntimeError("a bug in the second lane")
+        return super().handle(jobs, ownership)
+
+
+def test_a_lane_that_raises_stops_the_other_lane_after_its_chunk(store: JobStore, payloads: PayloadStore) -> None:
+    """The try fails with the bug of either lane as soon as that lane meets it, as the leased path
+    fails at once: the other lane commits the chunk in hand and takes no other (before, the first
+    lane went on over the whole batch, unaware, and the try failed only when the batch was done)."""
+    classifier = KeywordClassifier(Taxonomy.load())
+    n, size = 400, 4
+    register_documents(store, payloads, documents(n), classifier.version, batch_key=BATCH)
+    handler = FailsInTheSecondLane(classifier, payloads, ClassifySettings(0.0))
+    try:
+        with pytest.raises(RuntimeError, match="second lane"):
+            run_step_in_chunks(store, handler, batch_key=BATCH, settings=RunSettings(owner="w/try1", batch_size=size))
+    finally:
+        handler.close()
+    completed, queued = rows(
+        store,
+        "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'queued')"
+        " FROM triage.jobs",
+    )[0]
+    assert completed + queued == n  # nothing claimed, nothing half-committed
+    assert completed % size == 0
+    assert completed < n // 2, f"the first lane went on after the second raised: {completed} of {n} completed"
+
+
+def test_a_hung_chunk_gives_its_jobs_back_after_the_lease_time(store: JobStore, payloads: PayloadStore) -> None:
+    """A chunk's transaction is its lease, and must end as a lease does. A worker that hangs with
+    a chunk open (or whose host vanished: no FIN reaches PostgreSQL, whose TCP keepalive notices
+    after hours by default) held the chunk's row locks for as long: every claim, Airflow's retry
+    too, skipped the jobs, and no lease ran out for reconciliation to take them back. Now the
+    server ends a chunk's transaction once it has been idle for ``lease_seconds``."""
+    classifier = KeywordClassifier(Taxonomy.load())
+    register_documents(store, payloads, documents(6), classifier.version, batch_key=BATCH)
+    handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.0))
+    picked, resume = threading.Event(), threading.Event()
+    hung: dict[str, Any] = {}
+
+    def hang(jobs: Any) -> list[Any]:
+        picked.set()
+        resume.wait(30)
+        return handler.handle(jobs)
+
+    def chunk() -> None:
+        try:
+            hung["chunk"] = store.chunks.settle(
+                batch_key=BATCH,
+                step="classify",
+                classifier_version=classifier.version,
+                limit=6,
+                actor="w/try1",
+                decide=hang,
+                lease_seconds=1.0,
+            )
+        except (LedgerError, sa.exc.SQLAlchemyError) as exc:
+            hung["error"] = exc
+
+    worker = threading.Thread(target=chunk)
+    worker.start()
+    try:
+        assert picked.wait(10)
+        time.sleep(2.5)  # the hung chunk's lease time is over
+        retry = run_step(store, handler, batch_key=BATCH, settings=RunSettings(owner="w/try2", lease_seconds=60))
+    finally:
+        resume.set()
+        worker.join()
+        handler.close()
+    assert retry.claimed == 6
+    assert "error" in hung  # the hung worker learns that its chunk is gone: nothing of it is written
+    assert rows(store, "SELECT status::text, attempt, count(*) FROM triage.jobs GROUP BY 1, 2") == [("completed", 1, 6)]
+    assert log_shapes(store) == {((None, "queued"), ("queued", "running"), ("running", "completed")): 6}

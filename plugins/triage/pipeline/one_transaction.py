@@ -119,6 +119,15 @@ def run_step_in_chunks(
             return handler.handle(jobs)
 
     def lane() -> None:
+        try:
+            settle_chunks()
+        except BaseException:
+            # A bug fails the try at once, as in run_step: without this the other lane (which the
+            # try may be waiting on) would go on over the whole batch before the try failed.
+            stop.set()
+            raise
+
+    def settle_chunks() -> None:
         while not (drain.requested or stop.is_set()):  # a drain: run_step stops at once, with Drained
             started = time.perf_counter()
             try:
@@ -129,6 +138,7 @@ def run_step_in_chunks(
                     limit=settings.batch_size,
                     actor=settings.owner,
                     decide=decide,
+                    lease_seconds=settings.lease_seconds,
                 )
             except (LedgerError, sa.exc.SQLAlchemyError) as exc:
                 # Rolled back, nothing written: the leased path takes the batch, and meets the

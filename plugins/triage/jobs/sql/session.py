@@ -18,6 +18,20 @@ def set_actor() -> Any:
 
 
 @cache
+def open_chunk() -> Any:
+    """:func:`set_actor` for a chunk of one transaction (:mod:`triage.jobs.store.one_transaction`),
+    and the chunk's lease: PostgreSQL ends the transaction (and its session) once it has been
+    idle for ``:idle`` (``idle_in_transaction_session_timeout``, e.g. ``'300000ms'``). A chunk
+    holds its jobs by row locks, not a lease that runs out: without this, a worker that hung with
+    a chunk open, or whose host vanished without a FIN (TCP keepalive notices after hours by
+    default), kept every claim off the jobs for as long."""
+    return sa.select(
+        sa.func.set_config("triage.actor", sa.bindparam("actor", type_=sa.Text), True),
+        sa.func.set_config("idle_in_transaction_session_timeout", sa.bindparam("idle", type_=sa.Text), True),
+    )
+
+
+@cache
 def fenced_write_joins() -> Any:
     """Hash joins for the fenced writes of this transaction, until :func:`default_joins`.
 

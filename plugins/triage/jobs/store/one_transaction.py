@@ -6,12 +6,14 @@ one transaction, for a classifier that runs in process (the statements are
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
+from triage.jobs.sql import session
 from triage.jobs.sql.expressions import context_json, event_ids, rowset
 from triage.jobs.sql.moves import one_transaction as M
 from triage.jobs.store.ledger import Part
@@ -59,6 +61,7 @@ class Chunks(Part):
         limit: int,
         actor: str,
         decide: Callable[[Sequence[ClaimedJob]], Sequence[Outcome]],
+        lease_seconds: float,
     ) -> Chunk:
         """Pick up to ``limit`` queued jobs (``FOR UPDATE SKIP LOCKED``), ``decide`` their outcomes
         while the transaction holds them, and record them in that same transaction.
@@ -67,7 +70,9 @@ class Chunks(Part):
         other claim skips these jobs meanwhile. If any outcome is not one a chunk records
         (:data:`SETTLED_IN_CHUNK`), or a write fails, the transaction is rolled back: the jobs stay
         queued at their attempt, as if never picked, for the leased claim to take. ``actor`` names
-        the mover in ``job_events`` (no lease owner does).
+        the mover in ``job_events`` (no lease owner does). ``lease_seconds``: the transaction is
+        the chunk's lease; PostgreSQL ends it once idle that long (a worker hung in ``decide``, or
+        gone without closing its connection), and the jobs are claimable again.
         """
         if limit < 1:
             raise ValueError("a chunk needs limit >= 1")
@@ -75,7 +80,8 @@ class Chunks(Part):
         picked: tuple[ClaimedJob, ...] = ()
         outcomes: tuple[Outcome, ...] = ()
         try:
-            with self.transaction(actor) as conn:
+            with self.transaction(None) as conn:
+                conn.execute(session.open_chunk(), {"actor": actor, "idle": f"{math.ceil(lease_seconds * 1000)}ms"})
                 picked = tuple(ClaimedJob(*row) for row in conn.execute(M.pick_chunk(), params))
                 if not picked:
                     return Chunk((), (), Recorded())
