@@ -62,6 +62,7 @@ def log_shapes(store: JobStore) -> dict[tuple[tuple[str | None, str], ...], int]
     return shapes
 
 
+@pytest.mark.own_database  # the chunks commit and roll back from lanes of their own (threads, connections)
 def test_a_chunk_moves_each_job_once_and_logs_it_twice(store: JobStore, payloads: PayloadStore) -> None:
     """Before issue #29 each job was moved twice after its registration (queued -> running ->
     completed): three jobs rows written in its life and three log rows. Now two of each."""
@@ -93,6 +94,7 @@ def test_a_chunk_moves_each_job_once_and_logs_it_twice(store: JobStore, payloads
     ]
 
 
+@pytest.mark.own_database  # the chunks commit and roll back from lanes of their own (threads, connections)
 def test_a_doubtful_answer_goes_to_review_from_its_chunk(store: JobStore, payloads: PayloadStore) -> None:
     classifier = KeywordClassifier(Taxonomy.load())
     register_documents(store, payloads, documents(5), classifier.version, batch_key=BATCH)
@@ -124,6 +126,7 @@ class FailsOn:
         self.inner.close()
 
 
+@pytest.mark.own_database  # the chunks commit and roll back from lanes of their own (threads, connections)
 def test_an_outcome_that_needs_a_lease_rolls_its_chunk_back_and_the_leased_path_takes_over(
     store: JobStore, payloads: PayloadStore
 ) -> None:
@@ -313,6 +316,7 @@ class FailsInTheSecondLane(ClassifyHandler):
         return super().handle(jobs, ownership)
 
 
+@pytest.mark.own_database  # the chunks commit and roll back from lanes of their own (threads, connections)
 def test_a_lane_that_raises_stops_the_other_lane_after_its_chunk(store: JobStore, payloads: PayloadStore) -> None:
     """The try fails with the bug of either lane as soon as that lane meets it, as the leased path
     fails at once: the other lane commits the chunk in hand and takes no other (before, the first
@@ -336,6 +340,7 @@ def test_a_lane_that_raises_stops_the_other_lane_after_its_chunk(store: JobStore
     assert completed < n // 2, f"the first lane went on after the second raised: {completed} of {n} completed"
 
 
+@pytest.mark.own_database  # PostgreSQL ends the hung chunk's session: a connection of its own
 def test_a_hung_chunk_gives_its_jobs_back_after_the_lease_time(store: JobStore, payloads: PayloadStore) -> None:
     """A chunk's transaction is its lease, and must end as a lease does. A worker that hangs with
     a chunk open (or whose host vanished: no FIN reaches PostgreSQL, whose TCP keepalive notices
