@@ -290,6 +290,7 @@ def test_a_completed_job_is_never_queued_again_by_the_app_role(
             conn.execute("UPDATE triage.jobs SET status = 'queued' WHERE id = %(id)s", {"id": queued_job})
 
 
+@pytest.mark.own_database  # the chunks commit and roll back from lanes of their own (threads, connections)
 def test_a_chunk_whose_handling_raises_is_rolled_back_and_fails_the_try(
     store: JobStore, payloads: PayloadStore
 ) -> None:
