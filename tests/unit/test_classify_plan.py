@@ -66,6 +66,26 @@ def test_the_plan_decides_what_the_operator_used_to(
         assert settings["max_connections"] == 16  # the run's concurrency, as before the plan
 
 
+@pytest.mark.parametrize(
+    ("classifier", "try_number", "separate", "off", "expected"),
+    [
+        pytest.param("keyword", 1, False, False, True, id="keyword-first-try-in-chunks"),
+        pytest.param("learned", 1, False, False, True, id="learned-first-try-in-chunks"),
+        pytest.param("keyword", 2, False, False, False, id="a-retry-is-leased"),
+        pytest.param("keyword", 1, True, False, False, id="a-separate-persist-is-leased"),
+        pytest.param("keyword", 1, False, True, False, id="switched-off"),
+        pytest.param("llm", 1, False, False, False, id="model-calls-are-leased"),
+    ],
+)
+def test_the_plan_says_whether_a_try_runs_in_chunks_of_one_transaction(
+    classifier: str, try_number: int, separate: bool, off: bool, expected: bool
+) -> None:
+    config = ClassifyRunConfig(classifier=classifier)  # type: ignore[arg-type]
+    access = ModelAccess(llm_settings=LLM, champion="learned:abc")
+    plan = plan_classify(config, TAXONOMY, access, separate_persist=separate, try_number=try_number, chunks_off=off)
+    assert plan.in_chunks is expected
+
+
 def test_only_what_a_classifier_needs_is_read() -> None:
     assert model_needs("llm") == {"model_connection"}
     assert model_needs("learned") == {"champion"}

@@ -196,7 +196,7 @@ class ClassifyDocumentsOperator(TriageOperator):
         from triage.classifiers import Taxonomy
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.classify_plan import classify_handler, plan_classify
-        from triage.pipeline.one_transaction import IN_CHUNKS_VARIABLE, run_step_in_chunks, uses_chunks
+        from triage.pipeline.one_transaction import IN_CHUNKS_VARIABLE, run_step_in_chunks
         from triage.pipeline.steps import (
             CircuitOpen,
             DependencyMisconfigured,
@@ -212,7 +212,15 @@ class ClassifyDocumentsOperator(TriageOperator):
         separate = self.separate_persist or label_action_connection(self.action_conn_id) is not None
         # Model calls in flight never exceed the pool slots this task holds (the llm_api pool
         # bounds them across every worker): the plan's concurrency (triage.pipeline.classify_plan).
-        plan = plan_classify(config, taxonomy, access, pool_slots=self.pool_slots, separate_persist=separate)
+        plan = plan_classify(
+            config,
+            taxonomy,
+            access,
+            pool_slots=self.pool_slots,
+            separate_persist=separate,
+            try_number=context["ti"].try_number,
+            chunks_off=variable(IN_CHUNKS_VARIABLE) == "off",
+        )
         if plan.capped:
             log.info(
                 "concurrency %d capped at this task's %d slots of pool %s",
@@ -234,15 +242,8 @@ class ClassifyDocumentsOperator(TriageOperator):
         )
         # Keyword and learned: each chunk claimed, classified and completed in one transaction,
         # on the first try (triage.pipeline.one_transaction); a retry takes the leased path.
-        in_chunks = uses_chunks(
-            config.classifier,
-            try_number=context["ti"].try_number,
-            separate_persist=separate,
-            drill=config.drill,
-            switched_off=variable(IN_CHUNKS_VARIABLE) == "off",
-        )
         try:
-            report = (run_step_in_chunks if in_chunks else run_step)(
+            report = (run_step_in_chunks if plan.in_chunks else run_step)(
                 self.store,
                 handler,
                 batch_key=batch_key(context),

@@ -74,6 +74,9 @@ class ClassifyPlan:
     content_cache: bool
     batch_answers: bool
     separate_persist: bool
+    in_chunks: bool
+    """Each chunk claimed, classified and completed in one transaction
+    (:func:`triage.pipeline.one_transaction.uses_chunks`), not under a lease."""
 
 
 def _settings(config: ClassifyRunConfig, access: ModelAccess) -> dict[str, Any] | None:
@@ -101,10 +104,15 @@ def plan_classify(
     *,
     pool_slots: int = 1,
     separate_persist: bool = False,
+    try_number: int = 1,
+    chunks_off: bool = False,
 ) -> ClassifyPlan:
     """The classify step of a run: a pure function of the run's config, the taxonomy, what the
     connections say and the task's pool slots (``separate_persist``: a label action exists, or
-    the DAG asked for the persist step)."""
+    the DAG asked for the persist step; ``try_number``: the task's try, a retry is leased;
+    ``chunks_off``: Variable ``triage_classify_in_chunks`` is ``off``)."""
+    from triage.pipeline.one_transaction import uses_chunks
+
     calls = config.classifier in MODEL_CALLING
     concurrency = min(config.concurrency, max(pool_slots, 1)) if calls else 1
     return ClassifyPlan(
@@ -117,6 +125,13 @@ def plan_classify(
         content_cache=calls and access.content_cache,
         batch_answers=calls,
         separate_persist=separate_persist,
+        in_chunks=uses_chunks(
+            config.classifier,
+            try_number=try_number,
+            separate_persist=separate_persist,
+            drill=config.drill,
+            switched_off=chunks_off,
+        ),
     )
 
 
