@@ -347,11 +347,10 @@ def train_champion(env: Mapping[str, str], folder: Path, n: int = LEARNED_EXAMPL
     return trained
 
 
-def run_learned() -> list[Figure]:
-    """``python -m bench realrun-learned``: the same deployment runs ``n`` documents with
-    ``keyword``, then (a champion trained on labelled synthetic documents) ``n`` with ``learned``;
-    the learned run's rate beside the keyword run's (issue #27: at least 0.8 of it)."""
-    n = documents()
+@contextmanager
+def _warm_deployment() -> Iterator[tuple[dict[str, str], httpx.Client]]:
+    """A `make up` deployment on scratch databases, its DAG parsed and a 10-document day run
+    (the first run's tasks start slowly): its environment and API client."""
     with (
         scratch_database(migrate=False) as metadata_url,
         scratch_database() as jobs_url,
@@ -360,6 +359,15 @@ def run_learned() -> list[Figure]:
     ):
         _wait_for_dag(api)
         timed_run(api, WARM_UP_DOCUMENTS, day=DAY - timedelta(days=1))
+        yield env, api
+
+
+def run_learned() -> list[Figure]:
+    """``python -m bench realrun-learned``: the same deployment runs ``n`` documents with
+    ``keyword``, then (a champion trained on labelled synthetic documents) ``n`` with ``learned``;
+    the learned run's rate beside the keyword run's (issue #27: at least 0.8 of it)."""
+    n = documents()
+    with _warm_deployment() as (env, api):
         trained = train_champion(env, Path(env["TRIAGE_HOME"]))
         keyword = timed_run(api, n)
         learned = timed_run(api, n, day=DAY + timedelta(days=1), classifier="learned")
@@ -402,14 +410,7 @@ def run_chunks(rounds: int | None = None) -> list[Figure]:
     rounds = rounds or int(os.environ.get("BENCH_REAL_ROUNDS", "2"))
     n = documents()
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-    with (
-        scratch_database(migrate=False) as metadata_url,
-        scratch_database() as jobs_url,
-        deployment(metadata_url, jobs_url) as (env, base_url),
-        _client(env, base_url) as api,
-    ):
-        _wait_for_dag(api)
-        timed_run(api, WARM_UP_DOCUMENTS, day=DAY - timedelta(days=1))
+    with _warm_deployment() as (_env, api):
         day = DAY
         for _ in range(rounds):
             for mode in ("off", "on"):

@@ -23,12 +23,12 @@ from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
 from triage.jobs.schema import jobs, outbox
 from triage.jobs.sql import state_events as E
-from triage.jobs.sql.expressions import EVENT_COLUMNS, MOVED, NOW, UUID, outbox_insert, recordset, status_literal
+from triage.jobs.sql.expressions import EVENT_COLUMNS, NOW, UUID, outbox_insert, recordset, status_literal
+from triage.jobs.sql.moves.worker import HELD, review_rows, to_review
 from triage.jobs.vocabulary.states import EventType
 from triage.jobs.vocabulary.states import JobStatus as S
 
@@ -74,9 +74,6 @@ def pick_chunk() -> Any:
     )
 
 
-HELD = dict(id=UUID, attempt=sa.Integer)
-
-
 def _picked(rows: Any) -> list[ColumnElement[bool]]:
     """The fence of every move of a picked job: this job, still queued, one attempt before the chunk's."""
     return [
@@ -105,19 +102,5 @@ def complete_picked() -> Any:
 def review_picked() -> Any:
     """``queued -> manual_review`` with the attempt counted, a reason and context, its review row
     and its ``job.needs_review`` event, as :func:`~triage.jobs.sql.moves.worker.send_to_review`."""
-    held = recordset("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text, context=sa.Text)
-    moved = (
-        sa.update(jobs)
-        .where(*_picked(held))
-        .values(
-            status=status_literal(S.MANUAL_REVIEW),
-            status_reason=held.c.reason,
-            attempt=held.c.attempt,
-            last_error_class=held.c.error_class,
-            last_error=held.c.error,
-            updated_at=NOW,
-        )
-        .returning(*MOVED, sa.cast(held.c.context, pg.JSONB).label("context"))
-        .cte("moved")
-    )
-    return sa.select(moved.c.id, moved.c.status).add_cte(*E.entered_review(moved, context=moved.c.context))
+    held = review_rows()
+    return to_review(held, _picked(held), attempt=held.c.attempt)

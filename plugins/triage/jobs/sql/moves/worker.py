@@ -222,26 +222,37 @@ def retry_later() -> Any:
     return sa.select(moved.c.id, moved.c.status).add_cte(*E.entered_review(moved, context=context))
 
 
-@cache
-def send_to_review() -> Any:
-    """``running -> manual_review`` with a reason and context, and its review row."""
-    held = recordset("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text, context=sa.Text)
+def review_rows() -> Any:
+    """The rows of a move to review: a job and its attempt, with the reason, error and context."""
+    return recordset("held", **HELD, reason=sa.Text, error_class=sa.Text, error=sa.Text, context=sa.Text)
+
+
+def to_review(held: Any, fence: list[ColumnElement[bool]], **values: Any) -> Any:
+    """``-> manual_review`` of the jobs of ``held`` (:func:`review_rows`) that ``fence`` lets
+    through, with ``values`` besides the reason and error, and their review rows."""
     moved = (
         sa.update(jobs)
-        .where(*_held(held))
+        .where(*fence)
         .values(
             status=status_literal(S.MANUAL_REVIEW),
             status_reason=held.c.reason,
             last_error_class=held.c.error_class,
             last_error=held.c.error,
             updated_at=NOW,
-            **NO_LEASE,
+            **values,
         )
         .returning(*MOVED, sa.cast(held.c.context, pg.JSONB).label("context"))
         .cte("moved")
     )
     # The context comes back through RETURNING: a subquery per moved row would re-read the batch.
     return sa.select(moved.c.id, moved.c.status).add_cte(*E.entered_review(moved, context=moved.c.context))
+
+
+@cache
+def send_to_review() -> Any:
+    """``running -> manual_review`` with a reason and context, and its review row."""
+    held = review_rows()
+    return to_review(held, _held(held), **NO_LEASE)
 
 
 @cache
