@@ -180,7 +180,14 @@ job_transitions = sa.Table(
     metadata,
     sa.Column("from_status", job_status),  # NULL: a state a job may be created in
     sa.Column("to_status", job_status, nullable=False),
+    # A move allowed only while the job is at this step (0033: queued -> completed at classify).
+    sa.Column(
+        "at_step",
+        sa.Text,
+        comment="The step a job must be at (its step before the move) for the move to be allowed; NULL: any step (0033)",
+    ),
     sa.UniqueConstraint("from_status", "to_status", postgresql_nulls_not_distinct=True),
+    sa.CheckConstraint("at_step IS NULL OR from_status IS NOT NULL", name="at_step"),
 )
 
 classifications = sa.Table(
