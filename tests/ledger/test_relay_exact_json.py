@@ -83,6 +83,14 @@ EDGE_STRINGS = [
     "unicode facturação ✓ 日本語 🚀 \u2028\u2029 \ufeff",
     "</script><b>&amp;</b> / slash",
     " leading and trailing ",
+    # What a separator looks like in jsonb's text, inside strings.
+    'a": "b',
+    'x, "y": 1.5, "z',
+    "ends with a backslash \\",
+    '\\"',
+    '": ',
+    ", ",
+    "v1.2.3 and 0.5",
 ]
 
 
