@@ -5,6 +5,7 @@ changes nothing and a second run repairs nothing."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -265,7 +266,7 @@ def test_a_sink_that_is_down_degrades_to_a_finding(store: JobStore) -> None:
     register(store, 2)
     age_outbox(store)
 
-    def down(events: list[WorkEvent]) -> None:
+    def down(events: Sequence[WorkEvent]) -> None:
         raise OSError("disk full")
 
     result = rules.outbox(store, ReconcileParams(outbox_age_seconds=60), down)

@@ -10,7 +10,9 @@ against the first).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +104,7 @@ def test_a_stream_sends_oldest_first_with_one_transaction_a_batch(
     sends: list[int] = []
     sink = JsonlEventSink(path)
 
-    def publish(events: list[WorkEvent]) -> None:
+    def publish(events: Sequence[WorkEvent]) -> None:
         sends.append(len(events))
         sink.publish(events)
 
@@ -135,7 +137,7 @@ def test_a_relay_killed_between_send_and_mark_loses_nothing_and_writes_nothing_t
     sink = JsonlEventSink(path)
     sent: list[int] = []
 
-    def publish(events: list[WorkEvent]) -> None:
+    def publish(events: Sequence[WorkEvent]) -> None:
         sink.publish(events)
         sent.append(len(events))
         counting.die = len(sent) == 3
@@ -173,7 +175,7 @@ def test_a_sink_that_fails_mid_stream_gives_its_batch_back_at_once(counting: Cou
     sink = JsonlEventSink(path)
     calls = 0
 
-    def flaky(events: list[WorkEvent]) -> None:
+    def flaky(events: Sequence[WorkEvent]) -> None:
         nonlocal calls
         calls += 1
         if calls == 2:
@@ -217,7 +219,7 @@ def test_the_events_the_database_builds_are_the_contract_byte_for_byte(
 ) -> None:
     """The claim builds each event's JSON in the database; the line in the file is exactly what
     ``WorkEvent`` built from the rows' columns (the relay's way before) serialises to: an empty
-    payload left out, a non-empty one kept, the time in the session's zone either way."""
+    payload left out, a non-empty one kept, the time in UTC (``Z``) whatever the session's zone."""
     import json as jsonlib
 
     @sa.event.listens_for(store.engine, "connect")
@@ -253,7 +255,7 @@ def test_the_events_the_database_builds_are_the_contract_byte_for_byte(
             event_type=r.event_type,
             schema_version=r.schema_version,
             attempt=r.attempt,
-            occurred_at=r.created_at,
+            occurred_at=r.created_at.astimezone(UTC),
             correlation_id=r.correlation_id,
             payload_ref=r.payload_ref,
             payload=r.payload or None,
@@ -261,6 +263,7 @@ def test_the_events_the_database_builds_are_the_contract_byte_for_byte(
         for r in columns
     }
     lines = path.read_bytes().splitlines()
+    assert all(b'Z","correlation_id"' in line for line in lines)
     assert {str(parse_event(line).event_id): line for line in lines} == expected
     assert sum(b'"payload":{' in line for line in lines) == 1
     assert sum(b'"payload"' in line for line in lines) == 1

@@ -14,7 +14,15 @@ import sqlalchemy as sa
 
 from tests.ledger.helpers import insert_job, job_in, move
 from triage.jobs.vocabulary.errors import AppendOnly, ConstraintViolated, IllegalTransition, translate
-from triage.jobs.vocabulary.states import INITIAL_STATES, TRANSITION_ROLES, TRANSITIONS, JobStatus, is_allowed
+from triage.jobs.vocabulary.states import (
+    INITIAL_STATES,
+    TRANSITION_ROLES,
+    TRANSITION_STEPS,
+    TRANSITIONS,
+    JobStatus,
+    Step,
+    is_allowed,
+)
 
 PAIRS = list(itertools.product(JobStatus, JobStatus))
 
@@ -159,3 +167,47 @@ def test_running_needs_a_lease(ledger: sa.Connection) -> None:
     job_id = insert_job(ledger, JobStatus.QUEUED)
     with pytest.raises(sa.exc.IntegrityError), ledger.begin_nested():
         ledger.execute(sa.text("UPDATE triage.jobs SET status = 'running' WHERE id = :id"), {"id": job_id})
+
+
+def test_python_and_database_transition_steps_are_equal(ledger: sa.Connection) -> None:
+    """The moves allowed only at one step, the same in both tables (migration 0033)."""
+    rows = ledger.execute(
+        sa.text(
+            "SELECT from_status::text, to_status::text, at_step FROM triage.job_transitions WHERE at_step IS NOT NULL"
+        )
+    ).all()
+    assert {(a, b): step for a, b, step in rows} == {
+        (a.value, b.value): step.value for (a, b), step in TRANSITION_STEPS.items()
+    }
+    assert TRANSITION_STEPS == {(JobStatus.QUEUED, JobStatus.COMPLETED): Step.CLASSIFY}
+
+
+@pytest.mark.parametrize("step", ["persist", "anything_else"])
+def test_a_queued_job_at_another_step_than_classify_cannot_be_completed(ledger: sa.Connection, step: str) -> None:
+    """``queued -> completed`` is the one-transaction chunk's move (0030): the classifier's answer
+    is the outcome, so only at step classify. At another step the database refuses it, whoever
+    sends it (0033), with the error of any refused move, naming both steps."""
+    job_id = insert_job(ledger, JobStatus.QUEUED)
+    ledger.execute(sa.text("UPDATE triage.jobs SET step = :step WHERE id = :id"), {"step": step, "id": job_id})
+    with pytest.raises(sa.exc.DBAPIError) as caught, ledger.begin_nested():
+        move(ledger, job_id, JobStatus.COMPLETED)
+    error = translate(caught.value)
+    assert isinstance(error, IllegalTransition)
+    assert (error.job_id, error.from_status, error.to_status) == (str(job_id), "queued", "completed")
+    assert f"at step {step}: that move is allowed only at step classify" in str(caught.value.orig)
+    assert not is_allowed(JobStatus.QUEUED, JobStatus.COMPLETED, step)
+    status = ledger.execute(sa.text("SELECT status::text FROM triage.jobs WHERE id = :id"), {"id": job_id}).scalar()
+    assert status == "queued"
+    # The other moves out of queued keep any step: the chunk's review move, a claim.
+    move(ledger, job_id, JobStatus.RUNNING)
+    move(ledger, job_id, JobStatus.COMPLETED)  # running -> completed at persist is the leased path's
+
+
+def test_a_queued_job_at_classify_may_be_completed(ledger: sa.Connection) -> None:
+    job_id = insert_job(ledger, JobStatus.QUEUED)
+    move(ledger, job_id, JobStatus.COMPLETED)
+    assert is_allowed(JobStatus.QUEUED, JobStatus.COMPLETED, Step.CLASSIFY)
+    logged = ledger.execute(
+        sa.text("SELECT step FROM triage.job_events WHERE job_id = :id AND to_status = 'completed'"), {"id": job_id}
+    ).scalar()
+    assert logged == "classify"

@@ -17,7 +17,7 @@ import logging
 import os
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +25,7 @@ from pydantic import TypeAdapter
 
 from triage.contracts.events import WorkEvent
 from triage.jobs.store import JobStore
+from triage.jobs.store.relay import RelayedEvents
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,23 @@ def event_lines(events: Sequence[WorkEvent]) -> bytes:
     if body.count(boundary) == len(events) - 1:
         return body.replace(boundary, b"}\n" + LINE_START) + b"\n"
     return b"".join(e.to_json() + b"\n" for e in events)
+
+
+def _lines(events: Sequence[WorkEvent], recent: Mapping[str, None]) -> tuple[list[str], bytes]:
+    """The ids and JSON lines of the events whose id is not in ``recent``.
+
+    A relayed batch (:class:`RelayedEvents`) is written through: its JSON is already
+    ``WorkEvent.to_json``'s bytes, made by PostgreSQL, and no model is built (the relay's CPU an
+    event: docs/performance.md). Other events are serialised here (:func:`event_lines`).
+    """
+    if isinstance(events, RelayedEvents):
+        ids, texts = events.lines()
+        if any(i in recent for i in ids):
+            kept = [(i, text) for i, text in zip(ids, texts, strict=True) if i not in recent]
+            ids, texts = [i for i, _ in kept], [text for _, text in kept]
+        return ids, ("\n".join(texts) + "\n").encode() if texts else b""
+    fresh = [e for e in events if str(e.event_id) not in recent]
+    return [str(e.event_id) for e in fresh], event_lines(fresh)
 
 
 class EventLogDamaged(OSError):
@@ -96,9 +114,9 @@ class JsonlEventSink:
         self.bytes_read = 0
         # Insertion-ordered, the oldest dropped first. An OrderedDict: dropping a plain dict's
         # first key scans past every key deleted before it (10 of 32 s of relaying 191,000
-        # events, measured), an OrderedDict unlinks it. Keyed by the UUID itself: hashing one
-        # costs a fraction of formatting it as text (``str`` of a UUID is Python code).
-        self._recent: OrderedDict[uuid.UUID, None] = OrderedDict()
+        # events, measured), an OrderedDict unlinks it. Keyed by the id as text, as the relay's
+        # batches carry it (:class:`RelayedEvents`): no ``uuid.UUID`` built an event.
+        self._recent: OrderedDict[str, None] = OrderedDict()
         self._seeded = False
 
     def _read(self, fd: int, size: int, offset: int) -> bytes:
@@ -134,7 +152,7 @@ class JsonlEventSink:
         log.warning("cut a torn last line of %d bytes from %s; its events are written again", size - cut, self.path)
         return cut
 
-    def _remember(self, ids: Sequence[uuid.UUID]) -> None:
+    def _remember(self, ids: Sequence[str]) -> None:
         recent = self._recent
         recent.update(dict.fromkeys(ids))
         for _ in range(len(recent) - RECENT_IDS):
@@ -148,7 +166,7 @@ class JsonlEventSink:
         ids = []
         for line in lines[1:] if start else lines:  # the first line of a window is cut
             try:
-                ids.append(uuid.UUID(json.loads(line)["event_id"]))
+                ids.append(str(uuid.UUID(json.loads(line)["event_id"])))
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         self._remember(ids)
@@ -164,17 +182,16 @@ class JsonlEventSink:
             size = self._cut_torn_tail(fd)
             if not self._seeded:
                 self._seed(fd, size)
-            recent = self._recent
-            fresh = [e for e in events if e.event_id not in recent]
-            if not fresh:
+            ids, lines = _lines(events, self._recent)
+            if not ids:
                 return
-            data = memoryview(event_lines(fresh))
+            data = memoryview(lines)
             while data:  # one write a batch, unless the kernel takes less
                 data = data[os.write(fd, data) :]
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._remember([e.event_id for e in fresh])
+        self._remember(ids)
 
     def close(self) -> None:
         """Nothing to release: every publish opens, locks and fsyncs the file itself."""
@@ -193,11 +210,18 @@ class WebhookEventSink:
         self._client = httpx.Client(timeout=timeout_s, headers=headers or {})
 
     def publish(self, events: Sequence[WorkEvent]) -> None:
-        for event in events:
+        # A relayed batch's JSON is each event's ``to_json`` already (:func:`_lines` says why).
+        bodies: Iterable[tuple[str, bytes]]
+        if isinstance(events, RelayedEvents):
+            ids, texts = events.lines()
+            bodies = zip(ids, (text.encode() for text in texts), strict=True)
+        else:
+            bodies = ((str(e.event_id), e.to_json()) for e in events)
+        for event_id, body in bodies:
             response = self._client.post(
                 self.url,
-                content=event.to_json(),
-                headers={"Idempotency-Key": str(event.event_id), "Content-Type": "application/json"},
+                content=body,
+                headers={"Idempotency-Key": event_id, "Content-Type": "application/json"},
             )
             response.raise_for_status()
 

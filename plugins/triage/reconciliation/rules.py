@@ -24,7 +24,7 @@ from triage.jobs.vocabulary.states import JobStatus
 from triage.reconciliation.findings import Conflict, Finding, Repair, RuleResult, sample
 from triage.reconciliation.params import ReconcileParams
 
-Publish = Callable[[list[WorkEvent]], None]
+Publish = Callable[[Sequence[WorkEvent]], None]
 SINK_ERRORS: tuple[type[Exception], ...] = (OSError, httpx.HTTPError)
 """What the event sinks raise when the destination is unavailable (file system, webhook)."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from triage.jobs.vocabulary.states import JobStatus
+from triage.jobs.vocabulary.states import EventType, JobStatus
 
 SCHEMA = "triage"
 
@@ -180,7 +180,14 @@ job_transitions = sa.Table(
     metadata,
     sa.Column("from_status", job_status),  # NULL: a state a job may be created in
     sa.Column("to_status", job_status, nullable=False),
+    # A move allowed only while the job is at this step (0033: queued -> completed at classify).
+    sa.Column(
+        "at_step",
+        sa.Text,
+        comment="The step a job must be at (its step before the move) for the move to be allowed; NULL: any step (0033)",
+    ),
     sa.UniqueConstraint("from_status", "to_status", postgresql_nulls_not_distinct=True),
+    sa.CheckConstraint("at_step IS NULL OR from_status IS NOT NULL", name="at_step"),
 )
 
 classifications = sa.Table(
@@ -351,6 +358,23 @@ outbox = sa.Table(
     # Serves the outbox relay (the events after the watermark, in order) and the unsent counts.
     sa.Index("outbox_relay_order_idx", "txid", "event_id"),
     sa.Index("outbox_job_id_idx", "job_id"),
+    # The envelope checked where it is written (0034), as ``WorkEvent`` checks it: the relay writes
+    # the rows' JSON through to the sinks without building a model (:mod:`triage.jobs.sql.writes.outbox`).
+    sa.CheckConstraint(
+        "event_type IN ({})".format(", ".join(f"'{t.value}'" for t in EventType)), name="event_type_known"
+    ),
+    sa.CheckConstraint("schema_version IN (1)", name="schema_version_supported"),
+    sa.CheckConstraint("attempt >= 0", name="attempt"),
+    # Rows published before 0029 carry no envelope of their own (it was joined); they are never relayed again.
+    sa.CheckConstraint(
+        "published_at IS NOT NULL OR (correlation_id IS NOT NULL AND correlation_id <> ''"
+        " AND payload_ref IS NOT NULL AND payload_ref <> '')",
+        name="envelope",
+    ),
+    sa.CheckConstraint("jsonb_typeof(payload) = 'object'", name="payload_object"),
+    sa.CheckConstraint(
+        "created_at >= '0001-01-01 00:00:00+00' AND created_at < '10000-01-01 00:00:00+00'", name="occurred_at"
+    ),
     postgresql_partition_by="RANGE (created_at)",  # one partition per UTC day; retention drops whole days
 )
 

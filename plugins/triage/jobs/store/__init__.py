@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from triage.contracts.events import WorkEvent
 from triage.jobs.schema import jobs
 from triage.jobs.sql.expressions import context_json, rowset
 from triage.jobs.sql.moves import outages, recovery, repairs
@@ -44,7 +43,7 @@ from triage.jobs.store.ledger import DEFAULT_ACTOR, Ledger
 from triage.jobs.store.one_transaction import Chunks
 from triage.jobs.store.probes import OutageProbes
 from triage.jobs.store.recording import check_fenced, record_txn, register_txn
-from triage.jobs.store.relay import relay_events
+from triage.jobs.store.relay import Publish, relay_events
 from triage.jobs.store.retention import LedgerRetention
 from triage.jobs.store.review import ReviewDecisions
 from triage.jobs.vocabulary.backoff import RetryPolicy
@@ -344,7 +343,7 @@ class JobStore(Ledger):
 
     def relay(
         self,
-        publish: Callable[[list[WorkEvent]], None],
+        publish: Publish,
         *,
         limit: int = 1000,
         actor: str = "outbox_relay",
@@ -364,7 +363,7 @@ class JobStore(Ledger):
 
     def relay_all(
         self,
-        publish: Callable[[list[WorkEvent]], None],
+        publish: Publish,
         *,
         limit: int = 5000,
         actor: str = "outbox_relay",

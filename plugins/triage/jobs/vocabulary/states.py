@@ -147,11 +147,23 @@ class EventType(StrEnum):
     FAILED = "job.failed"  # set by every move into terminal_failed (a step, review's reject)
 
 
-def is_allowed(old: JobStatus | None, new: JobStatus) -> bool:
-    """Whether the database accepts ``old -> new`` (``old`` is None for a new job)."""
+TRANSITION_STEPS: dict[tuple[JobStatus, JobStatus], Step] = {
+    (S.QUEUED, S.COMPLETED): Step.CLASSIFY,  # the classifier's answer is the outcome only at classify
+}
+"""The moves allowed only while the job is at one step (its ``step`` before the move):
+``triage.job_transitions.at_step`` (migration 0033), checked by the jobs update trigger (tested
+equal). Every other move of :data:`TRANSITIONS` is allowed at any step."""
+
+
+def is_allowed(old: JobStatus | None, new: JobStatus, step: str | None = None) -> bool:
+    """Whether the database accepts ``old -> new`` (``old`` is None for a new job) of a job at
+    ``step`` (None: whatever step the move may need)."""
     if old is None:
         return new in INITIAL_STATES
-    return (old, new) in TRANSITIONS
+    if (old, new) not in TRANSITIONS:
+        return False
+    at_step = TRANSITION_STEPS.get((old, new))
+    return step is None or at_step is None or step == at_step
 
 
 def parse_status(value: str) -> JobStatus:

@@ -63,18 +63,86 @@ def claim_lock() -> Any:
     watermark never passes an event the sink lost. Other transactions keep waiting for their flush.
     """
     return sa.select(
-        sa.func.pg_advisory_xact_lock(CLAIM_LOCK_KEY), sa.func.set_config("synchronous_commit", "off", True)
+        sa.func.pg_advisory_xact_lock(CLAIM_LOCK_KEY),
+        sa.func.set_config("synchronous_commit", "off", True),
+        # The claim writes floats as their shortest round-trip digits (:data:`EXACT_JSON`).
+        sa.func.set_config("extra_float_digits", "1", True),
     )
 
 
-def _events(picked: Any) -> Any:
-    """Each picked row as ``event_id`` (text) and ``event``: the ``WorkEvent`` as JSON text (an empty
-    ``payload`` is none), in relay order.
+# ``WorkEvent.to_json``'s bytes, built by PostgreSQL from one outbox row ({p}: the row's relation).
+# What pydantic writes, and how each piece matches it:
+# - compact separators, the envelope's fields in the model's order, ``payload`` left out when empty;
+# - strings as PostgreSQL's JSON escapes them (``to_json``, a jsonb string's text): ``"``, ``\``,
+#   ``\b \f \n \r \t``, other controls as ``\u00xx``; everything else, non-ASCII included, as is;
+# - the time in UTC with ``Z``, six-digit microseconds, none when they are zero;
+# - the payload's keys in jsonb's own order (the order pydantic read them in before);
+# - numbers: an integer (jsonb's text without a fraction) as written; a float as pydantic prints
+#   the double it parses: the shortest digits that round-trip (PostgreSQL's ``float8`` text,
+#   ``extra_float_digits`` pinned to 1 by :func:`claim_lock`), in positional notation from 1e-5 to
+#   1e16 (with ``.0`` when integral), otherwise in exponent notation without leading zeros
+#   (``1e-6``, ``1e+16``). Most floats (a confidence) are already that text: one cast says so.
+# A payload this does not cover gives NULL, and the relay validates and serialises that event in
+# Python (:class:`triage.jobs.store.relay.RelayedEvents`): a nested object or array, a float whose
+# jsonb text is longer than 300 characters (below ~1e-298: a cast to float8 could fail).
+_NUMBER = """CASE
+        WHEN strpos(e.value::text, '.') = 0 THEN e.value::text
+        WHEN length(e.value::text) > 300 THEN NULL
+        WHEN e.value::float8::text = e.value::text THEN e.value::text
+        WHEN e.value::float8 = 0 THEN '0.0'
+        WHEN abs(e.value::float8) >= 1e-5 AND abs(e.value::float8) < 1e16 THEN
+             CASE WHEN strpos(e.value::float8::text::numeric::text, '.') = 0
+                  THEN e.value::float8::text::numeric::text || '.0'
+                  ELSE e.value::float8::text::numeric::text END
+        ELSE replace(replace(e.value::float8::text, 'e-0', 'e-'), 'e+0', 'e+')
+    END"""
+_VALUE = f"""CASE jsonb_typeof(e.value)
+        WHEN 'string' THEN e.value::text
+        WHEN 'boolean' THEN e.value::text
+        WHEN 'null' THEN 'null'
+        WHEN 'number' THEN {_NUMBER}
+    END"""
+_PAYLOAD = f"""CASE WHEN {{p}}.payload = '{{{{}}}}'::jsonb THEN '' ELSE (
+    SELECT CASE WHEN array_position(s.pairs, NULL) IS NULL
+                THEN ',"payload":{{{{' || array_to_string(s.pairs, ',') || '}}}}' END
+      FROM (SELECT array_agg(to_json(e.key)::text || ':' || {_VALUE} ORDER BY e.n) AS pairs
+              FROM jsonb_each({{p}}.payload) WITH ORDINALITY AS e(key, value, n)) AS s
+) END"""
+_TIME = "({p}.created_at AT TIME ZONE 'UTC')"
+OCCURRED_AT = f"""to_char({_TIME}, 'YYYY-MM-DD"T"HH24:MI:SS')
+    || CASE WHEN date_trunc('second', {_TIME}) = {_TIME} THEN '' ELSE to_char({_TIME}, '.US') END || 'Z'"""
+EXACT_JSON = f"""'{{{{"event_id":"' || {{p}}.event_id::text
+    || '","job_id":"' || {{p}}.job_id::text
+    || '","event_type":' || to_json({{p}}.event_type)::text
+    || ',"schema_version":' || {{p}}.schema_version::text
+    || ',"attempt":' || {{p}}.attempt::text
+    || ',"occurred_at":"' || {OCCURRED_AT}
+    || '","correlation_id":' || to_json({{p}}.correlation_id)::text
+    || ',"payload_ref":' || to_json({{p}}.payload_ref)::text
+    || {_PAYLOAD}
+    || '}}}}'"""
 
-    JSON built here, one text column a row, from the row alone (the envelope is written with the
-    fact): the relay validates a whole batch of it in one call
-    (:func:`triage.jobs.store.relay.events_from_rows`) instead of decoding nine typed columns a
-    row and building each event in Python (24.6 -> ~10 µs of the relay's CPU an event, measured).
+
+def exact_json(relation: str) -> Any:
+    """``WorkEvent.to_json`` of each row of the outbox relation named ``relation``, as text, or
+    NULL where the payload holds what this SQL does not reproduce byte for byte (:data:`EXACT_JSON`)."""
+    return sa.literal_column(EXACT_JSON.format(p=relation), sa.Text)
+
+
+EXACT_START = '{"event_id":"'
+"""How every event :func:`exact_json` builds begins, and no other :func:`events_json` gives: the
+fallback is ``json_build_object``'s text, which writes ``{"event_id" : "``."""
+
+
+def events_json(picked: Any) -> Any:
+    """Each picked row, in relay order, as one text column ``event``: ``WorkEvent.to_json``'s bytes
+    (:func:`exact_json`, recognised by :data:`EXACT_START`), which the sinks write through without
+    building a model (the envelope was checked where the row was written: migration 0034); where
+    the SQL does not cover the row (a payload it does not reproduce, a row before 0029), the event
+    as ``json_build_object`` writes it, for the relay to validate and serialise in Python.
+
+    One column, fetched as scalars: no row object and no id decoded an event in Python (the id
+    is the text's own, at a fixed offset: :class:`triage.jobs.store.relay.RelayedEvents`).
     """
     event = sa.func.json_build_object(
         "event_id",
@@ -88,7 +156,8 @@ def _events(picked: Any) -> Any:
         "attempt",
         picked.c.attempt,
         "occurred_at",
-        picked.c.created_at,
+        # UTC with ``Z`` whatever the session's TimeZone and DateStyle, as the exact JSON writes it.
+        sa.literal_column(OCCURRED_AT.format(p=picked.name), sa.Text),
         "correlation_id",
         picked.c.correlation_id,
         "payload_ref",
@@ -96,11 +165,9 @@ def _events(picked: Any) -> Any:
         "payload",
         sa.func.nullif(picked.c.payload, sa.text("'{}'::jsonb")),
     )
-    # The id as text: the relay reads only ``event``, and decoding a uuid column builds a
-    # ``uuid.UUID`` a row in Python (~1 µs an event) that nothing uses.
-    return sa.select(
-        sa.cast(picked.c.event_id, sa.Text).label("event_id"), sa.cast(event, sa.Text).label("event")
-    ).order_by(picked.c.txid, picked.c.event_id)
+    return sa.select(sa.func.coalesce(exact_json(picked.name), sa.cast(event, sa.Text)).label("event")).order_by(
+        picked.c.txid, picked.c.event_id
+    )
 
 
 EVENT_COLUMNS = (
@@ -146,7 +213,7 @@ def _until() -> ColumnElement[Any]:
 @cache
 def claim_events() -> Any:
     """Claim, under ``:token`` for ``:lease_seconds``, up to ``:limit`` events after the last
-    claim (none: the watermark) and return them (:func:`_events`). Only events of transactions
+    claim (none: the watermark) and return them (:func:`events_json`). Only events of transactions
     older than every transaction running now (the module's docstring says why): the claim's
     range can never gain an event later.
 
@@ -188,7 +255,7 @@ def claim_events() -> Any:
         )
         .cte("claim")
     )
-    return _events(picked).add_cte(claim)
+    return events_json(picked).add_cte(claim)
 
 
 @cache
@@ -254,7 +321,7 @@ def take_over_expired() -> Any:
         )
         .cte("picked")
     )
-    return _events(picked)
+    return events_json(picked)
 
 
 @cache
