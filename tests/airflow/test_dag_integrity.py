@@ -129,14 +129,15 @@ def test_persist_is_mapped_over_what_classify_left_it(dagbag: DagBag, dag_id: st
 
 @pytest.mark.parametrize("dag_id", ["classify_documents", "classify_intake"])
 def test_publish_events_alerts_and_skips_the_alert_teardown_it_did_the_work_of(dagbag: DagBag, dag_id: str) -> None:
-    from triage.operators.alerts import PublishEventsThenAlertOperator
+    from triage.operators.alerts import PublishEventsThenAlertOperator, RunAlertsOperator
 
     dag = dagbag.dags[dag_id]
-    publish = dag.get_task("publish_events")
+    publish, alert = dag.get_task("publish_events"), dag.get_task("alert")
     assert isinstance(publish, PublishEventsThenAlertOperator)
+    assert isinstance(alert, RunAlertsOperator)
     assert publish.alert_task_id == "alert"
     assert "alert" in publish.downstream_task_ids  # a direct downstream: the one it may skip
-    assert publish.alerts_conn_id == dag.get_task("alert").alerts_conn_id
+    assert publish.alerts_conn_id == alert.alerts_conn_id
 
 
 def test_classify_documents_has_its_deadline_alert(dagbag: DagBag) -> None:

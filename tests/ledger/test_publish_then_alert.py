@@ -33,15 +33,14 @@ def publish_task(store: JobStore, events: Path, metrics: RecordingMetrics, *, br
         def get_metrics(self) -> RecordingMetrics:
             return metrics
 
+        def run_moves(self, context: Any) -> Any:
+            if broken_ledger:
+                raise sa.exc.OperationalError("SELECT", {}, Exception("the job database is down"))
+            return super().run_moves(context)
+
     with DAG("classify_documents", schedule=None):
         task = Seamed(task_id="publish_events", alert_task_id="alert", event_log=str(events))
         task >> RunAlertsOperator(task_id="alert").as_teardown()
-    if broken_ledger:
-
-        def unreadable(**kwargs: Any) -> Any:
-            raise sa.exc.OperationalError("SELECT", {}, Exception("the job database is down"))
-
-        task.store.run_moves = unreadable
     return task
 
 
@@ -53,7 +52,7 @@ def outbox_events(store: JobStore) -> int:
 def context_with_xcoms() -> tuple[Any, dict[str, Any]]:
     """The run's context with a task instance that keeps what is pushed to XCom."""
     pushed: dict[str, Any] = {}
-    context = run_context()
+    context: Any = dict(run_context())
     ti = context["ti"]
     context["ti"] = SimpleNamespace(**vars(ti), xcom_push=lambda key, value: pushed.__setitem__(key, value))
     return context, pushed

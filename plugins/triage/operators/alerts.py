@@ -305,17 +305,22 @@ class PublishEventsThenAlertOperator(PublishEventsOperator, SkipMixin):
         """The seam tests override: where the counters go."""
         return stats_metrics()
 
+    def run_moves(self, context: Context) -> RunMoves:
+        """What this run moved of its batch, read from the ledger (a seam tests override)."""
+        try:
+            return read_run_moves(self.store, context)
+        finally:
+            self.dispose()
+
     def execute(self, context: Context) -> dict[str, Any]:
         done = super().execute(context)
         teardown = [task for task in self.downstream_list if task.task_id == self.alert_task_id]
         if not teardown:
             return done
         try:
-            try:
-                moves = read_run_moves(self.store, context)
-            finally:
-                self.dispose()
-            alerted = send_run_alerts(moves, context, conn_id=self.alerts_conn_id, metrics=self.get_metrics())
+            alerted = send_run_alerts(
+                self.run_moves(context), context, conn_id=self.alerts_conn_id, metrics=self.get_metrics()
+            )
         except Exception:  # the one degraded path here: the teardown alerts instead
             log.exception("could not alert for the run here; the %s teardown will", self.alert_task_id)
             return done
