@@ -247,7 +247,7 @@ def relay_tail(timeline: Mapping[str, list[float]]) -> float:
 
 def hand_offs(timeline: Mapping[str, list[float]], seconds: float) -> dict[str, float]:
     """The run's scheduler hand-offs around the classification: from ``retrieve``'s last end to
-    ``classify``'s first start (``size_classify`` between), from the last job-moving end to
+    ``classify``'s first start (``size_classify`` between), from ``classify``'s last end to
     ``publish_events``' start (``persist`` between, when it runs), and from ``publish_events``'
     end to the run's end (the ``alert`` teardown, when it runs). Issue #29: fewer tasks there."""
 
@@ -257,12 +257,11 @@ def hand_offs(timeline: Mapping[str, list[float]], seconds: float) -> dict[str, 
     def starts(task: str) -> list[float]:
         return [span[0] for name, span in timeline.items() if name.split("[")[0] == task]
 
-    moved = [end for task in JOB_MOVERS for end in ends(task)]
     out: dict[str, float] = {}
     if ends("retrieve") and starts("classify"):
         out["retrieve_to_classify"] = round(min(starts("classify")) - max(ends("retrieve")), 2)
-    if moved and starts("publish_events"):
-        out["classify_to_publish"] = round(min(starts("publish_events")) - max(moved), 2)
+    if ends("classify") and starts("publish_events"):
+        out["classify_to_publish"] = round(min(starts("publish_events")) - max(ends("classify")), 2)
     if ends("publish_events"):
         out["publish_to_run_end"] = round(seconds - max(ends("publish_events")), 2)
     return out

@@ -34,7 +34,7 @@ def test_a_timeline_without_publish_events_has_no_relay_tail() -> None:
 def test_hand_offs_are_the_gaps_around_the_classification() -> None:
     assert hand_offs(WITH_PERSIST, 23.0) == {
         "retrieve_to_classify": 1.2,
-        "classify_to_publish": 0.5,
+        "classify_to_publish": 1.4,  # persist and the hand-offs either side of it
         "publish_to_run_end": 1.0,
     }
     assert hand_offs(WITHOUT_PERSIST, 22.3) == {
