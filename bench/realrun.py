@@ -188,11 +188,13 @@ def timed_run(
 
 
 def _work_seconds(api: httpx.Client, run_path: str, name: str) -> float | None:
-    """The seconds a task's own work took, as it returned them (``retrieve`` and ``classify``
-    return ``seconds``): the rest of its duration is the task process's start and end."""
+    """The seconds a task's own work took, as it reported them (``retrieve`` returns
+    ``seconds``; ``classify`` pushes them in XCom ``summary``, its return value being what it
+    leaves ``persist``): the rest of its duration is the task process's start and end."""
     task_id, _, index = name.partition("[")
     params: dict[str, Any] = {"deserialize": True, "map_index": int(index.rstrip("]")) if index else -1}
-    response = api.get(f"{run_path}/taskInstances/{task_id}/xcomEntries/return_value", params=params)
+    key = "summary" if task_id == "classify" else "return_value"
+    response = api.get(f"{run_path}/taskInstances/{task_id}/xcomEntries/{key}", params=params)
     if response.status_code != 200:
         return None
     value = response.json().get("value")
@@ -228,12 +230,41 @@ def task_seconds(tasks: Mapping[str, float], task_id: str) -> float:
     return max((s for name, s in tasks.items() if name.split("[")[0] == task_id), default=0.0)
 
 
+JOB_MOVERS = ("classify", "persist")
+"""The tasks that move jobs: the relay's tail starts when the last of their instances ends
+(``persist`` is skipped, with no instance, when classify left it nothing)."""
+
+
 def relay_tail(timeline: Mapping[str, list[float]]) -> float:
-    """Seconds the relay adds to the run: from the end of the last task that moves jobs
-    (``persist``) to ``publish_events``' end: the hand-off and the relay of the run's events."""
-    if "persist" not in timeline or "publish_events" not in timeline:
+    """Seconds the relay adds to the run: from the end of the last task that moves jobs (the
+    last ``classify`` or ``persist`` instance) to ``publish_events``' end: the hand-off and the
+    relay of what is left of the run's events."""
+    ends = [span[1] for name, span in timeline.items() if name.split("[")[0] in JOB_MOVERS]
+    if not ends or "publish_events" not in timeline:
         return 0.0
-    return max(0.0, timeline["publish_events"][1] - timeline["persist"][1])
+    return max(0.0, timeline["publish_events"][1] - max(ends))
+
+
+def hand_offs(timeline: Mapping[str, list[float]], seconds: float) -> dict[str, float]:
+    """The run's scheduler hand-offs around the classification: from ``retrieve``'s last end to
+    ``classify``'s first start (``size_classify`` between), from ``classify``'s last end to
+    ``publish_events``' start (``persist`` between, when it runs), and from ``publish_events``'
+    end to the run's end (the ``alert`` teardown, when it runs). Issue #29: fewer tasks there."""
+
+    def ends(task: str) -> list[float]:
+        return [span[1] for name, span in timeline.items() if name.split("[")[0] == task]
+
+    def starts(task: str) -> list[float]:
+        return [span[0] for name, span in timeline.items() if name.split("[")[0] == task]
+
+    out: dict[str, float] = {}
+    if ends("retrieve") and starts("classify"):
+        out["retrieve_to_classify"] = round(min(starts("classify")) - max(ends("retrieve")), 2)
+    if ends("classify") and starts("publish_events"):
+        out["classify_to_publish"] = round(min(starts("publish_events")) - max(ends("classify")), 2)
+    if ends("publish_events"):
+        out["publish_to_run_end"] = round(seconds - max(ends("publish_events")), 2)
+    return out
 
 
 def published_events(url: DatabaseUrl) -> int:
@@ -274,7 +305,8 @@ def run() -> list[Figure]:
         "timeline_from_queued": result["timeline"],
         "seconds_with_no_task_running": round(between_tasks(result["timeline"]), 2),
         "publish_events_share": round(task_seconds(tasks, "publish_events") / seconds, 3),
-        "relay_after_persist_seconds": round(relay, 2),
+        "relay_after_last_job_move_seconds": round(relay, 2),
+        "hand_off_seconds": hand_offs(result["timeline"], seconds),
         "naive_seconds": round(naive, 2),
         "idle_scheduler_cpu_per_second": idle_scheduler,
         "scheduler_idle_sleep": os.environ.get("BENCH_SCHEDULER_IDLE_SLEEP") or "deployment default",
@@ -300,7 +332,7 @@ def run() -> list[Figure]:
             details={"naive_seconds": round(naive, 2), "real_run_seconds": round(seconds, 2)},
         ),
         Figure(
-            "relay share of the real run (persist's end to publish_events' end)",
+            "relay share of the real run (last classify/persist end to publish_events' end)",
             "seconds",
             relay,
             "the whole run",
@@ -432,6 +464,7 @@ def run_chunks(rounds: int | None = None) -> list[Figure]:
                 "tasks_seconds": r["tasks"],
                 "tasks_work_seconds": r["work"],
                 "relay_share": round(relay_tail(r["timeline"]) / r["seconds"], 3),
+                "hand_off_seconds": hand_offs(r["timeline"], r["seconds"]),
                 "publish_events_share": round(task_seconds(r["tasks"], "publish_events") / r["seconds"], 3),
                 "load_average": [round(x, 2) for x in r["load_average"]],
             }

@@ -15,9 +15,14 @@ and Airflow retries it with exponential backoff. When Airflow gives up, the fail
 moves the unfinished jobs this run holds or moved last at the task's step to manual review
 (never another run's of the same date).
 
-``alert`` runs last, once every other task is done, whatever their states (a teardown: it never
-decides the run's state): it counts what this run sent to review or failed terminally and
-alerts through the ``triage_alerts`` connection (a log line without it) past the thresholds. A
+``persist`` is mapped over what the ``classify`` instances left it: with no label action
+(``triage_label_action``) classify completes its jobs itself and leaves nothing, so the
+scheduler skips ``persist`` (mapped over nothing) and ``publish_events`` follows classify
+directly (trigger rule ``none_failed``). ``publish_events`` counts what this run sent to review
+or failed terminally and alerts through the ``triage_alerts`` connection (a log line without it)
+past the thresholds, then skips ``alert``. ``alert`` is a teardown doing the same for a run that
+did not get that far: it runs once every other task is done, whatever their states, and never
+decides the run's state. A
 run that has not succeeded by 02:00 UTC after its day gets a deadline alert from the scheduler
 (``deadline``: ``triage.operators.alerts.classify_deadline``; not under ``airflow dags test``,
 which has no scheduler and, in Airflow 3.3.2, exits 1 after a successful run of a DAG with a
@@ -73,6 +78,7 @@ with DAG(
     retrieve = RetrieveDocumentsOperator.partial(task_id="retrieve", shards=RETRIEVE_SHARDS).expand(
         shard=list(range(RETRIEVE_SHARDS))
     )
-    # size_classify (waiting for the provider's batches in batch mode) → classify → persist →
-    # publish_events, and the alert teardown: shared with classify_intake (no batch mode there).
+    # size_classify (waiting for the provider's batches in batch mode) → classify → persist (only
+    # when classify left it jobs) → publish_events (which alerts), and the alert teardown for a
+    # run that failed before: shared with classify_intake (no batch mode there).
     classification_tasks(retrieve, model_batches=True)

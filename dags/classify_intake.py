@@ -3,7 +3,9 @@
 Scheduled on the Asset ``triage://intake`` (``triage_intake``), which ``POST
 /triage/api/documents`` updates after it has committed the documents' jobs (docs/intake.md):
 asset-aware, no polling. Its tasks are ``classify_documents``' own (``classification_tasks``:
-size_classify → classify, mapped over what the batch needs → persist → publish_events, the ``alert`` teardown; the same
+size_classify → classify, mapped over what the batch needs → persist, skipped by the scheduler
+when classify left it nothing → publish_events, which alerts, and the ``alert`` teardown for a
+run that failed before; the same
 pools, timeouts, retries, failure callback and review rules) on one batch, ``intake``, so a run
 claims whatever is queued, whenever it was posted. There is no retrieve: intake registered the
 jobs already.

@@ -96,6 +96,50 @@ def test_the_alert_task_runs_after_every_task_and_never_decides_the_run(dagbag: 
     assert not any(t.is_setup for t in dag.tasks)  # no setup: "all done" is the whole rule
 
 
+@pytest.mark.parametrize("dag_id", ["classify_documents", "classify_intake"])
+def test_persist_is_mapped_over_what_classify_left_it(dagbag: DagBag, dag_id: str) -> None:
+    """Issue #29, no idle hand-offs: ``persist`` expands over the ``classify`` instances' return
+    values (one only where jobs wait at the persist step), so a run with nothing to persist has
+    it skipped by the scheduler (mapped over nothing) with no task process; ``publish_events``
+    then runs on ``none_failed`` (a skipped persist keeps nothing back; a failed one does)."""
+    from airflow.sdk import TriggerRule
+    from airflow.sdk.definitions.xcom_arg import XComArg
+
+    from triage.operators.classify_documents import PersistLabelsOperator
+
+    dag = dagbag.dags[dag_id]
+    persist, classify, publish = (
+        mapped(dag.get_task("persist")),
+        dag.get_task("classify"),
+        dag.get_task("publish_events"),
+    )
+    assert persist.operator_class is PersistLabelsOperator
+    expand = persist.expand_input.value
+    assert isinstance(expand, dict)
+    assert set(expand) == {"handed_over"}
+    assert isinstance(expand["handed_over"], XComArg)
+    ((upstream, key),) = expand["handed_over"].iter_references()
+    assert upstream is classify
+    assert key == "return_value"  # the scheduler counts return values of a mapped upstream
+    assert persist.upstream_task_ids == {"classify"}
+    assert publish.upstream_task_ids == {"persist"}
+    assert publish.trigger_rule == TriggerRule.NONE_FAILED
+    assert (persist.partial_kwargs.get("retries") or 0) >= 1
+
+
+@pytest.mark.parametrize("dag_id", ["classify_documents", "classify_intake"])
+def test_publish_events_alerts_and_skips_the_alert_teardown_it_did_the_work_of(dagbag: DagBag, dag_id: str) -> None:
+    from triage.operators.alerts import PublishEventsThenAlertOperator, RunAlertsOperator
+
+    dag = dagbag.dags[dag_id]
+    publish, alert = dag.get_task("publish_events"), dag.get_task("alert")
+    assert isinstance(publish, PublishEventsThenAlertOperator)
+    assert isinstance(alert, RunAlertsOperator)
+    assert publish.alert_task_id == "alert"
+    assert "alert" in publish.downstream_task_ids  # a direct downstream: the one it may skip
+    assert publish.alerts_conn_id == alert.alerts_conn_id
+
+
 def test_classify_documents_has_its_deadline_alert(dagbag: DagBag) -> None:
     """Two hours after a run's day ends (26 hours after its logical date, the interval's start),
     the scheduler calls the Triage notifier through the executor; the serialized DAG (what the
@@ -399,13 +443,13 @@ def test_classify_and_persist_have_an_execution_timeout_derived_from_their_batch
     from triage.operators import tasks as module
 
     dag = dagbag.dags["classify_documents"]
-    classify, persist = mapped(dag.get_task("classify")), dag.get_task("persist")
+    classify, persist = mapped(dag.get_task("classify")), mapped(dag.get_task("persist"))
     per_claim_calls = -(-module.CLASSIFY_BATCH_SIZE // classify.partial_kwargs["pool_slots"])
     assert classify.partial_kwargs["execution_timeout"] == timedelta(
         seconds=2 * per_claim_calls * module.MODEL_TIMEOUT_SECONDS
     )
     assert classify.partial_kwargs["execution_timeout"] == timedelta(hours=2, minutes=5)
-    assert persist.execution_timeout == timedelta(seconds=1000 * 10)
+    assert persist.partial_kwargs["execution_timeout"] == timedelta(seconds=1000 * 10)
     assert mapped(dag.get_task("retrieve")).partial_kwargs.get("execution_timeout") is None
 
 
@@ -433,7 +477,7 @@ def test_classify_intake_runs_classify_documents_tasks_on_the_intake_asset(dagba
     for task in intake.tasks:
         twin = daily.get_task(task.task_id)
         assert type(task) is type(twin), task.task_id
-        if task.task_id == "classify":
+        if task.task_id in ("classify", "persist"):
             batch = mapped(task).partial_kwargs["batch"]
         else:
             assert isinstance(task, TriageOperator), task.task_id

@@ -386,7 +386,7 @@ def _past_its_claims(api: httpx.Client, run_id: str, timeout: float = 120) -> bo
 def test_a_document_posted_while_a_run_is_past_its_claims_is_classified_by_the_next_run(up: Up) -> None:
     """Runs never pile up (max_active_runs=1), and none strands a document: A is classified by a
     run; B is posted once that run's classify tasks have succeeded while the run is still active
-    (persist, publish and alert to go: no claim of it will take B). B's asset event waits for the
+    (publish_events to go: no claim of it will take B). B's asset event waits for the
     run to end, and the next run classifies B."""
     from triage_tools.local import admin_login
 

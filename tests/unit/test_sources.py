@@ -438,6 +438,41 @@ def test_shards_partition_the_source_and_keep_duplicates_together(count: int) ->
         assert all(parts), "a shard of 500 documents came out empty"
 
 
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("seed", [4, 9])
+def test_a_synthetic_shard_is_the_whole_read_filtered_in_the_same_order(count: int, seed: int) -> None:
+    """A shard of the synthetic source draws the others' documents without building them
+    (``read_where``): what it yields is exactly the whole read's share, in order, duplicates
+    and their redeliveries included (the skipped draws keep the random stream in step)."""
+    from triage.sources.base import FilteredSource, Shard, shard_of
+
+    source = SyntheticSource(2000, seed=seed, duplicate_rate=0.1)
+    assert isinstance(source, FilteredSource)
+    whole = list(source.read(DAY, NEXT_DAY))
+    for index in range(count):
+        expected = [d for d in whole if shard_of(d.external_id, count) == index]
+        assert list(Shard(source, index, count).read(DAY, NEXT_DAY)) == expected
+
+
+def test_a_synthetic_shard_builds_only_its_own_documents(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #29, retrieval builds each document once: two shards of a day build its documents
+    once between them, not once each."""
+    from triage.sources.base import Shard
+
+    source = SyntheticSource(1000, seed=4)
+    built = Counter[str]()
+    ticket = source._ticket
+
+    def counted(rnd: Callable[[], float]) -> tuple[str, str, str, str]:
+        built["tickets"] += 1
+        return ticket(rnd)
+
+    monkeypatch.setattr(source, "_ticket", counted)
+    sizes = [sum(1 for _ in Shard(source, index, 2).read(DAY, NEXT_DAY)) for index in range(2)]
+    assert sum(sizes) == 1000
+    assert built["tickets"] == 1000
+
+
 def test_a_shard_that_does_not_exist_is_refused() -> None:
     from triage.sources.base import Shard
 

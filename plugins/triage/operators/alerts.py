@@ -7,7 +7,8 @@
 - :class:`RunAlertsOperator` is ``classify_documents``' last task (a teardown: it runs when
   every other task is done, succeeded or not, and its own state never decides the run's). It
   asks the ledger what this run sent to review or failed, emits the counters, and alerts past
-  the thresholds.
+  the thresholds. On the happy path ``publish_events``
+  (:class:`PublishEventsThenAlertOperator`) does this at its end and skips the teardown.
 - :func:`classify_deadline` is the DAG's ``DeadlineAlert``: Airflow's scheduler calls
   :class:`DeadlineMissedNotifier` through the executor (``SyncCallback``) when a run has not
   succeeded in time.
@@ -31,7 +32,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseNotifier
+from airflow.sdk import BaseNotifier, SkipMixin
+from airflow.sdk.bases.xcom import BaseXCom
 
 # airflow.sdk exports these too, but its type stub (3.3.2) does not name them yet.
 from airflow.sdk.definitions.callback import SyncCallback
@@ -41,11 +43,14 @@ from triage.adapters.connections import api_server_url
 from triage.adapters.http_actions import ALERTS_CONN_ID, AlertRoute, alert_route
 from triage.adapters.task_context import batch_key, run_prefix
 from triage.operators.base import TriageOperator
+from triage.operators.classify_documents import PublishEventsOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from triage.alerts import Alert
+    from triage.jobs.sql.reads.alerts import RunMoves
+    from triage.jobs.store import JobStore
     from triage.observability import Metrics
 
 log = logging.getLogger(__name__)
@@ -222,44 +227,109 @@ class RunAlertsOperator(TriageOperator):
         return stats_metrics()
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from triage.alerts import run_alerts
-        from triage.jobs.vocabulary.states import JobStatus
-
-        ti = context["ti"]
-        key = batch_key(context)
         try:
-            moves = self.store.run_moves(batch_key=key, run_prefix=run_prefix(context))
+            moves = read_run_moves(self.store, context)
         finally:
             self.dispose()
-        review, terminal = moves.of(JobStatus.MANUAL_REVIEW), moves.of(JobStatus.TERMINAL_FAILED)
-        tags, metrics = {"dag_id": ti.dag_id, "batch_key": key}, self.get_metrics()
-        metrics.incr("triage.review.entered", review.jobs, tags)
-        metrics.incr("triage.terminal.entered", terminal.jobs, tags)
-        route = alert_route(self.alerts_conn_id)
-        alerts = run_alerts(
-            moves, route.thresholds, dag_id=ti.dag_id, run_id=ti.run_id, links={"run": run_link(ti.dag_id, ti.run_id)}
-        )
-        outcomes = {}
-        for alert in alerts:
-            notifier = TriageAlertNotifier(alert, conn_id=self.alerts_conn_id, route=route, metrics=metrics)
-            notifier(context)
-            outcomes[alert.kind] = notifier.outcome
-        log.info(
-            "run %s of batch=%s (%d jobs): review_entered=%d terminal_failed=%d alerts=%s",
-            ti.run_id,
-            key,
-            moves.batch_jobs,
-            review.jobs,
-            terminal.jobs,
-            outcomes or "none",
-        )
-        return {
-            "batch_jobs": moves.batch_jobs,
-            "review_entered": review.jobs,
-            "terminal_failed": terminal.jobs,
-            "review_reasons": dict(review.reasons),
-            "alerts": outcomes,
-        }
+        return send_run_alerts(moves, context, conn_id=self.alerts_conn_id, metrics=self.get_metrics())
+
+
+def read_run_moves(store: JobStore, context: Context) -> RunMoves:
+    """What this run moved of its batch (:meth:`triage.jobs.store.JobStore.run_moves`)."""
+    return store.run_moves(batch_key=batch_key(context), run_prefix=run_prefix(context))
+
+
+def send_run_alerts(moves: RunMoves, context: Context, *, conn_id: str, metrics: Metrics) -> dict[str, Any]:
+    """Emit the run's counters (``triage.review.entered``, ``triage.terminal.entered``) and send
+    each alert past the connection's thresholds; the counts and each alert's outcome. Delivery
+    never raises."""
+    from triage.alerts import run_alerts
+    from triage.jobs.vocabulary.states import JobStatus
+
+    ti = context["ti"]
+    key = batch_key(context)
+    review, terminal = moves.of(JobStatus.MANUAL_REVIEW), moves.of(JobStatus.TERMINAL_FAILED)
+    tags = {"dag_id": ti.dag_id, "batch_key": key}
+    metrics.incr("triage.review.entered", review.jobs, tags)
+    metrics.incr("triage.terminal.entered", terminal.jobs, tags)
+    route = alert_route(conn_id)
+    alerts = run_alerts(
+        moves, route.thresholds, dag_id=ti.dag_id, run_id=ti.run_id, links={"run": run_link(ti.dag_id, ti.run_id)}
+    )
+    outcomes = {}
+    for alert in alerts:
+        notifier = TriageAlertNotifier(alert, conn_id=conn_id, route=route, metrics=metrics)
+        notifier(context)
+        outcomes[alert.kind] = notifier.outcome
+    log.info(
+        "run %s of batch=%s (%d jobs): review_entered=%d terminal_failed=%d alerts=%s",
+        ti.run_id,
+        key,
+        moves.batch_jobs,
+        review.jobs,
+        terminal.jobs,
+        outcomes or "none",
+    )
+    return {
+        "batch_jobs": moves.batch_jobs,
+        "review_entered": review.jobs,
+        "terminal_failed": terminal.jobs,
+        "review_reasons": dict(review.reasons),
+        "alerts": outcomes,
+    }
+
+
+class PublishEventsThenAlertOperator(PublishEventsOperator, SkipMixin):
+    """``publish_events`` that also does the ``alert`` teardown's work at its end, and then skips
+    the teardown: on the happy path the run ends with its relay, with no task process started
+    and no scheduler round spent only to count and alert (issue #29).
+
+    It is the run's last task but the teardown, so every other task (and its failure callback)
+    is done when it alerts. Whenever it does not get that far (a task before it failed, so it
+    never runs; the relay failed; the alert's read of the ledger raised), the teardown is left
+    as it was and alerts for the run, with its own retries: the alerts are sent once either
+    way, and an alert never fails the relay nor decides the run's state.
+
+    Its return value is the relay's counts plus ``run_alerts`` (what :class:`RunAlertsOperator`
+    returns); ``alert`` shows ``skipped`` when this task alerted.
+
+    :param alert_task_id: the teardown it does the work of (a direct downstream task).
+    :param alerts_conn_id: the webhook connection (see the module's docstring).
+    """
+
+    def __init__(self, *, alert_task_id: str, alerts_conn_id: str = ALERTS_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.alert_task_id, self.alerts_conn_id = alert_task_id, alerts_conn_id
+
+    def get_metrics(self) -> Metrics:
+        """The seam tests override: where the counters go."""
+        return stats_metrics()
+
+    def run_moves(self, context: Context) -> RunMoves:
+        """What this run moved of its batch, read from the ledger (a seam tests override)."""
+        try:
+            return read_run_moves(self.store, context)
+        finally:
+            self.dispose()
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        done = super().execute(context)
+        teardown = [task for task in self.downstream_list if task.task_id == self.alert_task_id]
+        if not teardown:
+            return done
+        try:
+            alerted = send_run_alerts(
+                self.run_moves(context), context, conn_id=self.alerts_conn_id, metrics=self.get_metrics()
+            )
+        except Exception:  # the one degraded path here: the teardown alerts instead
+            log.exception("could not alert for the run here; the %s teardown will", self.alert_task_id)
+            return done
+        done = {**done, "run_alerts": alerted}
+        ti = context["ti"]
+        # Skipping raises (DownstreamTasksSkipped) before execute could return: push the return value first.
+        ti.xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=done)
+        self.skip(ti, teardown)
+        return done
 
 
 def alert_on_orphans(

@@ -30,10 +30,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DOCUMENT_LABELS"]
+__all__ = ["DOCUMENT_LABELS", "SUMMARY_KEY"]
 
 DOCUMENT_LABELS = Asset(name="triage_document_labels", uri="triage://document_labels")
 """Updated whenever a run publishes: downstream DAGs can be scheduled on it."""
+
+SUMMARY_KEY = "summary"
+"""The XCom key of a ``classify`` try's counts (its return value is what it leaves ``persist``)."""
 
 
 def _payloads(explicit: str | None) -> Any:
@@ -192,7 +195,7 @@ class ClassifyDocumentsOperator(TriageOperator):
             separate_persist,
         )
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any] | None:
         from triage.classifiers import Taxonomy
         from triage.operators.metrics import AirflowStatsMetrics
         from triage.pipeline.classify_plan import classify_handler, plan_classify
@@ -279,7 +282,21 @@ class ClassifyDocumentsOperator(TriageOperator):
         if not separate:  # accepted jobs complete here: their label and completion event too
             written += ["document_labels", "outbox"]
         self.record_lineage(lambda: self.ledger_lineage(context, ["jobs"], written, done))
-        return done
+        return self.hand_over(context, done)
+
+    def hand_over(self, context: Context, done: dict[str, Any]) -> dict[str, Any] | None:
+        """This try's counts as XCom ``summary``, and what it leaves ``persist`` as its return
+        value: ``{"worker", "persist"}`` when jobs of the batch wait at the persist step, else
+        None. ``persist`` is mapped over these return values (:mod:`triage.operators.tasks`),
+        so when no instance left it work (no label action, the default) the scheduler skips it
+        without starting a process. Counted after this try's moves committed: an instance that
+        advanced jobs to persist always sees them (only ``persist`` completes them)."""
+        context["ti"].xcom_push(key=SUMMARY_KEY, value=done)
+        try:
+            waiting = self.store.open_in_step(batch_key(context), Step.PERSIST)
+        finally:
+            self.dispose()
+        return {"worker": self.worker, "persist": waiting} if waiting else None
 
 
 class PersistLabelsOperator(TriageOperator):
@@ -289,13 +306,20 @@ class PersistLabelsOperator(TriageOperator):
     :param action_conn_id: an HTTP connection whose host is the URL the label is POSTed to,
         with the job's idempotency key; extra ``timeout`` (seconds) and ``headers``. No action
         when the connection does not exist.
+    :param handed_over: what the ``classify`` instance this one is mapped from left it
+        (:meth:`ClassifyDocumentsOperator.hand_over`); every instance claims from the whole
+        batch's persist step with ``FOR UPDATE SKIP LOCKED``, whatever it was handed.
     """
 
     ledger_step = Step.PERSIST
 
-    def __init__(self, *, action_conn_id: str | None = LABEL_ACTION_CONN_ID, **kwargs: Any) -> None:
+    def __init__(
+        self, *, action_conn_id: str | None = LABEL_ACTION_CONN_ID, handed_over: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.action_conn_id = action_conn_id
+        # A classify instance's hand-over ({"worker", "persist"}): the DAG maps persist over them.
+        self.handed_over = handed_over
 
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.operators.metrics import AirflowStatsMetrics

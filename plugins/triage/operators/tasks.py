@@ -1,5 +1,7 @@
-"""The classification tasks both classifying DAGs wire: classify (mapped) → persist → publish
-events, and the ``alert`` teardown, with the same pools, timeouts and retry policy.
+"""The classification tasks both classifying DAGs wire: size_classify → classify (mapped) →
+persist (mapped over what classify left it: skipped by the scheduler when nothing) → publish
+events (which alerts at its end), and the ``alert`` teardown for a run that did not get that
+far, with the same pools, timeouts and retry policy.
 
 ``classify_documents`` puts ``retrieve`` before them (a day's documents from a source);
 ``classify_intake`` runs them alone on the ``intake`` batch (the documents posted over HTTP,
@@ -13,13 +15,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from airflow.sdk import TriggerRule
+
 from triage.adapters.callbacks import on_task_failure
-from triage.operators.alerts import RunAlertsOperator
-from triage.operators.classify_documents import (
-    ClassifyDocumentsOperator,
-    PersistLabelsOperator,
-    PublishEventsOperator,
-)
+from triage.operators.alerts import PublishEventsThenAlertOperator, RunAlertsOperator
+from triage.operators.classify_documents import ClassifyDocumentsOperator, PersistLabelsOperator
 from triage.operators.retry import OUTAGE_RETRY_POLICY, default_args
 from triage.operators.sizing import SizeClassifyOperator
 
@@ -66,8 +66,24 @@ def classification_tasks(
     upstream: Any = None, *, batch: str | None = None, model_batches: bool = False
 ) -> dict[str, Any]:
     """size_classify → classify (mapped over as many instances as the batch's open jobs need:
-    :mod:`triage.operators.sizing`) → persist → publish_events after ``upstream`` (if any), and
-    ``alert``, a teardown downstream of every one of them; returns the tasks by id.
+    :mod:`triage.operators.sizing`) → persist (mapped over what classify left it) →
+    publish_events after ``upstream`` (if any), and ``alert``, a teardown downstream of every
+    one of them; returns the tasks by id.
+
+    No idle hand-offs on the happy path (issue #29): a task that has nothing to do costs no
+    process start and no scheduler round.
+
+    - ``persist`` is expanded over the ``classify`` instances' return values, and an instance
+      returns one only when jobs of the batch wait at the persist step
+      (:meth:`~triage.operators.classify_documents.ClassifyDocumentsOperator.hand_over`): with
+      no label action (keyword, learned or llm completing their jobs in classify) the scheduler
+      marks ``persist`` skipped (mapped over nothing); with one, or jobs an earlier run left
+      there, one ``persist`` instance runs per classify instance that saw them.
+    - ``publish_events`` runs when no upstream failed (``none_failed``: a skipped ``persist`` is
+      no reason to keep the run's events), then alerts for the run itself and skips the ``alert``
+      teardown (:class:`~triage.operators.alerts.PublishEventsThenAlertOperator`); whenever
+      ``publish_events`` did not get that far (a task failed, or the alert could not be read),
+      the teardown alerts, as before.
 
     :param batch: the batch every task works on (None: the run's data interval).
     :param model_batches: a run with param ``model_mode`` = ``batch`` sends its jobs to the
@@ -90,8 +106,12 @@ def classification_tasks(
         retry_policy=OUTAGE_RETRY_POLICY,
         batch=batch,
     ).expand(worker=size.output)
-    persist = PersistLabelsOperator(task_id="persist", execution_timeout=PERSIST_TIMEOUT, batch=batch)
-    publish = PublishEventsOperator(task_id="publish_events", batch=batch)
+    persist = PersistLabelsOperator.partial(task_id="persist", execution_timeout=PERSIST_TIMEOUT, batch=batch).expand(
+        handed_over=classify.output
+    )
+    publish = PublishEventsThenAlertOperator(
+        task_id="publish_events", alert_task_id="alert", batch=batch, trigger_rule=TriggerRule.NONE_FAILED
+    )
 
     # Downstream of every task, not only the last: it must wait for every map index of classify.
     alert = RunAlertsOperator(task_id="alert", batch=batch).as_teardown()

@@ -10,12 +10,12 @@ Airflow retries it.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Shard", "Source", "SourceDocument", "SourceError", "require_aware", "shard_of"]
+__all__ = ["FilteredSource", "Shard", "Source", "SourceDocument", "SourceError", "require_aware", "shard_of"]
 
 
 class SourceError(Exception):
@@ -51,6 +51,17 @@ class Source(Protocol):
         ...
 
 
+@runtime_checkable
+class FilteredSource(Source, Protocol):
+    """A source that can skip documents before it builds them, by external id: a
+    :class:`Shard` of it builds only its share (the synthetic source: the others are drawn,
+    not built)."""
+
+    def read_where(self, start: datetime, end: datetime, keep: Callable[[str], bool]) -> Iterator[SourceDocument]:
+        """What :meth:`read` yields, but only the documents whose external id ``keep`` accepts."""
+        ...
+
+
 def require_aware(start: datetime, end: datetime) -> None:
     """Refuse naive or empty intervals: a data interval without a time zone is ambiguous."""
     if start.tzinfo is None or start.utcoffset() is None:
@@ -71,8 +82,9 @@ class Shard:
     """The documents of ``inner`` whose external id falls in shard ``index`` of ``count``.
 
     ``classify_documents`` maps ``retrieve`` over shards: each task reads the whole interval but
-    stores payloads and registers only its share, so payload writes, the slowest part of
-    retrieval here, run in several processes. Together the shards are exactly the source.
+    builds (a :class:`FilteredSource`), stores and registers only its share, so payload writes,
+    the slowest part of retrieval here, run in several processes. Together the shards are
+    exactly the source.
     """
 
     def __init__(self, inner: Source, index: int, count: int) -> None:
@@ -85,6 +97,13 @@ class Shard:
         if self.count == 1:
             yield from self.inner.read(start, end)
             return
+        if isinstance(self.inner, FilteredSource):  # builds only this shard's documents
+            yield from self.inner.read_where(start, end, self.owns)
+            return
         for doc in self.inner.read(start, end):
-            if shard_of(doc.external_id, self.count) == self.index:
+            if self.owns(doc.external_id):
                 yield doc
+
+    def owns(self, external_id: str) -> bool:
+        """Whether the document of ``external_id`` is this shard's."""
+        return shard_of(external_id, self.count) == self.index

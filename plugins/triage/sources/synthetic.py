@@ -189,8 +189,19 @@ class SyntheticSource:
         for document, _label in self.read_labelled(start, end):
             yield document
 
-    def read_labelled(self, start: datetime, end: datetime) -> Iterator[tuple[SourceDocument, str]]:
-        """The documents with the label each was written for (the ground truth).
+    def read_where(self, start: datetime, end: datetime, keep: Callable[[str], bool]) -> Iterator[SourceDocument]:
+        """The documents of ``[start, end)`` whose external id ``keep`` accepts, exactly as
+        :meth:`read` yields them: a :class:`~triage.sources.base.Shard` reads its share so. The
+        others are drawn but never built (their random draws only: the stream is sequential),
+        so the shards of a day build each document once between them."""
+        for document, _label in self.read_labelled(start, end, keep):
+            yield document
+
+    def read_labelled(
+        self, start: datetime, end: datetime, keep: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[SourceDocument, str]]:
+        """The documents with the label each was written for (the ground truth); with ``keep``,
+        only those whose external id it accepts (:meth:`read_where`).
 
         ``received_at`` is spread over the interval in increasing order, at whole seconds; an
         empty interval (``start == end``) puts every document at ``start``.
@@ -215,31 +226,56 @@ class SyntheticSource:
         rnd = _seeded_random(self.seed, start, "documents").random
         day_prefix: dict[int, str] = {}
         last_second = max(span - 1, 0)
-        ticket = self._ticket
+        ticket, skip = self._ticket, self._skip_ticket
         for index in range(count):
             offset = min(int((index + rnd()) * span / count), last_second) if span else 0
-            # Formatting by hand: strftime() per document was a fifth of the generation time.
-            days, second_of_day = divmod(first_second + offset, 86_400)
-            prefix = day_prefix.get(days)
-            if prefix is None:
-                prefix = day_prefix[days] = datetime.fromtimestamp(days * 86_400, UTC).strftime("%Y-%m-%dT")
-            hours, rest = divmod(second_of_day, 3600)
-            minutes, seconds = divmod(rest, 60)
             external_id = f"syn-{day}-{index:06d}"
-            subject, body, channel, label = ticket(rnd)
-            # Keys in sorted order, compact separators, pieces already JSON-escaped: the exact
-            # bytes canonical_json_bytes() would produce (checked by round-trip in the tests).
-            content = (
-                f'{{"body":"{body}","channel":{channel},"external_id":"{external_id}",'
-                f'"received_at":"{prefix}{hours:02d}:{minutes:02d}:{seconds:02d}Z",'
-                f'"schema_version":1,"subject":"{subject}"}}'
-            ).encode()
-            item = (SourceDocument("synthetic", external_id, content), label)
-            yield item
-            if index in duplicated:
-                held[index] = item
+            if keep is not None and not keep(external_id):
+                skip(rnd)  # drawn, not built; its own redeliveries share its id: never held
+            else:
+                # Formatting by hand: strftime() per document was a fifth of the generation time.
+                days, second_of_day = divmod(first_second + offset, 86_400)
+                prefix = day_prefix.get(days)
+                if prefix is None:
+                    prefix = day_prefix[days] = datetime.fromtimestamp(days * 86_400, UTC).strftime("%Y-%m-%dT")
+                hours, rest = divmod(second_of_day, 3600)
+                minutes, seconds = divmod(rest, 60)
+                subject, body, channel, label = ticket(rnd)
+                # Keys in sorted order, compact separators, pieces already JSON-escaped: the exact
+                # bytes canonical_json_bytes() would produce (checked by round-trip in the tests).
+                content = (
+                    f'{{"body":"{body}","channel":{channel},"external_id":"{external_id}",'
+                    f'"received_at":"{prefix}{hours:02d}:{minutes:02d}:{seconds:02d}Z",'
+                    f'"schema_version":1,"subject":"{subject}"}}'
+                ).encode()
+                item = (SourceDocument("synthetic", external_id, content), label)
+                yield item
+                if index in duplicated:
+                    held[index] = item
             for original in redeliver_after.get(index, ()):
-                yield held.pop(original)
+                if original in held:  # not held: skipped by ``keep``
+                    yield held.pop(original)
+
+    def _skip_ticket(self, rnd: Callable[[], float]) -> None:
+        """Make exactly the random draws of :meth:`_ticket`, building nothing (a test keeps the
+        two in step: the documents after a skipped one are the same either way)."""
+        rnd()  # label
+        rnd()  # number
+        kind = rnd()
+        if kind < VAGUE_SHARE:
+            for _ in range(5):  # subject, four sentences
+                rnd()
+        else:
+            for _ in range(4):  # subject, three sentences
+                rnd()
+            for _ in range(2 * (1 + int(rnd() * 3))):  # each inserted sentence: place and pick
+                rnd()
+            if kind < VAGUE_SHARE + CONFUSED_SHARE and len(self._label_names) > 1:
+                rnd()  # the minor label
+                for _ in range(1 + int(rnd() * 2)):
+                    rnd()
+        for _ in range(5):  # closing context, greeting, closing, name, channel
+            rnd()
 
     def _ticket(self, rnd: Callable[[], float]) -> tuple[str, str, str, str]:
         """Draw one ticket: JSON-escaped subject and body, channel as JSON, and its label.

@@ -1,0 +1,106 @@
+"""``publish_events`` alerts for its run and skips the ``alert`` teardown (issue #29: no task
+process only to alert), through a real ``execute`` on a real PostgreSQL with a loopback webhook;
+when its alert cannot read the ledger it logs why and leaves the teardown to alert, never
+failing the relay."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import DownstreamTasksSkipped
+
+from tests.fakes.provider import FakeProvider
+from tests.ledger.test_alerts import KEY, RUN, a_run, run_context, webhook
+from triage.jobs.store import JobStore
+from triage.observability import RecordingMetrics
+from triage.operators.alerts import PublishEventsThenAlertOperator, RunAlertsOperator
+
+
+def publish_task(store: JobStore, events: Path, metrics: RecordingMetrics, *, broken_ledger: bool = False) -> Any:
+    """``publish_events`` as the DAG wires it (the ``alert`` teardown its direct downstream), with
+    the test's database; ``broken_ledger``: the alert's read of the ledger raises."""
+
+    class Seamed(PublishEventsThenAlertOperator):
+        def get_engine(self) -> sa.Engine:
+            return store.engine
+
+        def get_metrics(self) -> RecordingMetrics:
+            return metrics
+
+        def run_moves(self, context: Any) -> Any:
+            if broken_ledger:
+                raise sa.exc.OperationalError("SELECT", {}, Exception("the job database is down"))
+            return super().run_moves(context)
+
+    with DAG("classify_documents", schedule=None):
+        task = Seamed(task_id="publish_events", alert_task_id="alert", event_log=str(events))
+        task >> RunAlertsOperator(task_id="alert").as_teardown()
+    return task
+
+
+def outbox_events(store: JobStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM triage.outbox")).scalar_one())
+
+
+def context_with_xcoms() -> tuple[Any, dict[str, Any]]:
+    """The run's context with a task instance that keeps what is pushed to XCom."""
+    pushed: dict[str, Any] = {}
+    context: Any = dict(run_context())
+    ti = context["ti"]
+    context["ti"] = SimpleNamespace(**vars(ti), xcom_push=lambda key, value: pushed.__setitem__(key, value))
+    return context, pushed
+
+
+@pytest.fixture
+def provider() -> Any:
+    with FakeProvider() as fake:
+        yield fake
+
+
+@pytest.mark.own_database  # the relay sends only what committed transactions wrote
+def test_publish_events_alerts_once_then_skips_the_teardown(
+    store: JobStore, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    webhook(monkeypatch, provider.url)
+    a_run(store, review=12, completed=28)  # over the review threshold
+    metrics = RecordingMetrics()
+    context, pushed = context_with_xcoms()
+
+    with pytest.raises(DownstreamTasksSkipped) as skipped:
+        publish_task(store, tmp_path / "events.jsonl", metrics).execute(context)
+
+    assert skipped.value.tasks == ["alert"]  # the runner sends it to the API server as it succeeds
+    assert dict(provider.requests) == {KEY: 1}
+    done = pushed["return_value"]  # pushed before the skip ended execute
+    assert done["published"] == outbox_events(store) > 0
+    assert done["run_alerts"]["review_entered"] == 12
+    assert done["run_alerts"]["alerts"] == {"review_threshold": "sent"}
+    assert pushed["skipmixin_key"] == {"skipped": ["alert"]}  # a cleared alert is skipped again
+    assert metrics.counters()["triage.alerts.sent.review_threshold"] == 1
+    assert RUN in context["ti"].run_id
+
+
+@pytest.mark.own_database
+def test_an_alert_that_cannot_read_the_ledger_leaves_the_teardown_to_alert(
+    store: JobStore, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: Any
+) -> None:
+    webhook(monkeypatch, provider.url)
+    a_run(store, review=12, completed=28)
+    context, pushed = context_with_xcoms()
+    task = publish_task(store, tmp_path / "events.jsonl", RecordingMetrics(), broken_ledger=True)
+
+    with caplog.at_level(logging.ERROR, logger="triage.operators.alerts"):
+        done = task.execute(context)  # no DownstreamTasksSkipped: the teardown is left to run
+
+    assert done == {"published": outbox_events(store)}  # the relay's work stands
+    assert "run_alerts" not in done
+    assert pushed == {}
+    assert dict(provider.requests) == {}
+    assert "the alert teardown will" in caplog.text
