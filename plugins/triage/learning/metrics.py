@@ -5,25 +5,47 @@ label weighs the same, however rare), per-label precision and recall, the most c
 and for the model's thresholds the *coverage* (the share it would accept without a person) and
 the *accepted precision* (how often what it accepts is right).
 
-A label's threshold is the lowest confidence at which the held-out predictions of that label,
-taken from the most confident down, are still right at least ``target_precision`` of the time,
-over at least :data:`MIN_ACCEPTED` of them; a label with fewer than ``min_examples`` training
-examples, or that reaches the target at no threshold, has none and never auto-accepts.
-"Right at least target_precision of the time" is judged by the Wilson lower bound at ``z``
-standard errors, not by the observed share alone: a threshold chosen where the held-out
-precision only just reaches the target falls below it on new documents about half of the time
-(measured: docs/adr/0007-learned-classifier.md). ``z = 0`` is the observed share.
+Thresholds are chosen on held-out predictions, two ways:
+
+- **Each label on its own** (:func:`choose_thresholds`): a label's threshold is the lowest
+  confidence at which its held-out predictions, taken from the most confident down, are still
+  right at least ``target_precision`` of the time, over at least :data:`MIN_ACCEPTED` of them.
+  "Right at least target_precision of the time" is judged by the Wilson lower bound at ``z``
+  standard errors, not by the observed share alone: a threshold chosen where the held-out
+  precision only just reaches the target falls below it on new documents about half of the time
+  (measured: docs/adr/0007-learned-classifier.md). ``z = 0`` is the observed share.
+- **Pooled** (:func:`choose_pooled_thresholds`, what training uses): the target is a property of
+  everything accepted, so the margin is taken on all accepted held-out predictions together
+  (thousands, a margin of a few tenths of a point) instead of on each label's hundred or so (a
+  margin of a point or more each). One shared bar of confidence; a label accepts down to the bar
+  when its own held-out precision there is not below the target by more than ``z`` standard
+  errors (the Wilson *upper* bound reaches it), and down to its own threshold above whenever that
+  is lower; the bar is the one that accepts most while the Wilson lower bound of the pooled
+  accepted predictions still reaches the target. Every label accepts at least what it accepts on
+  its own.
+
+Either way a label with fewer than ``min_examples`` training examples, or that reaches the target
+at no threshold and is not trusted at the bar, has none and never auto-accepts.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["MIN_ACCEPTED", "Prediction", "choose_thresholds", "score", "wilson_lower_bound"]
+__all__ = [
+    "MIN_ACCEPTED",
+    "Prediction",
+    "choose_pooled_thresholds",
+    "choose_thresholds",
+    "score",
+    "wilson_lower_bound",
+    "wilson_upper_bound",
+]
 
 MIN_ACCEPTED: Final = 5
 """Held-out predictions of a label needed before its threshold is believed."""
@@ -55,6 +77,13 @@ def wilson_lower_bound(right: int, n: int, z: float) -> float:
     return (share + z * z / (2 * n) - spread) / (1 + z * z / n)
 
 
+def wilson_upper_bound(right: int, n: int, z: float) -> float:
+    """The upper end of the Wilson score interval of ``right`` successes in ``n`` at ``z``."""
+    if n == 0:
+        return 1.0
+    return 1.0 - wilson_lower_bound(n - right, n, z)
+
+
 def choose_thresholds(
     predictions: Sequence[Prediction],
     labels: Sequence[str],
@@ -82,6 +111,80 @@ def choose_thresholds(
                 best = prediction.confidence
         thresholds[label] = best
     return thresholds
+
+
+class _Ranked:
+    """One label's held-out predictions, most confident first: how many of them a threshold takes,
+    and how many of those are right."""
+
+    __slots__ = ("_negated", "_right")
+
+    def __init__(self, label: str, predictions: Sequence[Prediction]) -> None:
+        mine = sorted((p for p in predictions if p.label == label), key=lambda p: -p.confidence)
+        self._negated = [-p.confidence for p in mine]  # ascending, for bisect
+        self._right = [0]
+        for prediction in mine:
+            self._right.append(self._right[-1] + (prediction.truth == label))
+
+    def taken(self, threshold: float | None) -> tuple[int, int]:
+        """(accepted, right) at ``threshold`` (None: nothing)."""
+        if threshold is None:
+            return 0, 0
+        n = bisect.bisect_right(self._negated, -threshold)
+        return n, self._right[n]
+
+
+def choose_pooled_thresholds(
+    predictions: Sequence[Prediction],
+    labels: Sequence[str],
+    *,
+    target_precision: float,
+    train_counts: Mapping[str, int],
+    min_examples: int,
+    z: float = 0.0,
+) -> dict[str, float | None]:
+    """Each label's threshold with the margin on the pool of accepted predictions (see the module
+    docstring); None: the label never auto-accepts.
+
+    For each candidate bar (every held-out confidence of a label with ``min_examples``), label by
+    label: the bar when at least :data:`MIN_ACCEPTED` of its predictions reach it and the Wilson
+    upper bound at ``z`` of their precision reaches ``target_precision``; its own threshold
+    (:func:`choose_thresholds` at ``z``) when that is lower or the bar is refused. Of the bars
+    whose accepted predictions, pooled, have a Wilson lower bound at ``z`` that reaches the
+    target, the one accepting most is kept (ties: the higher bar). Each label's own threshold
+    passes that test by itself (the pooled surplus of right answers is the sum of the labels'
+    and the margin of the sum is at most the sum of their margins), so the result never accepts
+    less than the labels on their own.
+    """
+    own = choose_thresholds(
+        predictions,
+        labels,
+        target_precision=target_precision,
+        train_counts=train_counts,
+        min_examples=min_examples,
+        z=z,
+    )
+    eligible = [label for label in labels if train_counts.get(label, 0) >= min_examples]
+    ranked = {label: _Ranked(label, predictions) for label in eligible}
+
+    def pooled(thresholds: Mapping[str, float | None]) -> tuple[int, int]:
+        taken = [ranked[label].taken(thresholds[label]) for label in eligible]
+        return sum(n for n, _ in taken), sum(right for _, right in taken)
+
+    best: dict[str, float | None] = dict(own)
+    most, _ = pooled(own)
+    bars = sorted({p.confidence for p in predictions if p.label in ranked}, reverse=True)
+    for bar in bars:
+        thresholds: dict[str, float | None] = dict.fromkeys(labels)
+        for label in eligible:
+            n, right = ranked[label].taken(bar)
+            trusted = n >= MIN_ACCEPTED and wilson_upper_bound(right, n, z) >= target_precision
+            candidates = [t for t in (bar if trusted else None, own[label]) if t is not None]
+            thresholds[label] = min(candidates) if candidates else None
+        n, right = pooled(thresholds)
+        if n > most and wilson_lower_bound(right, n, z) >= target_precision:
+            best, most = thresholds, n
+    return best
 
 
 def score(

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from triage.learning.metrics import Prediction, choose_thresholds, score
+from triage.learning.metrics import Prediction, choose_pooled_thresholds, choose_thresholds, score
 from triage.learning.model import FeatureSpec, LinearTextModel, sha256_hex
 
 __all__ = [
@@ -57,6 +57,11 @@ class TrainSettings:
     :param min_examples: training examples a label needs before it may auto-accept.
     :param margin_z: how sure the held-out precision at a threshold must be to reach the target
         (the Wilson lower bound at this many standard errors; 0: the observed share).
+    :param pooled: take the margin on all accepted held-out predictions together, each label
+        not below the target by more than ``margin_z`` standard errors and never accepting less
+        than on its own (:func:`~triage.learning.metrics.choose_pooled_thresholds`); False: the
+        margin on each label's own predictions
+        (:func:`~triage.learning.metrics.choose_thresholds`).
     :param min_df: examples a term must appear in to be a feature.
     :param c: the logistic regression's inverse regularisation strength.
     :param calibrate: scale the fitted layer by the temperature that fits the held-out examples
@@ -71,6 +76,7 @@ class TrainSettings:
     c: float = 20.0
     max_iter: int = 1000
     calibrate: bool = True
+    pooled: bool = True
 
     def __post_init__(self) -> None:
         if not (0.0 < self.target_precision <= 1.0):
@@ -241,7 +247,8 @@ def train(
     fit_seconds = time.process_time() - started
     counts = dict(sorted(Counter(e.label for e in trained_on).items()))
     predictions, _ = evaluate_model(model, held, None)
-    thresholds = choose_thresholds(
+    choose = choose_pooled_thresholds if settings.pooled else choose_thresholds
+    thresholds = choose(
         predictions,
         model.labels,
         target_precision=settings.target_precision,
@@ -261,6 +268,7 @@ def train(
         "holdout_percent": settings.holdout_percent,
         "min_examples": settings.min_examples,
         "margin_z": settings.margin_z,
+        "thresholds": "pooled" if settings.pooled else "per-label",
         "examples": len(examples),
         "trained_on": len(trained_on),
         "held_out": len(held),
