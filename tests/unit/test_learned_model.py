@@ -376,7 +376,17 @@ def test_metrics_count_confusions_and_macro_f1() -> None:
     result = score(predictions, {"a": 0.5, "b": None})
     assert result["n"] == 4
     assert result["accuracy"] == 0.5
-    assert result["per_label"]["a"] == {"precision": 1.0, "recall": 0.5, "f1": 0.6667, "support": 2}
+    assert result["per_label"]["a"] == {
+        "precision": 1.0,
+        "recall": 0.5,
+        "f1": 0.6667,
+        "support": 2,
+        "accepted": 1,
+        "accepted_precision": 1.0,
+    }
+    assert result["per_label"]["b"]["accepted"] == 0  # b never auto-accepts
+    assert result["per_label"]["b"]["accepted_precision"] is None
+    assert "accepted" not in score(predictions)["per_label"]["a"]  # no thresholds, no outcome
     assert result["macro_f1"] == pytest.approx((2 / 3 + 2 / 3 + 0) / 3, abs=1e-4)
     assert result["confused"][0] == {"truth": "a", "predicted": "b", "count": 1}
     assert result["coverage"] == 0.25  # only the first: b never auto-accepts

@@ -194,13 +194,17 @@ def score(
     top_confusions: int = 5,
 ) -> dict[str, Any]:
     """The metrics of ``predictions`` (JSON-ready). With ``thresholds``: coverage and accepted
-    precision at them (None when nothing is accepted); without, the outcome the classifier
-    decided is not known here, and both are None."""
+    precision at them (None when nothing is accepted), in all and per label (``accepted``,
+    ``accepted_precision`` of the documents auto-accepted with that label); without, the outcome
+    the classifier decided is not known here, and they are None (per label: absent)."""
     n = len(predictions)
     truths = Counter(p.truth for p in predictions)
     predicted = Counter(p.label for p in predictions if p.label is not None)
     right = Counter(p.truth for p in predictions if p.label == p.truth)
     labels = sorted(set(truths) | set(predicted))
+    taken = [p for p in predictions if accepted(p, thresholds)] if thresholds is not None else []
+    taken_as = Counter(p.label for p in taken)
+    right_as = Counter(p.label for p in taken if p.label == p.truth)
     per_label: dict[str, dict[str, Any]] = {}
     f1s = []
     for label in labels:
@@ -213,6 +217,11 @@ def score(
             "f1": round(f1, 4),
             "support": truths[label],
         }
+        if thresholds is not None:
+            per_label[label]["accepted"] = taken_as[label]
+            per_label[label]["accepted_precision"] = (
+                round(right_as[label] / taken_as[label], 4) if taken_as[label] else None
+            )
         f1s.append(f1)
     confused = Counter((p.truth, p.label or "(none)") for p in predictions if p.label != p.truth)
     result: dict[str, Any] = {
@@ -229,7 +238,6 @@ def score(
         "accepted_precision": None,
     }
     if thresholds is not None:
-        taken = [p for p in predictions if accepted(p, thresholds)]
         result["accepted"] = len(taken)
         result["coverage"] = round(len(taken) / n, 4) if n else None
         result["accepted_precision"] = round(sum(p.label == p.truth for p in taken) / len(taken), 4) if taken else None
