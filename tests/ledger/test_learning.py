@@ -544,11 +544,15 @@ def test_train_list_promote_and_evaluate_from_the_command_line(
     assert cli.main(["train", "--json", "--min-examples", "5"]) == 0
     trained = json.loads(capsys.readouterr().out)
     assert trained["status"] == "champion"
-    assert trained["params"]["thresholds"] == "pooled"  # the margin on all accepted predictions together
+    assert trained["params"]["thresholds"] == "verified"  # pooled, certified on held-out it did not choose on
     assert cli.main(["train", "--json", "--min-examples", "5", "--per-label-margin"]) == 0
     per_label = json.loads(capsys.readouterr().out)
     assert per_label["params"]["thresholds"] == "per-label"
     assert per_label["version"] != trained["version"]  # another rule, another model version
+    assert cli.main(["train", "--json", "--min-examples", "5", "--thresholds", "pooled"]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    assert pooled["params"]["thresholds"] == "pooled"
+    assert pooled["version"] not in (trained["version"], per_label["version"])
     assert cli.main(["models", "list"]) == 0
     assert trained["version"] in capsys.readouterr().out
     test = cli_env / "test.jsonl"

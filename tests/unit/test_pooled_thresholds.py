@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,10 +19,11 @@ from triage.learning.metrics import (
     Prediction,
     choose_pooled_thresholds,
     choose_thresholds,
+    choose_verified_thresholds,
     wilson_lower_bound,
     wilson_upper_bound,
 )
-from triage.learning.training import Example, TrainSettings, evaluate_model, train
+from triage.learning.training import Example, TrainSettings, evaluate_model, train, verification_half
 
 TARGET = 0.95
 Z = 1.0
@@ -181,7 +183,7 @@ def test_the_pooled_thresholds_keep_their_promises(
         assert wilson_lower_bound(right, n, z) >= target
 
 
-def test_training_chooses_pooled_thresholds_unless_told_per_label() -> None:
+def test_training_chooses_verified_thresholds_unless_told_otherwise() -> None:
     topics = {
         "billing": ["invoice", "charged twice", "receipt", "payment card", "vat"],
         "shipping": ["parcel", "delivery", "tracking number", "courier", "in transit"],
@@ -195,20 +197,28 @@ def test_training_chooses_pooled_thresholds_unless_told_per_label() -> None:
         # One word in five is another topic's (or its own): the model is not always right.
         words = [rng.choice(topics[label] if rng.random() < 0.8 else topics[rng.choice(names)]) for _ in range(3)]
         data.append(Example("test", f"ex-{i}", label, f"{i:064x}", "about " + " and ".join(words)))
-    pooled_model = train(data, taxonomy_sha256="t" * 64)
-    per_label = train(data, taxonomy_sha256="t" * 64, settings=TrainSettings(pooled=False))
+    verified = train(data, taxonomy_sha256="t" * 64)
+    pooled_model = train(data, taxonomy_sha256="t" * 64, settings=TrainSettings(thresholds="pooled"))
+    per_label = train(data, taxonomy_sha256="t" * 64, settings=TrainSettings(thresholds="per-label"))
+    assert verified.params["thresholds"] == "verified"
     assert pooled_model.params["thresholds"] == "pooled"
     assert per_label.params["thresholds"] == "per-label"
-    assert pooled_model.version != per_label.version
+    assert len({verified.version, pooled_model.version, per_label.version}) == 3
     assert pooled_model.thresholds != per_label.thresholds  # these data tell the two apart
     assert pooled_model.metrics["coverage"] > per_label.metrics["coverage"]
+    common: dict[str, Any] = {"target_precision": 0.97, "min_examples": 20, "z": 0.5}
     for trained, choose in ((pooled_model, choose_pooled_thresholds), (per_label, choose_thresholds)):
         predictions, _ = evaluate_model(trained.model, list(trained.holdout), None)
         assert trained.thresholds == choose(
-            predictions,
-            trained.model.labels,
-            target_precision=0.97,
-            train_counts=trained.label_counts,
-            min_examples=20,
-            z=0.5,
+            predictions, trained.model.labels, train_counts=trained.label_counts, **common
         )
+    predictions, _ = evaluate_model(verified.model, list(verified.holdout), None)
+    halves = [verification_half(e.source, e.external_id) for e in verified.holdout]
+    assert verified.thresholds == choose_verified_thresholds(
+        predictions, halves, verified.model.labels, train_counts=verified.label_counts, **common
+    )
+
+
+def test_an_unknown_threshold_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match="thresholds must be one of"):
+        TrainSettings(thresholds="loose")  # type: ignore[arg-type]
