@@ -3,6 +3,7 @@ round trip and its refusals, thresholds and metrics."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import warnings
@@ -409,6 +410,12 @@ def test_training_is_deterministic_and_names_its_data() -> None:
     assert first.artifact_sha256 == again.artifact_sha256
     assert first.training_set_sha256 == training_set_sha256(data)
     assert train(data, taxonomy_sha256="u" * 64).version != first.version  # a new taxonomy is a new model
+    # The same texts stored again (an import without received_at stores the import's time, so
+    # other payload bytes and content hashes): the same arrays, but the version names other data.
+    restored = [dataclasses.replace(e, content_sha256=f"{i + 1:064x}") for i, e in enumerate(data)]
+    reimported = train(restored, taxonomy_sha256="t" * 64)
+    assert reimported.artifact_sha256 == first.artifact_sha256
+    assert reimported.version != first.version
     assert sum(first.label_counts.values()) + first.metrics["n"] == 300
     assert first.metrics["accuracy"] > 0.9
 
