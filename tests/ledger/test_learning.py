@@ -544,6 +544,15 @@ def test_train_list_promote_and_evaluate_from_the_command_line(
     assert cli.main(["train", "--json", "--min-examples", "5"]) == 0
     trained = json.loads(capsys.readouterr().out)
     assert trained["status"] == "champion"
+    assert trained["params"]["thresholds"] == "verified"  # pooled, certified on held-out it did not choose on
+    assert cli.main(["train", "--json", "--min-examples", "5", "--per-label-margin"]) == 0
+    per_label = json.loads(capsys.readouterr().out)
+    assert per_label["params"]["thresholds"] == "per-label"
+    assert per_label["version"] != trained["version"]  # another rule, another model version
+    assert cli.main(["train", "--json", "--min-examples", "5", "--thresholds", "pooled"]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    assert pooled["params"]["thresholds"] == "pooled"
+    assert pooled["version"] not in (trained["version"], per_label["version"])
     assert cli.main(["models", "list"]) == 0
     assert trained["version"] in capsys.readouterr().out
     test = cli_env / "test.jsonl"
@@ -560,12 +569,17 @@ def test_train_list_promote_and_evaluate_from_the_command_line(
     assert {"n", "accuracy", "macro_f1", "coverage", "accepted_precision", "model_version"} <= set(scored)
     assert (scored["n"], scored["refused_lines"], scored["model_version"]) == (200, 1, trained["version"])
     assert scored["accuracy"] > 0.8
+    rows = scored["per_label"].values()
+    assert all({"accepted", "accepted_precision"} <= set(row) for row in rows)
+    assert sum(row["accepted"] for row in rows) == scored["accepted"]  # each label's share of what is accepted
     assert cli.main(["evaluate", str(test), "--model", "keyword", "--json"]) == 0
     keyword = json.loads(capsys.readouterr().out)
     assert keyword["model_version"].startswith("keyword-v1")
     assert keyword["n"] == 200
     assert cli.main(["evaluate", str(test)]) == 0
-    assert "most confused" in capsys.readouterr().out or scored["accuracy"] == 1.0
+    printed = capsys.readouterr().out
+    assert "most confused" in printed or scored["accuracy"] == 1.0
+    assert "at prec." in printed  # each label's accepted precision
     assert cli.main(["models", "promote", trained["version"]]) == 1  # the champion already
     assert cli.main(["evaluate", str(test), "--model", "learned-unknown"]) == 1
 

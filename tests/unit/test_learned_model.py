@@ -3,6 +3,7 @@ round trip and its refusals, thresholds and metrics."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import warnings
@@ -376,7 +377,17 @@ def test_metrics_count_confusions_and_macro_f1() -> None:
     result = score(predictions, {"a": 0.5, "b": None})
     assert result["n"] == 4
     assert result["accuracy"] == 0.5
-    assert result["per_label"]["a"] == {"precision": 1.0, "recall": 0.5, "f1": 0.6667, "support": 2}
+    assert result["per_label"]["a"] == {
+        "precision": 1.0,
+        "recall": 0.5,
+        "f1": 0.6667,
+        "support": 2,
+        "accepted": 1,
+        "accepted_precision": 1.0,
+    }
+    assert result["per_label"]["b"]["accepted"] == 0  # b never auto-accepts
+    assert result["per_label"]["b"]["accepted_precision"] is None
+    assert "accepted" not in score(predictions)["per_label"]["a"]  # no thresholds, no outcome
     assert result["macro_f1"] == pytest.approx((2 / 3 + 2 / 3 + 0) / 3, abs=1e-4)
     assert result["confused"][0] == {"truth": "a", "predicted": "b", "count": 1}
     assert result["coverage"] == 0.25  # only the first: b never auto-accepts
@@ -399,6 +410,12 @@ def test_training_is_deterministic_and_names_its_data() -> None:
     assert first.artifact_sha256 == again.artifact_sha256
     assert first.training_set_sha256 == training_set_sha256(data)
     assert train(data, taxonomy_sha256="u" * 64).version != first.version  # a new taxonomy is a new model
+    # The same texts stored again (an import without received_at stores the import's time, so
+    # other payload bytes and content hashes): the same arrays, but the version names other data.
+    restored = [dataclasses.replace(e, content_sha256=f"{i + 1:064x}") for i, e in enumerate(data)]
+    reimported = train(restored, taxonomy_sha256="t" * 64)
+    assert reimported.artifact_sha256 == first.artifact_sha256
+    assert reimported.version != first.version
     assert sum(first.label_counts.values()) + first.metrics["n"] == 300
     assert first.metrics["accuracy"] > 0.9
 

@@ -52,9 +52,11 @@ def add_commands(commands: Any) -> None:
         help="train a learned classifier from the labelled examples",
         formatter_class=_RAW,
         description="Train a candidate model from every labelled example, hold out a fixed share (by a hash\n"
-        "of each example's id), choose per-label thresholds for the target precision, and make it\n"
-        "champion if it beats the champion's macro-F1 on the same held-out examples without\n"
-        "falling below the target precision (the first model becomes champion).",
+        "of each example's id), choose per-label thresholds for the target precision (its margin\n"
+        "taken on all accepted held-out predictions together, certified on held-out examples that\n"
+        "did not choose them), and make it champion if it beats\n"
+        "the champion's macro-F1 on the same held-out examples without falling below the target\n"
+        "precision (the first model becomes champion).",
     )
     train.add_argument("--target-precision", type=float, default=0.97, help="of auto-accepted labels (default 0.97)")
     train.add_argument("--holdout-percent", type=int, default=20, help="share held out, in percent (default 20)")
@@ -66,6 +68,19 @@ def add_commands(commands: Any) -> None:
         type=float,
         default=0.5,
         help="how sure a threshold's held-out precision must be: the Wilson lower bound at Z (default 0.5; 0: as seen)",
+    )
+    train.add_argument(
+        "--thresholds",
+        choices=("verified", "pooled", "per-label"),
+        default="verified",
+        help="how thresholds are chosen on the held-out examples (default verified: the margin on all accepted "
+        "together, proposed by one half of them and certified on the other; pooled: chosen and judged on the same "
+        "ones; per-label: each label's margin on its own)",
+    )
+    train.add_argument(
+        "--per-label-margin",
+        action="store_true",
+        help="the same as --thresholds per-label",
     )
     train.add_argument("--payload-base", metavar="DIR_OR_URL", help="the payload store (default: the deployment's)")
     train.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -179,6 +194,7 @@ def _train(engine: Any, args: argparse.Namespace, taxonomy: Any, prog: str) -> i
             holdout_percent=args.holdout_percent,
             min_examples=args.min_examples,
             margin_z=args.margin_z,
+            thresholds="per-label" if args.per_label_margin else args.thresholds,
         )
         report = train_candidate(
             engine,

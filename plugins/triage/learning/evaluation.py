@@ -66,12 +66,13 @@ def render(result: dict[str, Any]) -> str:
         f"accuracy {_percent(result['accuracy'])} · macro-F1 {_percent(result['macro_f1'])} · "
         f"coverage {_percent(result['coverage'])} at accepted precision {_percent(result['accepted_precision'])}",
         "",
-        f"{'label':<28}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>9}",
+        f"{'label':<28}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>9}{'accepted':>10}{'at prec.':>10}",
     ]
     for label, row in result["per_label"].items():
         lines.append(
             f"{label:<28}{_percent(row['precision']):>10}{_percent(row['recall']):>10}"
-            f"{_percent(row['f1']):>10}{row['support']:>9}"
+            f"{_percent(row['f1']):>10}{row['support']:>9}{row.get('accepted', '-'):>10}"
+            f"{_percent(row.get('accepted_precision')):>10}"
         )
     if result["confused"]:
         lines += ["", "most confused (truth -> predicted):"]

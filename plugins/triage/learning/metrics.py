@@ -5,25 +5,54 @@ label weighs the same, however rare), per-label precision and recall, the most c
 and for the model's thresholds the *coverage* (the share it would accept without a person) and
 the *accepted precision* (how often what it accepts is right).
 
-A label's threshold is the lowest confidence at which the held-out predictions of that label,
-taken from the most confident down, are still right at least ``target_precision`` of the time,
-over at least :data:`MIN_ACCEPTED` of them; a label with fewer than ``min_examples`` training
-examples, or that reaches the target at no threshold, has none and never auto-accepts.
-"Right at least target_precision of the time" is judged by the Wilson lower bound at ``z``
-standard errors, not by the observed share alone: a threshold chosen where the held-out
-precision only just reaches the target falls below it on new documents about half of the time
-(measured: docs/adr/0007-learned-classifier.md). ``z = 0`` is the observed share.
+Thresholds are chosen on held-out predictions, three ways:
+
+- **Each label on its own** (:func:`choose_thresholds`): a label's threshold is the lowest
+  confidence at which its held-out predictions, taken from the most confident down, are still
+  right at least ``target_precision`` of the time, over at least :data:`MIN_ACCEPTED` of them.
+  "Right at least target_precision of the time" is judged by the Wilson lower bound at ``z``
+  standard errors, not by the observed share alone: a threshold chosen where the held-out
+  precision only just reaches the target falls below it on new documents about half of the time
+  (measured: docs/adr/0007-learned-classifier.md). ``z = 0`` is the observed share.
+- **Pooled** (:func:`choose_pooled_thresholds`): the target is a property of everything
+  accepted, so the margin is taken on all accepted held-out predictions together (thousands, a
+  margin of a few tenths of a point) instead of on each label's hundred or so (a margin of a
+  point or more each). One shared bar of confidence; a label accepts down to the bar when its
+  own held-out precision there is not below the target by more than ``z`` standard errors (the
+  Wilson *upper* bound reaches it), and down to its own threshold above whenever that is lower;
+  the bar is the one that accepts most while the Wilson lower bound of the pooled accepted
+  predictions still reaches the target. Every label accepts at least what it accepts on its own.
+  The bound counts the predictions but not that the same predictions chose the thresholds: with
+  a few dozen predictions a label, the chosen thresholds are flattered by them.
+- **Verified** (:func:`choose_verified_thresholds`, what training uses): the pooled rule with
+  that selection taken out. The held-out predictions are cut in two halves by a hash of the
+  example id; one half proposes pooled thresholds, and the other, which did not choose them,
+  certifies how far down toward them the thresholds may go (the pooled Wilson lower bound of
+  what it accepts must reach the target, candidates tested in a fixed order from the most
+  cautious: Learn-then-Test's fixed-sequence testing).
+Every way, a label with fewer than ``min_examples`` training examples, or that reaches the target
+at no threshold and is not trusted at the bar, has none and never auto-accepts.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["MIN_ACCEPTED", "Prediction", "choose_thresholds", "score", "wilson_lower_bound"]
+__all__ = [
+    "MIN_ACCEPTED",
+    "Prediction",
+    "choose_pooled_thresholds",
+    "choose_thresholds",
+    "choose_verified_thresholds",
+    "score",
+    "wilson_lower_bound",
+    "wilson_upper_bound",
+]
 
 MIN_ACCEPTED: Final = 5
 """Held-out predictions of a label needed before its threshold is believed."""
@@ -55,6 +84,13 @@ def wilson_lower_bound(right: int, n: int, z: float) -> float:
     return (share + z * z / (2 * n) - spread) / (1 + z * z / n)
 
 
+def wilson_upper_bound(right: int, n: int, z: float) -> float:
+    """The upper end of the Wilson score interval of ``right`` successes in ``n`` at ``z``."""
+    if n == 0:
+        return 1.0
+    return 1.0 - wilson_lower_bound(n - right, n, z)
+
+
 def choose_thresholds(
     predictions: Sequence[Prediction],
     labels: Sequence[str],
@@ -84,6 +120,185 @@ def choose_thresholds(
     return thresholds
 
 
+class _Ranked:
+    """One label's held-out predictions, most confident first: how many of them a threshold takes,
+    and how many of those are right."""
+
+    __slots__ = ("_negated", "_right")
+
+    def __init__(self, label: str, predictions: Sequence[Prediction]) -> None:
+        mine = sorted((p for p in predictions if p.label == label), key=lambda p: -p.confidence)
+        self._negated = [-p.confidence for p in mine]  # ascending, for bisect
+        self._right = [0]
+        for prediction in mine:
+            self._right.append(self._right[-1] + (prediction.truth == label))
+
+    def taken(self, threshold: float | None) -> tuple[int, int]:
+        """(accepted, right) at ``threshold`` (None: nothing)."""
+        if threshold is None:
+            return 0, 0
+        n = bisect.bisect_right(self._negated, -threshold)
+        return n, self._right[n]
+
+
+def _at_bar(
+    bar: float,
+    labels: Sequence[str],
+    own: Mapping[str, float | None],
+    ranked: Mapping[str, _Ranked],
+    *,
+    target_precision: float,
+    z: float,
+) -> dict[str, float | None]:
+    """Each label's threshold at the shared ``bar``: the bar when at least :data:`MIN_ACCEPTED`
+    of its predictions (``ranked``: the labels with ``min_examples``) reach it and the Wilson upper
+    bound at ``z`` of their precision reaches the target; its ``own`` threshold when that is lower
+    or the bar is refused; None for a label not in ``ranked``."""
+    thresholds: dict[str, float | None] = dict.fromkeys(labels)
+    for label, mine in ranked.items():
+        n, right = mine.taken(bar)
+        trusted = n >= MIN_ACCEPTED and wilson_upper_bound(right, n, z) >= target_precision
+        candidates = [t for t in (bar if trusted else None, own[label]) if t is not None]
+        thresholds[label] = min(candidates) if candidates else None
+    return thresholds
+
+
+def choose_pooled_thresholds(
+    predictions: Sequence[Prediction],
+    labels: Sequence[str],
+    *,
+    target_precision: float,
+    train_counts: Mapping[str, int],
+    min_examples: int,
+    z: float = 0.0,
+) -> dict[str, float | None]:
+    """Each label's threshold with the margin on the pool of accepted predictions (see the module
+    docstring); None: the label never auto-accepts.
+
+    For each candidate bar (every held-out confidence of a label with ``min_examples``), label by
+    label: the bar when at least :data:`MIN_ACCEPTED` of its predictions reach it and the Wilson
+    upper bound at ``z`` of their precision reaches ``target_precision``; its own threshold
+    (:func:`choose_thresholds` at ``z``) when that is lower or the bar is refused. Of the bars
+    whose accepted predictions, pooled, have a Wilson lower bound at ``z`` that reaches the
+    target, the one accepting most is kept (ties: the higher bar). Each label's own threshold
+    passes that test by itself (the pooled surplus of right answers is the sum of the labels'
+    and the margin of the sum is at most the sum of their margins), so the result never accepts
+    less than the labels on their own.
+    """
+    own = choose_thresholds(
+        predictions,
+        labels,
+        target_precision=target_precision,
+        train_counts=train_counts,
+        min_examples=min_examples,
+        z=z,
+    )
+    eligible = [label for label in labels if train_counts.get(label, 0) >= min_examples]
+    ranked = {label: _Ranked(label, predictions) for label in eligible}
+
+    def pooled(thresholds: Mapping[str, float | None]) -> tuple[int, int]:
+        taken = [ranked[label].taken(thresholds[label]) for label in eligible]
+        return sum(n for n, _ in taken), sum(right for _, right in taken)
+
+    best: dict[str, float | None] = dict(own)
+    most, _ = pooled(own)
+    bars = sorted({p.confidence for p in predictions if p.label in ranked}, reverse=True)
+    for bar in bars:
+        thresholds = _at_bar(bar, labels, own, ranked, target_precision=target_precision, z=z)
+        n, right = pooled(thresholds)
+        if n > most and wilson_lower_bound(right, n, z) >= target_precision:
+            best, most = thresholds, n
+    return best
+
+
+def _selected_then_verified(
+    selection: Sequence[Prediction],
+    verification: Sequence[Prediction],
+    labels: Sequence[str],
+    *,
+    target_precision: float,
+    train_counts: Mapping[str, int],
+    min_examples: int,
+    z: float,
+) -> dict[str, float | None]:
+    """Thresholds proposed by ``selection`` alone and certified by ``verification`` alone.
+
+    The selection proposes the pooled thresholds (:func:`choose_pooled_thresholds` on it). The
+    candidates are the proposal approached from above: at a level ``λ``, each label's threshold
+    is the higher of ``λ`` and its proposed one, ``λ`` going down the selection's confidences
+    from the highest, so each candidate accepts at least what the one before it did and the last
+    is the proposal itself. In that order, fixed before the verification is read, a candidate is
+    kept while the verification predictions it accepts, pooled, have a Wilson lower bound at
+    ``z`` that reaches the target, and the first that misses ends the sequence (a fixed-sequence
+    test: one check at a time, so their number needs no correction). A candidate accepting fewer
+    verification predictions than could reach the target even if all were right is passed over,
+    neither kept nor ending the sequence (that depends on how many there are, not on whether
+    they are right). Nothing certified: nothing auto-accepts.
+    """
+    proposed = choose_pooled_thresholds(
+        selection,
+        labels,
+        target_precision=target_precision,
+        train_counts=train_counts,
+        min_examples=min_examples,
+        z=z,
+    )
+    proposing = [label for label in labels if proposed[label] is not None]
+    checked_on = {label: _Ranked(label, verification) for label in proposing}
+    # Below this many accepted verification predictions even all right cannot reach the target.
+    least = next(n for n in range(1, 1_000_000) if wilson_lower_bound(n, n, z) >= target_precision)
+
+    def at_level(level: float) -> dict[str, float | None]:
+        return {label: None if t is None else max(level, t) for label, t in proposed.items()}
+
+    kept: dict[str, float | None] = dict.fromkeys(labels)
+    lowest = min((t for t in proposed.values() if t is not None), default=None)
+    if lowest is None:
+        return kept
+    levels = sorted({p.confidence for p in selection if p.label in checked_on and p.confidence >= lowest})
+    for level in reversed(levels):
+        thresholds = at_level(level)
+        taken = [checked_on[label].taken(thresholds[label]) for label in proposing]
+        n, right = sum(n for n, _ in taken), sum(right for _, right in taken)
+        if n < least:
+            continue
+        if wilson_lower_bound(right, n, z) < target_precision:
+            break
+        kept = thresholds
+    return kept
+
+
+def choose_verified_thresholds(
+    predictions: Sequence[Prediction],
+    halves: Sequence[int],
+    labels: Sequence[str],
+    *,
+    target_precision: float,
+    train_counts: Mapping[str, int],
+    min_examples: int,
+    z: float = 0.0,
+) -> dict[str, float | None]:
+    """Pooled thresholds certified on predictions that did not choose them (see the module
+    docstring); None: the label never auto-accepts.
+
+    ``halves`` gives each prediction's half (fixed by a hash of its example's id): the
+    predictions of half 0 propose the thresholds, those of half 1 certify them
+    (:func:`_selected_then_verified`). One way only: each way is a certificate on its own, and
+    the stricter of both ways would ask for the target twice over.
+    """
+    if len(halves) != len(predictions):
+        raise ValueError("halves must give one half per prediction")
+    return _selected_then_verified(
+        [p for p, half in zip(predictions, halves, strict=True) if half == 0],
+        [p for p, half in zip(predictions, halves, strict=True) if half != 0],
+        labels,
+        target_precision=target_precision,
+        train_counts=train_counts,
+        min_examples=min_examples,
+        z=z,
+    )
+
+
 def score(
     predictions: Sequence[Prediction],
     thresholds: Mapping[str, float | None] | None = None,
@@ -91,13 +306,17 @@ def score(
     top_confusions: int = 5,
 ) -> dict[str, Any]:
     """The metrics of ``predictions`` (JSON-ready). With ``thresholds``: coverage and accepted
-    precision at them (None when nothing is accepted); without, the outcome the classifier
-    decided is not known here, and both are None."""
+    precision at them (None when nothing is accepted), in all and per label (``accepted``,
+    ``accepted_precision`` of the documents auto-accepted with that label); without, the outcome
+    the classifier decided is not known here, and they are None (per label: absent)."""
     n = len(predictions)
     truths = Counter(p.truth for p in predictions)
     predicted = Counter(p.label for p in predictions if p.label is not None)
     right = Counter(p.truth for p in predictions if p.label == p.truth)
     labels = sorted(set(truths) | set(predicted))
+    taken = [p for p in predictions if accepted(p, thresholds)] if thresholds is not None else []
+    taken_as = Counter(p.label for p in taken)
+    right_as = Counter(p.label for p in taken if p.label == p.truth)
     per_label: dict[str, dict[str, Any]] = {}
     f1s = []
     for label in labels:
@@ -110,6 +329,11 @@ def score(
             "f1": round(f1, 4),
             "support": truths[label],
         }
+        if thresholds is not None:
+            per_label[label]["accepted"] = taken_as[label]
+            per_label[label]["accepted_precision"] = (
+                round(right_as[label] / taken_as[label], 4) if taken_as[label] else None
+            )
         f1s.append(f1)
     confused = Counter((p.truth, p.label or "(none)") for p in predictions if p.label != p.truth)
     result: dict[str, Any] = {
@@ -126,7 +350,6 @@ def score(
         "accepted_precision": None,
     }
     if thresholds is not None:
-        taken = [p for p in predictions if accepted(p, thresholds)]
         result["accepted"] = len(taken)
         result["coverage"] = round(len(taken) / n, 4) if n else None
         result["accepted_precision"] = round(sum(p.label == p.truth for p in taken) / len(taken), 4) if taken else None

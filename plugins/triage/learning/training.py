@@ -21,29 +21,44 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 
-from triage.learning.metrics import Prediction, choose_thresholds, score
+from triage.learning.metrics import (
+    Prediction,
+    choose_pooled_thresholds,
+    choose_thresholds,
+    choose_verified_thresholds,
+    score,
+)
 from triage.learning.model import FeatureSpec, LinearTextModel, sha256_hex
 
 __all__ = [
     "MODEL_FAMILY",
+    "THRESHOLD_RULES",
     "Example",
+    "ThresholdRule",
     "TrainSettings",
     "TrainedModel",
     "TrainingRefused",
+    "choose_for",
     "evaluate_model",
     "fit",
     "fit_temperature",
     "in_holdout",
     "train",
     "training_set_sha256",
+    "verification_half",
 ]
 
 MODEL_FAMILY: Final = "tfidf-word12-char25-logreg"
 """Names the estimator and its features in every version's ``params``."""
+
+
+ThresholdRule = Literal["verified", "pooled", "per-label"]
+THRESHOLD_RULES: Final[tuple[ThresholdRule, ...]] = ("verified", "pooled", "per-label")
+"""How thresholds are chosen on the held-out predictions (:class:`TrainSettings`'s ``thresholds``)."""
 
 
 class TrainingRefused(ValueError):
@@ -57,6 +72,13 @@ class TrainSettings:
     :param min_examples: training examples a label needs before it may auto-accept.
     :param margin_z: how sure the held-out precision at a threshold must be to reach the target
         (the Wilson lower bound at this many standard errors; 0: the observed share).
+    :param thresholds: how thresholds are chosen on the held-out predictions. ``"verified"``:
+        proposed by one half of them (by a hash of the example id, :func:`verification_half`)
+        with the margin on the pool, certified on the other half, which did not choose them
+        (:func:`~triage.learning.metrics.choose_verified_thresholds`); ``"pooled"``: the margin
+        on the pool of all of them, chosen and judged on the same predictions
+        (:func:`~triage.learning.metrics.choose_pooled_thresholds`); ``"per-label"``: the margin
+        on each label's own (:func:`~triage.learning.metrics.choose_thresholds`).
     :param min_df: examples a term must appear in to be a feature.
     :param c: the logistic regression's inverse regularisation strength.
     :param calibrate: scale the fitted layer by the temperature that fits the held-out examples
@@ -71,6 +93,7 @@ class TrainSettings:
     c: float = 20.0
     max_iter: int = 1000
     calibrate: bool = True
+    thresholds: ThresholdRule = "verified"
 
     def __post_init__(self) -> None:
         if not (0.0 < self.target_precision <= 1.0):
@@ -81,6 +104,8 @@ class TrainSettings:
             raise ValueError("min_examples, c and max_iter must be positive")
         if not (0.0 <= self.margin_z <= 3.0):
             raise ValueError("margin_z must be within [0, 3]")
+        if self.thresholds not in THRESHOLD_RULES:
+            raise ValueError(f"thresholds must be one of {', '.join(THRESHOLD_RULES)}")
 
 
 DEFAULT_SETTINGS: Final = TrainSettings()
@@ -120,6 +145,14 @@ def in_holdout(source: str, external_id: str, percent: int) -> bool:
     """Whether the example (source, external id) is held out: fixed by the hash of its id."""
     digest = hashlib.sha256(f"{source}\x1f{external_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % 100 < percent
+
+
+def verification_half(source: str, external_id: str) -> int:
+    """The half (0 or 1) of the held-out examples the example (source, external id) falls in when
+    thresholds chosen on one half are certified on the other: fixed by a hash of its id, salted
+    apart from :func:`in_holdout`'s."""
+    digest = hashlib.sha256(f"verify\x1f{source}\x1f{external_id}".encode()).digest()
+    return digest[0] & 1
 
 
 def training_set_sha256(examples: Sequence[Example]) -> str:
@@ -214,6 +247,28 @@ def evaluate_model(
     return predictions, score(predictions, thresholds)
 
 
+def choose_for(
+    settings: TrainSettings,
+    predictions: Sequence[Prediction],
+    held: Sequence[Example],
+    labels: Sequence[str],
+    counts: dict[str, int],
+) -> dict[str, float | None]:
+    """The thresholds ``settings.thresholds`` chooses on the held-out ``predictions`` of ``held``."""
+    common: dict[str, Any] = {
+        "target_precision": settings.target_precision,
+        "train_counts": counts,
+        "min_examples": settings.min_examples,
+        "z": settings.margin_z,
+    }
+    if settings.thresholds == "per-label":
+        return choose_thresholds(predictions, labels, **common)
+    if settings.thresholds == "pooled":
+        return choose_pooled_thresholds(predictions, labels, **common)
+    halves = [verification_half(e.source, e.external_id) for e in held]
+    return choose_verified_thresholds(predictions, halves, labels, **common)
+
+
 def train(
     examples: Sequence[Example], *, taxonomy_sha256: str, settings: TrainSettings = DEFAULT_SETTINGS
 ) -> TrainedModel:
@@ -241,14 +296,7 @@ def train(
     fit_seconds = time.process_time() - started
     counts = dict(sorted(Counter(e.label for e in trained_on).items()))
     predictions, _ = evaluate_model(model, held, None)
-    thresholds = choose_thresholds(
-        predictions,
-        model.labels,
-        target_precision=settings.target_precision,
-        train_counts=counts,
-        min_examples=settings.min_examples,
-        z=settings.margin_z,
-    )
+    thresholds = choose_for(settings, predictions, held, model.labels, counts)
     metrics = score(predictions, thresholds)
     training_sha = training_set_sha256(examples)
     params = {
@@ -261,6 +309,7 @@ def train(
         "holdout_percent": settings.holdout_percent,
         "min_examples": settings.min_examples,
         "margin_z": settings.margin_z,
+        "thresholds": settings.thresholds,
         "examples": len(examples),
         "trained_on": len(trained_on),
         "held_out": len(held),
