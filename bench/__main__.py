@@ -15,6 +15,7 @@ from bench import (
     ledger,
     migration,
     pipeline,
+    pipeline_profile,
     realrun,
     relay,
     review_candidates,
@@ -44,6 +45,7 @@ OPT_IN = {
     "learning-crossfit": learning.run_crossfit,
     "realrun-chunks": realrun.run_chunks,
     "realrun-growth": realrun.run_growth,
+    "pipeline-profile": pipeline_profile.run,
     "learning-variants": learning.run_variants,
 }
 """Longer than the quick `make bench` (minutes to an hour), or one figure of a suite (``llm``:
