@@ -488,3 +488,57 @@ def run_chunks(rounds: int | None = None) -> list[Figure]:
             },
         )
     ]
+
+
+GROWTH_BAND = (0.8, 1.2)
+"""The tenth run's rate against the first's: within ±20% (issue #29)."""
+
+
+def growth_runs() -> int:
+    return int(os.environ.get("BENCH_GROWTH_RUNS", "10"))
+
+
+def run_growth(runs: int | None = None) -> list[Figure]:
+    """``python -m bench realrun-growth``: one warm deployment runs ``runs`` keyword days of ``n``
+    documents back to back (``BENCH_GROWTH_RUNS``, default 10; ``BENCH_REAL_DOCUMENTS``), each on a
+    fresh day, so each run meets the ledger, the outbox and the metadata database the earlier ones
+    left. The last run's rate beside the first's: issue #29 asks it within ±20%. The figure's
+    target is the slower side (at least 0.8 of the first, as ``python -m bench growth`` states its
+    flatness); ``within_band`` in the details says whether it is also at most 1.2."""
+    runs = runs or growth_runs()
+    n = documents()
+    results: list[dict[str, Any]] = []
+    with _warm_deployment() as (_env, api):
+        for i in range(runs):
+            result = timed_run(api, n, day=DAY + timedelta(days=i))
+            if result["state"] != "success":
+                raise RuntimeError(f"run {i + 1} of {runs} failed: {result['tasks']}")
+            result["load_average"] = os.getloadavg()
+            results.append(result)
+    rates = [round(n / r["seconds"]) for r in results]
+    first, last = n / results[0]["seconds"], n / results[-1]["seconds"]
+    ratio = last / first
+    return [
+        Figure(
+            f"real run {runs} of {runs} back to back, keyword, {n // 1000}k docs",
+            "docs/s",
+            last,
+            "the first of the series",
+            first,
+            target_ratio=GROWTH_BAND[0],
+            details={
+                "docs_per_second": rates,
+                "within_band": GROWTH_BAND[0] <= ratio <= GROWTH_BAND[1],
+                "band": list(GROWTH_BAND),
+                "runs": [
+                    {
+                        "seconds": round(r["seconds"], 2),
+                        "tasks_seconds": r["tasks"],
+                        "load_average": [round(x, 2) for x in r["load_average"]],
+                    }
+                    for r in results
+                ],
+                "command": "python -m bench realrun-growth",
+            },
+        )
+    ]

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from tests.ledger.helpers import new_jobs
 from triage.jobs.sql import session
 from triage.jobs.sql.expressions import event_ids, rowset
+from triage.jobs.sql.moves import one_transaction as M
 from triage.jobs.sql.moves import worker as T
 from triage.jobs.store import JobStore
 from triage.jobs.store.recording import record_txn
@@ -86,3 +87,34 @@ def test_record_leaves_the_planner_as_it_found_it(store: JobStore) -> None:
         assert conn.execute(sa.text("SHOW enable_nestloop")).scalar() == "on"
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SHOW enable_nestloop")).scalar() == "on"
+
+
+PICKED: dict[str, tuple[Callable[[], Any], dict[str, object]]] = {
+    "complete_picked": (M.complete_picked, {"label": "billing", "confidence": 0.9, "classifier_version": "keyword-v1"}),
+    "review_picked": (
+        M.review_picked,
+        {"reason": "inconclusive", "error_class": "inconclusive", "error": None, "context": "{}"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PICKED))
+def test_a_chunks_moves_read_only_the_picked_jobs(store: JobStore, name: str) -> None:
+    """A chunk's move is fenced on ``status = 'queued'``, which the rest of the day's jobs match
+    too: joined to the batch by a hash, every queued job of the batch was read for each chunk
+    (a cost that grew with the day). The picked jobs are reached by their ids."""
+    store.register(new_jobs(REGISTERED), batch_key="b", step="classify", max_attempts=3)  # never analyzed
+    build, extra = PICKED[name]
+    with store.engine.connect() as conn, conn.begin() as txn:
+        picked = conn.execute(
+            M.pick_chunk(), {"p_batch_key": "b", "p_step": "classify", "p_classifier_version": "keyword-v1", "limit": N}
+        ).all()
+        events = iter(event_ids(N))
+        held = ({"id": j.id.hex, "attempt": j.attempt, "event_id": next(events), **extra} for j in picked)
+        nodes = _explain(conn, build(), rowset("held", held))
+        txn.rollback()
+    read = [n for n in nodes if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]]
+    assert read, [n["Node Type"] for n in nodes]
+    assert max(n["Actual Rows"] for n in read) == N, [(n["Node Type"], n["Actual Rows"]) for n in read]
+    moved = max(n["Actual Rows"] for n in nodes if n["Node Type"] == "ModifyTable")
+    assert moved == N

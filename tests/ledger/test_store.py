@@ -88,6 +88,15 @@ def test_register_is_idempotent_and_writes_one_outbox_event_per_new_job(store: J
     )
 
 
+def test_registered_jobs_get_time_ordered_ids_and_their_id_as_correlation_id(store: JobStore) -> None:
+    given = NewJob("k-given", "synthetic", "given", "h", "file:///x", "v", correlation_id="trace-1")
+    result = store.register([*new_jobs(3), given], batch_key=BATCH, step="classify", max_attempts=3)
+    found = rows(store, "SELECT id, correlation_id, external_id FROM triage.jobs")
+    assert {r.id for r in found} == set(result.new_ids)
+    assert all(r.id.version == 7 and r.id.variant == uuid.RFC_4122 for r in found)  # UUIDv7: time-ordered
+    assert {r.external_id: r.correlation_id for r in found if r.correlation_id != str(r.id)} == {"given": "trace-1"}
+
+
 def test_a_new_classifier_version_is_new_work(store: JobStore) -> None:
     register(store, 3, version="keyword-v1")
     result = store.register(new_jobs(3, version="keyword-v2"), batch_key=BATCH, step="classify", max_attempts=3)

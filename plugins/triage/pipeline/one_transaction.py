@@ -44,6 +44,7 @@ from triage.jobs.vocabulary.errors import LedgerError
 from triage.jobs.vocabulary.models import ClaimedJob, Outcome
 from triage.observability import NULL_METRICS, Metrics, log_job_outcomes, observe_batch
 from triage.pipeline.classify import ClassifyHandler
+from triage.pipeline.heap import freeze_long_lived
 from triage.pipeline.ownership import Drain
 from triage.pipeline.steps import RunSettings, StepError, StepReport, run_step
 from triage.tracing import batch_span
@@ -107,6 +108,7 @@ def run_step_in_chunks(
     one transaction each, :data:`LANES` at once, then :func:`~triage.pipeline.steps.run_step` for
     the rest (the same errors: :class:`~triage.pipeline.steps.WorkRemains`, ``CircuitOpen``,
     ``Drained``, …; their ``report`` counts the chunks too)."""
+    freeze_long_lived()  # the task's imports and set-up: out of the collector's walks (triage.pipeline.heap)
     drain = drain or Drain()
     report = StepReport(step=handler.step, batch_key=batch_key)
     began = time.perf_counter()

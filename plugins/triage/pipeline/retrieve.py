@@ -19,6 +19,7 @@ from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import NewJob
 from triage.jobs.vocabulary.states import JobStatus, Step
 from triage.payloads import PayloadStore
+from triage.pipeline.heap import freeze_long_lived
 from triage.sources.base import Source, SourceDocument
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ def retrieve(
 ) -> RetrieveResult:
     """Register the documents of ``[start, end)``: each chunk (``chunk`` documents, or fewer
     holding ``chunk_bytes``) is stored as packs of payloads, then registered in one transaction."""
+    freeze_long_lived()  # the task's imports and set-up: out of the collector's walks (triage.pipeline.heap)
     began = time.perf_counter()
     read = malformed = 0
     totals = {"registered": 0, "existing": 0}

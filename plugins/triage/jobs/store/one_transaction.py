@@ -17,7 +17,7 @@ from triage.jobs.sql import session
 from triage.jobs.sql.expressions import context_json, event_ids, rowset
 from triage.jobs.sql.moves import one_transaction as M
 from triage.jobs.store.ledger import Part
-from triage.jobs.store.recording import label_row, record_outputs_txn, review_context
+from triage.jobs.store.recording import execute_compiled, label_row, record_outputs_txn, review_context
 from triage.jobs.vocabulary.errors import LedgerError
 from triage.jobs.vocabulary.models import ClaimedJob, Complete, Outcome, Recorded, SendToReview
 
@@ -82,7 +82,8 @@ class Chunks(Part):
         try:
             with self.transaction(None) as conn:
                 conn.execute(session.open_chunk(), {"actor": actor, "idle": f"{math.ceil(lease_seconds * 1000)}ms"})
-                picked = tuple(ClaimedJob(*row) for row in conn.execute(M.pick_chunk(), params))
+                # fetched in one call (iterating the result fetched a row a call: ~1 µs a job)
+                picked = tuple(ClaimedJob(*row) for row in conn.execute(M.pick_chunk(), params).all())
                 if not picked:
                     return Chunk((), (), Recorded())
                 outcomes = tuple(decide(picked))
@@ -107,7 +108,7 @@ def record_picked_txn(conn: sa.Connection, picked: Sequence[ClaimedJob], outcome
     def run(statement: Any, rows: list[dict[str, Any]]) -> int:
         if not rows:
             return 0
-        moved = conn.execute(statement, rowset("held", rows)).rowcount
+        moved = execute_compiled(conn, statement, rowset("held", rows)).rowcount
         if moved != len(rows):
             raise ChunkMissed(
                 f"{len(rows) - moved} of {len(rows)} picked jobs were not queued where the chunk locked them"

@@ -75,8 +75,15 @@ def pick_chunk() -> Any:
 
 
 def _picked(rows: Any) -> list[ColumnElement[bool]]:
-    """The fence of every move of a picked job: this job, still queued, one attempt before the chunk's."""
+    """The fence of every move of a picked job: this job, still queued, one attempt before the chunk's.
+
+    The jobs are reached through the primary key (``id = ANY(ARRAY(…))`` of the batch's own ids,
+    an init plan), not by joining the batch to every queued job: ``status = 'queued'`` matches
+    the whole rest of the day, and the planner read all of it for each chunk (a bitmap scan of
+    the batch's queued rows: 35-40 ms a chunk of 1,000 at the start of a 100,000-document day)."""
+    ids = sa.select(rows.c.id).correlate(None).scalar_subquery()
     return [
+        jobs.c.id == sa.any_(sa.func.array(ids)),
         jobs.c.id == rows.c.id,
         jobs.c.status == status_literal(S.QUEUED),
         jobs.c.attempt == rows.c.attempt - 1,

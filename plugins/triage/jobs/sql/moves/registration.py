@@ -177,8 +177,10 @@ def compiled(statement: Any) -> tuple[str, dict[str, Any]]:
     SQLAlchemy never caches the compiled form of a PostgreSQL ``INSERT … ON CONFLICT`` (its
     ``Insert`` is ``inherit_cache = False``), so :func:`accept_jobs` would be compiled again
     for every request: ~2 ms of the API server's CPU, a tenth of what a batch of 100 costs.
-    Executed with ``exec_driver_sql``; its parameters are plain text and integers, which need
-    no bind processing.
+    The same holds for every statement with such an insert (registration, the classifications,
+    the labels, a move to review): :func:`triage.jobs.store.recording.execute_compiled` runs
+    them from here. Executed with ``exec_driver_sql``; their parameters are plain text and
+    integers, which need no bind processing.
     """
     from sqlalchemy.dialects.postgresql import psycopg
 

@@ -1,0 +1,30 @@
+"""The cyclic garbage collector's share of a step that makes and drops many objects a document.
+
+A step allocates a few dozen small objects a document (the payload, the answer, the outcome, its
+rows) and drops them a chunk later. Every collection of the oldest generation then walks every
+object the process holds: the modules it imported, the classifier, the engine; an Airflow task
+process holds far more of them than the work does. Measured on a chunk loop of keyword
+documents: 80-85 µs of CPU a document with the collector as it is, 66-69 with what was there
+before the loop frozen (``gc.freeze()``), 65-67 with the collector off.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+_frozen = threading.Event()
+
+
+def freeze_long_lived() -> None:
+    """Move what this process holds now out of the collector's walks, once per process.
+
+    ``gc.collect()`` first, so only live objects are frozen: they are never collected later,
+    which is what a task's imports and set-up are (a task process runs one step). Objects made
+    afterwards are collected as always. Later calls do nothing, so a process that runs many
+    steps (a test session) freezes only its first set-up."""
+    if _frozen.is_set():
+        return
+    _frozen.set()
+    gc.collect()
+    gc.freeze()

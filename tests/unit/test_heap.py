@@ -1,0 +1,30 @@
+"""The step's set-up frozen out of the collector's walks, once per process (triage.pipeline.heap)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from triage.pipeline import heap
+
+
+@pytest.fixture
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(heap, "_frozen", threading.Event())
+    yield
+    gc.unfreeze()  # the rest of the session's objects back to the collector
+
+
+def test_the_first_call_freezes_what_is_alive_and_later_calls_nothing(fresh_process: None) -> None:
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    heap.freeze_long_lived()
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    made_after = [[i] for i in range(1000)]  # containers the collector tracks
+    heap.freeze_long_lived()
+    assert gc.get_freeze_count() == frozen, "a second step in the same process froze again"
+    assert gc.is_tracked(made_after[0])  # what comes later is collected as always
