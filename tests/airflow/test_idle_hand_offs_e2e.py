@@ -45,12 +45,17 @@ def run(deployment: Deployment, logical_date: str, conf: dict[str, Any], **env: 
                 ),
                 {"d": DAG_ID, "r": run_id},
             ).scalar()
+            publish_keys = conn.execute(
+                sa.text("SELECT key FROM xcom WHERE dag_id = :d AND run_id = :r AND task_id = 'publish_events'"),
+                {"d": DAG_ID, "r": run_id},
+            ).scalars()
+            publish_xcom_keys = sorted(publish_keys)
     finally:
         engine.dispose()
     states = {task + (f"[{index}]" if index >= 0 else ""): state for task, index, state in rows}
     if isinstance(published, str):
         published = json.loads(published)
-    return {"done": done, "states": states, "published": published}
+    return {"done": done, "states": states, "published": published, "publish_xcom_keys": publish_xcom_keys}
 
 
 def batch_of(logical_date: str) -> str:
@@ -109,6 +114,17 @@ def test_publish_events_alerted_and_skipped_the_alert_teardown(
     assert alerted["batch_jobs"] == DOCUMENTS
     assert alerted["review_entered"] == after["settled"] - after["completed"]  # the doubtful ones
     assert alerted["terminal_failed"] == 0
+
+
+def test_publish_events_leaves_no_skip_record_a_cleared_run_would_obey(keyword_run: dict[str, Any]) -> None:
+    """``publish_events`` skips the teardown without SkipMixin's ``skipmixin_key`` XCom. That
+    record outlives a clear (XComs are deleted only when the task runs again), and the scheduler's
+    ``NotPreviouslySkippedDep`` obeys it: a cleared run whose classify then failed (publish_events
+    upstream_failed, never run) would have its ``alert`` teardown skipped by the stale record, and
+    the run would fail with no alert."""
+    assert keyword_run["states"]["alert"] == "skipped", keyword_run["states"]
+    assert "return_value" in keyword_run["publish_xcom_keys"]
+    assert "skipmixin_key" not in keyword_run["publish_xcom_keys"], keyword_run["publish_xcom_keys"]
 
 
 def test_with_a_label_action_persist_runs_and_sends_every_label(deployment: Deployment) -> None:

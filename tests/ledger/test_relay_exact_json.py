@@ -281,6 +281,31 @@ def test_the_claim_gives_each_event_as_work_event_to_json_byte_for_byte(ledger: 
     assert [str(e.event_id) for e in RelayedEvents(claimed)] == order
 
 
+def test_a_fraction_of_1e16_or_more_is_written_as_pydantic_writes_it(ledger: sa.Connection) -> None:
+    """A payload number with a fraction at or above 1e16 (a numeric, a Decimal: never a Python
+    float, whose JSON text is an integer there) parses to an integral double, which PostgreSQL's
+    ``float8`` text writes with all of its digits (``2.4259396595948512e+16``) where pydantic writes
+    the shortest that round-trip (``2.425939659594851e+16``): such a row is the fallback's, and
+    the sinks write pydantic's bytes."""
+    rng = random.Random(16)
+    numbers = [f"{int(rng.random() * 10.0**e):d}.{rng.randint(1, 9)}" for e in (17, 18, 19, 20, 25) for _ in range(40)]
+    numbers += ["24259396595948512.5", "-38685308531359664.25", "220107067552823620.75", "1e16"]
+    rows = _rows(len(numbers), seed=16)
+    for row, number in zip(rows, numbers, strict=True):
+        row["payload"] = '{"v": ' + number + ', "label": "billing"}'
+    ledger.execute(INSERT, rows)
+    ids = [str(r["event_id"]) for r in rows]
+
+    claimed = _claimed(ledger, ids)
+    references = _references(ledger, ids)
+
+    order = [json.loads(t)["event_id"] for t in claimed]
+    _, texts = RelayedEvents(claimed).lines()
+    mismatched = [(text, references[i]) for i, text in zip(order, texts, strict=True) if text.encode() != references[i]]
+    assert mismatched == []
+    assert any(b"e+16" in references[i] for i in ids)  # the range PostgreSQL writes differently
+
+
 def test_a_fallback_row_that_is_no_event_fails_its_batch(ledger: sa.Connection) -> None:
     """An exact row's envelope was checked on insert; a fallback row is still validated."""
     rows = _rows(2, seed=1)

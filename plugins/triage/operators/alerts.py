@@ -32,12 +32,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseNotifier, SkipMixin
+from airflow.sdk import BaseNotifier
 from airflow.sdk.bases.xcom import BaseXCom
 
 # airflow.sdk exports these too, but its type stub (3.3.2) does not name them yet.
 from airflow.sdk.definitions.callback import SyncCallback
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
+from airflow.sdk.exceptions import DownstreamTasksSkipped
 
 from triage.adapters.connections import api_server_url
 from triage.adapters.http_actions import ALERTS_CONN_ID, AlertRoute, alert_route
@@ -279,7 +280,7 @@ def send_run_alerts(moves: RunMoves, context: Context, *, conn_id: str, metrics:
     }
 
 
-class PublishEventsThenAlertOperator(PublishEventsOperator, SkipMixin):
+class PublishEventsThenAlertOperator(PublishEventsOperator):
     """``publish_events`` that also does the ``alert`` teardown's work at its end, and then skips
     the teardown: on the happy path the run ends with its relay, with no task process started
     and no scheduler round spent only to count and alert (issue #29).
@@ -325,11 +326,14 @@ class PublishEventsThenAlertOperator(PublishEventsOperator, SkipMixin):
             log.exception("could not alert for the run here; the %s teardown will", self.alert_task_id)
             return done
         done = {**done, "run_alerts": alerted}
-        ti = context["ti"]
-        # Skipping raises (DownstreamTasksSkipped) before execute could return: push the return value first.
-        ti.xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=done)
-        self.skip(ti, teardown)
-        return done
+        # Skipping raises before execute could return: push the return value first.
+        context["ti"].xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=done)
+        # Raised here, not through ``SkipMixin.skip``: that also stores a ``skipmixin_key`` XCom,
+        # which a clear does not delete (only a new try of this task does) and which the
+        # scheduler's NotPreviouslySkippedDep obeys. A cleared run whose classify then failed
+        # (this task upstream_failed, never run again) would have its teardown skipped by it and
+        # fail with no alert. The price: clearing only ``alert`` after a success alerts again.
+        raise DownstreamTasksSkipped(tasks=[self.alert_task_id])
 
 
 def alert_on_orphans(

@@ -81,13 +81,17 @@ def claim_lock() -> Any:
 #   the double it parses: the shortest digits that round-trip (PostgreSQL's ``float8`` text,
 #   ``extra_float_digits`` pinned to 1 by :func:`claim_lock`), in positional notation from 1e-5 to
 #   1e16 (with ``.0`` when integral), otherwise in exponent notation without leading zeros
-#   (``1e-6``, ``1e+16``). Most floats (a confidence) are already that text: one cast says so.
+#   (``1e-6``; from 1e16 the fallback below). Most floats (a confidence) are already that text: one cast says so.
 # A payload this does not cover gives NULL, and the relay validates and serialises that event in
 # Python (:class:`triage.jobs.store.relay.RelayedEvents`): a nested object or array, a float whose
-# jsonb text is longer than 300 characters (below ~1e-298: a cast to float8 could fail).
+# jsonb text is longer than 300 characters (below ~1e-298: a cast to float8 could fail), a float of
+# 1e16 or more (its jsonb text has a fraction: a numeric, never a Python float, whose JSON is an
+# integer there). Such a double is integral, and ``float8`` text writes every digit of one below
+# about 2^64 (``2.4259396595948512e+16``) where pydantic writes the shortest (``2.425939659594851e+16``).
 _NUMBER = """CASE
         WHEN strpos(e.value::text, '.') = 0 THEN e.value::text
         WHEN length(e.value::text) > 300 THEN NULL
+        WHEN abs(e.value::float8) >= 1e16 THEN NULL
         WHEN e.value::float8::text = e.value::text THEN e.value::text
         WHEN e.value::float8 = 0 THEN '0.0'
         WHEN abs(e.value::float8) >= 1e-5 AND abs(e.value::float8) < 1e16 THEN
