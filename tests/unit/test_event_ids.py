@@ -29,3 +29,18 @@ def test_a_later_batch_sorts_after_an_earlier_one() -> None:
 
 def test_no_ids_for_an_empty_batch() -> None:
     assert event_ids(0) == []
+
+
+def test_ids_sort_in_the_order_they_were_drawn_within_and_across_batches() -> None:
+    # Two batches drawn back to back usually share a millisecond: the counter continues, so the
+    # second still sorts after the first (a review queue breaks ties of time by id).
+    drawn = [uuid.UUID(h) for _ in range(50) for h in event_ids(300)]
+    assert drawn == sorted(drawn)
+    assert len(set(drawn)) == len(drawn)
+
+
+def test_a_batch_larger_than_a_milliseconds_counter_is_refused() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="at most"):
+        event_ids((1 << 28) + 1)
