@@ -171,6 +171,38 @@ def test_the_leased_path_is_relayed_beside_too(store: JobStore, payloads: Payloa
     assert unsent(store) == 0
 
 
+class Measuring:
+    """A sink that reads how long the claim of what it is sent still holds, while it sends."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store, self.holds = store, list[Any]()
+
+    def publish(self, events: Sequence[WorkEvent]) -> None:
+        self.holds.append(
+            scalar(self.store, "SELECT extract(epoch FROM max(claimed_until) - now()) FROM triage.outbox_claims")
+        )
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.own_database  # the relay reads only committed events
+def test_a_trailing_claim_runs_out_before_classify_s_retry_comes(store: JobStore, payloads: PayloadStore) -> None:
+    """A try SIGKILLed mid-send leaves its claim: it must have run out when the retry's
+    publish_events comes (Airflow's retry_delay, 30 s), or the watermark waits 5 minutes behind it."""
+    from triage.operators.retry import default_args
+
+    register_documents(store, payloads, documents(5), "v", batch_key=BATCH)
+    sink = Measuring(store)
+    with TrailingRelay(store, sink, actor="w/try1 relay") as relay:
+        deadline = time.monotonic() + 10
+        while relay.sent < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert relay.sent == 5
+    retry_delay = default_args(retries=1, max_retry_delay=timedelta(minutes=1))["retry_delay"]
+    assert 0 < float(sink.holds[0]) <= retry_delay.total_seconds()
+
+
 # -- the operator: the sink of publish_events downstream, the switch -------------------------------
 
 DAY = datetime(2026, 11, 1, tzinfo=UTC)

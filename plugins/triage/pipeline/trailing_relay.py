@@ -21,7 +21,8 @@ What it keeps, and why:
   after the next commit, takes the rest.
 - **Bounded work at the end.** :meth:`close` lets the round in flight finish (one claim, at most
   ``limit`` events: a claim left half-sent would hold the watermark until it runs out) and
-  starts no other.
+  starts no other. A SIGKILL cannot wait: its claim runs out after :data:`CLAIM_SECONDS` and
+  the next relay sends it again.
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ interpreter lock while it validates its batch, so a smaller one interleaves with
 threads; and :meth:`TrailingRelay.close` waits for at most one."""
 
 
+CLAIM_SECONDS = 30.0
+"""How long a trailing round's claim holds its events from other relays: under ``classify``'s
+retry delay (30 s), so that the claim of a try SIGKILLed mid-send has run out when its retry,
+``persist`` and ``publish_events`` come, and ``publish_events`` takes it over and sends it first
+(the watermark waits for a claim until it runs out; ``publish_events``' own claims hold 300 s).
+A send that outlasts it (a webhook slower than 15 ms a request) may be taken over and sent
+again by another relay: at least once, never lost."""
+
+
 class TrailingRelay:
     """Relay committed events through ``sink`` on a thread of its own while a step works.
 
@@ -61,10 +71,19 @@ class TrailingRelay:
         same settings).
     :param actor: names the relay in its log lines.
     :param limit: events a round claims at most.
+    :param claim_seconds: how long a round's claim holds (:data:`CLAIM_SECONDS`).
     """
 
-    def __init__(self, store: JobStore, sink: EventSink, *, actor: str, limit: int = TRAILING_LIMIT) -> None:
-        self.store, self.sink, self.actor = store, sink, actor
+    def __init__(
+        self,
+        store: JobStore,
+        sink: EventSink,
+        *,
+        actor: str,
+        limit: int = TRAILING_LIMIT,
+        claim_seconds: float = CLAIM_SECONDS,
+    ) -> None:
+        self.store, self.sink, self.actor, self.claim_seconds = store, sink, actor, claim_seconds
         self.limit = max(1, min(limit, int(getattr(sink, "batch_size", limit))))
         self.sent = 0
         """Events this relay sent (and marked)."""
@@ -104,7 +123,13 @@ class TrailingRelay:
             if self._stop.is_set():
                 return
             try:
-                sent = self.store.relay(self.sink.publish, limit=self.limit, actor=self.actor, settle_seconds=0.0)
+                sent = self.store.relay(
+                    self.sink.publish,
+                    limit=self.limit,
+                    actor=self.actor,
+                    claim_seconds=self.claim_seconds,
+                    settle_seconds=0.0,
+                )
             except Exception as exc:  # noqa: BLE001 - the one place a relay error is left to publish_events
                 self.failed = type(exc).__name__
                 log.warning(
