@@ -43,6 +43,7 @@ OPT_IN = {
     "realrun-learned": realrun.run_learned,
     "learning-crossfit": learning.run_crossfit,
     "realrun-chunks": realrun.run_chunks,
+    "realrun-relay": realrun.run_relay,
     "learning-variants": learning.run_variants,
 }
 """Longer than the quick `make bench` (minutes to an hour), or one figure of a suite (``llm``:
