@@ -46,6 +46,7 @@ OPT_IN = {
     "realrun-chunks": realrun.run_chunks,
     "realrun-growth": realrun.run_growth,
     "pipeline-profile": pipeline_profile.run,
+    "realrun-relay": realrun.run_relay,
     "learning-variants": learning.run_variants,
     "learning-check": learning.run_check,
     "learning-thresholds": learning.run_thresholds,

@@ -18,6 +18,7 @@ follow the work (one ``classify``).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -431,6 +432,44 @@ def _set_variable(api: httpx.Client, key: str, value: str) -> None:
     api.post("/api/v2/variables", json={"key": key, "value": value}).raise_for_status()
 
 
+def _alternating(
+    api: httpx.Client, variable: str, n: int, rounds: int, modes: tuple[str, str] = ("off", "on")
+) -> dict[str, list[dict[str, Any]]]:
+    """``rounds`` pairs of ``n``-document keyword runs on fresh days, Variable ``variable`` set to
+    each of ``modes`` in turn, so that the machine's load at each moment hits both."""
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    day = DAY
+    for _ in range(rounds):
+        for mode in modes:
+            _set_variable(api, variable, mode)
+            result = timed_run(api, n, day=day)
+            if result["state"] != "success":
+                raise RuntimeError(f"a run failed ({variable}={mode}): {result['tasks']}")
+            result["load_average"] = os.getloadavg()
+            runs[mode].append(result)
+            day += timedelta(days=1)
+    return runs
+
+
+def _pair_details(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "docs_per_second": [round(n / r["seconds"]) for r in runs],
+        "runs": [
+            {
+                "seconds": round(r["seconds"], 2),
+                "tasks_seconds": r["tasks"],
+                "tasks_work_seconds": r["work"],
+                "relay_share": round(relay_tail(r["timeline"]) / r["seconds"], 3),
+                "hand_off_seconds": hand_offs(r["timeline"], r["seconds"]),
+                "publish_events_share": round(task_seconds(r["tasks"], "publish_events") / r["seconds"], 3),
+                "load_average": [round(x, 2) for x in r["load_average"]],
+                **({"classify_relayed": r["relayed"]} if "relayed" in r else {}),
+            }
+            for r in runs
+        ],
+    }
+
+
 def run_chunks(rounds: int | None = None) -> list[Figure]:
     """``python -m bench realrun-chunks``: the same deployment runs ``n`` keyword documents with
     the classify step leased (Variable ``triage_classify_in_chunks`` = ``off``: each job claimed,
@@ -441,48 +480,21 @@ def run_chunks(rounds: int | None = None) -> list[Figure]:
 
     rounds = rounds or int(os.environ.get("BENCH_REAL_ROUNDS", "2"))
     n = documents()
-    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     with _warm_deployment() as (_env, api):
-        day = DAY
-        for _ in range(rounds):
-            for mode in ("off", "on"):
-                _set_variable(api, IN_CHUNKS_VARIABLE, mode)
-                result = timed_run(api, n, day=day)
-                if result["state"] != "success":
-                    raise RuntimeError(f"a run failed ({IN_CHUNKS_VARIABLE}={mode}): {result['tasks']}")
-                result["load_average"] = os.getloadavg()
-                runs[mode].append(result)
-                day += timedelta(days=1)
-
-    def rates(mode: str) -> list[float]:
-        return [round(n / r["seconds"]) for r in runs[mode]]
-
-    def detail(mode: str) -> list[dict[str, Any]]:
-        return [
-            {
-                "seconds": round(r["seconds"], 2),
-                "tasks_seconds": r["tasks"],
-                "tasks_work_seconds": r["work"],
-                "relay_share": round(relay_tail(r["timeline"]) / r["seconds"], 3),
-                "hand_off_seconds": hand_offs(r["timeline"], r["seconds"]),
-                "publish_events_share": round(task_seconds(r["tasks"], "publish_events") / r["seconds"], 3),
-                "load_average": [round(x, 2) for x in r["load_average"]],
-            }
-            for r in runs[mode]
-        ]
-
+        runs = _alternating(api, IN_CHUNKS_VARIABLE, n, rounds)
     import statistics
 
+    on, off = _pair_details(n, runs["on"]), _pair_details(n, runs["off"])
     return [
         Figure(
             f"real run through make up, keyword, {n // 1000}k docs, classify in chunks of one transaction",
             "docs/s",
-            statistics.median(rates("on")),
+            statistics.median(on["docs_per_second"]),
             "the same runs with the classify step leased",
-            statistics.median(rates("off")),
+            statistics.median(off["docs_per_second"]),
             details={
-                "in_chunks": {"docs_per_second": rates("on"), "runs": detail("on")},
-                "leased": {"docs_per_second": rates("off"), "runs": detail("off")},
+                "in_chunks": on,
+                "leased": off,
                 "order": "leased, chunks, alternating",
                 "command": "python -m bench realrun-chunks",
             },
@@ -541,4 +553,69 @@ def run_growth(runs: int | None = None) -> list[Figure]:
                 "command": "python -m bench realrun-growth",
             },
         )
+    ]
+
+
+def _classify_relayed(api: httpx.Client, run_id: str) -> int:
+    """Events the run's ``classify`` tasks relayed beside their work (their XCom ``summary``)."""
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/classify/xcomEntries/summary"
+    relayed = 0
+    for index in range(8):
+        response = api.get(path, params={"deserialize": True, "map_index": index})
+        if response.status_code != 200:
+            break
+        value = response.json().get("value")
+        if isinstance(value, str):
+            value = json.loads(value)
+        relayed += int(value.get("relayed", 0)) if isinstance(value, dict) else 0
+    return relayed
+
+
+def run_relay(rounds: int | None = None) -> list[Figure]:
+    """``python -m bench realrun-relay``: the same deployment runs ``n`` keyword documents with
+    the relay beside ``classify`` off (Variable ``triage_relay_in_classify`` = ``off``:
+    ``publish_events`` relays the whole run after ``persist``) and on (the default), alternating
+    ``rounds`` times on fresh days (``BENCH_REAL_ROUNDS``, default 2); each pair's ratio is the
+    figure (issue #29: the relay's share of the run, goal <= 0.15)."""
+    import statistics
+
+    from triage.pipeline.trailing_relay import RELAY_IN_CLASSIFY_VARIABLE
+
+    rounds = rounds or int(os.environ.get("BENCH_REAL_ROUNDS", "2"))
+    n = documents()
+    with _warm_deployment() as (_env, api):
+        runs = _alternating(api, RELAY_IN_CLASSIFY_VARIABLE, n, rounds)
+        for result in (*runs["off"], *runs["on"]):
+            result["relayed"] = _classify_relayed(api, result["run_id"])
+    on, off = _pair_details(n, runs["on"]), _pair_details(n, runs["off"])
+    ratios = [round(a / b, 3) for a, b in zip(on["docs_per_second"], off["docs_per_second"], strict=True)]
+    tails = [relay_tail(r["timeline"]) for r in runs["on"]]
+    return [
+        Figure(
+            f"real run through make up, keyword, {n // 1000}k docs, the relay beside classify",
+            "docs/s",
+            statistics.median(on["docs_per_second"]),
+            "the same runs relayed by publish_events alone",
+            statistics.median(off["docs_per_second"]),
+            details={
+                "pair_ratios": ratios,
+                "relay_beside_classify": on,
+                "publish_events_alone": off,
+                "order": "off, on, alternating",
+                "command": "python -m bench realrun-relay",
+            },
+        ),
+        Figure(
+            "relay share of the real run with the relay beside classify (persist's end to publish_events' end)",
+            "seconds",
+            statistics.median(tails),
+            "the whole run",
+            statistics.median(r["seconds"] for r in runs["on"]),
+            target_ratio=RELAY_SHARE_TARGET,
+            higher_is_better=False,
+            details={
+                "shares_on": [r["relay_share"] for r in on["runs"]],
+                "shares_off": [r["relay_share"] for r in off["runs"]],
+            },
+        ),
     ]

@@ -9,6 +9,8 @@ retrying. Per-document failures never fail a task: they are outcomes in the ledg
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,9 @@ from triage.operators.retry import DependencyOutage
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from triage.pipeline.publish import EventSink
+    from triage.pipeline.trailing_relay import TrailingRelay
 
 
 log = logging.getLogger(__name__)
@@ -168,6 +173,10 @@ class ClassifyDocumentsOperator(TriageOperator):
         Every one claims from the whole batch with ``FOR UPDATE SKIP LOCKED``, so they split the
         work without a partition and one that dies leaves nothing unreachable; its lease owner
         carries the map index.
+    :param relay_events: relay the outbox on a thread of this task while it classifies
+        (:mod:`triage.pipeline.trailing_relay`), through the sink of the ``publish_events`` task
+        downstream of it, so that ``publish_events`` sends only what is left; no relay without
+        such a task downstream, or with Variable ``triage_relay_in_classify`` = ``off``.
     """
 
     ledger_step = Step.CLASSIFY
@@ -184,10 +193,11 @@ class ClassifyDocumentsOperator(TriageOperator):
         separate_persist: bool = False,
         action_conn_id: str | None = LABEL_ACTION_CONN_ID,
         worker: int = 0,
+        relay_events: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.worker = worker
+        self.worker, self.relay_events = worker, relay_events
         self.payload_base, self.llm_conn_id, self.action_conn_id = payload_base, llm_conn_id, action_conn_id
         self.batch_size, self.retry_soon_seconds, self.separate_persist = (
             batch_size,
@@ -243,17 +253,24 @@ class ClassifyDocumentsOperator(TriageOperator):
             # before it is needed, so a second classify instance still finds its share of the day.
             claim_ahead=plan.claim_ahead,
         )
+        relay = self.trailing_relay(context, actor=f"{settings.owner} relay")
         # Keyword and learned: each chunk claimed, classified and completed in one transaction,
         # on the first try (triage.pipeline.one_transaction); a retry takes the leased path.
+        step = (
+            functools.partial(run_step_in_chunks, committed=relay.committed if relay is not None else None)
+            if plan.in_chunks
+            else run_step
+        )
         try:
-            report = (run_step_in_chunks if plan.in_chunks else run_step)(
-                self.store,
-                handler,
-                batch_key=batch_key(context),
-                settings=settings,
-                metrics=AirflowStatsMetrics(),
-                drain=self.drain,
-            )
+            with relay if relay is not None else contextlib.nullcontext():  # ends with the step's last round
+                report = step(
+                    self.store,
+                    handler,
+                    batch_key=batch_key(context),
+                    settings=settings,
+                    metrics=AirflowStatsMetrics(),
+                    drain=self.drain,
+                )
         except DependencyMisconfigured as exc:
             raise AirflowFailException(f"{exc}; fix the triage_llm connection, then clear this task") from None
         except CircuitOpen as exc:
@@ -270,18 +287,22 @@ class ClassifyDocumentsOperator(TriageOperator):
             raise AirflowException(f"{exc}; Airflow's retry continues with the unfinished jobs") from None
         finally:
             handler.close()
+            if relay is not None:
+                relay.sink.close()
             self.dispose()
         done = {
             "worker": self.worker,
             "claimed": report.claimed,
             "outcomes": dict(report.outcomes),
             "reused_answers": cache.reused if cache is not None else 0,
+            "relayed": relay.sent if relay is not None else 0,
             "seconds": round(report.seconds, 3),
         }
         written = ["jobs", "job_events", "classifications", "manual_review"]
         if not separate:  # accepted jobs complete here: their label and completion event too
             written += ["document_labels", "outbox"]
-        self.record_lineage(lambda: self.ledger_lineage(context, ["jobs"], written, done))
+        sent_to = lineage.sink(relay.sink) if relay is not None and relay.sent else []
+        self.record_lineage(lambda: self.ledger_lineage(context, ["jobs"], written, done, also_written=sent_to))
         return self.hand_over(context, done)
 
     def hand_over(self, context: Context, done: dict[str, Any]) -> dict[str, Any] | None:
@@ -297,6 +318,26 @@ class ClassifyDocumentsOperator(TriageOperator):
         finally:
             self.dispose()
         return {"worker": self.worker, "persist": waiting} if waiting else None
+
+    def trailing_relay(self, context: Context, *, actor: str) -> TrailingRelay | None:
+        """The relay beside this try, sending through the sink the ``publish_events`` task
+        downstream builds (:meth:`PublishEventsOperator.build_sink`, its settings rendered for
+        this run), or None: ``relay_events`` false, Variable ``triage_relay_in_classify`` =
+        ``off``, no single ``publish_events`` downstream, or a sink that cannot be built (logged;
+        ``publish_events`` meets it and fails as before: the step is never failed by its relay)."""
+        from triage.pipeline.trailing_relay import RELAY_IN_CLASSIFY_VARIABLE, TrailingRelay
+
+        if not self.relay_events or variable(RELAY_IN_CLASSIFY_VARIABLE) == "off":
+            return None
+        publishers = [t for t in self.get_flat_relatives(upstream=False) if isinstance(t, PublishEventsOperator)]
+        if len(publishers) != 1:
+            return None
+        try:
+            sink = publishers[0].build_sink(context)
+        except Exception as exc:  # noqa: BLE001 - the relay beside the step never fails the step
+            log.warning("no relay beside classify: its sink could not be built (%s)", type(exc).__name__)
+            return None
+        return TrailingRelay(self.store, sink, actor=actor)
 
 
 class PersistLabelsOperator(TriageOperator):
@@ -386,10 +427,17 @@ class PublishEventsOperator(TriageOperator):
         super().__init__(**kwargs)
         self.event_log, self.webhook_conn_id = event_log, webhook_conn_id
 
+    def build_sink(self, context: Context | None = None) -> EventSink:
+        """Where this task sends events. With ``context``: for another task of the run (``classify``'s
+        relay, :meth:`ClassifyDocumentsOperator.trailing_relay`), ``event_log`` rendered for it
+        first (this task's own fields are rendered before :meth:`execute`)."""
+        event_log = self.event_log if context is None else self.render_template(self.event_log, context)
+        return event_sink(self.webhook_conn_id, event_log)
+
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.pipeline.publish import publish_all
 
-        sink = event_sink(self.webhook_conn_id, self.event_log)
+        sink = self.build_sink()
         try:
             sent = publish_all(self.store, sink)
         finally:

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import sqlalchemy as sa
@@ -103,11 +103,13 @@ def run_step_in_chunks(
     settings: RunSettings,
     metrics: Metrics = NULL_METRICS,
     drain: Drain | None = None,
+    committed: Callable[[], None] | None = None,
 ) -> StepReport:
     """Settle the batch's queued jobs at the classify step in chunks of ``settings.batch_size``,
     one transaction each, :data:`LANES` at once, then :func:`~triage.pipeline.steps.run_step` for
     the rest (the same errors: :class:`~triage.pipeline.steps.WorkRemains`, ``CircuitOpen``,
-    ``Drained``, …; their ``report`` counts the chunks too)."""
+    ``Drained``, …; their ``report`` counts the chunks too). ``committed`` is called after each
+    chunk commits (it must not block: :meth:`triage.pipeline.trailing_relay.TrailingRelay.committed`)."""
     freeze_long_lived()  # the task's imports and set-up: out of the collector's walks (triage.pipeline.heap)
     drain = drain or Drain()
     report = StepReport(step=handler.step, batch_key=batch_key)
@@ -167,6 +169,8 @@ def run_step_in_chunks(
                 )
                 stop.set()
                 return
+            if committed is not None:
+                committed()
             with counted:
                 report.claimed += len(chunk.jobs)
                 report.outcomes.update(type(o).__name__ for o in chunk.outcomes)

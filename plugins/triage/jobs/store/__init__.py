@@ -43,7 +43,7 @@ from triage.jobs.store.ledger import DEFAULT_ACTOR, Ledger
 from triage.jobs.store.one_transaction import Chunks
 from triage.jobs.store.probes import OutageProbes
 from triage.jobs.store.recording import check_fenced, record_txn, register_txn
-from triage.jobs.store.relay import Publish, relay_events
+from triage.jobs.store.relay import SETTLE_SECONDS, Publish, relay_events
 from triage.jobs.store.retention import LedgerRetention
 from triage.jobs.store.review import ReviewDecisions
 from triage.jobs.vocabulary.backoff import RetryPolicy
@@ -348,6 +348,7 @@ class JobStore(Ledger):
         limit: int = 1000,
         actor: str = "outbox_relay",
         claim_seconds: float = 300.0,
+        settle_seconds: float = SETTLE_SECONDS,
     ) -> int:
         """Send up to ``limit`` unsent events through ``publish`` and advance the watermark past them.
 
@@ -358,8 +359,17 @@ class JobStore(Ledger):
         the events go out next time. If the process dies between sending and marking, the claim
         runs out and another relay takes it over and sends them again: delivery is at least
         once, and the event id lets the receiver refuse a duplicate. ``actor`` names the relay
-        in its log lines (the outbox has no event log)."""
-        return relay_events(self.transaction, publish, limit=limit, actor=actor, claim_seconds=claim_seconds)
+        in its log lines (the outbox has no event log). Committed events held back by a
+        transaction still running are waited for up to ``settle_seconds`` (0: not at all, they
+        are the next call's; :func:`~triage.jobs.store.relay.relay_events`)."""
+        return relay_events(
+            self.transaction,
+            publish,
+            limit=limit,
+            actor=actor,
+            claim_seconds=claim_seconds,
+            settle_seconds=settle_seconds,
+        )
 
     def relay_all(
         self,
