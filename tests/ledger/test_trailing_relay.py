@@ -209,8 +209,15 @@ DAY = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 def operator_context(dag_task: Any) -> dict[str, Any]:
+    pushed: dict[str, Any] = {}
     ti = SimpleNamespace(
-        dag_id="relay_beside", run_id=f"manual__{uuid.uuid4().hex}", task_id="classify", map_index=0, try_number=1
+        dag_id="relay_beside",
+        run_id=f"manual__{uuid.uuid4().hex}",
+        task_id="classify",
+        map_index=0,
+        try_number=1,
+        pushed=pushed,
+        xcom_push=lambda key, value: pushed.__setitem__(key, value),
     )
     return {
         "params": {"documents": 40, "classifier": "keyword"},
@@ -219,6 +226,17 @@ def operator_context(dag_task: Any) -> dict[str, Any]:
         "ti": ti,
         "task": dag_task,
     }
+
+
+def run_classify(classify: Any) -> dict[str, Any]:
+    """Execute ``classify`` and return its counts (its XCom ``summary``: the return value is what
+    it hands ``persist``)."""
+    from triage.operators.classify_documents import SUMMARY_KEY
+
+    context = operator_context(classify)
+    classify.execute(context)
+    summary: dict[str, Any] = context["ti"].pushed[SUMMARY_KEY]
+    return summary
 
 
 def seamed_dag(store: JobStore, payload_base: Path, **publish: Any) -> tuple[Any, Any]:
@@ -261,7 +279,7 @@ def test_classify_relays_through_publish_events_sink_and_the_variable_turns_it_o
     monkeypatch.delenv(f"AIRFLOW_VAR_{RELAY_IN_CLASSIFY_VARIABLE.upper()}", raising=False)
 
     register_day(store, payloads, 40)
-    done = classify.execute(operator_context(classify))
+    done = run_classify(classify)
     assert done["claimed"] == 40
     assert done["relayed"] >= 40  # at least the registrations, relayed as the step began
     written = tmp_path / "keyword-events.jsonl"
@@ -270,7 +288,7 @@ def test_classify_relays_through_publish_events_sink_and_the_variable_turns_it_o
     monkeypatch.setenv(f"AIRFLOW_VAR_{RELAY_IN_CLASSIFY_VARIABLE.upper()}", "off")
     before = unsent(store)
     register_day(store, payloads, 60, prefix="U")  # more documents of the day, a second run
-    done = classify.execute(operator_context(classify))
+    done = run_classify(classify)
     assert (done["claimed"], done["relayed"]) == (60, 0)
     assert unsent(store) == before + 120  # all left to publish_events
 
@@ -283,7 +301,7 @@ def test_a_sink_that_cannot_be_built_never_fails_classify(
     _dag, classify = seamed_dag(store, tmp_path / "payloads", webhook_conn_id="no_such_webhook")
     register_day(store, payloads, 20)
     with caplog.at_level(logging.WARNING):
-        done = classify.execute(operator_context(classify))
+        done = run_classify(classify)
     assert (done["claimed"], done["relayed"]) == (20, 0)
     assert "no relay beside classify" in caplog.text
     assert unsent(store) == 40
@@ -302,6 +320,6 @@ def test_without_publish_events_downstream_classify_relays_nothing(store: JobSto
 
     classify: Any = Seamed(task_id="classify", payload_base=str(tmp_path / "payloads"))
     register_day(store, PayloadStore(tmp_path / "payloads"), 10)
-    done = classify.execute(operator_context(classify))
+    done = run_classify(classify)
     assert (done["claimed"], done["relayed"]) == (10, 0)
     assert unsent(store) == 20
