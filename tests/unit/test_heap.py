@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -12,9 +11,10 @@ from triage.pipeline import heap
 
 
 @pytest.fixture
-def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(heap, "_frozen", threading.Event())
+def fresh_process() -> Iterator[None]:
+    heap.freeze_long_lived.cache_clear()  # as in a new process: not called yet
     yield
+    heap.freeze_long_lived.cache_clear()
     gc.unfreeze()  # the rest of the session's objects back to the collector
 
 

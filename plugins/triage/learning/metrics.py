@@ -196,19 +196,22 @@ def choose_pooled_thresholds(
     eligible = [label for label in labels if train_counts.get(label, 0) >= min_examples]
     ranked = {label: _Ranked(label, predictions) for label in eligible}
 
-    def pooled(thresholds: Mapping[str, float | None]) -> tuple[int, int]:
-        taken = [ranked[label].taken(thresholds[label]) for label in eligible]
-        return sum(n for n, _ in taken), sum(right for _, right in taken)
-
     best: dict[str, float | None] = dict(own)
-    most, _ = pooled(own)
+    most, _ = _pooled(ranked, own)
     bars = sorted({p.confidence for p in predictions if p.label in ranked}, reverse=True)
     for bar in bars:
         thresholds = _at_bar(bar, labels, own, ranked, target_precision=target_precision, z=z)
-        n, right = pooled(thresholds)
+        n, right = _pooled(ranked, thresholds)
         if n > most and wilson_lower_bound(right, n, z) >= target_precision:
             best, most = thresholds, n
     return best
+
+
+def _pooled(ranked: Mapping[str, _Ranked], thresholds: Mapping[str, float | None]) -> tuple[int, int]:
+    """How many predictions of the ``ranked`` labels ``thresholds`` accept, and how many of them
+    are right, pooled over the labels."""
+    taken = [ranking.taken(thresholds[label]) for label, ranking in ranked.items()]
+    return sum(n for n, _ in taken), sum(right for _, right in taken)
 
 
 def _selected_then_verified(
@@ -258,8 +261,7 @@ def _selected_then_verified(
     levels = sorted({p.confidence for p in selection if p.label in checked_on and p.confidence >= lowest})
     for level in reversed(levels):
         thresholds = at_level(level)
-        taken = [checked_on[label].taken(thresholds[label]) for label in proposing]
-        n, right = sum(n for n, _ in taken), sum(right for _, right in taken)
+        n, right = _pooled(checked_on, thresholds)
         if n < least:
             continue
         if wilson_lower_bound(right, n, z) < target_precision:

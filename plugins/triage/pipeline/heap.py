@@ -11,11 +11,10 @@ before the loop frozen (``gc.freeze()``), 65-67 with the collector off.
 from __future__ import annotations
 
 import gc
-import threading
-
-_frozen = threading.Event()
+from functools import cache
 
 
+@cache
 def freeze_long_lived() -> None:
     """Move what this process holds now out of the collector's walks, once per process.
 
@@ -23,8 +22,5 @@ def freeze_long_lived() -> None:
     which is what a task's imports and set-up are (a task process runs one step). Objects made
     afterwards are collected as always. Later calls do nothing, so a process that runs many
     steps (a test session) freezes only its first set-up."""
-    if _frozen.is_set():
-        return
-    _frozen.set()
     gc.collect()
     gc.freeze()

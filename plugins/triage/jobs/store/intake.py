@@ -24,9 +24,10 @@ import sqlalchemy as sa
 
 from triage.contracts.intake import INTAKE_BATCH
 from triage.jobs.sql.expressions import event_ids, rowset
-from triage.jobs.sql.moves.registration import accept_jobs, compiled
+from triage.jobs.sql.moves.registration import accept_jobs
 from triage.jobs.sql.reads.intake import intake_status, jobs_by_key, unfinished_depth
 from triage.jobs.store.ledger import Part
+from triage.jobs.store.recording import execute_compiled
 from triage.jobs.vocabulary.errors import translate
 from triage.jobs.vocabulary.models import NewJob
 
@@ -97,9 +98,7 @@ class IntakeLedger(Part):
                 for i, j in enumerate(first.values())
             ),
         )
-        sql, constants = compiled(accept_jobs())
         params = {
-            **constants,
             **rows,
             "actor": actor,
             "batch_key": batch_key,
@@ -110,7 +109,7 @@ class IntakeLedger(Part):
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 answered = {
                     r.idempotency_key: Accepted(r.idempotency_key, r.id, _value(r.status), r.correlation_id, r.new)
-                    for r in conn.exec_driver_sql(sql, params)
+                    for r in execute_compiled(conn, accept_jobs(), params)
                     if r.id is not None
                 }
                 missing = [k for k in first if k not in answered]

@@ -94,7 +94,7 @@ _NUMBER = """CASE
         WHEN abs(e.value::float8) >= 1e16 THEN NULL
         WHEN e.value::float8::text = e.value::text THEN e.value::text
         WHEN e.value::float8 = 0 THEN '0.0'
-        WHEN abs(e.value::float8) >= 1e-5 AND abs(e.value::float8) < 1e16 THEN
+        WHEN abs(e.value::float8) >= 1e-5 THEN
              CASE WHEN strpos(e.value::float8::text::numeric::text, '.') = 0
                   THEN e.value::float8::text::numeric::text || '.0'
                   ELSE e.value::float8::text::numeric::text END
