@@ -104,3 +104,27 @@ def test_an_alert_that_cannot_read_the_ledger_leaves_the_teardown_to_alert(
     assert pushed == {}
     assert dict(provider.requests) == {}
     assert "the alert teardown will" in caplog.text
+
+
+@pytest.mark.own_database
+def test_publish_events_reads_the_run_s_moves_before_it_disposes_its_engine(
+    store: JobStore, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The alert's read reuses the try's pooled connection: nothing is checked out of the engine
+    once the relay disposed it (a disposed pool opens a new connection)."""
+    webhook(monkeypatch, provider.url)
+    a_run(store, review=12, completed=28)
+    context, _pushed = context_with_xcoms()
+    task = publish_task(store, tmp_path / "events.jsonl", RecordingMetrics())
+    disposed: list[bool] = []
+    checked_out_after_dispose: list[bool] = []
+    monkeypatch.setattr(task, "dispose", lambda: disposed.append(True))  # the test's engine outlives the task
+    sa.event.listen(store.engine, "checkout", lambda *_: checked_out_after_dispose.append(bool(disposed)))
+
+    with pytest.raises(DownstreamTasksSkipped):
+        task.execute(context)
+
+    assert disposed
+    assert checked_out_after_dispose, "the try used the engine"
+    assert True not in checked_out_after_dispose
+    assert dict(provider.requests) == {KEY: 1}  # and it alerted

@@ -28,9 +28,9 @@ from __future__ import annotations
 import logging
 import sys
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseNotifier
 from airflow.sdk.bases.xcom import BaseXCom
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from triage.observability import Metrics
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CLASSIFY_DEADLINE = timedelta(days=1, hours=2)
 """From a ``classify_documents`` run's logical date (its data interval's start) to its deadline:
@@ -308,22 +310,24 @@ class PublishEventsThenAlertOperator(PublishEventsOperator):
 
     def run_moves(self, context: Context) -> RunMoves:
         """What this run moved of its batch, read from the ledger (a seam tests override)."""
-        try:
-            return read_run_moves(self.store, context)
-        finally:
-            self.dispose()
+        return read_run_moves(self.store, context)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        done = super().execute(context)
         teardown = [task for task in self.downstream_list if task.task_id == self.alert_task_id]
         if not teardown:
-            return done
-        try:
-            alerted = send_run_alerts(
-                self.run_moves(context), context, conn_id=self.alerts_conn_id, metrics=self.get_metrics()
+            return super().execute(context)
+        # Read before the relay, which disposes the engine, so the read takes no connection of its
+        # own; the same moves either way: relaying the outbox moves no job.
+        moves = self._or_teardown(lambda: self.run_moves(context))
+        done = super().execute(context)
+        alerted = (
+            None
+            if moves is None
+            else self._or_teardown(
+                lambda: send_run_alerts(moves, context, conn_id=self.alerts_conn_id, metrics=self.get_metrics())
             )
-        except Exception:  # the one degraded path here: the teardown alerts instead
-            log.exception("could not alert for the run here; the %s teardown will", self.alert_task_id)
+        )
+        if alerted is None:
             return done
         done = {**done, "run_alerts": alerted}
         # Skipping raises before execute could return: push the return value first.
@@ -334,6 +338,15 @@ class PublishEventsThenAlertOperator(PublishEventsOperator):
         # (this task upstream_failed, never run again) would have its teardown skipped by it and
         # fail with no alert. The price: clearing only ``alert`` after a success alerts again.
         raise DownstreamTasksSkipped(tasks=[self.alert_task_id])
+
+    def _or_teardown(self, step: Callable[[], T]) -> T | None:
+        """``step()``, or None when it raises: logged, and the teardown alerts for the run instead
+        (the one degraded path here: an alert never fails the relay)."""
+        try:
+            return step()
+        except Exception:
+            log.exception("could not alert for the run here; the %s teardown will", self.alert_task_id)
+            return None
 
 
 def alert_on_orphans(
