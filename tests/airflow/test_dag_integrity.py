@@ -250,7 +250,8 @@ def test_train_classifier_runs_daily_and_on_demand_with_typed_params(dagbag: Dag
     assert dag.schedule == "@daily"
     assert [task.task_id for task in dag.tasks] == ["train"]
     params = dag.params.dump()
-    assert params == {"target_precision": 0.97, "holdout_percent": 20, "min_examples": 20}
+    assert params == {"target_precision": 0.97, "holdout_percent": 20, "min_examples": 20, "thresholds": "verified"}
+    assert dag.params.get_param("thresholds").schema["enum"] == ["verified", "pooled", "per-label"]
     schema = dag.params.get_param("target_precision").schema
     assert (schema["type"], schema["exclusiveMinimum"], schema["maximum"]) == ("number", 0.0, 1.0)
     assert dag.tasks[0].retries == 1

@@ -1,5 +1,6 @@
 """``triage train``'s threshold rule options: ``--thresholds`` or ``--per-label-margin``, never
-both (the second used to win silently), parsed as the command line parses them (no database)."""
+both (the second used to win silently), parsed as the command line parses them (no database);
+and ``train_classifier``'s ``thresholds`` param offers the same rules."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ def test_both_options_are_a_usage_error(options: tuple[str, ...], capsys: pytest
         parse(*options)
     assert refused.value.code == 2  # argparse's usage error: nothing trained
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_dag_param_offers_the_rules_training_knows() -> None:
+    from triage.contracts.train_params import THRESHOLD_RULES, TrainParams, param_schemas
+    from triage.learning.training import DEFAULT_SETTINGS
+    from triage.learning.training import THRESHOLD_RULES as TRAINING_RULES
+
+    assert THRESHOLD_RULES == TRAINING_RULES
+    assert param_schemas()["thresholds"]["enum"] == list(TRAINING_RULES)
+    assert TrainParams().thresholds == DEFAULT_SETTINGS.thresholds
