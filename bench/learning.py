@@ -683,13 +683,12 @@ def _threshold_rules() -> dict[str, Any]:
     """The threshold rules ``learning-thresholds`` compares: functions of (held-out predictions,
     labels, training counts) to thresholds, at the target precision and ``min_examples`` of
     ``triage train``'s defaults."""
-    import bisect
-
     import numpy as np
 
     from triage.learning.metrics import (
         MIN_ACCEPTED,
         Prediction,
+        Ranked,
         choose_pooled_thresholds,
         choose_thresholds,
         choose_verified_thresholds,
@@ -699,13 +698,6 @@ def _threshold_rules() -> dict[str, Any]:
     from triage.learning.training import DEFAULT_SETTINGS
 
     target, least = DEFAULT_SETTINGS.target_precision, DEFAULT_SETTINGS.min_examples
-
-    def ranked(predictions: list[Prediction], label: str) -> tuple[list[float], list[int]]:
-        mine = sorted((p for p in predictions if p.label == label), key=lambda p: -p.confidence)
-        right = [0]
-        for p in mine:
-            right.append(right[-1] + (p.truth == label))
-        return [-p.confidence for p in mine], right
 
     def shared_bar(z: float, check: str) -> Any:
         """One bar for every label, the most accepting whose pooled lower bound at z reaches the
@@ -717,23 +709,16 @@ def _threshold_rules() -> dict[str, Any]:
                 predictions, labels, target_precision=target, train_counts=counts, min_examples=least, z=z
             )
             eligible = [label for label in labels if counts.get(label, 0) >= least]
-            rank = {label: ranked(predictions, label) for label in eligible}
-
-            def taken(label: str, t: float | None) -> tuple[int, int]:
-                if t is None:
-                    return 0, 0
-                n = bisect.bisect_right(rank[label][0], -t)
-                return n, rank[label][1][n]
-
+            rank = {label: Ranked(label, predictions) for label in eligible}
             best: dict[str, Any] = dict.fromkeys(labels)
             most = 0
             for bar in sorted({p.confidence for p in predictions if p.label in rank}, reverse=True):
                 thresholds: dict[str, Any] = dict.fromkeys(labels)
                 for label in eligible:
-                    n, right = taken(label, bar)
+                    n, right = rank[label].taken(bar)
                     ok = check == "none" or (n >= MIN_ACCEPTED and wilson_upper_bound(right, n, z) >= target)
                     thresholds[label] = bar if ok else own[label]
-                pool = [taken(label, thresholds[label]) for label in eligible]
+                pool = [rank[label].taken(thresholds[label]) for label in eligible]
                 n, right = sum(a for a, _ in pool), sum(b for _, b in pool)
                 if n > most and wilson_lower_bound(right, n, z) >= target:
                     best, most = thresholds, n
@@ -750,7 +735,8 @@ def _threshold_rules() -> dict[str, Any]:
             for label in labels:
                 cuts: list[tuple[int, int, float | None]] = [(0, 0, None)]
                 if counts.get(label, 0) >= least:
-                    negated, right = ranked(predictions, label)
+                    mine = Ranked(label, predictions)
+                    negated, right = mine.negated, mine.right
                     for n in range(MIN_ACCEPTED, len(negated) + 1):
                         if (n == len(negated) or negated[n] != negated[n - 1]) and right[n] >= target * n:
                             cuts.append((n, n - right[n], -negated[n - 1]))

@@ -135,9 +135,7 @@ def test_publish_events_alerts_and_skips_the_alert_teardown_it_did_the_work_of(d
     publish, alert = dag.get_task("publish_events"), dag.get_task("alert")
     assert isinstance(publish, PublishEventsThenAlertOperator)
     assert isinstance(alert, RunAlertsOperator)
-    assert publish.alert_task_id == "alert"
-    assert "alert" in publish.downstream_task_ids  # a direct downstream: the one it may skip
-    assert publish.alerts_conn_id == alert.alerts_conn_id
+    assert publish.alert_teardown() is alert  # found in the graph: a direct downstream, the one it may skip
 
 
 def test_classify_documents_has_its_deadline_alert(dagbag: DagBag) -> None:
@@ -252,7 +250,8 @@ def test_train_classifier_runs_daily_and_on_demand_with_typed_params(dagbag: Dag
     assert dag.schedule == "@daily"
     assert [task.task_id for task in dag.tasks] == ["train"]
     params = dag.params.dump()
-    assert params == {"target_precision": 0.97, "holdout_percent": 20, "min_examples": 20}
+    assert params == {"target_precision": 0.97, "holdout_percent": 20, "min_examples": 20, "thresholds": "verified"}
+    assert dag.params.get_param("thresholds").schema["enum"] == ["verified", "pooled", "per-label"]
     schema = dag.params.get_param("target_precision").schema
     assert (schema["type"], schema["exclusiveMinimum"], schema["maximum"]) == ("number", 0.0, 1.0)
     assert dag.tasks[0].retries == 1

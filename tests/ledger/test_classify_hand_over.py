@@ -4,6 +4,7 @@ wait at the persist step, whoever left them there, on a real PostgreSQL."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,9 +12,11 @@ import sqlalchemy as sa
 
 from tests.ledger.helpers import new_jobs
 from tests.ledger.test_alerts import BATCH, owner, run_context
+from tests.ledger.test_trailing_relay import operator_context, register_day
 from triage.jobs.store import JobStore
 from triage.jobs.vocabulary.models import Advance, ClassificationRecord, Complete
 from triage.operators.classify_documents import SUMMARY_KEY, ClassifyDocumentsOperator
+from triage.payloads import PayloadStore
 
 
 def classify_task(store: JobStore, worker: int = 1) -> ClassifyDocumentsOperator:
@@ -66,3 +69,34 @@ def test_jobs_an_earlier_run_left_at_the_persist_step_are_handed_over_too(store:
     store.register(new_jobs(3, prefix="later"), batch_key=BATCH, step="classify", max_attempts=3)
     handed, _ = hand_over(store)
     assert handed == {"worker": 1, "persist": 2}
+
+
+@pytest.mark.own_database  # the chunks commit from lanes of their own
+def test_a_classify_try_counts_what_it_hands_over_before_it_disposes_its_engine(
+    store: JobStore, tmp_path: Path
+) -> None:
+    """The hand-over's count reuses the try's pooled connection: nothing is checked out of the
+    engine once ``execute`` disposed it (a disposed pool opens a new connection)."""
+    checked_out_after_dispose: list[bool] = []
+
+    class Seamed(ClassifyDocumentsOperator):
+        disposed = False
+
+        def get_engine(self) -> sa.Engine:
+            return store.engine
+
+        def dispose(self) -> None:  # the test's engine outlives the task: only noted
+            self.disposed = True
+
+    classify: Any = Seamed(task_id="classify", payload_base=str(tmp_path / "payloads"))
+    register_day(store, PayloadStore(tmp_path / "payloads"), 10)
+    sa.event.listen(store.engine, "checkout", lambda *_: checked_out_after_dispose.append(classify.disposed))
+
+    context = operator_context(classify)
+    handed = classify.execute(context)
+
+    assert handed is None  # keyword completes every job in classify: nothing waits at persist
+    assert context["ti"].pushed[SUMMARY_KEY]["claimed"] == 10
+    assert classify.disposed
+    assert checked_out_after_dispose, "the try used the engine"
+    assert True not in checked_out_after_dispose

@@ -806,7 +806,13 @@ def test_the_training_operator_trains_and_refuses_without_examples(store: JobSto
     import_examples(store.engine, payloads, synthetic_examples(300, 13, payloads), source="a", labelled_by="me")
     result = operator.execute(context)
     assert (result["status"], result["promoted"]) == ("champion", True)
+    assert result["params"]["thresholds"] == "verified"  # the param's default, as triage train's
     assert list_models(store.engine)[0]["created_by"] == "airflow:manual_1"
+    pooled = operator.execute({**context, "params": {**context["params"], "thresholds": "pooled"}})
+    assert pooled["params"]["thresholds"] == "pooled"  # the run's param picks the rule
+    assert pooled["version"] != result["version"]  # another rule, another model version
+    with pytest.raises(AirflowFailException, match="thresholds"):
+        operator.execute({**context, "params": {**context["params"], "thresholds": "oracle"}})
     with pytest.raises(AirflowFailException, match="target_precision"):
         operator.execute({**context, "params": {"target_precision": 1.5}})
 

@@ -30,17 +30,18 @@ def publish_task(store: JobStore, events: Path, metrics: RecordingMetrics, *, br
         def get_engine(self) -> sa.Engine:
             return store.engine
 
+    class SeamedAlert(RunAlertsOperator):  # publish_events alerts with its teardown's read and metrics
         def get_metrics(self) -> RecordingMetrics:
             return metrics
 
-        def run_moves(self, context: Any) -> Any:
+        def run_moves(self, store: JobStore, context: Any) -> Any:
             if broken_ledger:
                 raise sa.exc.OperationalError("SELECT", {}, Exception("the job database is down"))
-            return super().run_moves(context)
+            return super().run_moves(store, context)
 
     with DAG("classify_documents", schedule=None):
-        task = Seamed(task_id="publish_events", alert_task_id="alert", event_log=str(events))
-        task >> RunAlertsOperator(task_id="alert").as_teardown()
+        task = Seamed(task_id="publish_events", event_log=str(events))
+        task >> SeamedAlert(task_id="alert").as_teardown()
     return task
 
 
@@ -104,3 +105,53 @@ def test_an_alert_that_cannot_read_the_ledger_leaves_the_teardown_to_alert(
     assert pushed == {}
     assert dict(provider.requests) == {}
     assert "the alert teardown will" in caplog.text
+
+
+@pytest.mark.own_database
+def test_publish_events_reads_the_run_s_moves_before_it_disposes_its_engine(
+    store: JobStore, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The alert's read reuses the try's pooled connection: nothing is checked out of the engine
+    once the relay disposed it (a disposed pool opens a new connection)."""
+    webhook(monkeypatch, provider.url)
+    a_run(store, review=12, completed=28)
+    context, _pushed = context_with_xcoms()
+    task = publish_task(store, tmp_path / "events.jsonl", RecordingMetrics())
+    disposed: list[bool] = []
+    checked_out_after_dispose: list[bool] = []
+    monkeypatch.setattr(task, "dispose", lambda: disposed.append(True))  # the test's engine outlives the task
+    sa.event.listen(store.engine, "checkout", lambda *_: checked_out_after_dispose.append(bool(disposed)))
+
+    with pytest.raises(DownstreamTasksSkipped):
+        task.execute(context)
+
+    assert disposed
+    assert checked_out_after_dispose, "the try used the engine"
+    assert True not in checked_out_after_dispose
+    assert dict(provider.requests) == {KEY: 1}  # and it alerted
+
+
+@pytest.mark.own_database
+def test_without_an_alert_teardown_downstream_publish_events_only_relays(
+    store: JobStore, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The teardown is found in the graph (the one ``RunAlertsOperator`` directly downstream):
+    another task downstream is no teardown to do the work of, nor to skip."""
+    from airflow.sdk.bases.operator import BaseOperator
+
+    webhook(monkeypatch, provider.url)
+    a_run(store, review=12, completed=28)
+    context, pushed = context_with_xcoms()
+
+    class Seamed(PublishEventsThenAlertOperator):
+        def get_engine(self) -> sa.Engine:
+            return store.engine
+
+    with DAG("classify_documents", schedule=None):
+        task = Seamed(task_id="publish_events", event_log=str(tmp_path / "events.jsonl"))
+        task >> BaseOperator(task_id="alert")
+    assert task.alert_teardown() is None
+
+    assert task.execute(context) == {"published": outbox_events(store)}  # no skip raised
+    assert pushed == {}
+    assert dict(provider.requests) == {}

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from triage.contracts.events import WorkEvent
-from triage.pipeline.publish import event_lines
+from triage.jobs.store.relay import RelayedEvents
+from triage.pipeline.publish import event_lines, event_texts
 
 
 def event(payload: dict[str, Any] | None = None, **fields: Any) -> WorkEvent:
@@ -58,6 +59,15 @@ BATCHES = [
 @pytest.mark.parametrize("events", BATCHES)
 def test_event_lines_are_the_events_own_json_byte_for_byte(events: list[WorkEvent]) -> None:
     assert event_lines(events) == one_by_one(events)
+
+
+@pytest.mark.parametrize("events", BATCHES)
+def test_both_sinks_send_each_event_s_own_json_relayed_or_not(events: list[WorkEvent]) -> None:
+    """What the JSON-lines and the webhook sink send (:func:`event_texts`): each event's id and
+    ``to_json``, from models and from a relayed batch alike."""
+    own = ([str(e.event_id) for e in events], [e.to_json().decode() for e in events])
+    assert event_texts(events) == own
+    assert event_texts(RelayedEvents([e.to_json().decode() for e in events])) == own
 
 
 def test_many_events_in_one_call() -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from triage.learning.metrics import (
     MIN_ACCEPTED,
     Prediction,
+    Ranked,
     choose_pooled_thresholds,
     choose_thresholds,
     choose_verified_thresholds,
@@ -56,6 +57,20 @@ def pooled(
 ALMOST = "+" * 20 + "-" + "+" * 9
 LABELS = [f"l{i}" for i in range(8)]
 COUNTS = dict.fromkeys([*LABELS, "bad", "rare"], 100)
+
+
+def test_a_ranking_takes_every_prediction_of_its_label_at_or_above_a_threshold() -> None:
+    """:class:`Ranked`, which the rules and the bench's rules rank with: ties at the threshold are
+    all taken, other labels' predictions never, no threshold takes nothing."""
+    tie = Prediction("b", "b", 0.96)
+    predictions = [*ranked("b", "++-+"), tie, *ranked("c", "++")]  # b: 0.99 + 0.98 + 0.97 - 0.96 + 0.96 +
+    mine = Ranked("b", predictions)
+    assert mine.negated == [-0.99, -0.98, -0.97, -0.96, -0.96]
+    assert mine.right == [0, 1, 2, 2, 3, 4]
+    assert mine.taken(0.97) == (3, 2)
+    assert mine.taken(0.96) == (5, 4)
+    assert mine.taken(1.0) == (0, 0)
+    assert mine.taken(None) == (0, 0)
 
 
 def test_the_pool_accepts_what_each_label_alone_is_too_unsure_of() -> None:

@@ -463,14 +463,15 @@ def test_a_synthetic_shard_builds_only_its_own_documents(monkeypatch: pytest.Mon
     built = Counter[str]()
     ticket = source._ticket
 
-    def counted(rnd: Callable[[], float]) -> tuple[str, str, str, str]:
-        built["tickets"] += 1
-        return ticket(rnd)
+    def counted(rnd: Callable[[], float], build: bool = True) -> Any:
+        built["tickets" if build else "skipped"] += 1
+        return ticket(rnd) if build else ticket(rnd, build=False)
 
     monkeypatch.setattr(source, "_ticket", counted)
     sizes = [sum(1 for _ in Shard(source, index, 2).read(DAY, NEXT_DAY)) for index in range(2)]
     assert sum(sizes) == 1000
     assert built["tickets"] == 1000
+    assert built["skipped"] == 1000  # each shard draws the other's documents without building them
 
 
 def test_a_shard_that_does_not_exist_is_refused() -> None:

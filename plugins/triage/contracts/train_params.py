@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from triage.contracts.params import DagParams, InvalidParams
 
-__all__ = ["InvalidTrainParams", "TrainParams", "param_schemas"]
+__all__ = ["THRESHOLD_RULES", "InvalidTrainParams", "TrainParams", "param_schemas"]
+
+ThresholdRuleParam = Literal["verified", "pooled", "per-label"]
+THRESHOLD_RULES: tuple[ThresholdRuleParam, ...] = ("verified", "pooled", "per-label")
+"""The ``thresholds`` param's choices: :data:`triage.learning.training.THRESHOLD_RULES` (a test holds
+them equal; contracts import nothing of the learning code)."""
 
 
 class InvalidTrainParams(InvalidParams):
@@ -45,6 +50,15 @@ class TrainParams(DagParams):
         le=100_000,
         title="Examples per label",
         description="Training examples a label needs before the model may auto-accept it.",
+        json_schema_extra={"section": "Quality"},
+    )
+
+    thresholds: ThresholdRuleParam = Field(
+        default="verified",
+        title="Threshold rule",
+        description="How each label's threshold is chosen on the held-out examples (triage train --thresholds): "
+        "verified, the margin on all accepted together, proposed by one half of them and certified on the other; "
+        "pooled, chosen and judged on the same ones; per-label, each label's margin on its own.",
         json_schema_extra={"section": "Quality"},
     )
 

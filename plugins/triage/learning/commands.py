@@ -11,9 +11,12 @@ import getpass
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triage.database import DatabaseUrl, create_engine
+
+if TYPE_CHECKING:
+    from triage.learning.training import ThresholdRule
 
 __all__ = ["COMMANDS", "add_commands", "run"]
 
@@ -69,18 +72,21 @@ def add_commands(commands: Any) -> None:
         default=0.5,
         help="how sure a threshold's held-out precision must be: the Wilson lower bound at Z (default 0.5; 0: as seen)",
     )
-    train.add_argument(
+    # One or the other: argparse refuses both (with a default, an explicit --thresholds equal to it
+    # would pass unnoticed, hence None and threshold_rule()).
+    rule = train.add_mutually_exclusive_group()
+    rule.add_argument(
         "--thresholds",
         choices=("verified", "pooled", "per-label"),
-        default="verified",
+        default=None,
         help="how thresholds are chosen on the held-out examples (default verified: the margin on all accepted "
         "together, proposed by one half of them and certified on the other; pooled: chosen and judged on the same "
         "ones; per-label: each label's margin on its own)",
     )
-    train.add_argument(
+    rule.add_argument(
         "--per-label-margin",
         action="store_true",
-        help="the same as --thresholds per-label",
+        help="the same as --thresholds per-label (not with --thresholds)",
     )
     train.add_argument("--payload-base", metavar="DIR_OR_URL", help="the payload store (default: the deployment's)")
     train.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -114,6 +120,14 @@ def add_commands(commands: Any) -> None:
         "--confidence-threshold", type=float, default=0.7, help="the keyword classifier's (default 0.7, as a run's)"
     )
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def threshold_rule(args: argparse.Namespace) -> ThresholdRule:
+    """The threshold rule ``triage train``'s ``args`` name: ``--per-label-margin``'s, else
+    ``--thresholds``' (default ``verified``); the parser refuses the two together."""
+    if args.per_label_margin:
+        return "per-label"
+    return args.thresholds or "verified"
 
 
 def _payloads(base: str | None) -> Any:
@@ -194,7 +208,7 @@ def _train(engine: Any, args: argparse.Namespace, taxonomy: Any, prog: str) -> i
             holdout_percent=args.holdout_percent,
             min_examples=args.min_examples,
             margin_z=args.margin_z,
-            thresholds="per-label" if args.per_label_margin else args.thresholds,
+            thresholds=threshold_rule(args),
         )
         report = train_candidate(
             engine,

@@ -46,6 +46,7 @@ from typing import Any, Final
 __all__ = [
     "MIN_ACCEPTED",
     "Prediction",
+    "Ranked",
     "choose_pooled_thresholds",
     "choose_thresholds",
     "choose_verified_thresholds",
@@ -120,32 +121,36 @@ def choose_thresholds(
     return thresholds
 
 
-class _Ranked:
+class Ranked:
     """One label's held-out predictions, most confident first: how many of them a threshold takes,
-    and how many of those are right."""
+    and how many of those are right.
 
-    __slots__ = ("_negated", "_right")
+    ``negated``: their confidences negated (ascending, for ``bisect``); ``right[n]``: how many of
+    the ``n`` most confident are right (``right[0]`` is 0). The threshold rules here and the
+    bench's (``bench/learning.py``) rank with it."""
+
+    __slots__ = ("negated", "right")
 
     def __init__(self, label: str, predictions: Sequence[Prediction]) -> None:
         mine = sorted((p for p in predictions if p.label == label), key=lambda p: -p.confidence)
-        self._negated = [-p.confidence for p in mine]  # ascending, for bisect
-        self._right = [0]
+        self.negated = [-p.confidence for p in mine]
+        self.right = [0]
         for prediction in mine:
-            self._right.append(self._right[-1] + (prediction.truth == label))
+            self.right.append(self.right[-1] + (prediction.truth == label))
 
     def taken(self, threshold: float | None) -> tuple[int, int]:
         """(accepted, right) at ``threshold`` (None: nothing)."""
         if threshold is None:
             return 0, 0
-        n = bisect.bisect_right(self._negated, -threshold)
-        return n, self._right[n]
+        n = bisect.bisect_right(self.negated, -threshold)
+        return n, self.right[n]
 
 
 def _at_bar(
     bar: float,
     labels: Sequence[str],
     own: Mapping[str, float | None],
-    ranked: Mapping[str, _Ranked],
+    ranked: Mapping[str, Ranked],
     *,
     target_precision: float,
     z: float,
@@ -194,7 +199,7 @@ def choose_pooled_thresholds(
         z=z,
     )
     eligible = [label for label in labels if train_counts.get(label, 0) >= min_examples]
-    ranked = {label: _Ranked(label, predictions) for label in eligible}
+    ranked = {label: Ranked(label, predictions) for label in eligible}
 
     best: dict[str, float | None] = dict(own)
     most, _ = _pooled(ranked, own)
@@ -207,7 +212,7 @@ def choose_pooled_thresholds(
     return best
 
 
-def _pooled(ranked: Mapping[str, _Ranked], thresholds: Mapping[str, float | None]) -> tuple[int, int]:
+def _pooled(ranked: Mapping[str, Ranked], thresholds: Mapping[str, float | None]) -> tuple[int, int]:
     """How many predictions of the ``ranked`` labels ``thresholds`` accept, and how many of them
     are right, pooled over the labels."""
     taken = [ranking.taken(thresholds[label]) for label, ranking in ranked.items()]
@@ -247,7 +252,7 @@ def _selected_then_verified(
         z=z,
     )
     proposing = [label for label in labels if proposed[label] is not None]
-    checked_on = {label: _Ranked(label, verification) for label in proposing}
+    checked_on = {label: Ranked(label, verification) for label in proposing}
     # Below this many accepted verification predictions even all right cannot reach the target.
     least = next(n for n in range(1, 1_000_000) if wilson_lower_bound(n, n, z) >= target_precision)
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 import logging
 import sys
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseNotifier
 from airflow.sdk.bases.xcom import BaseXCom
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from triage.observability import Metrics
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CLASSIFY_DEADLINE = timedelta(days=1, hours=2)
 """From a ``classify_documents`` run's logical date (its data interval's start) to its deadline:
@@ -227,17 +229,23 @@ class RunAlertsOperator(TriageOperator):
         """The seam tests override: where the counters go."""
         return stats_metrics()
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        try:
-            moves = read_run_moves(self.store, context)
-        finally:
-            self.dispose()
+    def run_moves(self, store: JobStore, context: Context) -> RunMoves:
+        """What this run moved of its batch (:meth:`triage.jobs.store.JobStore.run_moves`), read
+        through ``store``: this task's, or that of the task doing its work
+        (:class:`PublishEventsThenAlertOperator`). A seam tests override."""
+        return store.run_moves(batch_key=batch_key(context), run_prefix=run_prefix(context))
+
+    def alert(self, moves: RunMoves, context: Context) -> dict[str, Any]:
+        """Emit the run's counters and send its alerts through this task's connection and metrics
+        (:func:`send_run_alerts`); the counts and each alert's outcome."""
         return send_run_alerts(moves, context, conn_id=self.alerts_conn_id, metrics=self.get_metrics())
 
-
-def read_run_moves(store: JobStore, context: Context) -> RunMoves:
-    """What this run moved of its batch (:meth:`triage.jobs.store.JobStore.run_moves`)."""
-    return store.run_moves(batch_key=batch_key(context), run_prefix=run_prefix(context))
+    def execute(self, context: Context) -> dict[str, Any]:
+        try:
+            moves = self.run_moves(self.store, context)
+        finally:
+            self.dispose()
+        return self.alert(moves, context)
 
 
 def send_run_alerts(moves: RunMoves, context: Context, *, conn_id: str, metrics: Metrics) -> dict[str, Any]:
@@ -285,6 +293,10 @@ class PublishEventsThenAlertOperator(PublishEventsOperator):
     the teardown: on the happy path the run ends with its relay, with no task process started
     and no scheduler round spent only to count and alert (issue #29).
 
+    The teardown is the one :class:`RunAlertsOperator` directly downstream (none: this task only
+    relays); its read of the ledger, its connection and its metrics are used, through this
+    task's engine, so the alerts are configured once, on the teardown.
+
     It is the run's last task but the teardown, so every other task (and its failure callback)
     is done when it alerts. Whenever it does not get that far (a task before it failed, so it
     never runs; the relay failed; the alert's read of the ledger raised), the teardown is left
@@ -293,37 +305,24 @@ class PublishEventsThenAlertOperator(PublishEventsOperator):
 
     Its return value is the relay's counts plus ``run_alerts`` (what :class:`RunAlertsOperator`
     returns); ``alert`` shows ``skipped`` when this task alerted.
-
-    :param alert_task_id: the teardown it does the work of (a direct downstream task).
-    :param alerts_conn_id: the webhook connection (see the module's docstring).
     """
 
-    def __init__(self, *, alert_task_id: str, alerts_conn_id: str = ALERTS_CONN_ID, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.alert_task_id, self.alerts_conn_id = alert_task_id, alerts_conn_id
-
-    def get_metrics(self) -> Metrics:
-        """The seam tests override: where the counters go."""
-        return stats_metrics()
-
-    def run_moves(self, context: Context) -> RunMoves:
-        """What this run moved of its batch, read from the ledger (a seam tests override)."""
-        try:
-            return read_run_moves(self.store, context)
-        finally:
-            self.dispose()
+    def alert_teardown(self) -> RunAlertsOperator | None:
+        """The teardown this task does the work of: the one :class:`RunAlertsOperator` directly
+        downstream, or None."""
+        found = [task for task in self.downstream_list if isinstance(task, RunAlertsOperator)]
+        return found[0] if len(found) == 1 else None
 
     def execute(self, context: Context) -> dict[str, Any]:
+        teardown = self.alert_teardown()
+        if teardown is None:
+            return super().execute(context)
+        # Read before the relay, which disposes the engine, so the read takes no connection of its
+        # own; the same moves either way: relaying the outbox moves no job.
+        moves = _or_teardown(teardown, lambda: teardown.run_moves(self.store, context))
         done = super().execute(context)
-        teardown = [task for task in self.downstream_list if task.task_id == self.alert_task_id]
-        if not teardown:
-            return done
-        try:
-            alerted = send_run_alerts(
-                self.run_moves(context), context, conn_id=self.alerts_conn_id, metrics=self.get_metrics()
-            )
-        except Exception:  # the one degraded path here: the teardown alerts instead
-            log.exception("could not alert for the run here; the %s teardown will", self.alert_task_id)
+        alerted = None if moves is None else _or_teardown(teardown, lambda: teardown.alert(moves, context))
+        if alerted is None:
             return done
         done = {**done, "run_alerts": alerted}
         # Skipping raises before execute could return: push the return value first.
@@ -333,7 +332,17 @@ class PublishEventsThenAlertOperator(PublishEventsOperator):
         # scheduler's NotPreviouslySkippedDep obeys. A cleared run whose classify then failed
         # (this task upstream_failed, never run again) would have its teardown skipped by it and
         # fail with no alert. The price: clearing only ``alert`` after a success alerts again.
-        raise DownstreamTasksSkipped(tasks=[self.alert_task_id])
+        raise DownstreamTasksSkipped(tasks=[teardown.task_id])
+
+
+def _or_teardown(teardown: RunAlertsOperator, step: Callable[[], T]) -> T | None:
+    """``step()``, or None when it raises: logged, and ``teardown`` alerts for the run instead
+    (the one degraded path of :class:`PublishEventsThenAlertOperator`: an alert never fails the relay)."""
+    try:
+        return step()
+    except Exception:
+        log.exception("could not alert for the run here; the %s teardown will", teardown.task_id)
+        return None
 
 
 def alert_on_orphans(

@@ -271,6 +271,15 @@ class ClassifyDocumentsOperator(TriageOperator):
                     metrics=AirflowStatsMetrics(),
                     drain=self.drain,
                 )
+            done = {
+                "worker": self.worker,
+                "claimed": report.claimed,
+                "outcomes": dict(report.outcomes),
+                "reused_answers": cache.reused if cache is not None else 0,
+                "relayed": relay.sent if relay is not None else 0,
+                "seconds": round(report.seconds, 3),
+            }
+            handed = self.hand_over(context, done)  # on this try's engine, before it is disposed
         except DependencyMisconfigured as exc:
             raise AirflowFailException(f"{exc}; fix the triage_llm connection, then clear this task") from None
         except CircuitOpen as exc:
@@ -290,20 +299,12 @@ class ClassifyDocumentsOperator(TriageOperator):
             if relay is not None:
                 relay.sink.close()
             self.dispose()
-        done = {
-            "worker": self.worker,
-            "claimed": report.claimed,
-            "outcomes": dict(report.outcomes),
-            "reused_answers": cache.reused if cache is not None else 0,
-            "relayed": relay.sent if relay is not None else 0,
-            "seconds": round(report.seconds, 3),
-        }
         written = ["jobs", "job_events", "classifications", "manual_review"]
         if not separate:  # accepted jobs complete here: their label and completion event too
             written += ["document_labels", "outbox"]
         sent_to = lineage.sink(relay.sink) if relay is not None and relay.sent else []
         self.record_lineage(lambda: self.ledger_lineage(context, ["jobs"], written, done, also_written=sent_to))
-        return self.hand_over(context, done)
+        return handed
 
     def hand_over(self, context: Context, done: dict[str, Any]) -> dict[str, Any] | None:
         """This try's counts as XCom ``summary``, and what it leaves ``persist`` as its return
@@ -311,12 +312,10 @@ class ClassifyDocumentsOperator(TriageOperator):
         None. ``persist`` is mapped over these return values (:mod:`triage.operators.tasks`),
         so when no instance left it work (no label action, the default) the scheduler skips it
         without starting a process. Counted after this try's moves committed: an instance that
-        advanced jobs to persist always sees them (only ``persist`` completes them)."""
+        advanced jobs to persist always sees them (only ``persist`` completes them). Called by
+        :meth:`execute` before it disposes the engine, so the count takes no connection of its own."""
         context["ti"].xcom_push(key=SUMMARY_KEY, value=done)
-        try:
-            waiting = self.store.open_in_step(batch_key(context), Step.PERSIST)
-        finally:
-            self.dispose()
+        waiting = self.store.open_in_step(batch_key(context), Step.PERSIST)
         return {"worker": self.worker, "persist": waiting} if waiting else None
 
     def trailing_relay(self, context: Context, *, actor: str) -> TrailingRelay | None:

@@ -110,7 +110,7 @@ def classification_tasks(
         handed_over=classify.output
     )
     publish = PublishEventsThenAlertOperator(
-        task_id="publish_events", alert_task_id="alert", batch=batch, trigger_rule=TriggerRule.NONE_FAILED
+        task_id="publish_events", batch=batch, trigger_rule=TriggerRule.NONE_FAILED
     )
 
     # Downstream of every task, not only the last: it must wait for every map index of classify.

@@ -54,6 +54,7 @@ class TrainClassifierOperator(TriageOperator):
                     target_precision=params.target_precision,
                     holdout_percent=params.holdout_percent,
                     min_examples=params.min_examples,
+                    thresholds=params.thresholds,
                 ),
                 actor=trainer,
             )

@@ -17,7 +17,7 @@ import logging
 import os
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -62,21 +62,27 @@ def event_lines(events: Sequence[WorkEvent]) -> bytes:
     return b"".join(e.to_json() + b"\n" for e in events)
 
 
-def _lines(events: Sequence[WorkEvent], recent: Mapping[str, None]) -> tuple[list[str], bytes]:
-    """The ids and JSON lines of the events whose id is not in ``recent``.
+def event_texts(events: Sequence[WorkEvent]) -> tuple[list[str], list[str]]:
+    """Each event's id and JSON (exactly :meth:`WorkEvent.to_json`, decoded), in order: what every
+    sink sends.
 
     A relayed batch (:class:`RelayedEvents`) is written through: its JSON is already
     ``WorkEvent.to_json``'s bytes, made by PostgreSQL, and no model is built (the relay's CPU an
-    event: docs/performance.md). Other events are serialised here (:func:`event_lines`).
+    event: docs/performance.md). Other events are serialised here, in one call (:func:`event_lines`).
     """
     if isinstance(events, RelayedEvents):
-        ids, texts = events.lines()
-        if any(i in recent for i in ids):
-            kept = [(i, text) for i, text in zip(ids, texts, strict=True) if i not in recent]
-            ids, texts = [i for i, _ in kept], [text for _, text in kept]
-        return ids, ("\n".join(texts) + "\n").encode() if texts else b""
-    fresh = [e for e in events if str(e.event_id) not in recent]
-    return [str(e.event_id) for e in fresh], event_lines(fresh)
+        return events.lines()
+    # A raw newline never occurs inside JSON text (a string escapes it): the lines are the events.
+    return [str(e.event_id) for e in events], event_lines(events).decode().split("\n")[:-1]
+
+
+def _lines(events: Sequence[WorkEvent], recent: Mapping[str, None]) -> tuple[list[str], bytes]:
+    """The ids and JSON lines of the events whose id is not in ``recent`` (:func:`event_texts`)."""
+    ids, texts = event_texts(events)
+    if any(i in recent for i in ids):
+        kept = [(i, text) for i, text in zip(ids, texts, strict=True) if i not in recent]
+        ids, texts = [i for i, _ in kept], [text for _, text in kept]
+    return ids, ("\n".join(texts) + "\n").encode() if texts else b""
 
 
 class EventLogDamaged(OSError):
@@ -210,17 +216,11 @@ class WebhookEventSink:
         self._client = httpx.Client(timeout=timeout_s, headers=headers or {})
 
     def publish(self, events: Sequence[WorkEvent]) -> None:
-        # A relayed batch's JSON is each event's ``to_json`` already (:func:`_lines` says why).
-        bodies: Iterable[tuple[str, bytes]]
-        if isinstance(events, RelayedEvents):
-            ids, texts = events.lines()
-            bodies = zip(ids, (text.encode() for text in texts), strict=True)
-        else:
-            bodies = ((str(e.event_id), e.to_json()) for e in events)
-        for event_id, body in bodies:
+        ids, texts = event_texts(events)
+        for event_id, text in zip(ids, texts, strict=True):
             response = self._client.post(
                 self.url,
-                content=body,
+                content=text.encode(),
                 headers={"Idempotency-Key": event_id, "Content-Type": "application/json"},
             )
             response.raise_for_status()

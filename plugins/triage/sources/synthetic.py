@@ -25,7 +25,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Literal, overload
 
 from triage.classifiers.taxonomy import Taxonomy
 from triage.sources.base import SourceDocument, require_aware
@@ -226,12 +226,12 @@ class SyntheticSource:
         rnd = _seeded_random(self.seed, start, "documents").random
         day_prefix: dict[int, str] = {}
         last_second = max(span - 1, 0)
-        ticket, skip = self._ticket, self._skip_ticket
+        ticket = self._ticket
         for index in range(count):
             offset = min(int((index + rnd()) * span / count), last_second) if span else 0
             external_id = f"syn-{day}-{index:06d}"
             if keep is not None and not keep(external_id):
-                skip(rnd)  # drawn, not built; its own redeliveries share its id: never held
+                ticket(rnd, build=False)  # drawn, not built; its own redeliveries share its id: never held
             else:
                 # Formatting by hand: strftime() per document was a fifth of the generation time.
                 days, second_of_day = divmod(first_second + offset, 86_400)
@@ -256,36 +256,23 @@ class SyntheticSource:
                 if original in held:  # not held: skipped by ``keep``
                     yield held.pop(original)
 
-    def _skip_ticket(self, rnd: Callable[[], float]) -> None:
-        """Make exactly the random draws of :meth:`_ticket`, building nothing (a test keeps the
-        two in step: the documents after a skipped one are the same either way)."""
-        rnd()  # label
-        rnd()  # number
-        kind = rnd()
-        if kind < VAGUE_SHARE:
-            for _ in range(5):  # subject, four sentences
-                rnd()
-        else:
-            for _ in range(4):  # subject, three sentences
-                rnd()
-            for _ in range(2 * (1 + int(rnd() * 3))):  # each inserted sentence: place and pick
-                rnd()
-            if kind < VAGUE_SHARE + CONFUSED_SHARE and len(self._label_names) > 1:
-                rnd()  # the minor label
-                for _ in range(1 + int(rnd() * 2)):
-                    rnd()
-        for _ in range(5):  # closing context, greeting, closing, name, channel
-            rnd()
+    @overload
+    def _ticket(self, rnd: Callable[[], float]) -> tuple[str, str, str, str]: ...
 
-    def _ticket(self, rnd: Callable[[], float]) -> tuple[str, str, str, str]:
-        """Draw one ticket: JSON-escaped subject and body, channel as JSON, and its label.
+    @overload
+    def _ticket(self, rnd: Callable[[], float], build: Literal[False]) -> None: ...
+
+    def _ticket(self, rnd: Callable[[], float], build: bool = True) -> tuple[str, str, str, str] | None:
+        """Draw one ticket: JSON-escaped subject and body, channel as JSON, and its label; with
+        ``build`` false, make the same random draws and build nothing (a shard skipping another
+        shard's document: the documents after it are the same either way).
 
         JSON string escaping works character by character, so escaped pieces concatenate into
         the escaped whole; the pieces are escaped once, in ``__init__``.
         """
         names = self._label_names
         label = min(bisect.bisect_right(self._cumulative, rnd() * self._total_weight), len(names) - 1)
-        number = str(int(rnd() * 900_000) + 100_000)
+        number = rnd()
         context = _CONTEXT_JSON
         kind = rnd()
         if kind < VAGUE_SHARE:
@@ -313,11 +300,12 @@ class SyntheticSource:
                 for _ in range(1 + int(rnd() * 2)):
                     sentences.append(minor[int(rnd() * len(minor))])
         sentences.append(context[int(rnd() * len(context))])
-        body = (
-            f"{_GREETINGS_JSON[int(rnd() * len(_GREETINGS_JSON))]}\\n\\n"
-            f"{' '.join(sentences).replace('{n}', number)}\\n\\n"
-            f"{_CLOSINGS_JSON[int(rnd() * len(_CLOSINGS_JSON))]}\\n"
-            f"{_NAMES_JSON[int(rnd() * len(_NAMES_JSON))]}"
-        )
-        subject = subject.replace("{n}", number)
-        return subject, body, _CHANNELS_JSON[int(rnd() * len(_CHANNELS_JSON))], names[label]
+        greeting = _GREETINGS_JSON[int(rnd() * len(_GREETINGS_JSON))]
+        closing = _CLOSINGS_JSON[int(rnd() * len(_CLOSINGS_JSON))]
+        name = _NAMES_JSON[int(rnd() * len(_NAMES_JSON))]
+        channel = _CHANNELS_JSON[int(rnd() * len(_CHANNELS_JSON))]
+        if not build:
+            return None
+        n = str(int(number * 900_000) + 100_000)
+        body = f"{greeting}\\n\\n{' '.join(sentences).replace('{n}', n)}\\n\\n{closing}\\n{name}"
+        return subject.replace("{n}", n), body, channel, names[label]
