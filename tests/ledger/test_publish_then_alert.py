@@ -155,3 +155,37 @@ def test_without_an_alert_teardown_downstream_publish_events_only_relays(
     assert task.execute(context) == {"published": outbox_events(store)}  # no skip raised
     assert pushed == {}
     assert dict(provider.requests) == {}
+
+
+def test_only_a_teardown_is_done_and_skipped_for(tmp_path: Path) -> None:
+    """A ``RunAlertsOperator`` downstream that is no teardown is not skipped for: it would not run
+    (and alert) when ``publish_events`` failed, as a teardown does."""
+    with DAG("classify_documents", schedule=None):
+        task = PublishEventsThenAlertOperator(task_id="publish_events", event_log=str(tmp_path / "events.jsonl"))
+        task >> RunAlertsOperator(task_id="alert")
+    assert task.alert_teardown() is None
+
+
+@pytest.mark.own_database
+def test_a_sink_that_cannot_be_built_still_leaves_the_engine_disposed(
+    store: JobStore, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The alert's read opens the try's engine before the relay builds its sink: a sink that
+    cannot be built (a bad webhook connection) fails the task and still disposes the engine."""
+    webhook(monkeypatch, provider.url)
+    a_run(store, review=12, completed=28)
+    context, _pushed = context_with_xcoms()
+    task = publish_task(store, tmp_path / "events.jsonl", RecordingMetrics())
+    disposed: list[bool] = []
+    monkeypatch.setattr(task, "dispose", lambda: disposed.append(True))  # the test's engine outlives the task
+
+    def no_sink(context: Any = None) -> Any:
+        raise ValueError("the webhook connection names no host")
+
+    monkeypatch.setattr(task, "build_sink", no_sink)
+
+    with pytest.raises(ValueError, match="names no host"):
+        task.execute(context)
+
+    assert disposed == [True]
+    assert dict(provider.requests) == {}  # nothing alerted: the teardown will

@@ -124,10 +124,12 @@ def add_commands(commands: Any) -> None:
 
 def threshold_rule(args: argparse.Namespace) -> ThresholdRule:
     """The threshold rule ``triage train``'s ``args`` name: ``--per-label-margin``'s, else
-    ``--thresholds``' (default ``verified``); the parser refuses the two together."""
+    ``--thresholds``' (default: the training settings' default); the parser refuses the two together."""
+    from triage.learning.training import DEFAULT_SETTINGS
+
     if args.per_label_margin:
         return "per-label"
-    return args.thresholds or "verified"
+    return args.thresholds or DEFAULT_SETTINGS.thresholds
 
 
 def _payloads(base: str | None) -> Any:

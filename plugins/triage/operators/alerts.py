@@ -293,8 +293,8 @@ class PublishEventsThenAlertOperator(PublishEventsOperator):
     the teardown: on the happy path the run ends with its relay, with no task process started
     and no scheduler round spent only to count and alert (issue #29).
 
-    The teardown is the one :class:`RunAlertsOperator` directly downstream (none: this task only
-    relays); its read of the ledger, its connection and its metrics are used, through this
+    The teardown is the one :class:`RunAlertsOperator` teardown directly downstream (none, or more
+    than one: this task only relays, and each teardown alerts for itself); its read of the ledger, its connection and its metrics are used, through this
     task's engine, so the alerts are configured once, on the teardown.
 
     It is the run's last task but the teardown, so every other task (and its failure callback)
@@ -308,9 +308,10 @@ class PublishEventsThenAlertOperator(PublishEventsOperator):
     """
 
     def alert_teardown(self) -> RunAlertsOperator | None:
-        """The teardown this task does the work of: the one :class:`RunAlertsOperator` directly
-        downstream, or None."""
-        found = [task for task in self.downstream_list if isinstance(task, RunAlertsOperator)]
+        """The teardown this task does the work of: the one :class:`RunAlertsOperator` teardown
+        directly downstream, or None. Only a teardown may be skipped for it: a teardown still runs
+        (and alerts) when this task fails or never runs, a plain downstream task would not."""
+        found = [task for task in self.downstream_list if isinstance(task, RunAlertsOperator) and task.is_teardown]
         return found[0] if len(found) == 1 else None
 
     def execute(self, context: Context) -> dict[str, Any]:

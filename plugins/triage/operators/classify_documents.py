@@ -436,11 +436,15 @@ class PublishEventsOperator(TriageOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from triage.pipeline.publish import publish_all
 
-        sink = self.build_sink()
+        sink: EventSink | None = None
         try:
+            # Built inside the try: a sink that cannot be built (a bad webhook connection or
+            # event_log) still leaves the engine disposed.
+            sink = self.build_sink()
             sent = publish_all(self.store, sink)
         finally:
-            sink.close()
+            if sink is not None:
+                sink.close()
             self.dispose()
         done = {"published": sent}
         self.record_lineage(
