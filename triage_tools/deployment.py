@@ -153,6 +153,13 @@ process is a fork of a worker, so it no longer imports Airflow's task runner, th
 load: docs/performance.md, "Where the time of a run goes"). A name that does not import is
 skipped by the forkserver without a word: tests/unit/test_task_preload.py imports each."""
 
+TASK_PRELOAD_SETTINGS = {
+    "AIRFLOW__SCHEDULER__MP_START_METHOD": "forkserver",
+    "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD": ",".join(TASK_PRELOAD),
+}
+"""The scheduler's settings that preload :data:`TASK_PRELOAD` (:func:`environment`; the
+LocalExecutor's: the Celery deployment gives them back)."""
+
 
 def _say(message: str) -> None:
     """Progress goes to stderr, so that ``./airflow.sh ... -o json`` stays parseable."""
@@ -209,8 +216,8 @@ def environment() -> dict[str, str]:
     # processor still imports the DAG files afresh. The price: a change to plugins/triage
     # reaches tasks when the scheduler restarts (`make stop && make up`). An exported value wins
     # (`AIRFLOW__SCHEDULER__MP_START_METHOD=fork` gives back Airflow's default on Linux).
-    env.setdefault("AIRFLOW__SCHEDULER__MP_START_METHOD", "forkserver")
-    env.setdefault("AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD", ",".join(TASK_PRELOAD))
+    for key, value in TASK_PRELOAD_SETTINGS.items():
+        env.setdefault(key, value)
     # The local deployment is where drills run (`make run CONF='{"drill": …}'`, `make chaos`);
     # an exported TRIAGE_ALLOW_DRILL=0 still turns them off. docker-compose leaves them off.
     env.setdefault(ENV_ALLOW_DRILL, "1")

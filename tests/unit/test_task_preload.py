@@ -80,3 +80,16 @@ def test_every_preloaded_module_imports() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert any(name.startswith("triage.") for name in deployment.TASK_PRELOAD)
+
+
+def test_the_celery_deployment_gives_the_preload_back(env_of: Callable[..., dict[str, str]]) -> None:
+    """``make distributed``'s scheduler is built on the same environment, but its tasks run in
+    the Celery workers: it keeps Airflow's start method (an exported one stays)."""
+    from triage_tools.celery_deployment import celery_environment
+
+    base = {**env_of(), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql+psycopg://u:p@127.0.0.1:5432/airflow"}
+    env = celery_environment(base, broker_url="redis://127.0.0.1:6379/0", api_port=18080, concurrency=2)
+    assert not set(deployment.TASK_PRELOAD_SETTINGS) & set(env)
+    exported = {**base, "AIRFLOW__SCHEDULER__MP_START_METHOD": "spawn"}
+    env = celery_environment(exported, broker_url="redis://127.0.0.1:6379/0", api_port=18080, concurrency=2)
+    assert env["AIRFLOW__SCHEDULER__MP_START_METHOD"] == "spawn"
