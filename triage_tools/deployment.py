@@ -149,8 +149,9 @@ TASK_PRELOAD = (
 mp_forkserver_preload``, with ``mp_start_method`` ``forkserver``; :func:`environment`): the
 LocalExecutor's workers are forked from a forkserver that imported these once, and each task
 process is a fork of a worker, so it no longer imports Airflow's task runner, the DAG file's
-``triage`` modules and those its ``execute`` imports (0.3-2.9 s of every task's start-up under
-load: docs/performance.md, "Where the time of a run goes"). A name that does not import is
+``triage`` modules and those its ``execute`` imports (a run's start-up, queued to ``execute``
+over its tasks, 1.6-2.7 s before and 1.1-1.7 s after at 2,000 documents: docs/performance.md,
+"Task start-up, preloaded"). A name that does not import is
 skipped by the forkserver without a word: tests/unit/test_task_preload.py imports each."""
 
 TASK_PRELOAD_SETTINGS = {
