@@ -47,6 +47,7 @@ OPT_IN = {
     "realrun-growth": realrun.run_growth,
     "pipeline-profile": pipeline_profile.run,
     "realrun-relay": realrun.run_relay,
+    "realrun-preload": realrun.run_preload,
     "learning-variants": learning.run_variants,
     "learning-check": learning.run_check,
     "learning-thresholds": learning.run_thresholds,

@@ -64,8 +64,12 @@ def _triage(env: Mapping[str, str], *args: str, timeout: float = 600) -> subproc
 
 
 @contextmanager
-def deployment(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl) -> Iterator[tuple[dict[str, str], str]]:
-    """``triage up`` on a home and ports of its own; yields its environment and base URL."""
+def deployment(
+    metadata_url: DatabaseUrl, jobs_url: DatabaseUrl, settings: Mapping[str, str] | None = None
+) -> Iterator[tuple[dict[str, str], str]]:
+    """``triage up`` on a home and ports of its own; yields its environment and base URL.
+    ``settings`` (``AIRFLOW__...`` variables) are exported to it: an A/B of the deployment's
+    own settings runs two of them side by side, one with the setting given back."""
     with tempfile.TemporaryDirectory(prefix="triage-realrun-") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TRIAGE_"))}
         env.update(
@@ -84,6 +88,7 @@ def deployment(metadata_url: DatabaseUrl, jobs_url: DatabaseUrl) -> Iterator[tup
         # An A/B of the scheduler's idle sleep (the deployment's own is 0.25 s).
         if os.environ.get("BENCH_SCHEDULER_IDLE_SLEEP"):
             env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = os.environ["BENCH_SCHEDULER_IDLE_SLEEP"]
+        env.update(settings or {})
         try:
             started = _triage(env, "up")
             if started.returncode != 0:
@@ -618,6 +623,145 @@ def run_relay(rounds: int | None = None) -> list[Figure]:
             details={
                 "shares_on": [r["relay_share"] for r in on["runs"]],
                 "shares_off": [r["relay_share"] for r in off["runs"]],
+            },
+        ),
+    ]
+
+
+def task_start_ups(api: httpx.Client, run_id: str) -> dict[str, dict[str, float]]:
+    """Where each task instance's start and end went, from its REST record and its log's own
+    marks (the Task SDK logs ``::group::Pre Execute`` when the task process starts, its
+    ``::endgroup::`` when ``execute`` begins, and ``::group::Post Execute`` when it returned):
+    ``queued_to_start`` (the executor's worker picks the workload, forks the task process and
+    tells the API server), ``start_to_execute`` (the bundle, the DAG file parsed, the context),
+    ``execute`` (the operator, its own imports included), ``after_execute`` (XCom pushes, the
+    success call) and ``start_up`` (queued to ``execute``)."""
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}"
+    instances = api.get(f"{path}/taskInstances", params={"limit": 100}).json()["task_instances"]
+    out: dict[str, dict[str, float]] = {}
+    for ti in instances:
+        if not (ti["start_date"] and ti["end_date"] and ti.get("queued_when")):
+            continue  # skipped by the scheduler: no process
+        name = ti["task_id"] + (f"[{ti['map_index']}]" if ti["map_index"] >= 0 else "")
+        response = api.get(
+            f"{path}/taskInstances/{ti['task_id']}/logs/{ti['try_number']}",
+            params={"map_index": ti["map_index"], "full_content": True},
+            headers={"Accept": "application/json"},
+        )
+        if response.status_code != 200:
+            continue
+        marks = [e for e in response.json().get("content", []) if isinstance(e, dict) and e.get("timestamp")]
+        events = [str(e.get("event")) for e in marks]
+        try:
+            pre = events.index("::group::Pre Execute")
+            execute = events.index("::endgroup::", pre)
+            post = events.index("::group::Post Execute", execute)
+        except ValueError:
+            continue
+        queued, start, end = _time(ti["queued_when"]), _time(ti["start_date"]), _time(ti["end_date"])
+        began, returned = _time(marks[execute]["timestamp"]), _time(marks[post]["timestamp"])
+        out[name] = {
+            "queued_to_start": round(start - queued, 2),
+            "start_to_execute": round(began - start, 2),
+            "execute": round(returned - began, 2),
+            "after_execute": round(end - returned, 2),
+            "start_up": round(began - queued, 2),
+        }
+    return out
+
+
+def start_up_seconds(start_ups: Mapping[str, Mapping[str, float]]) -> float:
+    """The start-up the run waited for: each task's (its slowest map index's) queued-to-execute
+    seconds, summed over the tasks (they run one after the other)."""
+    slowest: dict[str, float] = {}
+    for name, parts in start_ups.items():
+        task = name.split("[")[0]
+        slowest[task] = max(slowest.get(task, 0.0), parts["start_up"])
+    return round(sum(slowest.values()), 2)
+
+
+PRELOAD_OFF = {"AIRFLOW__SCHEDULER__MP_START_METHOD": "fork"}
+"""The local deployment as before ``TASK_PRELOAD`` (Airflow's default start method on Linux:
+the LocalExecutor's workers forked from the scheduler, every task importing its modules)."""
+
+
+def run_preload(rounds: int | None = None) -> list[Figure]:
+    """``python -m bench realrun-preload``: two ``make up`` deployments side by side, one with the
+    local deployment's task preload (``triage_tools.deployment.TASK_PRELOAD``: the scheduler's
+    forkserver imports the task modules once) and one given back Airflow's fork start method
+    (:data:`PRELOAD_OFF`), ``n`` keyword documents a run (``BENCH_REAL_DOCUMENTS``; 2,000 is
+    enough for start-up) alternating ``rounds`` times (``BENCH_REAL_ROUNDS``, default 6). The
+    figures are what the preload is for: the tasks' start-up seconds (:func:`task_start_ups`)
+    and the hand-offs, medians beside each other; the run's seconds are in the details."""
+    import statistics
+    from contextlib import ExitStack
+
+    rounds = rounds or int(os.environ.get("BENCH_REAL_ROUNDS", "6"))
+    n = documents()
+    modes = {"fork": PRELOAD_OFF, "preload": {}}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    with ExitStack() as stack:
+        apis = {}
+        for mode, settings in modes.items():
+            metadata, jobs = (
+                stack.enter_context(scratch_database(migrate=False)),
+                stack.enter_context(scratch_database()),
+            )
+            env, base_url = stack.enter_context(deployment(metadata, jobs, settings))
+            apis[mode] = stack.enter_context(_client(env, base_url))
+            _wait_for_dag(apis[mode])
+        for mode, api in apis.items():  # warm, as `python -m bench realrun` does
+            _checked_run(api, WARM_UP_DOCUMENTS, DAY - timedelta(days=1), f"the warm-up ({mode})")
+        for round_ in range(rounds):
+            for mode, api in apis.items():
+                result = _checked_run(api, n, DAY + timedelta(days=round_), f"a run ({mode})")
+                result["start_ups"] = task_start_ups(api, result["run_id"])
+                runs[mode].append(result)
+
+    def summary(mode: str) -> dict[str, Any]:
+        done = runs[mode]
+        return {
+            "start_up_seconds": [start_up_seconds(r["start_ups"]) for r in done],
+            "seconds_with_no_task_running": [round(between_tasks(r["timeline"]), 2) for r in done],
+            "hand_off_seconds": [hand_offs(r["timeline"], r["seconds"]) for r in done],
+            "seconds": [round(r["seconds"], 2) for r in done],
+            "task_start_ups": [r["start_ups"] for r in done],
+            "load_average": [[round(x, 2) for x in r["load_average"]] for r in done],
+        }
+
+    after, before = summary("preload"), summary("fork")
+    return [
+        Figure(
+            f"task start-up of a real run, queued to execute summed over its tasks, {n} docs, task preload",
+            "seconds",
+            statistics.median(after["start_up_seconds"]),
+            "Airflow's fork start method (no preload)",
+            statistics.median(before["start_up_seconds"]),
+            higher_is_better=False,
+            details={
+                "preload": after,
+                "fork": before,
+                "order": "fork, preload, alternating",
+                "command": "python -m bench realrun-preload",
+            },
+        ),
+        Figure(
+            f"seconds with no task running in a real run, {n} docs, task preload",
+            "seconds",
+            statistics.median(after["seconds_with_no_task_running"]),
+            "Airflow's fork start method (no preload)",
+            statistics.median(before["seconds_with_no_task_running"]),
+            higher_is_better=False,
+        ),
+        Figure(
+            f"real run through make up, keyword, {n} docs, task preload",
+            "seconds",
+            statistics.median(after["seconds"]),
+            "Airflow's fork start method (no preload)",
+            statistics.median(before["seconds"]),
+            higher_is_better=False,
+            details={
+                "pair_ratios": [round(a / b, 3) for a, b in zip(after["seconds"], before["seconds"], strict=True)]
             },
         ),
     ]

@@ -131,6 +131,7 @@ class CeleryDeployment:
 def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: int, concurrency: int) -> dict[str, str]:
     """``base`` (Airflow home, metadata DB, ``triage_db``) with the CeleryExecutor settings."""
     from triage.database import DatabaseUrl
+    from triage_tools.deployment import TASK_PRELOAD_SETTINGS
     from triage_tools.processes import side_by_side_env
 
     env = dict(base)
@@ -149,6 +150,11 @@ def celery_environment(base: Mapping[str, str], *, broker_url: str, api_port: in
             "AIRFLOW__API__WORKERS": "1",
         }
     )
+    # The task preload is the LocalExecutor's, whose workers run the tasks; here the Celery
+    # workers do, and the scheduler keeps Airflow's start method (unless exported otherwise).
+    for key, value in TASK_PRELOAD_SETTINGS.items():
+        if env.get(key) == value:
+            del env[key]
     # Every component must sign and check the Execution API's tokens with the same key.
     env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
     # reconcile_jobs' airflow_api connection names this API server, not make up's port.

@@ -125,6 +125,42 @@ STATE_FILE = "triage-prepare.json"
 SCHEDULER_IDLE_SLEEP_SECONDS = "0.25"
 """``[scheduler] scheduler_idle_sleep_time`` of the local deployment (:func:`environment`)."""
 
+TASK_PRELOAD = (
+    "airflow.executors.local_executor",
+    "airflow.sdk.execution_time.supervisor",
+    "airflow.sdk.execution_time.task_runner",
+    "airflow.dag_processing.dagbag",
+    "airflow.providers.postgres.hooks.postgres",
+    "triage.operators.tasks",
+    "triage.contracts.run_config",
+    "triage.learning.registry",
+    "triage.jobs.store",
+    "triage.sources",
+    "triage.classifiers",
+    "triage.pipeline.retrieve",
+    "triage.pipeline.classify_plan",
+    "triage.pipeline.one_transaction",
+    "triage.pipeline.steps",
+    "triage.pipeline.trailing_relay",
+    "triage.pipeline.publish",
+    "triage.operators.metrics",
+)
+"""What a task process of the local deployment finds imported (``[scheduler]
+mp_forkserver_preload``, with ``mp_start_method`` ``forkserver``; :func:`environment`): the
+LocalExecutor's workers are forked from a forkserver that imported these once, and each task
+process is a fork of a worker, so it no longer imports Airflow's task runner, the DAG file's
+``triage`` modules and those its ``execute`` imports (a run's start-up, queued to ``execute``
+over its tasks, 1.6-2.7 s before and 1.1-1.7 s after at 2,000 documents: docs/performance.md,
+"Task start-up, preloaded"). A name that does not import is
+skipped by the forkserver without a word: tests/unit/test_task_preload.py imports each."""
+
+TASK_PRELOAD_SETTINGS = {
+    "AIRFLOW__SCHEDULER__MP_START_METHOD": "forkserver",
+    "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD": ",".join(TASK_PRELOAD),
+}
+"""The scheduler's settings that preload :data:`TASK_PRELOAD` (:func:`environment`; the
+LocalExecutor's: the Celery deployment gives them back)."""
+
 
 def _say(message: str) -> None:
     """Progress goes to stderr, so that ``./airflow.sh ... -o json`` stays parseable."""
@@ -175,6 +211,14 @@ def environment() -> dict[str, str]:
     # each hand-off between two stages waited half of it on average (issue #16; docs/performance.md,
     # "Where the time of a run goes"). An exported value wins.
     env.setdefault("AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME", SCHEDULER_IDLE_SLEEP_SECONDS)
+    # Every task process imported Airflow's task runner, the DAG file's modules and what its
+    # operator imports in `execute`, again (issue #29). Forked from a forkserver that imported
+    # them once, it starts with them (TASK_PRELOAD). The scheduler's section only: the DAG
+    # processor still imports the DAG files afresh. The price: a change to plugins/triage
+    # reaches tasks when the scheduler restarts (`make stop && make up`). An exported value wins
+    # (`AIRFLOW__SCHEDULER__MP_START_METHOD=fork` gives back Airflow's default on Linux).
+    for key, value in TASK_PRELOAD_SETTINGS.items():
+        env.setdefault(key, value)
     # The local deployment is where drills run (`make run CONF='{"drill": …}'`, `make chaos`);
     # an exported TRIAGE_ALLOW_DRILL=0 still turns them off. docker-compose leaves them off.
     env.setdefault(ENV_ALLOW_DRILL, "1")
