@@ -19,7 +19,7 @@ from tests.ledger.helpers import new_jobs
 from triage.jobs.sql.expressions import rowset
 from triage.jobs.sql.moves import one_transaction as M
 from triage.jobs.store import JobStore, one_transaction, recording
-from triage.jobs.store.one_transaction import record_picked_txn
+from triage.jobs.store.one_transaction import _pick, record_picked_txn
 from triage.jobs.vocabulary.models import (
     ClaimedJob,
     ClassificationRecord,
@@ -144,7 +144,8 @@ def test_a_chunk_writes_the_rows_json_dumps_with_every_column_wrote(
 ) -> None:
     store.register(new_jobs(7), batch_key="b", step="classify", max_attempts=3)
     params = {"p_batch_key": "b", "p_step": "classify", "p_classifier_version": VERSION, "limit": 7}
-    jobs = tuple(ClaimedJob(*row) for row in ledger.execute(M.pick_chunk(), params).all())
+    jobs = _pick(ledger, params)  # psycopg's rows, not SQLAlchemy's: the same jobs
+    assert jobs == tuple(ClaimedJob(*row) for row in ledger.execute(M.pick_chunk(), params).all())
     assert len(jobs) == 7
     outcomes = outcomes_of(jobs)
 
