@@ -53,8 +53,10 @@ def plain_rowset(name: str, rows: Iterable[Mapping[str, Any]]) -> dict[str, str]
 
     Not for a datetime (``json.dumps``'s hook writes ``str()``, a space before the time; msgspec a
     ``T``) nor a float that is not finite (json refuses it; msgspec writes null): every float of
-    the rows given here is a confidence or score a :class:`~triage.classifiers.base.ModelOutput`
-    checked in [0, 1], or a usage figure :mod:`triage.contracts.usage` bounded."""
+    the rows given here is a confidence or score in [0, 1] (a
+    :class:`~triage.classifiers.base.ModelOutput` checks it, ``classifications``' CHECK holds it),
+    an uncertainty made of them (None unless finite), or a usage figure
+    :mod:`triage.contracts.usage` bounded."""
     listed = list(rows)
     try:
         return {f"{name}_rows": _PLAIN_JSON.encode(listed).decode()}
