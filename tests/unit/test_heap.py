@@ -13,9 +13,11 @@ from triage.pipeline import heap
 @pytest.fixture
 def fresh_process() -> Iterator[None]:
     heap.freeze_long_lived.cache_clear()  # as in a new process: not called yet
+    thresholds = gc.get_threshold()
     yield
     heap.freeze_long_lived.cache_clear()
     gc.unfreeze()  # the rest of the session's objects back to the collector
+    gc.set_threshold(*thresholds)
 
 
 def test_the_first_call_freezes_what_is_alive_and_later_calls_nothing(fresh_process: None) -> None:
@@ -28,3 +30,19 @@ def test_the_first_call_freezes_what_is_alive_and_later_calls_nothing(fresh_proc
     heap.freeze_long_lived()
     assert gc.get_freeze_count() == frozen, "a second step in the same process froze again"
     assert gc.is_tracked(made_after[0])  # what comes later is collected as always
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        pytest.param((700, 10, 10), (heap.YOUNG_THRESHOLD, 10, 10), id="cpython-default-raised"),
+        pytest.param((50_000, 5, 20), (50_000, 5, 20), id="higher-left-alone"),
+        pytest.param((0, 10, 10), (0, 10, 10), id="collector-off-stays-off"),
+    ],
+)
+def test_the_young_generations_are_collected_less_often(
+    fresh_process: None, before: tuple[int, int, int], after: tuple[int, int, int]
+) -> None:
+    gc.set_threshold(*before)
+    heap.freeze_long_lived()
+    assert gc.get_threshold() == after

@@ -10,14 +10,18 @@ from triage.payloads import PayloadError, PayloadMissing, PayloadRefInvalid, Pay
 
 def read_document(job: ClaimedJob, content: bytes | PayloadError) -> DocumentPayload | Outcome:
     """The job's document, or the outcome that reading it failed with."""
+    if not isinstance(content, PayloadError):  # the usual case first: one check, not five
+        return _parsed(job, content)
     if isinstance(content, PayloadRefInvalid):  # a row naming what the store never wrote
         return SendToReview(job.id, job.attempt, "payload_ref_invalid", content.error_class, str(content))
     if isinstance(content, PayloadMissing):  # the store is healthy and the pack is gone: a person decides
         return SendToReview(job.id, job.attempt, "missing_payload", content.error_class, str(content))
     if isinstance(content, PayloadUnavailable):
         return RetryLater(job.id, job.attempt, content.error_class, str(content))
-    if isinstance(content, PayloadError):
-        return SendToReview(job.id, job.attempt, "payload_corrupt", content.error_class, str(content))
+    return SendToReview(job.id, job.attempt, "payload_corrupt", content.error_class, str(content))
+
+
+def _parsed(job: ClaimedJob, content: bytes) -> DocumentPayload | Outcome:
     try:
         return DocumentPayload.from_bytes(content)
     except MalformedDocument as exc:

