@@ -333,7 +333,10 @@ manual_review = sa.Table(
 outbox = sa.Table(
     "outbox",
     metadata,
-    sa.Column("event_id", pg.UUID(as_uuid=True), primary_key=True, server_default=sa.text("gen_random_uuid()")),
+    # A UUIDv7 made without a system call when the writer brings none (migration 0035).
+    sa.Column(
+        "event_id", pg.UUID(as_uuid=True), primary_key=True, server_default=sa.text("triage.time_ordered_uuid()")
+    ),
     # Part of the key: the table is partitioned by day of it (migration 0015).
     sa.Column("job_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("event_type", sa.Text, nullable=False),
