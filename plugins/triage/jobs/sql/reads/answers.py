@@ -31,7 +31,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs.schema import DECIDED_LABEL, classifications, jobs, manual_review
+from triage.jobs.schema import CACHED_VERSIONS, DECIDED_LABEL, classifications, jobs, manual_review
 from triage.jobs.sql.expressions import UUID, recordset
 
 __all__ = ["Answer", "reusable_answers"]
@@ -84,6 +84,8 @@ def reusable_answers() -> Any:
             c.c.classifier_version == sa.bindparam("classifier_version", type_=sa.Text),
             c.c.outcome.in_(("accepted", "inconclusive")),
             c.c.reused_job_id.is_(None),
+            # Always true of the llm's version; said so that the planner matches the index's predicate.
+            sa.func.starts_with(c.c.classifier_version, CACHED_VERSIONS),
         )
         .order_by((c.c.confidence >= sa.bindparam("threshold", type_=sa.Float)).desc().nulls_last(), c.c.id)
         .limit(1)
