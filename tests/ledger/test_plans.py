@@ -116,6 +116,9 @@ def test_a_chunks_moves_read_only_the_picked_jobs(store: JobStore, name: str) ->
         txn.rollback()
     parsed = [n["Actual Loops"] for n in nodes if n["Node Type"] == "Function Scan"]
     assert parsed == [1], parsed
+    # Only the key: an index of the state (jobs_open_idx's queued entries) is the rest of the day.
+    indexes = [(n["Index Name"], n["Actual Rows"]) for n in nodes if "Index Name" in n]
+    assert {name for name, _ in indexes} == {"jobs_pkey"}, indexes
     read = [n for n in nodes if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]]
     assert read, [n["Node Type"] for n in nodes]
     assert max(n["Actual Rows"] for n in read) == N, [(n["Node Type"], n["Actual Rows"]) for n in read]
