@@ -6,8 +6,9 @@ the payload's ``content_sha256``, which covers the external id and time too. An 
 classification that is the model's own (not itself reused), ``accepted`` or ``inconclusive`` (a
 doubtful answer: identical input to the same classifier version gets the same doubtful answer
 again, so its repeat goes to review at once, naming the answer it reused), of the same
-``classifier_version`` and input. A ``rejected`` answer (malformed output) is no entry: a
-provider's glitch is worth asking again. An answer with at least the run's confidence threshold
+``classifier_version`` and input: an answer of the llm, the one classifier the cache runs for
+(``classifications_answers_idx`` holds no other since migration 0036). A ``rejected`` answer
+(malformed output) is no entry: a provider's glitch is worth asking again. An answer with at least the run's confidence threshold
 wins over one below it; among those the oldest, so every reuse of an input names the same answer.
 A job may take one only if no reviewer requeued it (``replays = 0``: a reviewer who asks again
 wants the model asked again) and no reviewer has labelled a job whose classification had the same
