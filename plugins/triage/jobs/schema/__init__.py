@@ -39,6 +39,11 @@ DECIDED_LABEL = ("labelled", "corrected")
 correction of an audit sample (the content cache never reuses the model's answer for that text)."""
 DECIDED_LABEL_SQL = "('labelled', 'corrected')"
 ARRIVED_UNSUPPORTED = "(context ->> 'malformed_reason') = 'unsupported_schema_version'"  # routed on arrival (0020)
+CACHED_VERSIONS = "llm:"
+"""How the version of a classifier whose answers the content cache reuses begins: the llm's
+(``triage.classifiers.llm.llm_version``; the cache runs for model-calling classifiers only,
+``triage.pipeline.classify_plan.MODEL_CALLING``). ``classifications_answers_idx`` holds only
+their answers (0036), and the cache's lookup says so in the words of the index's predicate."""
 REVIEW_UNCERTAINTY = (
     "(\nCASE\n    WHEN jsonb_typeof(context -> 'uncertainty'::text) = 'number'::text"
     " THEN GREATEST(LEAST((context -> 'uncertainty'::text)::numeric, 2::numeric), '-1'::integer::numeric)"
@@ -238,7 +243,9 @@ classifications = sa.Table(
     # index finds a day's pages at almost no cost to the hot path's inserts.
     sa.Index("classifications_created_at_idx", "created_at", postgresql_using="brin"),
     # Serves the content cache's lookup (triage.jobs.sql.reads.answers): its entries only, the accepted and
-    # doubtful answers of the model itself, by input and classifier version, oldest first (0016).
+    # doubtful answers of the model itself, by input and classifier version, oldest first (0016); of
+    # the llm classifier only (0036: the cache is its alone, and each keyword or learned answer was
+    # an entry here nothing read, a random place in the index: ~3 µs of server CPU a document).
     sa.Index(
         "classifications_answers_idx",
         "input_sha256",
@@ -246,6 +253,7 @@ classifications = sa.Table(
         "id",
         postgresql_where=sa.text(
             "outcome IN ('accepted', 'inconclusive') AND reused_job_id IS NULL AND input_sha256 IS NOT NULL"
+            f" AND starts_with(classifier_version, '{CACHED_VERSIONS}')"
         ),
     ),
 )
@@ -333,7 +341,10 @@ manual_review = sa.Table(
 outbox = sa.Table(
     "outbox",
     metadata,
-    sa.Column("event_id", pg.UUID(as_uuid=True), primary_key=True, server_default=sa.text("gen_random_uuid()")),
+    # A UUIDv7 made without a system call when the writer brings none (migration 0035).
+    sa.Column(
+        "event_id", pg.UUID(as_uuid=True), primary_key=True, server_default=sa.text("triage.time_ordered_uuid()")
+    ),
     # Part of the key: the table is partitioned by day of it (migration 0015).
     sa.Column("job_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("event_type", sa.Text, nullable=False),

@@ -6,8 +6,9 @@ the payload's ``content_sha256``, which covers the external id and time too. An 
 classification that is the model's own (not itself reused), ``accepted`` or ``inconclusive`` (a
 doubtful answer: identical input to the same classifier version gets the same doubtful answer
 again, so its repeat goes to review at once, naming the answer it reused), of the same
-``classifier_version`` and input. A ``rejected`` answer (malformed output) is no entry: a
-provider's glitch is worth asking again. An answer with at least the run's confidence threshold
+``classifier_version`` and input: an answer of the llm, the one classifier the cache runs for
+(``classifications_answers_idx`` holds no other since migration 0036). A ``rejected`` answer
+(malformed output) is no entry: a provider's glitch is worth asking again. An answer with at least the run's confidence threshold
 wins over one below it; among those the oldest, so every reuse of an input names the same answer.
 A job may take one only if no reviewer requeued it (``replays = 0``: a reviewer who asks again
 wants the model asked again) and no reviewer has labelled a job whose classification had the same
@@ -31,7 +32,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from triage.jobs.schema import DECIDED_LABEL, classifications, jobs, manual_review
+from triage.jobs.schema import CACHED_VERSIONS, DECIDED_LABEL, classifications, jobs, manual_review
 from triage.jobs.sql.expressions import UUID, recordset
 
 __all__ = ["Answer", "reusable_answers"]
@@ -84,6 +85,8 @@ def reusable_answers() -> Any:
             c.c.classifier_version == sa.bindparam("classifier_version", type_=sa.Text),
             c.c.outcome.in_(("accepted", "inconclusive")),
             c.c.reused_job_id.is_(None),
+            # Always true of the llm's version; said so that the planner matches the index's predicate.
+            sa.func.starts_with(c.c.classifier_version, CACHED_VERSIONS),
         )
         .order_by((c.c.confidence >= sa.bindparam("threshold", type_=sa.Float)).desc().nulls_last(), c.c.id)
         .limit(1)
