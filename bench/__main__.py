@@ -21,6 +21,7 @@ from bench import (
     relay,
     review_candidates,
     review_queue,
+    task_execute,
     writes,
 )
 from bench.common import Figure, write_results
@@ -50,6 +51,7 @@ OPT_IN = {
     "ledger-days": ledger_days.run,
     "realrun-relay": realrun.run_relay,
     "realrun-preload": realrun.run_preload,
+    "task-execute": task_execute.run,
     "learning-variants": learning.run_variants,
     "learning-check": learning.run_check,
     "learning-thresholds": learning.run_thresholds,

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 
 from triage.classifiers import (
     ClassifierError,
@@ -24,6 +25,7 @@ from triage.classifiers import (
     decide_outcome,
     default_taxonomy_path,
 )
+from triage.classifiers import taxonomy as taxonomy_module
 from triage.classifiers.base import Classifier
 from triage.classifiers.keyword import keyword_confidence
 from triage.contracts.documents import DocumentPayload
@@ -129,6 +131,21 @@ def test_labels_without_keywords_load_and_the_keyword_classifier_refuses_them(tm
 def test_missing_taxonomy_file_raises_typed_error(tmp_path: Path) -> None:
     with pytest.raises(TaxonomyError, match="cannot read"):
         Taxonomy.load(tmp_path / "missing.yaml")
+
+
+def test_a_taxonomy_is_read_as_plain_data_only(tmp_path: Path) -> None:
+    """libyaml's parser (when PyYAML has it) under the safe constructor: a tag that would run code is refused."""
+    path = tmp_path / "taxonomy.yaml"
+    path.write_text("labels: !!python/object/apply:os.getpid []\n")
+    with pytest.raises(TaxonomyError, match="not valid YAML"):
+        Taxonomy.load(path)
+
+
+def test_the_default_taxonomy_reads_the_same_with_and_without_libyaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(taxonomy_module, "_YAML_LOADER", yaml.SafeLoader)  # PyYAML's pure-Python parser
+    pure = Taxonomy.load()
+    monkeypatch.undo()
+    assert Taxonomy.load() == pure
 
 
 # -- keyword classifier ------------------------------------------------------------------------
