@@ -9,7 +9,7 @@ import json
 import logging
 import socket
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -73,6 +73,8 @@ def run_context(run: str = RUN, dag_id: str = "classify_documents") -> Context:
             "params": {},
             "data_interval_start": datetime(2026, 11, 5, tzinfo=UTC),
             "data_interval_end": datetime(2026, 11, 6, tzinfo=UTC),
+            # triggered a minute ago: the read of the run's moves is bounded by it, as in a deployment
+            "dag_run": SimpleNamespace(run_after=datetime.now(UTC) - timedelta(minutes=1)),
         },
     )
 

@@ -178,3 +178,56 @@ def test_the_caches_lookup_reads_the_answers_index(store: JobStore, ledger: sa.C
     nodes = _nodes((json.loads(row[0]) if isinstance(row[0], str) else row[0])[0]["Plan"])
     used = {n.get("Index Name") for n in nodes if n.get("Relation Name") == "classifications"}
     assert "classifications_answers_idx" in used, [(n["Node Type"], n.get("Index Name")) for n in nodes]
+
+
+def test_a_runs_moves_are_read_from_the_days_it_could_have_logged_them(store: JobStore) -> None:
+    """``job_events`` is partitioned by day: bounded by the run's ``run_after`` (less the clock
+    slack) and the statement's start, the alert's read probes only those days' partitions, not
+    the days kept before nor the days made ahead (each of the batch's jobs was probed in every
+    one: 1.3-1.5 s a 100,000-document run from the second day of a ledger on)."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.ledger.test_alerts import BATCH, RUN, a_run
+    from triage.jobs.sql.reads import alerts
+
+    a_run(store, review=3, completed=5)
+    with store.engine.connect() as conn:
+        partitions = conn.execute(
+            sa.text("SELECT count(*) FROM pg_inherits WHERE inhparent = 'triage.job_events'::regclass")
+        ).scalar_one()
+        today = conn.execute(sa.text("SELECT statement_timestamp()")).scalar_one()
+        since = today - timedelta(hours=1)
+        sent: list[tuple[str, Any]] = []
+
+        def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+            if "job_events" in statement and not sent:
+                sent.append((statement, parameters))
+
+        sa.event.listen(store.engine, "before_cursor_execute", capture)
+        try:
+            alerts.run_moves(conn, batch_key=BATCH, run_prefix=f"classify_documents/{RUN}/", since=since)
+        finally:
+            sa.event.remove(store.engine, "before_cursor_execute", capture)
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # an open connection has its DBAPI one
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sent[0][0], sent[0][1])
+        row = cursor.fetchone()
+        assert row is not None
+        document = row[0]
+        plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+        scanned = {n["Relation Name"] for n in _nodes(plan) if n.get("Relation Name", "").startswith("job_events")}
+        bounded = alerts.run_moves(conn, batch_key=BATCH, run_prefix=f"classify_documents/{RUN}/", since=since)
+        unbounded = alerts.run_moves(conn, batch_key=BATCH, run_prefix=f"classify_documents/{RUN}/")
+        later = alerts.run_moves(
+            conn, batch_key=BATCH, run_prefix=f"classify_documents/{RUN}/", since=datetime.now(UTC) + timedelta(hours=2)
+        )
+
+    assert partitions >= 5, "the ledger keeps days ahead and a default partition"
+    # The partition holding the hour (a day's, or the legacy one up to the day after the ledger was
+    # made) and, past midnight, the day's before: never the days made ahead nor the default one.
+    ahead = {f"job_events_p{(since + timedelta(days=d)).astimezone(UTC):%Y%m%d}" for d in range(2, 10)}
+    assert scanned, plan
+    assert len(scanned) <= 2 < partitions, scanned
+    assert not scanned & (ahead | {"job_events_default"}), scanned
+    assert bounded == unbounded
+    assert bounded.entered  # the bounded read found the run's moves
+    assert not later.entered  # a bound after the moves: none of them

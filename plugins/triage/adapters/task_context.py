@@ -3,6 +3,7 @@ try (the operators' claims and the failure callback's moves agree on both)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -44,6 +45,19 @@ def run_prefix(context: Context) -> str:
     """``dag/run/``: the leases, and the logged moves, of every task of this DAG run start with it."""
     ti = context["ti"]
     return f"{ti.dag_id}/{ti.run_id}/"
+
+
+CLOCK_SLACK = timedelta(hours=1)
+"""How far PostgreSQL's clock (which stamps ``job_events.at``) may run behind Airflow's (which
+sets a run's ``run_after``) before :func:`run_began_after` would miss a move of the run."""
+
+
+def run_began_after(context: Context) -> datetime | None:
+    """A time before every move this DAG run logged: its ``run_after`` (no run starts before it;
+    a clear leaves it as it was, so a cleared run still finds its first tries' moves) less
+    :data:`CLOCK_SLACK`. None when the context has no run (the read is then unbounded)."""
+    run_after = getattr(context.get("dag_run"), "run_after", None)
+    return None if run_after is None else run_after - CLOCK_SLACK
 
 
 def owner_prefix(context: Context) -> str:

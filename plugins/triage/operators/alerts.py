@@ -42,7 +42,7 @@ from airflow.sdk.exceptions import DownstreamTasksSkipped
 
 from triage.adapters.connections import api_server_url
 from triage.adapters.http_actions import ALERTS_CONN_ID, AlertRoute, alert_route
-from triage.adapters.task_context import batch_key, run_prefix
+from triage.adapters.task_context import batch_key, run_began_after, run_prefix
 from triage.operators.base import TriageOperator
 from triage.operators.classify_documents import PublishEventsOperator
 
@@ -233,7 +233,9 @@ class RunAlertsOperator(TriageOperator):
         """What this run moved of its batch (:meth:`triage.jobs.store.JobStore.run_moves`), read
         through ``store``: this task's, or that of the task doing its work
         (:class:`PublishEventsThenAlertOperator`). A seam tests override."""
-        return store.run_moves(batch_key=batch_key(context), run_prefix=run_prefix(context))
+        return store.run_moves(
+            batch_key=batch_key(context), run_prefix=run_prefix(context), since=run_began_after(context)
+        )
 
     def alert(self, moves: RunMoves, context: Context) -> dict[str, Any]:
         """Emit the run's counters and send its alerts through this task's connection and metrics

@@ -449,10 +449,10 @@ class JobStore(Ledger):
         with self.engine.connect() as conn:
             return superseded(conn, job_ids)
 
-    def run_moves(self, *, batch_key: str, run_prefix: str) -> RunMoves:
+    def run_moves(self, *, batch_key: str, run_prefix: str, since: datetime | None = None) -> RunMoves:
         """What one DAG run moved into the states that need a person (:mod:`triage.jobs.sql.reads.alerts`)."""
         with self.engine.connect() as conn:
-            return run_moves(conn, batch_key=batch_key, run_prefix=run_prefix)
+            return run_moves(conn, batch_key=batch_key, run_prefix=run_prefix, since=since)
 
     def get_status(self, job_id: uuid.UUID) -> JobStatus:
         with self.engine.connect() as conn:
