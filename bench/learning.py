@@ -705,9 +705,7 @@ def _threshold_rules() -> dict[str, Any]:
         bound at the bar misses the target takes its own threshold instead."""
 
         def choose(predictions: list[Prediction], labels: list[str], counts: dict[str, int]) -> dict[str, Any]:
-            own = choose_thresholds(
-                predictions, labels, target_precision=target, train_counts=counts, min_examples=least, z=z
-            )
+            own = library(choose_thresholds, z)(predictions, labels, counts)
             eligible = [label for label in labels if counts.get(label, 0) >= least]
             rank = {label: Ranked(label, predictions) for label in eligible}
             best: dict[str, Any] = dict.fromkeys(labels)
@@ -772,19 +770,11 @@ def _threshold_rules() -> dict[str, Any]:
 
         return choose
 
-    def pooled(z: float) -> Any:
-        def choose(predictions: list[Prediction], labels: list[str], counts: dict[str, int]) -> dict[str, Any]:
-            return choose_pooled_thresholds(
-                predictions, labels, target_precision=target, train_counts=counts, min_examples=least, z=z
-            )
+    def library(rule: Any, z: float) -> Any:
+        """``rule``, one of :mod:`triage.learning.metrics`'s, at z."""
 
-        return choose
-
-    def own(z: float) -> Any:
         def choose(predictions: list[Prediction], labels: list[str], counts: dict[str, int]) -> dict[str, Any]:
-            return choose_thresholds(
-                predictions, labels, target_precision=target, train_counts=counts, min_examples=least, z=z
-            )
+            return rule(predictions, labels, target_precision=target, train_counts=counts, min_examples=least, z=z)
 
         return choose
 
@@ -813,16 +803,18 @@ def _threshold_rules() -> dict[str, Any]:
         return choose
 
     return {
-        "each label on its own, z = 0.5 (--per-label-margin)": own(0.5),
-        "each label on its own, z = 0": own(0.0),
+        "each label on its own, z = 0.5 (--per-label-margin)": library(choose_thresholds, 0.5),
+        "each label on its own, z = 0": library(choose_thresholds, 0.0),
         "each label's cut chosen jointly, pooled z = 0.5, each label's observed share >= target": per_label_cuts(0.5),
         "one shared bar, pooled z = 0.5, no label check": shared_bar(0.5, "none"),
         "one shared bar, pooled z = 1, no label check": shared_bar(1.0, "none"),
         "one shared bar, pooled z = 0.5, a label clearly below the target takes its own threshold": shared_bar(
             0.5, "fallback"
         ),
-        "pooled (--thresholds pooled): the bar or the label's own threshold, whichever is lower, z = 0.5": pooled(0.5),
-        "pooled, z = 1": pooled(1.0),
+        "pooled (--thresholds pooled): the bar or the label's own threshold, whichever is lower, z = 0.5": library(
+            choose_pooled_thresholds, 0.5
+        ),
+        "pooled, z = 1": library(choose_pooled_thresholds, 1.0),
         "verified both ways: pooled, chosen on one half, certified on the other, both ways, the higher kept, "
         "z = 0.5": verified(0.5, both_ways=True),
         "verified (triage train's): pooled, chosen on half 0, certified on half 1, z = 0.5": verified(

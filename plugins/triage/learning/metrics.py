@@ -219,62 +219,6 @@ def _pooled(ranked: Mapping[str, Ranked], thresholds: Mapping[str, float | None]
     return sum(n for n, _ in taken), sum(right for _, right in taken)
 
 
-def _selected_then_verified(
-    selection: Sequence[Prediction],
-    verification: Sequence[Prediction],
-    labels: Sequence[str],
-    *,
-    target_precision: float,
-    train_counts: Mapping[str, int],
-    min_examples: int,
-    z: float,
-) -> dict[str, float | None]:
-    """Thresholds proposed by ``selection`` alone and certified by ``verification`` alone.
-
-    The selection proposes the pooled thresholds (:func:`choose_pooled_thresholds` on it). The
-    candidates are the proposal approached from above: at a level ``λ``, each label's threshold
-    is the higher of ``λ`` and its proposed one, ``λ`` going down the selection's confidences
-    from the highest, so each candidate accepts at least what the one before it did and the last
-    is the proposal itself. In that order, fixed before the verification is read, a candidate is
-    kept while the verification predictions it accepts, pooled, have a Wilson lower bound at
-    ``z`` that reaches the target, and the first that misses ends the sequence (a fixed-sequence
-    test: one check at a time, so their number needs no correction). A candidate accepting fewer
-    verification predictions than could reach the target even if all were right is passed over,
-    neither kept nor ending the sequence (that depends on how many there are, not on whether
-    they are right). Nothing certified: nothing auto-accepts.
-    """
-    proposed = choose_pooled_thresholds(
-        selection,
-        labels,
-        target_precision=target_precision,
-        train_counts=train_counts,
-        min_examples=min_examples,
-        z=z,
-    )
-    proposing = [label for label in labels if proposed[label] is not None]
-    checked_on = {label: Ranked(label, verification) for label in proposing}
-    # Below this many accepted verification predictions even all right cannot reach the target.
-    least = next(n for n in range(1, 1_000_000) if wilson_lower_bound(n, n, z) >= target_precision)
-
-    def at_level(level: float) -> dict[str, float | None]:
-        return {label: None if t is None else max(level, t) for label, t in proposed.items()}
-
-    kept: dict[str, float | None] = dict.fromkeys(labels)
-    lowest = min((t for t in proposed.values() if t is not None), default=None)
-    if lowest is None:
-        return kept
-    levels = sorted({p.confidence for p in selection if p.label in checked_on and p.confidence >= lowest})
-    for level in reversed(levels):
-        thresholds = at_level(level)
-        n, right = _pooled(checked_on, thresholds)
-        if n < least:
-            continue
-        if wilson_lower_bound(right, n, z) < target_precision:
-            break
-        kept = thresholds
-    return kept
-
-
 def choose_verified_thresholds(
     predictions: Sequence[Prediction],
     halves: Sequence[int],
@@ -289,21 +233,52 @@ def choose_verified_thresholds(
     docstring); None: the label never auto-accepts.
 
     ``halves`` gives each prediction's half (fixed by a hash of its example's id): the
-    predictions of half 0 propose the thresholds, those of half 1 certify them
-    (:func:`_selected_then_verified`). One way only: each way is a certificate on its own, and
-    the stricter of both ways would ask for the target twice over.
+    predictions of half 0, the selection, propose the pooled thresholds
+    (:func:`choose_pooled_thresholds` on them), and those of half 1, the verification, certify
+    them. One way only: each way is a certificate on its own, and the stricter of both ways would
+    ask for the target twice over.
+
+    The candidates are the proposal approached from above: at a level ``λ``, each label's threshold
+    is the higher of ``λ`` and its proposed one, ``λ`` going down the selection's confidences
+    from the highest, so each candidate accepts at least what the one before it did and the last
+    is the proposal itself. In that order, fixed before the verification is read, a candidate is
+    kept while the verification predictions it accepts, pooled, have a Wilson lower bound at
+    ``z`` that reaches the target, and the first that misses ends the sequence (a fixed-sequence
+    test: one check at a time, so their number needs no correction). A candidate accepting fewer
+    verification predictions than could reach the target even if all were right is passed over,
+    neither kept nor ending the sequence (that depends on how many there are, not on whether
+    they are right). Nothing certified: nothing auto-accepts.
     """
     if len(halves) != len(predictions):
         raise ValueError("halves must give one half per prediction")
-    return _selected_then_verified(
-        [p for p, half in zip(predictions, halves, strict=True) if half == 0],
-        [p for p, half in zip(predictions, halves, strict=True) if half != 0],
+    selection = [p for p, half in zip(predictions, halves, strict=True) if half == 0]
+    verification = [p for p, half in zip(predictions, halves, strict=True) if half != 0]
+    proposed = choose_pooled_thresholds(
+        selection,
         labels,
         target_precision=target_precision,
         train_counts=train_counts,
         min_examples=min_examples,
         z=z,
     )
+    checked_on = {label: Ranked(label, verification) for label, t in proposed.items() if t is not None}
+    # Below this many accepted verification predictions even all right cannot reach the target.
+    least = next(n for n in range(1, 1_000_000) if wilson_lower_bound(n, n, z) >= target_precision)
+
+    kept: dict[str, float | None] = dict.fromkeys(labels)
+    lowest = min((t for t in proposed.values() if t is not None), default=None)
+    if lowest is None:
+        return kept
+    levels = sorted({p.confidence for p in selection if p.label in checked_on and p.confidence >= lowest})
+    for level in reversed(levels):
+        thresholds = {label: None if t is None else max(level, t) for label, t in proposed.items()}
+        n, right = _pooled(checked_on, thresholds)
+        if n < least:
+            continue
+        if wilson_lower_bound(right, n, z) < target_precision:
+            break
+        kept = thresholds
+    return kept
 
 
 def score(
