@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -106,12 +105,6 @@ def server_cpu_seconds() -> float | None:
             times.user + times.system + (times.children_user + times.children_system if proc is postmaster else 0.0)
         )
     return total
-
-
-def children_cpu_seconds() -> float:
-    """CPU seconds of this process's exited children (the spawned stage processes)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

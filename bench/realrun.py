@@ -245,10 +245,15 @@ def relay_tail(timeline: Mapping[str, list[float]]) -> float:
     """Seconds the relay adds to the run: from the end of the last task that moves jobs (the
     last ``classify`` or ``persist`` instance) to ``publish_events``' end: the hand-off and the
     relay of what is left of the run's events."""
-    ends = [span[1] for name, span in timeline.items() if name.split("[")[0] in JOB_MOVERS]
+    ends = [end for task in JOB_MOVERS for _start, end in _spans(timeline, task)]
     if not ends or "publish_events" not in timeline:
         return 0.0
     return max(0.0, timeline["publish_events"][1] - max(ends))
+
+
+def _spans(timeline: Mapping[str, list[float]], task: str) -> list[list[float]]:
+    """The ``[start, end]`` of each of ``task``'s instances (every map index)."""
+    return [span for name, span in timeline.items() if name.split("[")[0] == task]
 
 
 def hand_offs(timeline: Mapping[str, list[float]], seconds: float) -> dict[str, float]:
@@ -257,19 +262,14 @@ def hand_offs(timeline: Mapping[str, list[float]], seconds: float) -> dict[str, 
     ``publish_events``' start (``persist`` between, when it runs), and from ``publish_events``'
     end to the run's end (the ``alert`` teardown, when it runs). Issue #29: fewer tasks there."""
 
-    def ends(task: str) -> list[float]:
-        return [span[1] for name, span in timeline.items() if name.split("[")[0] == task]
-
-    def starts(task: str) -> list[float]:
-        return [span[0] for name, span in timeline.items() if name.split("[")[0] == task]
-
+    retrieve, classify, publish = (_spans(timeline, task) for task in ("retrieve", "classify", "publish_events"))
     out: dict[str, float] = {}
-    if ends("retrieve") and starts("classify"):
-        out["retrieve_to_classify"] = round(min(starts("classify")) - max(ends("retrieve")), 2)
-    if ends("classify") and starts("publish_events"):
-        out["classify_to_publish"] = round(min(starts("publish_events")) - max(ends("classify")), 2)
-    if ends("publish_events"):
-        out["publish_to_run_end"] = round(seconds - max(ends("publish_events")), 2)
+    if retrieve and classify:
+        out["retrieve_to_classify"] = round(min(s for s, _ in classify) - max(e for _, e in retrieve), 2)
+    if classify and publish:
+        out["classify_to_publish"] = round(min(s for s, _ in publish) - max(e for _, e in classify), 2)
+    if publish:
+        out["publish_to_run_end"] = round(seconds - max(e for _, e in publish), 2)
     return out
 
 
@@ -730,38 +730,34 @@ def run_preload(rounds: int | None = None) -> list[Figure]:
         }
 
     after, before = summary("preload"), summary("fork")
-    return [
-        Figure(
-            f"task start-up of a real run, queued to execute summed over its tasks, {n} docs, task preload",
+
+    def against_fork(what: str, measure: str, details: dict[str, Any] | None = None) -> Figure:
+        """The preload's median of ``measure`` beside the fork start method's (lower is better)."""
+        return Figure(
+            f"{what}, {n} docs, task preload",
             "seconds",
-            statistics.median(after["start_up_seconds"]),
+            statistics.median(after[measure]),
             "Airflow's fork start method (no preload)",
-            statistics.median(before["start_up_seconds"]),
+            statistics.median(before[measure]),
             higher_is_better=False,
-            details={
+            details=details or {},
+        )
+
+    return [
+        against_fork(
+            "task start-up of a real run, queued to execute summed over its tasks",
+            "start_up_seconds",
+            {
                 "preload": after,
                 "fork": before,
                 "order": "fork, preload, alternating",
                 "command": "python -m bench realrun-preload",
             },
         ),
-        Figure(
-            f"seconds with no task running in a real run, {n} docs, task preload",
+        against_fork("seconds with no task running in a real run", "seconds_with_no_task_running"),
+        against_fork(
+            "real run through make up, keyword",
             "seconds",
-            statistics.median(after["seconds_with_no_task_running"]),
-            "Airflow's fork start method (no preload)",
-            statistics.median(before["seconds_with_no_task_running"]),
-            higher_is_better=False,
-        ),
-        Figure(
-            f"real run through make up, keyword, {n} docs, task preload",
-            "seconds",
-            statistics.median(after["seconds"]),
-            "Airflow's fork start method (no preload)",
-            statistics.median(before["seconds"]),
-            higher_is_better=False,
-            details={
-                "pair_ratios": [round(a / b, 3) for a, b in zip(after["seconds"], before["seconds"], strict=True)]
-            },
+            {"pair_ratios": [round(a / b, 3) for a, b in zip(after["seconds"], before["seconds"], strict=True)]},
         ),
     ]

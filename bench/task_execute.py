@@ -40,19 +40,9 @@ def run() -> list[Figure]:
     rounds = int(os.environ.get("BENCH_EXECUTE_ROUNDS", "6"))
     rows: list[dict[str, Any]] = []
     with scratch_database() as url:
-        connection = json.dumps(
-            {
-                "conn_type": "postgres",
-                "host": url.host,
-                "port": url.port,
-                "login": url.user,
-                "password": url.password,
-                "schema": url.database,
-            }
-        )
         env = {
             **os.environ,
-            "AIRFLOW_CONN_TRIAGE_DB": connection,
+            "AIRFLOW_CONN_TRIAGE_DB": url.airflow_connection_json(),
             "PYTHONPATH": os.pathsep.join(
                 [str(ROOT / "plugins"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
             ),

@@ -38,31 +38,16 @@ def run(deployment: Deployment, logical_date: str, conf: dict[str, Any], **env: 
                 sa.text("SELECT task_id, map_index, state FROM task_instance WHERE dag_id = :d AND run_id = :r"),
                 {"d": DAG_ID, "r": run_id},
             ).all()
-            published = conn.execute(
-                sa.text(
-                    "SELECT value FROM xcom WHERE dag_id = :d AND run_id = :r AND task_id = 'publish_events'"
-                    " AND key = 'return_value'"
-                ),
+            xcoms = conn.execute(
+                sa.text("SELECT task_id, key, value FROM xcom WHERE dag_id = :d AND run_id = :r"),
                 {"d": DAG_ID, "r": run_id},
-            ).scalar()
-            summaries = conn.execute(
-                sa.text(
-                    "SELECT value FROM xcom WHERE dag_id = :d AND run_id = :r AND task_id = 'classify'"
-                    " AND key = 'summary'"
-                ),
-                {"d": DAG_ID, "r": run_id},
-            ).scalars()
-            relayed = sum(int(_json(v).get("relayed", 0)) for v in summaries)
-            publish_keys = conn.execute(
-                sa.text("SELECT key FROM xcom WHERE dag_id = :d AND run_id = :r AND task_id = 'publish_events'"),
-                {"d": DAG_ID, "r": run_id},
-            ).scalars()
-            publish_xcom_keys = sorted(publish_keys)
+            ).all()
     finally:
         engine.dispose()
     states = {task + (f"[{index}]" if index >= 0 else ""): state for task, index, state in rows}
-    if isinstance(published, str):
-        published = json.loads(published)
+    published = next((_json(v) for t, k, v in xcoms if (t, k) == ("publish_events", "return_value")), None)
+    relayed = sum(int(_json(v).get("relayed", 0)) for t, k, v in xcoms if (t, k) == ("classify", "summary"))
+    publish_xcom_keys = sorted(k for t, k, _ in xcoms if t == "publish_events")
     return {
         "done": done,
         "states": states,

@@ -238,9 +238,44 @@ class RunAlertsOperator(TriageOperator):
         )
 
     def alert(self, moves: RunMoves, context: Context) -> dict[str, Any]:
-        """Emit the run's counters and send its alerts through this task's connection and metrics
-        (:func:`send_run_alerts`); the counts and each alert's outcome."""
-        return send_run_alerts(moves, context, conn_id=self.alerts_conn_id, metrics=self.get_metrics())
+        """Emit the run's counters (``triage.review.entered``, ``triage.terminal.entered``) and
+        send each alert past this task's connection's thresholds, through its metrics; the counts
+        and each alert's outcome. Delivery never raises."""
+        from triage.alerts import run_alerts
+        from triage.jobs.vocabulary.states import JobStatus
+
+        ti = context["ti"]
+        key = batch_key(context)
+        review, terminal = moves.of(JobStatus.MANUAL_REVIEW), moves.of(JobStatus.TERMINAL_FAILED)
+        tags = {"dag_id": ti.dag_id, "batch_key": key}
+        metrics = self.get_metrics()
+        metrics.incr("triage.review.entered", review.jobs, tags)
+        metrics.incr("triage.terminal.entered", terminal.jobs, tags)
+        route = alert_route(self.alerts_conn_id)
+        alerts = run_alerts(
+            moves, route.thresholds, dag_id=ti.dag_id, run_id=ti.run_id, links={"run": run_link(ti.dag_id, ti.run_id)}
+        )
+        outcomes = {}
+        for alert in alerts:
+            notifier = TriageAlertNotifier(alert, conn_id=self.alerts_conn_id, route=route, metrics=metrics)
+            notifier(context)
+            outcomes[alert.kind] = notifier.outcome
+        log.info(
+            "run %s of batch=%s (%d jobs): review_entered=%d terminal_failed=%d alerts=%s",
+            ti.run_id,
+            key,
+            moves.batch_jobs,
+            review.jobs,
+            terminal.jobs,
+            outcomes or "none",
+        )
+        return {
+            "batch_jobs": moves.batch_jobs,
+            "review_entered": review.jobs,
+            "terminal_failed": terminal.jobs,
+            "review_reasons": dict(review.reasons),
+            "alerts": outcomes,
+        }
 
     def execute(self, context: Context) -> dict[str, Any]:
         try:
@@ -248,46 +283,6 @@ class RunAlertsOperator(TriageOperator):
         finally:
             self.dispose()
         return self.alert(moves, context)
-
-
-def send_run_alerts(moves: RunMoves, context: Context, *, conn_id: str, metrics: Metrics) -> dict[str, Any]:
-    """Emit the run's counters (``triage.review.entered``, ``triage.terminal.entered``) and send
-    each alert past the connection's thresholds; the counts and each alert's outcome. Delivery
-    never raises."""
-    from triage.alerts import run_alerts
-    from triage.jobs.vocabulary.states import JobStatus
-
-    ti = context["ti"]
-    key = batch_key(context)
-    review, terminal = moves.of(JobStatus.MANUAL_REVIEW), moves.of(JobStatus.TERMINAL_FAILED)
-    tags = {"dag_id": ti.dag_id, "batch_key": key}
-    metrics.incr("triage.review.entered", review.jobs, tags)
-    metrics.incr("triage.terminal.entered", terminal.jobs, tags)
-    route = alert_route(conn_id)
-    alerts = run_alerts(
-        moves, route.thresholds, dag_id=ti.dag_id, run_id=ti.run_id, links={"run": run_link(ti.dag_id, ti.run_id)}
-    )
-    outcomes = {}
-    for alert in alerts:
-        notifier = TriageAlertNotifier(alert, conn_id=conn_id, route=route, metrics=metrics)
-        notifier(context)
-        outcomes[alert.kind] = notifier.outcome
-    log.info(
-        "run %s of batch=%s (%d jobs): review_entered=%d terminal_failed=%d alerts=%s",
-        ti.run_id,
-        key,
-        moves.batch_jobs,
-        review.jobs,
-        terminal.jobs,
-        outcomes or "none",
-    )
-    return {
-        "batch_jobs": moves.batch_jobs,
-        "review_entered": review.jobs,
-        "terminal_failed": terminal.jobs,
-        "review_reasons": dict(review.reasons),
-        "alerts": outcomes,
-    }
 
 
 class PublishEventsThenAlertOperator(PublishEventsOperator):
