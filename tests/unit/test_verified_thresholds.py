@@ -145,3 +145,20 @@ def test_verified_thresholds_keep_their_promises(
         if kept[label] is not None:
             assert proposed[label] is not None
             assert kept[label] >= proposed[label]  # type: ignore[operator]
+
+
+def test_a_target_no_count_can_certify_accepts_nothing() -> None:
+    """At a target of 1.0 and z > 0 no number of right predictions has a Wilson lower bound that
+    reaches it (n / (n + z²) < 1): nothing is certified, nothing auto-accepts (it raised
+    StopIteration after a million candidates)."""
+    perfect = [Prediction("a", "a", 0.99 - i / 1000) for i in range(200)]
+    thresholds = choose_verified_thresholds(
+        perfect,
+        [i % 2 for i in range(200)],
+        ["a"],
+        target_precision=1.0,
+        train_counts={"a": 100},
+        min_examples=20,
+        z=0.5,
+    )
+    assert thresholds == {"a": None}

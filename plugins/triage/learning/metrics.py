@@ -37,6 +37,7 @@ at no threshold and is not trusted at the bar, has none and never auto-accepts.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -262,10 +263,12 @@ def choose_verified_thresholds(
         z=z,
     )
     checked_on = {label: Ranked(label, verification) for label, t in proposed.items() if t is not None}
-    # Below this many accepted verification predictions even all right cannot reach the target.
-    least = next(n for n in range(1, 1_000_000) if wilson_lower_bound(n, n, z) >= target_precision)
-
     kept: dict[str, float | None] = dict.fromkeys(labels)
+    if z > 0 and target_precision >= 1.0:  # n right of n bound at n / (n + z²) < 1: none certifies
+        return kept
+    # Below this many accepted verification predictions even all right cannot reach the target.
+    least = next(n for n in itertools.count(1) if wilson_lower_bound(n, n, z) >= target_precision)
+
     lowest = min((t for t in proposed.values() if t is not None), default=None)
     if lowest is None:
         return kept
