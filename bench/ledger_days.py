@@ -24,12 +24,12 @@ import sqlalchemy as sa
 from bench.common import Figure, scratch_database, server_cpu_seconds
 from bench.pipeline import DAY
 from bench.pipeline_profile import (
-    CLASSIFY_CHUNK,
-    REGISTER_CHUNK,
     _client_cpu,
     _no_server,
     _per_doc,
     _server_cpu_by_statement,
+    register_day,
+    settle_day,
 )
 from triage.classifiers import Taxonomy, build_classifier
 from triage.database import configured_url, create_engine
@@ -37,7 +37,6 @@ from triage.jobs.store import JobStore
 from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.heap import freeze_long_lived
-from triage.pipeline.retrieve import to_new_jobs
 from triage.sources.synthetic import SyntheticSource
 
 TABLES = ("jobs", "classifications", "document_labels")
@@ -61,23 +60,12 @@ def _day(store: JobStore, payloads: PayloadStore, d: int, n: int) -> dict[str, A
     server_before = server_cpu_seconds()
     with by_statement() as registered:
         began = _client_cpu()
-        for i in range(0, n, REGISTER_CHUNK):
-            new = to_new_jobs(docs[i : i + REGISTER_CHUNK], payloads, classifier.version)
-            store.register(new, batch_key=batch, step="classify", max_attempts=3, actor="retrieve")
+        register_day(store, payloads, docs, classifier.version, batch)
         register_client = _client_cpu() - began
     handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.7, 1))
     with by_statement() as chunks:
         began = _client_cpu()
-        while store.chunks.settle(
-            batch_key=batch,
-            step="classify",
-            classifier_version=classifier.version,
-            limit=CLASSIFY_CHUNK,
-            actor="bench/ledger-days",
-            decide=handler.handle,
-            lease_seconds=300,
-        ).jobs:
-            pass
+        settle_day(store, handler, classifier.version, batch, actor="bench/ledger-days")
         chunk_client = _client_cpu() - began
     handler.close()
     statements = sum(registered.values()) + sum(chunks.values())

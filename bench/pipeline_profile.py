@@ -28,7 +28,7 @@ import resource
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -44,6 +44,7 @@ from triage.payloads import PayloadStore
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
 from triage.pipeline.heap import freeze_long_lived
 from triage.pipeline.retrieve import to_new_jobs
+from triage.sources.base import SourceDocument
 from triage.sources.synthetic import SyntheticSource
 
 REGISTER_CHUNK, CLASSIFY_CHUNK = 5000, 1000
@@ -98,6 +99,29 @@ def _per_doc(seconds: float, n: int) -> float:
     return round(seconds * 1e6 / n, 1)
 
 
+def register_day(
+    store: JobStore, payloads: PayloadStore, docs: Sequence[SourceDocument], version: str, batch_key: str
+) -> None:
+    """Store and register ``docs`` as retrieve does, :data:`REGISTER_CHUNK` at a time."""
+    for i in range(0, len(docs), REGISTER_CHUNK):
+        new = to_new_jobs(docs[i : i + REGISTER_CHUNK], payloads, version)
+        store.register(new, batch_key=batch_key, step="classify", max_attempts=3, actor="retrieve")
+
+
+def settle_day(store: JobStore, handler: ClassifyHandler, version: str, batch_key: str, *, actor: str) -> None:
+    """Classify and complete the batch's jobs in chunks of one transaction, as a keyword task's first try."""
+    while store.chunks.settle(
+        batch_key=batch_key,
+        step="classify",
+        classifier_version=version,
+        limit=CLASSIFY_CHUNK,
+        actor=actor,
+        decide=handler.handle,
+        lease_seconds=300,
+    ).jobs:
+        pass
+
+
 def profile(n: int) -> dict[str, Any]:
     """The parts of a day of ``n`` documents, CPU µs a document each (see the module)."""
     local = configured_url() is None
@@ -115,24 +139,13 @@ def profile(n: int) -> dict[str, Any]:
 
         with _server_cpu_by_statement(engine) if local else _no_server() as server:
             began = _client_cpu()
-            for i in range(0, n, REGISTER_CHUNK):
-                new = to_new_jobs(docs[i : i + REGISTER_CHUNK], payloads, classifier.version)
-                store.register(new, batch_key="profile", step="classify", max_attempts=3, actor="retrieve")
+            register_day(store, payloads, docs, classifier.version, "profile")
             parts["store and register"] = _part(_client_cpu() - began, server, n)
 
         handler = ClassifyHandler(classifier, payloads, ClassifySettings(0.7, 1))
         with _server_cpu_by_statement(engine) if local else _no_server() as server:
             began = _client_cpu()
-            while store.chunks.settle(
-                batch_key="profile",
-                step="classify",
-                classifier_version=classifier.version,
-                limit=CLASSIFY_CHUNK,
-                actor="bench/profile",
-                decide=handler.handle,
-                lease_seconds=300,
-            ).jobs:
-                pass
+            settle_day(store, handler, classifier.version, "profile", actor="bench/profile")
             parts["classify and complete in chunks"] = _part(_client_cpu() - began, server, n)
         handler.close()
 

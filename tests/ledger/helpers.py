@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from triage.classifiers.llm import OpenAICompatibleClassifier
 from triage.classifiers.taxonomy import Taxonomy
 from triage.contracts.documents import DocumentPayload
+from triage.contracts.events import WorkEvent
 from triage.jobs.vocabulary.models import NewJob, Registered
 from triage.jobs.vocabulary.states import JobStatus, Step
 from triage.pipeline.classify import ClassifyHandler, ClassifySettings
@@ -237,3 +238,19 @@ def settle_outbox(store: Any) -> None:
         target = conn.execute(O.held_back()).scalar()
     if target is not None:
         settle(store.transaction, target, 10.0)
+
+
+def outbox_row_json(row: Any) -> bytes:
+    """``WorkEvent.to_json`` of an outbox row, built from its typed columns (an empty payload is
+    none): the reference the relay's events are compared with, byte for byte."""
+    return WorkEvent(
+        event_id=row.event_id,
+        job_id=row.job_id,
+        event_type=row.event_type,
+        schema_version=row.schema_version,
+        attempt=row.attempt,
+        occurred_at=row.created_at.astimezone(UTC),
+        correlation_id=row.correlation_id,
+        payload_ref=row.payload_ref,
+        payload=row.payload or None,
+    ).to_json()

@@ -31,6 +31,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from tests.ledger.helpers import outbox_row_json
 from triage.contracts.events import EVENT_TYPES, WorkEvent
 from triage.jobs.schema import outbox
 from triage.jobs.sql.writes import outbox as O
@@ -230,20 +231,7 @@ def _references(conn: sa.Connection, ids: list[str]) -> dict[str, bytes]:
     conn.execute(sa.text("SET LOCAL TimeZone = 'UTC'"))
     conn.execute(sa.text("SET LOCAL DateStyle = 'ISO, YMD'"))
     rows = conn.execute(sa.select(*O.EVENT_COLUMNS).where(sa.cast(outbox.c.event_id, sa.Text).in_(ids))).all()
-    return {
-        str(r.event_id): WorkEvent(
-            event_id=r.event_id,
-            job_id=r.job_id,
-            event_type=r.event_type,
-            schema_version=r.schema_version,
-            attempt=r.attempt,
-            occurred_at=r.created_at.astimezone(UTC),
-            correlation_id=r.correlation_id,
-            payload_ref=r.payload_ref,
-            payload=r.payload or None,
-        ).to_json()
-        for r in rows
-    }
+    return {str(r.event_id): outbox_row_json(r) for r in rows}
 
 
 def _claimed(conn: sa.Connection, ids: list[str]) -> list[str]:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from tests.ledger.helpers import new_jobs, settle_outbox
+from tests.ledger.helpers import new_jobs, outbox_row_json, settle_outbox
 from triage.contracts.events import WorkEvent, parse_event
 from triage.jobs.store import JobStore
 from triage.pipeline.publish import JsonlEventSink
@@ -248,20 +247,7 @@ def test_the_events_the_database_builds_are_the_contract_byte_for_byte(
         assert store.relay_all(JsonlEventSink(path).publish) == 3
     finally:
         sa.event.remove(store.engine, "connect", _zone)
-    expected = {
-        str(r.event_id): WorkEvent(
-            event_id=r.event_id,
-            job_id=r.job_id,
-            event_type=r.event_type,
-            schema_version=r.schema_version,
-            attempt=r.attempt,
-            occurred_at=r.created_at.astimezone(UTC),
-            correlation_id=r.correlation_id,
-            payload_ref=r.payload_ref,
-            payload=r.payload or None,
-        ).to_json()
-        for r in columns
-    }
+    expected = {str(r.event_id): outbox_row_json(r) for r in columns}
     lines = path.read_bytes().splitlines()
     assert all(b'Z","correlation_id"' in line for line in lines)
     assert {str(parse_event(line).event_id): line for line in lines} == expected

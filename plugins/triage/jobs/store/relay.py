@@ -136,6 +136,9 @@ def _send(transaction: Transaction, publish: Publish, rows: list[str], token: uu
 
 EVENTS = TypeAdapter(list[WorkEvent])
 
+_EXACT_ID = slice(len(O.EXACT_START), len(O.EXACT_START) + 36)
+"""Where an exact text's id is: its own, the 36 characters after :data:`~triage.jobs.sql.writes.outbox.EXACT_START`."""
+
 
 class RelayedEvents(Sequence[WorkEvent]):
     """A claimed batch as the relay hands it to ``publish``: a sequence of :class:`WorkEvent`
@@ -163,8 +166,7 @@ class RelayedEvents(Sequence[WorkEvent]):
         decoded, in relay order; raises ``pydantic.ValidationError`` for a row that is no valid event."""
         if self._lines is None:
             texts = self._texts
-            # An exact text's id is its own: 36 characters after ``{"event_id":"``.
-            ids = [text[13:49] for text in texts]
+            ids = [text[_EXACT_ID] for text in texts]
             others = [i for i, text in enumerate(texts) if not text.startswith(O.EXACT_START)]
             if others:
                 texts = list(texts)
